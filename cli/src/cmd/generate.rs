@@ -1,0 +1,90 @@
+use anyhow::{bail, Context, Result};
+use laguna_engine::cpu::CpuModel;
+use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::model::Model;
+use laguna_engine::sample::SamplingParams;
+use laguna_engine::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model folder (config.json, *.safetensors, optional tokenizer.json).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// cpu or cuda.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Prompt as comma-separated token ids, e.g. 5,6,7.
+    #[arg(long, conflicts_with = "prompt", value_delimiter = ',')]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// Prompt text (needs tokenizer.json in the model folder).
+    #[arg(long)]
+    pub prompt: Option<String>,
+    #[arg(long, default_value_t = 16)]
+    pub max_tokens: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep generating past end-of-sequence tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if a.device != "cpu" {
+        bail!("--device {} is not available in this build; use --device cpu", a.device);
+    }
+    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
+        bail!("--top-p must be in (0, 1], got {}", a.top_p);
+    }
+    if a.temperature < 0.0 {
+        bail!("--temperature must be >= 0, got {}", a.temperature);
+    }
+    let tok = Tokenizer::from_dir(&a.model)?;
+    let mut model = CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()))?;
+    let prompt = match (&a.prompt_ids, &a.prompt) {
+        (Some(ids), None) => ids.clone(),
+        (None, Some(text)) => match &tok {
+            Some(t) => t.encode(text, true)?,
+            None => bail!("{} has no tokenizer.json; pass --prompt-ids instead of --prompt", a.model.display()),
+        },
+        _ => bail!("give exactly one of --prompt-ids or --prompt"),
+    };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: a.max_tokens,
+        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        ignore_eos: a.ignore_eos,
+        stop_token_ids: vec![],
+    };
+    let res = generate(&mut model as &mut dyn Model, &req, false)?;
+    let text = match &tok {
+        Some(t) => t.decode(&res.completion, true)?,
+        None => String::new(),
+    };
+    if a.json {
+        let v = serde_json::json!({
+            "prompt_ids": prompt,
+            "completion_ids": res.completion,
+            "text": text,
+            "finish_reason": res.finish_reason.as_str(),
+        });
+        println!("{v}");
+    } else {
+        if tok.is_some() {
+            println!("{text}");
+        } else {
+            println!("{:?}", res.completion);
+        }
+        eprintln!("finish_reason: {}", res.finish_reason.as_str());
+    }
+    Ok(())
+}

@@ -1,0 +1,5 @@
+//! The CPU reference backend.
+pub mod model;
+pub mod ops;
+
+pub use model::CpuModel;

@@ -1,0 +1,84 @@
+//! Single-sequence generation without a scheduler: what `laguna generate` and the tests use.
+use crate::error::{EngineError, Result};
+use crate::model::{LogitRows, Model, StepInput};
+use crate::sample::{sample, Rng, SamplingParams};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GenerateResult {
+    pub completion: Vec<u32>,
+    pub finish_reason: FinishReason,
+    /// Logits of every generated token's step, when asked for (tests).
+    pub step_logits: Vec<Vec<f32>>,
+}
+
+/// Whether `tok` ends generation for this request.
+pub fn is_stop(model: &dyn Model, req: &GenerateRequest, tok: u32) -> bool {
+    (!req.ignore_eos && model.config().is_eos(tok)) || req.stop_token_ids.contains(&tok)
+}
+
+pub fn check_prompt(model: &dyn Model, prompt: &[u32]) -> Result<()> {
+    if prompt.is_empty() {
+        return Err(EngineError::Request("the prompt is empty: give at least one token".into()));
+    }
+    let v = model.config().vocab_size as u32;
+    if let Some(t) = prompt.iter().find(|&&t| t >= v) {
+        return Err(EngineError::Request(format!("prompt token id {t} is outside the vocabulary (size {v})")));
+    }
+    Ok(())
+}
+
+/// Plain autoregressive generation: prefill the prompt, then one token per step.
+pub fn generate(model: &mut dyn Model, req: &GenerateRequest, keep_logits: bool) -> Result<GenerateResult> {
+    check_prompt(model, &req.prompt)?;
+    let mut rng = req.sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+    let seq = model.new_seq()?;
+    let res = (|| {
+        let mut completion = vec![];
+        let mut step_logits = vec![];
+        let mut finish = FinishReason::Length;
+        let mut input: Vec<u32> = req.prompt.clone();
+        let mut pos = 0;
+        while completion.len() < req.max_tokens {
+            let out = model.forward(&[StepInput { seq, tokens: &input, start_pos: pos, logits: LogitRows::Last }])?;
+            pos += input.len();
+            let logits = out[0].row(0);
+            let tok = sample(logits, &req.sampling, &mut rng);
+            if keep_logits {
+                step_logits.push(logits.to_vec());
+            }
+            completion.push(tok);
+            if is_stop(model, req, tok) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            input = vec![tok];
+        }
+        Ok(GenerateResult { completion, finish_reason: finish, step_logits })
+    })();
+    model.free_seq(seq);
+    res
+}

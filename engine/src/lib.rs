@@ -1,0 +1,13 @@
+//! laguna-engine: what computes. Config, weights, the Laguna forward pass (CPU reference backend),
+//! KV cache, sampling, tokenizer, scheduler and DFlash speculative decoding. Nothing here knows HTTP.
+pub mod config;
+pub mod cpu;
+pub mod error;
+pub mod generate;
+pub mod model;
+pub mod sample;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::LagunaConfig;
+pub use error::{EngineError, Result};
