@@ -323,8 +323,9 @@ impl LagunaConfig {
             None => Gating::PerHead,
             Some(Value::Bool(true)) => Gating::PerHead,
             Some(Value::Bool(false)) => Gating::None,
-            Some(Value::String(s)) if s == "per-head" || s == "per_head" => Gating::PerHead,
-            Some(Value::String(s)) if s == "per-element" || s == "per_element" => Gating::PerElement,
+            // transformers and vLLM: per-head only for `true` or exactly "per-head"; vLLM: `false` means no gate.
+            Some(Value::String(s)) if s == "per-head" => Gating::PerHead,
+            Some(Value::String(s)) if s == "per-element" => Gating::PerElement,
             Some(v) => return Err(err("gating", format!("expected true, false, \"per-head\" or \"per-element\", found {v}"))),
         };
 
