@@ -1,0 +1,44 @@
+//! The draft ↔ backend seam. A DFlash draft owns a per-sequence KV cache holding *context* K/V
+//! (projected from target taps) for committed positions only; the query block's own K/V are
+//! transient. The CPU implementation ([`super::cpu_draft::CpuDraft`]) is the reference; a CUDA draft
+//! implements the same trait and is driven by the same [`super::driver`].
+use super::config::DraftConfig;
+use crate::error::Result;
+use crate::model::{SeqId, StepOutput};
+
+/// Context rows of one sequence: target taps for committed tokens at positions
+/// `start_pos..start_pos+n`, row-major `[n, num_taps * target_hidden]` (the layout of
+/// [`StepOutput::taps`]). `start_pos` must be <= the sequence's context length; rows at and above
+/// `start_pos` are replaced (that is how rejected rows never leave a trace).
+#[derive(Debug, Clone)]
+pub struct ContextInput<'a> {
+    pub seq: SeqId,
+    pub start_pos: usize,
+    pub taps: &'a [f32],
+}
+
+/// One query block: `tokens = [last committed token, mask x k]` at positions
+/// `start_pos..start_pos+1+k`; `start_pos` must equal the sequence's context length.
+#[derive(Debug, Clone)]
+pub struct BlockInput<'a> {
+    pub seq: SeqId,
+    pub tokens: &'a [u32],
+    pub start_pos: usize,
+}
+
+pub trait DraftModel: Send {
+    fn config(&self) -> &DraftConfig;
+    fn device(&self) -> &str;
+    fn new_seq(&mut self) -> Result<SeqId>;
+    fn free_seq(&mut self, seq: SeqId);
+    /// Number of positions whose context K/V the sequence holds.
+    fn context_len(&self, seq: SeqId) -> usize;
+    /// Drop context K/V at positions >= len.
+    fn truncate(&mut self, seq: SeqId, len: usize);
+    /// Fuse taps (aux norms, fc, hidden_norm) and write every layer's context K/V
+    /// (input_layernorm, k/v rows of qkv_proj, k_norm, RoPE at the absolute position).
+    fn write_context(&mut self, batch: &[ContextInput]) -> Result<()>;
+    /// One draft forward per block; returns logits for every block row (`rows = 1 + k`);
+    /// row j (j >= 1) proposes the token at position `start_pos + j`. Leaves the cache unchanged.
+    fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>>;
+}
