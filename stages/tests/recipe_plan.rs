@@ -1,0 +1,254 @@
+//! Recipes (schema, overrides, errors) and the memory plan of the XS-2.1 recipe, with every number
+//! derived independently below from laguna-model.md §5 and dflash.md §1.3.
+mod common;
+
+use laguna_engine::config::LagunaConfig;
+use laguna_stages::hub::HubEnv;
+use laguna_stages::plan::{plan_recipe, DeviceMemory, KvPlan, PlanOptions, WeightBytes, WeightsSource};
+use laguna_stages::recipe::overrides::{ModelSpec, Overrides};
+use laguna_stages::recipe::{Device, KvCacheDtype, ModelSource, Recipe};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+fn xs_recipe_path() -> PathBuf {
+    common::repo_root().join("recipes/xs-nvfp4-dflash.toml")
+}
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn xs_recipe() -> Recipe {
+    Recipe::resolve(Some(&xs_recipe_path()), &no_env, &Overrides::default()).unwrap()
+}
+
+fn reference(name: &str) -> LagunaConfig {
+    LagunaConfig::from_file(&common::fixture("reference").join(name)).unwrap()
+}
+
+#[test]
+fn xs_recipe_fields() {
+    let r = xs_recipe();
+    assert_eq!(
+        r.model,
+        ModelSource::Hub { repo: "poolside/Laguna-XS-2.1-NVFP4".into(), revision: "d32afde8b09af1539b49ff96ff5551c674485f8e".into() }
+    );
+    assert_eq!(r.draft, Some(ModelSource::Hub { repo: "poolside/Laguna-XS-2.1-DFlash".into(), revision: "main".into() }));
+    assert_eq!(r.served_model_name, "laguna-nvfp4");
+    assert_eq!(r.max_model_len, Some(262144));
+    assert_eq!(r.gpu_memory_utilization, 0.5);
+    assert_eq!(r.kv_cache_memory_bytes, Some(12884901888));
+    assert_eq!(r.max_num_seqs, 2);
+    assert_eq!(r.max_num_batched_tokens, 8192);
+    let s = r.speculative.as_ref().unwrap();
+    assert_eq!((s.method.as_str(), s.num_speculative_tokens), ("dflash", 6));
+    assert_eq!(r.kv_cache_dtype, KvCacheDtype::Auto);
+    assert_eq!(r.device, Device::Cuda(0));
+}
+
+#[test]
+fn tiny_recipe_resolves_relative_path_against_recipe_folder() {
+    let p = common::repo_root().join("recipes/tiny-cpu.toml");
+    let r = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap();
+    assert_eq!(r.device, Device::Cpu);
+    let ModelSource::Local(dir) = &r.model else { panic!("expected a local model, got {:?}", r.model) };
+    assert_eq!(std::fs::canonicalize(dir).unwrap(), std::fs::canonicalize(common::fixture("models/tiny-chat")).unwrap());
+}
+
+fn write_recipe(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("r.toml");
+    std::fs::write(&p, text).unwrap();
+    (d, p)
+}
+
+#[test]
+fn unknown_key_is_named_with_its_line() {
+    let (_d, p) = write_recipe("max_model_len = 4096\n\nmax_model_length = 5\n[model]\nrepo = \"a/b\"\n");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("max_model_length"), "{e}");
+    assert!(e.contains("line 3"), "{e}");
+    assert!(e.contains("r.toml"), "{e}");
+    let (_d, p) = write_recipe("[model]\nrepo = \"a/b\"\nbranch = \"x\"\n");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("branch") && e.contains("line 3"), "{e}");
+}
+
+#[test]
+fn precedence_flag_env_recipe_default() {
+    let (_d, p) = write_recipe("max_num_seqs = 3\nport = 7000\n[model]\nrepo = \"org/m\"\nrevision = \"v1\"\n");
+    let env: HashMap<&str, &str> = [("LAGUNA_PORT", "7100"), ("LAGUNA_MAX_MODEL_LEN", "1000")].into();
+    let getenv = |k: &str| env.get(k).map(|s| s.to_string());
+    let flags = Overrides { port: Some(7200), ..Default::default() };
+    let r = Recipe::resolve(Some(&p), &getenv, &flags).unwrap();
+    assert_eq!(r.port, 7200, "flag beats env and recipe");
+    assert_eq!(r.max_model_len, Some(1000), "env beats recipe/default");
+    assert_eq!(r.max_num_seqs, 3, "recipe beats default");
+    assert_eq!(r.host, "127.0.0.1", "default");
+    assert_eq!(r.model, ModelSource::Hub { repo: "org/m".into(), revision: "v1".into() });
+    let r = Recipe::resolve(Some(&p), &getenv, &Overrides::default()).unwrap();
+    assert_eq!(r.port, 7100, "env beats recipe");
+    // Naming another repo drops the recipe's revision (it belonged to the other repo).
+    let flags = Overrides { model: Some(ModelSpec::Repo("org/other".into())), ..Default::default() };
+    let r = Recipe::resolve(Some(&p), &no_env, &flags).unwrap();
+    assert_eq!(r.model, ModelSource::Hub { repo: "org/other".into(), revision: "main".into() });
+    // A revision alone keeps the repo.
+    let env2: HashMap<&str, &str> = [("LAGUNA_MODEL_REVISION", "v2")].into();
+    let r = Recipe::resolve(Some(&p), &|k| env2.get(k).map(|s| s.to_string()), &Overrides::default()).unwrap();
+    assert_eq!(r.model, ModelSource::Hub { repo: "org/m".into(), revision: "v2".into() });
+}
+
+#[test]
+fn bad_values_name_their_source() {
+    let env: HashMap<&str, &str> = [("LAGUNA_MAX_NUM_SEQS", "lots")].into();
+    let e =
+        Recipe::resolve(Some(&xs_recipe_path()), &|k| env.get(k).map(|s| s.to_string()), &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("LAGUNA_MAX_NUM_SEQS") && e.contains("lots"), "{e}");
+    let (_d, p) = write_recipe("gpu_memory_utilization = 1.5\n[model]\nrepo = \"a/b\"\n");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("gpu_memory_utilization") && e.contains("1.5"), "{e}");
+    let (_d, p) = write_recipe("kv_cache_dtype = \"int3\"\n[model]\nrepo = \"a/b\"\n");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("kv_cache_dtype") && e.contains("int3"), "{e}");
+    let e = Recipe::resolve(None, &no_env, &Overrides::default()).unwrap_err().to_string();
+    assert!(e.contains("model") && e.contains("--recipe"), "{e}");
+}
+
+// ---- plan ------------------------------------------------------------------------------------
+
+const GIB: u64 = 1 << 30;
+
+fn mem(total: u64) -> DeviceMemory {
+    DeviceMemory { total, free: total, source: "test".into() }
+}
+
+/// Weights of the NVFP4 build computed by hand (laguna-model.md §5.1): BF16 non-expert tensors
+/// plus NVFP4 routed+shared experts, each Linear 512x2048 = packed 524,288 + E4M3 scales 65,536 +
+/// two F32 global scales.
+fn xs_weights_by_hand() -> (u64, u64) {
+    let bf16_non_expert: u64 = 411_041_792 // embed
+        + 411_041_792 // lm_head
+        + 2_861_957_120 // attention q/k/v/o/g
+        + 100_663_296 // dense MLP of layer 0
+        + 40_894_464 // routers
+        + 19_968 // e_score_correction_bias (BF16)
+        + 352_256; // norms
+    let nvfp4_linear: u64 = 512 * 2048 / 2 + 512 * 2048 / 16 + 8;
+    let experts = 39 * (256 + 1) * 3 * nvfp4_linear;
+    // DFlash draft (dflash.md §1.3), BF16: fc [2048, 5*2048], 5 layers of qkv [10240,2048],
+    // o [2048,8192], g [64,2048], mlp 3x[8192,2048], 4 vectors of 2048/128, + 7 norm vectors.
+    let layer: u64 = 10240 * 2048 + 2048 * 8192 + 64 * 2048 + 3 * 8192 * 2048 + 2 * 2048 + 2 * 128;
+    let draft = 2 * (2048 * 10240 + 5 * layer + 7 * 2048);
+    (bf16_non_expert + experts, draft)
+}
+
+#[test]
+fn xs21_plan_numbers() {
+    let r = xs_recipe();
+    let (cfg, dcfg) = (reference("laguna-xs-2.1-nvfp4.config.json"), reference("laguna-xs-2.1-dflash.config.json"));
+    let (wt, wd) = xs_weights_by_hand();
+    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    let p = KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(128 * GIB));
+
+    // laguna-model.md §5.3: K+V = 2 x 8 x 128 values = 4096 B per token per layer in BF16,
+    // 10 full-attention layers -> 40,960 B/token.
+    assert_eq!(p.kv_bytes_per_token_layer, 4096);
+    assert_eq!(p.kv_bytes_per_token, 40_960);
+    assert_eq!((p.full_layers, p.sliding_layers), (10, 30));
+    // Rings: 30 SWA layers x (512 + 6) slots x 4096 B; draft 5 SWA layers likewise.
+    assert_eq!(p.ring_bytes_per_seq, 30 * 518 * 4096);
+    assert_eq!(p.draft_ring_bytes_per_seq, 5 * 518 * 4096);
+    assert_eq!(p.ring_bytes(), 2 * 35 * 518 * 4096);
+    // Pool: (12 GiB - rings) / 40,960, rounded down to 16-token pages.
+    let pool = (12_884_901_888u64 - 2 * 35 * 518 * 4096) / 40_960 / 16 * 16;
+    assert_eq!(pool, 310_944);
+    assert_eq!(p.pool_tokens, Some(pool));
+    assert!((p.concurrency().unwrap() - 310_944.0 / 262_144.0).abs() < 1e-12);
+    // Activations: T = 8192; widest fused qkvg is a SWA layer: 64*128 + 2*8*128 + 64 gates = 10,304;
+    // Q 8192; M = max(8192 dense, 8*512 + 512) = 8192; + router f32 [T, 256]; + logits f32 for
+    // 2 seqs x 7 rows x 100,352; + 5 tap rows of 2048 BF16 per token.
+    let act: u64 = 8192 * (4 * 2048 + 10_304 + 8192 + 2 * 8192) * 2 + 8192 * 256 * 4 + 2 * 7 * 100_352 * 4 + 8192 * 5 * 2048 * 2;
+    assert_eq!(act, 887_472_128);
+    assert_eq!(p.activations, act);
+    assert_eq!(p.reserve, GIB);
+    assert_eq!(p.total, wt + wd + 12_884_901_888 + act + GIB);
+    assert_eq!(p.cap, 64 * GIB);
+    p.check().unwrap();
+    let text = p.to_string();
+    assert!(text.contains("KV pool: 310,944 tokens, 1.19x of 262,144"), "{text}");
+    assert!(text.contains("40,960 B/token"), "{text}");
+
+    // FP8 KV halves the per-token bytes and the rings.
+    let mut r8 = r.clone();
+    r8.kv_cache_dtype = KvCacheDtype::Fp8;
+    let p8 = KvPlan::compute(&cfg, Some(&dcfg), &r8, w, mem(128 * GIB));
+    assert_eq!(p8.kv_bytes_per_token, 20_480);
+    assert_eq!(p8.pool_tokens, Some((12_884_901_888u64 - 2 * 35 * 518 * 2048) / 20_480 / 16 * 16));
+}
+
+#[test]
+fn xs21_plan_from_recipe_uses_builtin_config_before_fetch() {
+    let cache = tempfile::tempdir().unwrap();
+    let env = HubEnv { endpoint: "http://127.0.0.1:9".into(), token: None, cache_dir: cache.path().into(), offline: true };
+    let opts = PlanOptions { device_memory: Some(128 * GIB), ..Default::default() };
+    let (p, src) = plan_recipe(&xs_recipe(), &env, &opts).unwrap();
+    assert!(src.model_config.contains("built-in"), "{}", src.model_config);
+    let (wt, wd) = xs_weights_by_hand();
+    assert_eq!((p.weights.target, p.weights.draft), (wt, wd));
+    assert_eq!(p.pool_tokens, Some(310_944));
+    p.check().unwrap();
+}
+
+#[test]
+fn plan_refuses_with_the_number_to_change() {
+    let r = xs_recipe();
+    let (cfg, dcfg) = (reference("laguna-xs-2.1-nvfp4.config.json"), reference("laguna-xs-2.1-dflash.config.json"));
+    let (wt, wd) = xs_weights_by_hand();
+    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    // 48 GiB device at 0.5: 24 GiB cap < ~35 GiB total.
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(48 * GIB)).check().unwrap_err().to_string();
+    assert!(e.contains("gpu_memory_utilization") && e.contains("cap"), "{e}");
+    // KV budget too small for one max_model_len sequence.
+    let mut small = r.clone();
+    small.kv_cache_memory_bytes = Some(4 * GIB);
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &small, w, mem(128 * GIB)).check().unwrap_err().to_string();
+    assert!(e.contains("kv_cache_memory_bytes") && e.contains("max_model_len"), "{e}");
+    // Context longer than the model supports; more speculative tokens than the draft's block.
+    let mut long = r.clone();
+    long.max_model_len = Some(300_000);
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &long, w, mem(128 * GIB)).check().unwrap_err().to_string();
+    assert!(e.contains("max_model_len") && e.contains("max_position_embeddings"), "{e}");
+    let mut many = r.clone();
+    many.speculative.as_mut().unwrap().num_speculative_tokens = 16;
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &many, w, mem(128 * GIB)).check().unwrap_err().to_string();
+    assert!(e.contains("num_speculative_tokens") && e.contains("block_size 16"), "{e}");
+    // Not enough free memory right now.
+    let busy = DeviceMemory { total: 128 * GIB, free: 20 * GIB, source: "test".into() };
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, busy).check().unwrap_err().to_string();
+    assert!(e.contains("free"), "{e}");
+}
+
+#[test]
+fn plan_reads_weights_from_headers_when_present() {
+    let dir = common::fixture("models/tiny-chat");
+    let p = common::repo_root().join("recipes/tiny-cpu.toml");
+    let r = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap();
+    let env = HubEnv { endpoint: "http://127.0.0.1:9".into(), token: None, cache_dir: "/nonexistent".into(), offline: true };
+    let (plan, _) = plan_recipe(&r, &env, &PlanOptions { device_memory: Some(GIB), ..Default::default() }).unwrap();
+    assert_eq!(plan.weights.source, WeightsSource::Headers);
+    // Independent: sum of (end - start) over the safetensors header of model.safetensors.
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let h: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data: u64 = h
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(_, t)| t["data_offsets"][1].as_u64().unwrap() - t["data_offsets"][0].as_u64().unwrap())
+        .sum();
+    assert_eq!(plan.weights.target, data);
+    assert_eq!(plan.reserve, 0, "no CUDA reserve on cpu");
+    plan.check().unwrap();
+    let _ = Path::new("");
+}
