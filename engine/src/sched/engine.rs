@@ -1,0 +1,516 @@
+//! The engine thread: owns the model, runs continuous batching.
+//!
+//! Each step: take new submissions, drop cancelled sequences (freeing their KV), admit waiting
+//! requests up to `max_num_seqs`, then build one batch: a decode row (or a draft block, with a spec
+//! driver) for every running sequence that has output, then prefill chunks of the others, so the
+//! step's token total stays within `max_num_batched_tokens`. After the forward, each sequence
+//! samples with its own RNG and emits 1..=k+1 tokens.
+use super::metrics::MetricsSnapshot;
+use super::spec_hook::{verify, SpecDriver};
+use super::stream::{ABORTED, LIVE, STOPPED};
+use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
+use crate::model::{LogitRows, Model, SeqId, StepInput};
+use crate::sample::{log_softmax, sample, Rng};
+use crate::spec::{DraftModel, SpecState};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc::UnboundedSender;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SchedConfig {
+    /// Most sequences decoding at once.
+    pub max_num_seqs: usize,
+    /// Most token rows in one forward step (decode rows + prefill chunks).
+    pub max_num_batched_tokens: usize,
+    /// Prompt + output limit per sequence.
+    pub max_model_len: usize,
+    /// Most requests queued behind the running ones before `submit` answers `Overloaded` (0: no limit).
+    pub max_waiting: usize,
+}
+
+impl Default for SchedConfig {
+    fn default() -> Self {
+        SchedConfig { max_num_seqs: 32, max_num_batched_tokens: 2048, max_model_len: 4096, max_waiting: 0 }
+    }
+}
+
+/// DFlash speculative decoding: the draft model and its block size k. With it, every step runs
+/// through `crate::spec::step` (draft propose, target verify, rollback, draft context) and a
+/// sequence emits 1..=k+1 tokens per step.
+pub struct Dflash {
+    pub draft: Box<dyn DraftModel>,
+    pub k: usize,
+}
+
+pub(crate) struct Submission {
+    pub req: GenRequest,
+    pub tx: UnboundedSender<EngineEvent>,
+    pub cancel: Arc<AtomicU8>,
+    pub arrival: Instant,
+}
+
+pub(crate) enum Msg {
+    Submit(Box<Submission>),
+    Wake,
+}
+
+pub(crate) struct Shared {
+    pub health: Mutex<Health>,
+    pub metrics: Mutex<MetricsSnapshot>,
+    /// Submitted but not yet admitted.
+    pub queued: AtomicUsize,
+    pub vocab_size: AtomicUsize,
+}
+
+struct Running {
+    sub: Submission,
+    seq: SeqId,
+    /// Prompt followed by the output so far.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// Positions whose K/V the model holds.
+    computed: usize,
+    rng: Rng,
+    first_token: Option<Instant>,
+    /// DFlash state (owns the target and draft sequences) when a draft is loaded.
+    spec: Option<SpecState>,
+}
+
+impl Running {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// One sequence's share of a step.
+struct Planned {
+    idx: usize,
+    rows: Vec<u32>,
+    start: usize,
+    logits: LogitRows,
+    drafts: Vec<u32>,
+}
+
+pub(crate) struct Engine {
+    pub cfg: SchedConfig,
+    pub model: Box<dyn Model>,
+    pub spec: Option<Box<dyn SpecDriver>>,
+    pub dflash: Option<Dflash>,
+    pub inbox: mpsc::Receiver<Msg>,
+    pub shared: Arc<Shared>,
+    waiting: VecDeque<Submission>,
+    running: Vec<Running>,
+}
+
+impl Engine {
+    pub fn new(
+        cfg: SchedConfig,
+        mut model: Box<dyn Model>,
+        spec: Option<Box<dyn SpecDriver>>,
+        dflash: Option<Dflash>,
+        inbox: mpsc::Receiver<Msg>,
+        shared: Arc<Shared>,
+    ) -> Engine {
+        if let Some(s) = &spec {
+            model.set_taps(&s.taps());
+        }
+        Engine { cfg, model, spec, dflash, inbox, shared, waiting: VecDeque::new(), running: vec![] }
+    }
+
+    pub fn run(mut self) {
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                self.publish_gauges();
+                match self.inbox.recv() {
+                    Ok(m) => self.take(m),
+                    Err(_) => return,
+                }
+            }
+            while let Ok(m) = self.inbox.try_recv() {
+                self.take(m);
+            }
+            self.reap_cancelled();
+            self.admit();
+            self.publish_gauges();
+            if !self.running.is_empty() {
+                self.step();
+            }
+        }
+    }
+
+    fn take(&mut self, m: Msg) {
+        if let Msg::Submit(s) = m {
+            self.waiting.push_back(*s);
+        }
+    }
+
+    fn publish_gauges(&self) {
+        let mut m = self.shared.metrics.lock().unwrap();
+        m.num_running = self.running.len();
+        m.num_waiting = self.waiting.len();
+    }
+
+    fn record_finish(&self, reason: FinishReason, arrival: Instant) {
+        let mut m = self.shared.metrics.lock().unwrap();
+        *m.request_success.entry(reason.as_str().to_string()).or_insert(0) += 1;
+        if matches!(reason, FinishReason::Stop | FinishReason::Length) {
+            m.e2e_latency.observe(arrival.elapsed().as_secs_f64());
+        }
+    }
+
+    fn free(&mut self, r: Running) {
+        match (&r.spec, self.dflash.as_mut()) {
+            (Some(st), Some(d)) => st.free(self.model.as_mut(), d.draft.as_mut()),
+            _ => self.model.free_seq(r.seq),
+        }
+        if let Some(s) = self.spec.as_mut() {
+            s.free_seq(r.seq);
+        }
+    }
+
+    /// Drop sequences whose client went away (or that a stop string ended), freeing their KV.
+    fn reap_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let c = self.running[i].sub.cancel.load(Ordering::Acquire);
+            if c == ABORTED || c == STOPPED || self.running[i].sub.tx.is_closed() {
+                let r = self.running.swap_remove(i);
+                let arrival = r.sub.arrival;
+                self.free(r);
+                let reason = if c == STOPPED { FinishReason::Stop } else { FinishReason::Abort };
+                self.record_finish(reason, arrival);
+            } else {
+                i += 1;
+            }
+        }
+        let before = self.waiting.len();
+        let mut aborted = vec![];
+        self.waiting.retain(|s| {
+            let live = s.cancel.load(Ordering::Acquire) == LIVE && !s.tx.is_closed();
+            if !live {
+                aborted.push(s.arrival);
+            }
+            live
+        });
+        self.shared.queued.fetch_sub(before - self.waiting.len(), Ordering::AcqRel);
+        for a in aborted {
+            self.record_finish(FinishReason::Abort, a);
+        }
+    }
+
+    fn admit(&mut self) {
+        while self.running.len() < self.cfg.max_num_seqs {
+            let Some(sub) = self.waiting.pop_front() else { break };
+            self.shared.queued.fetch_sub(1, Ordering::AcqRel);
+            let started = match self.dflash.as_mut() {
+                Some(d) => SpecState::new(self.model.as_mut(), d.draft.as_mut(), &sub.req.prompt, d.k, sub.req.sampling.clone())
+                    .map(|st| (st.target_seq, Some(st))),
+                None => self.model.new_seq().map(|s| (s, None)),
+            };
+            let (seq, spec) = match started {
+                Ok(x) => x,
+                Err(e) => {
+                    let _ = sub.tx.send(EngineEvent::Error(format!("could not start a sequence: {e}")));
+                    self.record_finish(FinishReason::Error, sub.arrival);
+                    continue;
+                }
+            };
+            let rng = sub.req.sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+            let tokens = sub.req.prompt.clone();
+            let prompt_len = tokens.len();
+            self.shared.metrics.lock().unwrap().prompt_tokens_total += prompt_len as u64;
+            self.running.push(Running { sub, seq, tokens, prompt_len, computed: 0, rng, first_token: None, spec });
+        }
+    }
+
+    fn plan(&mut self) -> Vec<Planned> {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut plan = vec![];
+        // Decode rows first: every running sequence with output advances each step.
+        for (idx, r) in self.running.iter().enumerate() {
+            if r.generated() == 0 || budget == 0 {
+                continue;
+            }
+            let last = r.tokens[r.tokens.len() - 1];
+            let mut drafts = vec![];
+            if let Some(spec) = self.spec.as_mut() {
+                // Never draft past what the request may still emit or what fits in the step.
+                let room = (r.sub.req.max_tokens - r.generated())
+                    .min(self.cfg.max_model_len.saturating_sub(r.tokens.len()))
+                    .min(budget)
+                    .saturating_sub(1);
+                if room > 0 {
+                    drafts = spec.propose(r.seq, &r.tokens);
+                    drafts.truncate(room.min(spec.max_draft()));
+                }
+            }
+            let mut rows = vec![last];
+            rows.extend_from_slice(&drafts);
+            budget -= rows.len();
+            let logits = if drafts.is_empty() { LogitRows::Last } else { LogitRows::All };
+            plan.push(Planned { idx, rows, start: r.computed, logits, drafts });
+        }
+        // Then prefill chunks, oldest first.
+        for (idx, r) in self.running.iter().enumerate() {
+            if r.generated() > 0 || budget == 0 {
+                continue;
+            }
+            let n = (r.prompt_len - r.computed).min(budget);
+            budget -= n;
+            let end = r.computed + n;
+            let logits = if end == r.prompt_len { LogitRows::Last } else { LogitRows::None };
+            plan.push(Planned { idx, rows: r.tokens[r.computed..end].to_vec(), start: r.computed, logits, drafts: vec![] });
+        }
+        plan
+    }
+
+    fn step(&mut self) {
+        if self.dflash.is_some() {
+            return self.step_dflash();
+        }
+        let plan = self.plan();
+        if plan.is_empty() {
+            return;
+        }
+        let inputs: Vec<StepInput> = plan
+            .iter()
+            .map(|p| StepInput { seq: self.running[p.idx].seq, tokens: &p.rows, start_pos: p.start, logits: p.logits })
+            .collect();
+        let outs = self.model.forward(&inputs);
+        {
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.num_steps += 1;
+            m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(plan.len());
+        }
+        let outs = match outs {
+            Ok(o) => o,
+            Err(e) => {
+                // Fail the sequences of this batch; the others keep going.
+                let mut idxs: Vec<usize> = plan.iter().map(|p| p.idx).collect();
+                idxs.sort_unstable_by(|a, b| b.cmp(a));
+                self.fail(idxs, &e.to_string());
+                return;
+            }
+        };
+        let mut finished: Vec<usize> = vec![];
+        for (p, out) in plan.iter().zip(outs.iter()) {
+            let done = self.advance(p, out);
+            if done {
+                finished.push(p.idx);
+            }
+        }
+        self.remove(finished);
+    }
+
+    fn fail(&mut self, mut idxs: Vec<usize>, e: &str) {
+        idxs.sort_unstable_by(|a, b| b.cmp(a));
+        for i in idxs {
+            let r = self.running.swap_remove(i);
+            let _ = r.sub.tx.send(EngineEvent::Error(format!("forward failed: {e}")));
+            let arrival = r.sub.arrival;
+            self.free(r);
+            self.record_finish(FinishReason::Error, arrival);
+        }
+    }
+
+    fn remove(&mut self, mut finished: Vec<usize>) {
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            let r = self.running.swap_remove(i);
+            self.free(r);
+        }
+    }
+
+    /// One DFlash step over the sequences that fit in the token budget: decoding sequences take
+    /// k+1 rows, then prompts are prefilled in chunks with what is left.
+    fn step_dflash(&mut self) {
+        let k = self.dflash.as_ref().map_or(0, |d| d.k);
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut chosen: Vec<usize> = vec![];
+        for (i, r) in self.running.iter().enumerate() {
+            let st = r.spec.as_ref().expect("dflash sequences carry a SpecState");
+            if st.is_prefilled() && budget > k {
+                budget -= k + 1;
+                chosen.push(i);
+            }
+        }
+        for (i, r) in self.running.iter_mut().enumerate() {
+            let st = r.spec.as_mut().expect("dflash sequences carry a SpecState");
+            if !st.is_prefilled() && budget > 0 {
+                let left = r.prompt_len - r.computed;
+                let n = left.min(budget);
+                st.prefill_chunk = n;
+                budget -= n;
+                chosen.push(i);
+            }
+        }
+        if chosen.is_empty() {
+            // Not even one decode block fits (k+1 > max_num_batched_tokens): run the oldest alone.
+            chosen.push(0);
+        }
+        chosen.sort_unstable();
+        let result = {
+            let mut states: Vec<&mut SpecState> = vec![];
+            for (i, r) in self.running.iter_mut().enumerate() {
+                if chosen.binary_search(&i).is_ok() {
+                    states.push(r.spec.as_mut().expect("SpecState"));
+                }
+            }
+            let d = self.dflash.as_mut().expect("dflash");
+            crate::spec::step(self.model.as_mut(), d.draft.as_mut(), &mut states)
+        };
+        {
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.num_steps += 1;
+            m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(chosen.len());
+        }
+        let results = match result {
+            Ok(r) => r,
+            Err(e) => {
+                self.fail(chosen, &e.to_string());
+                return;
+            }
+        };
+        let mut finished = vec![];
+        for (&i, res) in chosen.iter().zip(results) {
+            let r = &mut self.running[i];
+            if res.tokens.is_empty() {
+                // An earlier prefill chunk.
+                let chunk = r.spec.as_ref().map_or(0, |st| st.prefill_chunk);
+                r.computed = (r.computed + chunk).min(r.prompt_len);
+                continue;
+            }
+            r.computed = r.prompt_len;
+            if !res.proposals.is_empty() {
+                let mut m = self.shared.metrics.lock().unwrap();
+                m.spec_num_drafts += 1;
+                m.spec_num_draft_tokens += res.stats.num_draft_tokens as u64;
+                m.spec_num_accepted_tokens += res.stats.num_accepted_tokens as u64;
+                if m.spec_accepted_per_pos.len() < k {
+                    m.spec_accepted_per_pos.resize(k, 0);
+                }
+                for pos in 0..res.stats.num_accepted_tokens {
+                    m.spec_accepted_per_pos[pos] += 1;
+                }
+            }
+            if self.deliver(i, res.tokens, vec![]) {
+                finished.push(i);
+            }
+        }
+        self.remove(finished);
+    }
+
+    /// Apply one sequence's forward output; true when it finished (or its client is gone).
+    fn advance(&mut self, p: &Planned, out: &crate::model::StepOutput) -> bool {
+        let r = &mut self.running[p.idx];
+        if p.logits == LogitRows::None {
+            r.computed += p.rows.len();
+            if let Some(s) = self.spec.as_mut() {
+                s.observe(r.seq, p.start, &out.taps, p.rows.len());
+            }
+            return false;
+        }
+        let want_lp = r.sub.req.logprobs;
+        let mut lps: Vec<TokenLogprob> = vec![];
+        let sampling = r.sub.req.sampling.clone();
+        let rng = &mut r.rng;
+        let mut sample_row = |i: usize| -> u32 {
+            let row = out.row(i);
+            let t = sample(row, &sampling, rng);
+            if let Some(n) = want_lp {
+                lps.push(logprob_of(row, t, n));
+            }
+            t
+        };
+        let emitted = if p.drafts.is_empty() {
+            r.computed += p.rows.len();
+            vec![sample_row(0)]
+        } else {
+            let v = verify(&p.drafts, &mut sample_row);
+            // Rows kept: the last committed token plus the accepted drafts.
+            r.computed += 1 + v.accepted;
+            self.model.truncate(r.seq, r.computed);
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.spec_num_drafts += 1;
+            m.spec_num_draft_tokens += p.drafts.len() as u64;
+            m.spec_num_accepted_tokens += v.accepted as u64;
+            if m.spec_accepted_per_pos.len() < p.drafts.len() {
+                m.spec_accepted_per_pos.resize(p.drafts.len(), 0);
+            }
+            for pos in 0..v.accepted {
+                m.spec_accepted_per_pos[pos] += 1;
+            }
+            v.tokens
+        };
+        if let Some(s) = self.spec.as_mut() {
+            let kept = if p.drafts.is_empty() { p.rows.len() } else { emitted.len() };
+            s.observe(r.seq, p.start, &out.taps, kept);
+        }
+        self.deliver(p.idx, emitted, lps)
+    }
+
+    /// Append emitted tokens (stopping at EOS / stop ids / limits), send them; true when finished.
+    fn deliver(&mut self, idx: usize, mut emitted: Vec<u32>, mut lps: Vec<TokenLogprob>) -> bool {
+        let r = &mut self.running[idx];
+        // Stop conditions, token by token.
+        let req = &r.sub.req;
+        let mut finish: Option<(FinishReason, Option<u32>)> = None;
+        let mut n_keep = emitted.len();
+        for (i, &t) in emitted.iter().enumerate() {
+            r.tokens.push(t);
+            let is_eos = !req.ignore_eos && self.model.config().is_eos(t);
+            if req.stop_token_ids.contains(&t) {
+                finish = Some((FinishReason::Stop, Some(t)));
+            } else if is_eos {
+                finish = Some((FinishReason::Stop, None));
+            } else if r.generated() >= req.max_tokens || r.tokens.len() >= self.cfg.max_model_len {
+                finish = Some((FinishReason::Length, None));
+            }
+            if finish.is_some() {
+                n_keep = i + 1;
+                break;
+            }
+        }
+        emitted.truncate(n_keep);
+        lps.truncate(n_keep);
+        let now = Instant::now();
+        {
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.generation_tokens_total += emitted.len() as u64;
+            if r.first_token.is_none() {
+                m.time_to_first_token.observe((now - r.sub.arrival).as_secs_f64());
+            }
+        }
+        r.first_token.get_or_insert(now);
+        let sent = r.sub.tx.send(EngineEvent::Tokens { ids: emitted, logprobs: lps }).is_ok();
+        let arrival = r.sub.arrival;
+        if !sent || r.sub.cancel.load(Ordering::Acquire) != LIVE {
+            let c = r.sub.cancel.load(Ordering::Acquire);
+            self.record_finish(if c == STOPPED { FinishReason::Stop } else { FinishReason::Abort }, arrival);
+            return true;
+        }
+        if let Some((reason, stop_token)) = finish {
+            let _ = r.sub.tx.send(EngineEvent::Finished { reason, stop_token });
+            self.record_finish(reason, arrival);
+            return true;
+        }
+        false
+    }
+}
+
+/// The chosen token's logprob and the `n` best alternatives.
+pub fn logprob_of(logits: &[f32], chosen: u32, n: usize) -> TokenLogprob {
+    let lp = log_softmax(logits);
+    let mut top = vec![];
+    if n > 0 {
+        let mut idx: Vec<usize> = (0..lp.len()).collect();
+        let n = n.min(idx.len());
+        idx.select_nth_unstable_by(n - 1, |&a, &b| lp[b].partial_cmp(&lp[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        idx.truncate(n);
+        idx.sort_by(|&a, &b| lp[b].partial_cmp(&lp[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
+    }
+    TokenLogprob { id: chosen, logprob: lp[chosen as usize], top }
+}

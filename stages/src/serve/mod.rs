@@ -1,0 +1,258 @@
+//! `laguna serve`: an OpenAI-compatible HTTP server (warp) over the engine's scheduler.
+//!
+//! Routes and wire formats follow vLLM 0.25 so existing clients (openai SDK, curl, coding agents,
+//! Prometheus) work unchanged. One concern per file: `routes` (warp filters), `openai` (request
+//! types), `chat`/`completions` (handlers), `sse`, `chat_template`, `tool_parser`, `reasoning`,
+//! `metrics`, `errors`, `embedded` (the built-in tiny test model).
+pub mod chat;
+pub mod chat_template;
+pub mod completions;
+pub mod embedded;
+pub mod errors;
+pub mod metrics;
+pub mod openai;
+pub mod reasoning;
+pub mod routes;
+pub mod sse;
+pub mod state;
+pub mod tool_parser;
+
+use laguna_engine::config::LagunaConfig;
+use laguna_engine::cpu::CpuModel;
+use laguna_engine::model::Model;
+use laguna_engine::sched::{Dflash, Loaded, SchedConfig, Scheduler};
+use laguna_engine::spec::CpuDraft;
+use laguna_engine::tokenizer::Tokenizer;
+use openai::SamplingDefaults;
+use state::AppState;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot listen on {addr}: {msg}")]
+    Bind { addr: String, msg: String },
+    #[error(transparent)]
+    Engine(#[from] laguna_engine::EngineError),
+    #[error(transparent)]
+    Template(#[from] chat_template::TemplateError),
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Everything `laguna serve` needs; the CLI (and recipes) fill it.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Model folder; `None` serves the embedded tiny test model.
+    pub model: Option<PathBuf>,
+    /// DFlash draft folder (speculative decoding through `laguna_engine::spec`).
+    pub draft: Option<PathBuf>,
+    /// Draft tokens per step with a draft (DFlash k).
+    pub num_speculative_tokens: usize,
+    /// cpu, cuda or cuda:N.
+    pub device: String,
+    /// K/V pool size on CUDA (None: the backend's default).
+    pub kv_cache_memory_bytes: Option<usize>,
+    pub host: String,
+    pub port: u16,
+    /// Names clients may use in `model`; the first is reported. Default: the folder path.
+    pub served_model_name: Vec<String>,
+    /// Default: the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    pub max_num_seqs: usize,
+    /// Default: max(2048, max_num_seqs).
+    pub max_num_batched_tokens: Option<usize>,
+    pub api_key: Option<String>,
+    /// Requests allowed to wait for a slot before new ones get 429 (0: no limit).
+    pub max_waiting: usize,
+    /// `enable_thinking` when a request does not say.
+    pub default_enable_thinking: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            model: None,
+            draft: None,
+            num_speculative_tokens: 6,
+            device: "cpu".into(),
+            kv_cache_memory_bytes: None,
+            host: "127.0.0.1".into(),
+            port: 8000,
+            served_model_name: vec![],
+            max_model_len: None,
+            max_num_seqs: 32,
+            max_num_batched_tokens: None,
+            api_key: None,
+            max_waiting: 0,
+            default_enable_thinking: false,
+        }
+    }
+}
+
+/// Log to stderr (RUST_LOG overrides the `info` default). Safe to call twice.
+pub fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
+fn sampling_defaults(dir: &Path) -> SamplingDefaults {
+    let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else { return SamplingDefaults::default() };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return SamplingDefaults::default() };
+    SamplingDefaults {
+        temperature: v.get("temperature").and_then(|x| x.as_f64()),
+        top_p: v.get("top_p").and_then(|x| x.as_f64()),
+        top_k: v.get("top_k").and_then(|x| x.as_i64()),
+    }
+}
+
+/// The model a device name stands for. CPU is the reference backend; CUDA plugs in here.
+fn model_loader(
+    dir: PathBuf,
+    draft: Option<PathBuf>,
+    k: usize,
+    device: &str,
+    kv_pool_bytes: Option<usize>,
+) -> Result<laguna_engine::sched::ModelLoader, ServeError> {
+    match device {
+        "cpu" => Ok(Box::new(move || {
+            let t = std::time::Instant::now();
+            let m = CpuModel::load(&dir)?;
+            tracing::info!("model loaded from {} in {:.1}s", dir.display(), t.elapsed().as_secs_f64());
+            let dflash = match &draft {
+                Some(d) => {
+                    let dm = CpuDraft::load(d, &m)?;
+                    tracing::info!("DFlash draft loaded from {} (k = {k})", d.display());
+                    Some(Dflash { draft: Box::new(dm), k })
+                }
+                None => None,
+            };
+            Ok(Loaded { model: Box::new(m) as Box<dyn Model>, spec: None, dflash })
+        })),
+        d if d == "cuda" || d.starts_with("cuda:") => {
+            let ordinal: usize = match d.strip_prefix("cuda:") {
+                Some(n) => n.parse().map_err(|_| ServeError::Config(format!("--device {d}: expected cuda or cuda:N")))?,
+                None => 0,
+            };
+            laguna_engine::cuda::gpu_available().map_err(|e| ServeError::Config(format!("--device {d}: no usable GPU ({e}); use --device cpu")))?;
+            if draft.is_some() {
+                // HOOK(dflash-cuda): a CUDA DraftModel goes here once it exists (CpuDraft needs a CpuModel).
+                return Err(ServeError::Config("DFlash drafts run on --device cpu only in this build; drop --draft or use --device cpu".into()));
+            }
+            let _ = k;
+            Ok(Box::new(move || {
+                let opts = laguna_engine::cuda::CudaOptions { device: ordinal, kv_pool_bytes, progress: false, ..Default::default() };
+                let m = laguna_engine::cuda::CudaModel::load(&dir, opts)?;
+                tracing::info!("model loaded on cuda:{ordinal} from {}", dir.display());
+                Ok(Loaded::plain(Box::new(m)))
+            }))
+        }
+        other => Err(ServeError::Config(format!("unknown --device `{other}` (use cpu, cuda or cuda:N)"))),
+    }
+}
+
+/// Load everything but the weights, bind the port, then load the weights on the engine thread
+/// (`/health` answers 503 meanwhile) and serve until Ctrl-C.
+pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
+    init_logging();
+    let (dir, embedded) = match &opts.model {
+        Some(d) => (d.clone(), false),
+        None => (embedded::extract().map_err(|e| ServeError::Io(format!("could not unpack the embedded test model: {e}")))?, true),
+    };
+    if embedded {
+        tracing::warn!(
+            "no --model given: serving the embedded tiny test model `{}` (random weights, {} KiB; not Laguna). Pass --model DIR or --recipe R for a real model.",
+            embedded::NAME,
+            embedded::total_bytes() / 1024
+        );
+    }
+    if !dir.join("config.json").is_file() {
+        return Err(ServeError::Config(format!("{} has no config.json; pass --model with a Laguna model folder", dir.display())));
+    }
+    let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+    let tokenizer = Tokenizer::from_dir(&dir)?
+        .ok_or_else(|| ServeError::Config(format!("{} has no tokenizer.json; the server needs it to read prompts", dir.display())))?;
+    let tokenizer = Arc::new(tokenizer);
+    let template = chat_template::ChatTemplate::from_dir(&dir)?;
+    let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
+    if max_model_len > cfg.max_position_embeddings {
+        return Err(ServeError::Config(format!(
+            "--max-model-len {max_model_len} is larger than the model's max_position_embeddings ({})",
+            cfg.max_position_embeddings
+        )));
+    }
+    if let Some(d) = &opts.draft {
+        if !d.join("config.json").is_file() {
+            return Err(ServeError::Config(format!("draft folder {} has no config.json", d.display())));
+        }
+        if opts.num_speculative_tokens == 0 {
+            return Err(ServeError::Config("num_speculative_tokens must be at least 1 with a draft".into()));
+        }
+    }
+    let sched_cfg = SchedConfig {
+        max_num_seqs: opts.max_num_seqs,
+        max_num_batched_tokens: opts.max_num_batched_tokens.unwrap_or(2048.max(opts.max_num_seqs)),
+        max_model_len,
+        max_waiting: opts.max_waiting,
+    };
+    let served_names = if opts.served_model_name.is_empty() {
+        vec![if embedded { embedded::NAME.to_string() } else { dir.display().to_string() }]
+    } else {
+        opts.served_model_name.clone()
+    };
+    let loader = model_loader(dir.clone(), opts.draft.clone(), opts.num_speculative_tokens, &opts.device, opts.kv_cache_memory_bytes)?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| ServeError::Io(e.to_string()))?;
+    rt.block_on(async move {
+        let addr = format!("{}:{}", opts.host, opts.port);
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| ServeError::Bind {
+            addr: addr.clone(),
+            msg: if e.kind() == std::io::ErrorKind::AddrInUse {
+                format!("the port is already in use (another server?); stop it or pass --port ({e})")
+            } else {
+                e.to_string()
+            },
+        })?;
+        let local = listener.local_addr().map_err(|e| ServeError::Io(e.to_string()))?;
+        let scheduler = Scheduler::start_loading(sched_cfg.clone(), loader, Some(tokenizer.clone()))?;
+        let state = Arc::new(AppState {
+            backend: Arc::new(scheduler),
+            tokenizer,
+            template,
+            served_names,
+            model_root: dir.display().to_string(),
+            max_model_len,
+            api_key: opts.api_key.clone(),
+            created: openai::now_secs(),
+            defaults: sampling_defaults(&dir),
+            default_enable_thinking: opts.default_enable_thinking,
+        });
+        tracing::info!(
+            "serving `{}` on http://{local} (device {}, max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, chat template: {})",
+            state.model_name(),
+            opts.device,
+            sched_cfg.max_model_len,
+            sched_cfg.max_num_seqs,
+            sched_cfg.max_num_batched_tokens,
+            state.template.source
+        );
+        warp::serve(routes::routes(state))
+            .incoming(listener)
+            .graceful(async {
+                let _ = tokio::signal::ctrl_c().await;
+                tracing::info!("shutting down (finishing open requests for up to 10 s; Ctrl-C again to quit now)");
+                tokio::spawn(async {
+                    tokio::select! {
+                        _ = tokio::signal::ctrl_c() => {}
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+                    }
+                    std::process::exit(0);
+                });
+            })
+            .run()
+            .await;
+        Ok(())
+    })
+}
