@@ -1,18 +1,14 @@
 #!/usr/bin/env bash
-# The README's test command. Installs what the tests need (Python packages, test servers, NVRTC
-# for the kernel compile check; each scripts/ci-deps-*.sh is idempotent), then runs every Rust
-# test (CPU; device tests skip without a GPU) and the end-to-end server tests (openai SDK against
-# the real binary).
+# The README's test command. Installs what the tests need (idempotent: test servers and Python
+# packages, NVRTC from PyPI for the kernel compile check), then runs every Rust test (CPU; device
+# tests skip without a GPU), the CLI smoke test of the stages, and the end-to-end server tests
+# (openai SDK against the real binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-for s in scripts/ci-deps-*.sh; do
-  [ -f "$s" ] || continue
-  echo "== $s"
-  # shellcheck disable=SC1090
-  source "$s"
-done
+bash scripts/ci-deps-stages.sh
+bash scripts/ci-deps-serve.sh
+eval "$(bash scripts/ci-deps-cuda.sh)"
 cargo build --workspace
 cargo test --workspace
-if [ -d tests/serve ]; then
-  LAGUNA_BIN="$PWD/target/debug/laguna" python3 -m pytest -q tests/serve
-fi
+bash tests/stages/cli-smoke.sh "$PWD/target/debug/laguna"
+LAGUNA_BIN="$PWD/target/debug/laguna" python3 -m pytest -q tests/serve

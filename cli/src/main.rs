@@ -14,11 +14,36 @@ struct Cli {
 enum Command {
     /// Generate tokens from a prompt with a local model folder.
     Generate(cmd::generate::Args),
+    /// Serve an OpenAI-compatible API (no arguments: the embedded tiny test model on CPU).
+    Serve(cmd::serve::Args),
+    /// Download the recipe's model and draft into the Hugging Face cache (resumable).
+    Fetch(cmd::fetch::Args),
+    /// Check a fetched checkpoint: sizes, hashes, safetensors headers, tensor inventory.
+    Verify(cmd::verify::Args),
+    /// Print the memory plan (weights, KV pool, activations) and check that it fits.
+    Plan(cmd::plan::Args),
+    /// Compile every CUDA kernel to cubins for the GPU found (or --arch) into the kernel cache.
+    Warmup(cmd::warmup::Args),
+    /// Write a random-weight checkpoint of any Laguna config in the exact on-disk format.
+    Synth(cmd::synth::Args),
+    /// Measure load time, TTFT, decode tok/s and the roofline fraction on a CUDA GPU.
+    Bench(cmd::bench::Args),
+    /// Check the CUDA backend against the CPU reference on the fixture models (device machines).
+    #[command(hide = true)]
+    DeviceTest(cmd::device_test::Args),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Fetch(a) => cmd::fetch::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Plan(a) => cmd::plan::run(a),
+        Command::Warmup(a) => cmd::warmup::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
+        Command::DeviceTest(a) => cmd::device_test::run(a),
     }
 }

@@ -2,10 +2,13 @@
 //! KV cache, sampling, tokenizer, scheduler and DFlash speculative decoding. Nothing here knows HTTP.
 pub mod config;
 pub mod cpu;
+pub mod cuda;
 pub mod error;
 pub mod generate;
 pub mod model;
 pub mod sample;
+pub mod spec;
+pub mod sched;
 pub mod tokenizer;
 pub mod weights;
 

@@ -1,1 +1,353 @@
+//! laguna-kernels: the CUDA C sources of every kernel (one `.cu` per concern, under `cu/`), a
+//! registry (module name → source, entry points) and a NVRTC → **cubin** compiler with an on-disk
+//! cache. NVRTC is loaded at run time (cudarc `dynamic-loading`): nothing CUDA is needed to build.
+//!
+//! Cache: `$XDG_CACHE_HOME/laguna/kernels/<arch>/<module>-<key>.cubin` (else `~/.cache/...`), where
+//! `key` hashes the source, the options, the arch and the NVRTC version. When NVRTC is absent at
+//! run time a cubin with the same source/options/arch from any NVRTC version is accepted.
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
 
+pub const COMMON: &str = include_str!("../cu/common.cuh");
+
+/// One compilation unit.
+#[derive(Debug, Clone, Copy)]
+pub struct KernelModule {
+    pub name: &'static str,
+    pub source: &'static str,
+    pub entries: &'static [&'static str],
+}
+
+pub const MODULES: &[KernelModule] = &[
+    KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm"] },
+    KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "silu_mul"] },
+    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_merge"] },
+    KernelModule {
+        name: "moe",
+        source: include_str!("../cu/moe.cu"),
+        entries: &[
+            "router_topk",
+            "moe_group",
+            "moe_gate_up_bf16",
+            "moe_gate_up_fp4",
+            "moe_down_bf16",
+            "moe_down_fp4",
+            "moe_gate_up_bf16_1",
+            "moe_gate_up_fp4_1",
+            "moe_down_bf16_1",
+            "moe_down_fp4_1",
+            "moe_combine",
+        ],
+    },
+    KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4"] },
+];
+
+/// NVRTC options (besides `--gpu-architecture`). Part of the cache key.
+pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo", "--extra-device-vectorization"];
+
+#[derive(Debug)]
+pub enum KernelError {
+    NoNvrtc(String),
+    Compile { module: String, arch: String, log: String },
+    Io(String),
+}
+
+impl std::fmt::Display for KernelError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KernelError::NoNvrtc(m) => write!(f, "{m}"),
+            KernelError::Compile { module, arch, log } => write!(f, "NVRTC failed to compile kernel module `{module}` for {arch}:\n{log}"),
+            KernelError::Io(m) => write!(f, "{m}"),
+        }
+    }
+}
+impl std::error::Error for KernelError {}
+
+pub const NO_NVRTC_HELP: &str = "NVRTC (libnvrtc.so.13) was not found on the library path. Install it with\n  \
+    pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cuda-cccl\nand export LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib:$LD_LIBRARY_PATH \
+    (scripts/ci-deps-cuda.sh prints the exact lines), or install the CUDA toolkit (apt install cuda-nvrtc-13-0) \
+    and put /usr/local/cuda/lib64 on LD_LIBRARY_PATH.";
+
+/// Full text NVRTC sees for a module: the common header, then the module.
+pub fn full_source(m: &KernelModule) -> String {
+    format!("{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
+}
+
+pub fn nvrtc_available() -> bool {
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// (major, minor) of the NVRTC found, if any.
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    if !nvrtc_available() {
+        return None;
+    }
+    let (mut a, mut b) = (0, 0);
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+    if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        Some((a, b))
+    } else {
+        None
+    }
+}
+
+/// The arch names NVRTC can target (`sm_90`, ...), without the `a`/`f` variants.
+pub fn nvrtc_supported_archs() -> Vec<String> {
+    if !nvrtc_available() {
+        return vec![];
+    }
+    use cudarc::nvrtc::sys;
+    let mut n = 0;
+    unsafe {
+        if sys::nvrtcGetNumSupportedArchs(&mut n) != sys::nvrtcResult::NVRTC_SUCCESS {
+            return vec![];
+        }
+        let mut v = vec![0i32; n as usize];
+        if sys::nvrtcGetSupportedArchs(v.as_mut_ptr()) != sys::nvrtcResult::NVRTC_SUCCESS {
+            return vec![];
+        }
+        v.into_iter().map(|a| format!("sm_{a}")).collect()
+    }
+}
+
+/// Architecture for a compute capability: sm_90a for 9.0, sm_121a for 12.1, `sm_XY` (plus `a`
+/// from 9.0 on, where the arch-specific variant exists) otherwise.
+pub fn arch_for_capability(major: i32, minor: i32) -> String {
+    if major >= 9 {
+        format!("sm_{major}{minor}a")
+    } else {
+        format!("sm_{major}{minor}")
+    }
+}
+
+/// Cache root: `$XDG_CACHE_HOME/laguna/kernels`, else `$HOME/.cache/laguna/kernels`.
+pub fn cache_root() -> PathBuf {
+    if let Ok(d) = std::env::var("LAGUNA_KERNEL_CACHE") {
+        if !d.is_empty() {
+            return PathBuf::from(d);
+        }
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cache"));
+    base.join("laguna").join("kernels")
+}
+
+/// Source+options+arch hash (version-independent part of the key).
+pub fn source_key(m: &KernelModule, arch: &str) -> String {
+    let mut h = Sha256::new();
+    h.update(full_source(m).as_bytes());
+    for o in OPTIONS {
+        h.update(o.as_bytes());
+        h.update([0]);
+    }
+    h.update(arch.as_bytes());
+    let d = h.finalize();
+    d[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn cubin_path(root: &Path, m: &KernelModule, arch: &str, ver: (i32, i32)) -> PathBuf {
+    root.join(arch).join(format!("{}-{}-nvrtc{}.{}.cubin", m.name, source_key(m, arch), ver.0, ver.1))
+}
+
+/// A cached cubin for (module, arch) from any NVRTC version (used when NVRTC is absent).
+pub fn find_cached_any(root: &Path, m: &KernelModule, arch: &str) -> Option<PathBuf> {
+    let prefix = format!("{}-{}-nvrtc", m.name, source_key(m, arch));
+    let dir = root.join(arch);
+    let mut hits: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".cubin")))
+        .collect();
+    hits.sort();
+    hits.pop()
+}
+
+/// Include directories for NVRTC: `$CUDA_HOME/include` when set (our kernels need none).
+fn include_opts() -> Vec<String> {
+    let mut v = vec![];
+    for var in ["CUDA_HOME", "CUDA_PATH"] {
+        if let Ok(h) = std::env::var(var) {
+            let inc = Path::new(&h).join("include");
+            if inc.is_dir() {
+                v.push(format!("-I{}", inc.display()));
+            }
+        }
+    }
+    v
+}
+
+/// Compile one module to a cubin for `arch` (e.g. `sm_90a`). Needs NVRTC.
+pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelError> {
+    use cudarc::nvrtc::sys;
+    use std::ffi::{CStr, CString};
+    if !nvrtc_available() {
+        return Err(KernelError::NoNvrtc(NO_NVRTC_HELP.into()));
+    }
+    let src = CString::new(full_source(m)).unwrap();
+    let name = CString::new(format!("{}.cu", m.name)).unwrap();
+    let mut opts: Vec<CString> = OPTIONS.iter().map(|o| CString::new(*o).unwrap()).collect();
+    opts.push(CString::new(format!("--gpu-architecture={arch}")).unwrap());
+    for i in include_opts() {
+        opts.push(CString::new(i).unwrap());
+    }
+    let optp: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    unsafe {
+        let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
+        let r = sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null());
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(KernelError::Compile { module: m.name.into(), arch: arch.into(), log: format!("nvrtcCreateProgram: {r:?}") });
+        }
+        let r = sys::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr());
+        let mut log_len = 0usize;
+        sys::nvrtcGetProgramLogSize(prog, &mut log_len);
+        let mut log = vec![0u8; log_len.max(1)];
+        sys::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut std::ffi::c_char);
+        let log = CStr::from_bytes_until_nul(&log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            sys::nvrtcDestroyProgram(&mut prog);
+            return Err(KernelError::Compile { module: m.name.into(), arch: arch.into(), log: format!("{r:?}\n{log}") });
+        }
+        let mut n = 0usize;
+        let r = sys::nvrtcGetCUBINSize(prog, &mut n);
+        if r != sys::nvrtcResult::NVRTC_SUCCESS || n == 0 {
+            sys::nvrtcDestroyProgram(&mut prog);
+            return Err(KernelError::Compile {
+                module: m.name.into(),
+                arch: arch.into(),
+                log: format!("no cubin ({r:?}); is `{arch}` a real architecture (sm_XY[a|f]), not a virtual compute_XY?"),
+            });
+        }
+        let mut buf = vec![0u8; n];
+        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
+        sys::nvrtcDestroyProgram(&mut prog);
+        Ok(buf)
+    }
+}
+
+/// The cubin of a module for `arch`: from the cache, else compiled (when NVRTC is present) and
+/// written to the cache atomically. Returns (bytes, whether it was compiled now).
+pub fn get_cubin(root: &Path, m: &KernelModule, arch: &str) -> Result<(Vec<u8>, bool), KernelError> {
+    match nvrtc_version() {
+        Some(ver) => {
+            let p = cubin_path(root, m, arch, ver);
+            if let Ok(b) = std::fs::read(&p) {
+                return Ok((b, false));
+            }
+            let bin = compile_cubin(m, arch)?;
+            let dir = p.parent().unwrap();
+            std::fs::create_dir_all(dir).map_err(|e| KernelError::Io(format!("cannot create {}: {e}", dir.display())))?;
+            let tmp = dir.join(format!(".{}.{}.tmp", m.name, std::process::id()));
+            std::fs::write(&tmp, &bin).map_err(|e| KernelError::Io(format!("cannot write {}: {e}", tmp.display())))?;
+            std::fs::rename(&tmp, &p).map_err(|e| KernelError::Io(format!("cannot write {}: {e}", p.display())))?;
+            Ok((bin, true))
+        }
+        None => match find_cached_any(root, m, arch) {
+            Some(p) => std::fs::read(&p).map(|b| (b, false)).map_err(|e| KernelError::Io(format!("cannot read {}: {e}", p.display()))),
+            None => Err(KernelError::NoNvrtc(format!(
+                "kernel module `{}` for {arch} is not in the cache ({}) and {NO_NVRTC_HELP}",
+                m.name,
+                root.join(arch).display()
+            ))),
+        },
+    }
+}
+
+/// Result of warming one (module, arch).
+#[derive(Debug)]
+pub struct WarmResult {
+    pub module: &'static str,
+    pub arch: String,
+    pub compiled: bool,
+    pub bytes: usize,
+    pub secs: f64,
+}
+
+/// Compile (or find cached) every module for every arch, in parallel threads, with a progress bar.
+pub fn warmup(root: &Path, archs: &[String], progress: bool) -> Result<Vec<WarmResult>, KernelError> {
+    if !nvrtc_available() {
+        return Err(KernelError::NoNvrtc(NO_NVRTC_HELP.into()));
+    }
+    let jobs: Vec<(KernelModule, String)> = archs.iter().flat_map(|a| MODULES.iter().map(move |m| (*m, a.clone()))).collect();
+    let pb = if progress {
+        let pb = indicatif::ProgressBar::new(jobs.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} compiling kernels [{bar:30}] {pos}/{len} {msg}")
+                .unwrap()
+                .progress_chars("=> "),
+        );
+        Some(pb)
+    } else {
+        None
+    };
+    let results: Vec<Result<WarmResult, KernelError>> = std::thread::scope(|s| {
+        let hs: Vec<_> = jobs
+            .iter()
+            .map(|(m, a)| {
+                let pb = pb.clone();
+                s.spawn(move || {
+                    let t = std::time::Instant::now();
+                    let r = get_cubin(root, m, a).map(|(b, compiled)| WarmResult {
+                        module: m.name,
+                        arch: a.clone(),
+                        compiled,
+                        bytes: b.len(),
+                        secs: t.elapsed().as_secs_f64(),
+                    });
+                    if let Some(pb) = &pb {
+                        pb.set_message(format!("{} {}", m.name, a));
+                        pb.inc(1);
+                    }
+                    r
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    if let Some(pb) = pb {
+        pb.finish_and_clear();
+    }
+    results.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn registry_entries_exist_in_sources() {
+        for m in MODULES {
+            for e in m.entries {
+                assert!(m.source.contains(&format!("void {e}(")), "{}: entry {e} not found", m.name);
+            }
+        }
+    }
+
+    #[test]
+    fn key_changes_with_arch() {
+        let m = &MODULES[0];
+        assert_ne!(source_key(m, "sm_90a"), source_key(m, "sm_121a"));
+    }
+
+    /// Compiles every kernel for sm_90a and sm_121a. Skips (with a reason) without NVRTC, except
+    /// under CI (env `CI` set), where a missing NVRTC fails the test.
+    #[test]
+    fn compile_all_kernels_sm90a_sm121a() {
+        if !nvrtc_available() {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but NVRTC is missing: run scripts/ci-deps-cuda.sh and export what it prints.\n{NO_NVRTC_HELP}");
+            }
+            eprintln!("SKIP compile_all_kernels_sm90a_sm121a: {NO_NVRTC_HELP}");
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("laguna-kernel-test-{}", std::process::id()));
+        let archs = vec!["sm_90a".to_string(), "sm_121a".to_string()];
+        let r = warmup(&dir, &archs, false);
+        let _ = std::fs::remove_dir_all(&dir);
+        let r = r.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.len(), MODULES.len() * 2);
+        assert!(r.iter().all(|w| w.bytes > 0));
+    }
+}

@@ -3,6 +3,7 @@ use laguna_engine::cpu::CpuModel;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
+use laguna_engine::spec::{generate_spec, CpuDraft};
 use laguna_engine::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
@@ -36,6 +37,12 @@ pub struct Args {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// DFlash draft folder (DFlashLagunaForCausalLM config.json + *.safetensors) for speculative decoding.
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Draft tokens proposed per step (1 <= k < the draft's block_size; default block_size - 1).
+    #[arg(long, requires = "draft")]
+    pub num_speculative_tokens: Option<usize>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -65,18 +72,31 @@ pub fn run(a: Args) -> Result<()> {
         ignore_eos: a.ignore_eos,
         stop_token_ids: vec![],
     };
-    let res = generate(&mut model as &mut dyn Model, &req, false)?;
+    let (res, spec) = match &a.draft {
+        None => (generate(&mut model as &mut dyn Model, &req, false)?, None),
+        Some(dir) => {
+            let mut draft = CpuDraft::load(dir, &model).with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
+            let k = a.num_speculative_tokens.unwrap_or(draft.cfg.block_size - 1);
+            let (res, stats) = generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
+            (res, Some((k, stats)))
+        }
+    };
     let text = match &tok {
         Some(t) => t.decode(&res.completion, true)?,
         None => String::new(),
     };
     if a.json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "prompt_ids": prompt,
             "completion_ids": res.completion,
             "text": text,
             "finish_reason": res.finish_reason.as_str(),
         });
+        if let Some((k, stats)) = &spec {
+            let mut o = stats.to_json();
+            o["num_speculative_tokens"] = serde_json::json!(k);
+            v["spec"] = o;
+        }
         println!("{v}");
     } else {
         if tok.is_some() {
@@ -85,6 +105,13 @@ pub fn run(a: Args) -> Result<()> {
             println!("{:?}", res.completion);
         }
         eprintln!("finish_reason: {}", res.finish_reason.as_str());
+        if let Some((k, stats)) = &spec {
+            eprintln!("speculative decoding (DFlash, k={k}): {}", stats.summary());
+            eprintln!(
+                "  drafts {}, draft tokens {}, accepted {}, accepted per position {:?}, acceptance lengths {:?}",
+                stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_accepted_tokens_per_pos, stats.acceptance_lengths
+            );
+        }
     }
     Ok(())
 }

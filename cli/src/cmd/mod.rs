@@ -1,1 +1,9 @@
 pub mod generate;
+pub mod serve;
+pub mod fetch;
+pub mod plan;
+pub mod verify;
+pub mod warmup;
+pub mod synth;
+pub mod bench;
+pub mod device_test;

@@ -1,0 +1,172 @@
+//! `laguna bench`: load time, TTFT, warm decode tok/s (median of runs; the decode step is one
+//! CUDA graph replay, the host reads only the sampled token), bytes a decode step reads, device
+//! copy bandwidth measured in the same run, roofline fraction and a per-kernel time breakdown.
+use anyhow::{bail, Context, Result};
+use laguna_engine::config::AttnKind;
+use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::model::{LogitRows, Model, StepInput};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[arg(long)]
+    pub model: PathBuf,
+    #[arg(long, default_value_t = 2048)]
+    pub prompt_len: usize,
+    #[arg(long, default_value_t = 256)]
+    pub gen: usize,
+    /// Timed runs (median reported).
+    #[arg(long, default_value_t = 3)]
+    pub runs: usize,
+    /// K/V pool in GiB (default: planned from free memory).
+    #[arg(long)]
+    pub pool_gib: Option<f64>,
+    /// Rows per prefill pass.
+    #[arg(long, default_value_t = 2048)]
+    pub max_rows: usize,
+    /// Run decode steps eagerly instead of replaying a CUDA graph.
+    #[arg(long)]
+    pub no_graph: bool,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if let Err(e) = laguna_engine::cuda::gpu_available() {
+        bail!("laguna bench needs a CUDA GPU: {e}");
+    }
+    let opts = CudaOptions {
+        kv_pool_bytes: a.pool_gib.map(|g| (g * (1u64 << 30) as f64) as usize),
+        max_rows: a.max_rows,
+        graphs: !a.no_graph,
+        progress: !a.json,
+        ..Default::default()
+    };
+    let mut m = CudaModel::load(&a.model, opts).with_context(|| format!("loading {}", a.model.display()))?;
+    let cfg = m.config().clone();
+    let v = cfg.vocab_size;
+    eprintln!("loaded {:.2} GB of weights in {:.1}s on {} ({})", m.weight_bytes as f64 / 1e9, m.load_secs, m.device_name(), m.arch());
+    let bw = m.copy_bandwidth(2 << 30)?;
+    // Deterministic pseudo-random prompt.
+    let mut x = 0x2545F4914F6CDD1Du64;
+    let prompt: Vec<u32> = (0..a.prompt_len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % (v as u64 - 16)) as u32 + 16
+        })
+        .collect();
+    let mut ttfts = vec![];
+    let mut tps = vec![];
+    let mut finite = true;
+    let mut tokens_out = vec![];
+    for run in 0..a.runs + 1 {
+        let s = m.new_seq()?;
+        let t0 = std::time::Instant::now();
+        let out = m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?.remove(0);
+        let ttft = t0.elapsed().as_secs_f64();
+        finite &= out.logits.iter().all(|x| x.is_finite());
+        let mut tok = out.logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32;
+        let t1 = std::time::Instant::now();
+        let mut toks = vec![tok];
+        let mut none = None;
+        for _ in 0..a.gen {
+            tok = m.decode_greedy(s, tok, &mut none)?;
+            toks.push(tok);
+        }
+        let dt = t1.elapsed().as_secs_f64();
+        m.free_seq(s);
+        if run == 0 {
+            continue; // warm-up (graph capture, first-touch)
+        }
+        ttfts.push(ttft);
+        tps.push(a.gen as f64 / dt);
+        tokens_out = toks;
+    }
+    // Finite check of decode logits: one more teacher-forced step through the Model trait.
+    let s = m.new_seq()?;
+    m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::None }])?;
+    let o = m.forward(&[StepInput { seq: s, tokens: &tokens_out[..8.min(tokens_out.len())], start_pos: prompt.len(), logits: LogitRows::All }])?;
+    finite &= o[0].logits.iter().all(|x| x.is_finite());
+    // Per-kernel breakdown of one prefill.
+    m.set_profiling(true);
+    let sp = m.new_seq()?;
+    m.forward(&[StepInput { seq: sp, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?;
+    let prefill_kernels = m.take_profile();
+    m.set_profiling(false);
+    m.free_seq(sp);
+    // Per-kernel breakdown over 16 eager decode steps.
+    let mut prof = Some(laguna_engine::cuda::Prof::default());
+    let mut tok = *tokens_out.last().unwrap_or(&1);
+    let steps = 16;
+    for _ in 0..steps {
+        tok = m.decode_greedy(s, tok, &mut prof)?;
+    }
+    let breakdown = prof.unwrap().summary();
+    m.free_seq(s);
+    let ttft = median(&mut ttfts);
+    let tok_s = median(&mut tps);
+    // Bytes per decode step at the mean context of the timed decode.
+    let ctx = a.prompt_len + a.gen / 2;
+    let kvw = cfg.num_kv_heads * cfg.head_dim;
+    let kv_bytes: usize = cfg
+        .layers
+        .iter()
+        .map(|l| {
+            let n = match (l.attn, cfg.sliding_window) {
+                (AttnKind::Sliding, Some(w)) => ctx.min(w),
+                _ => ctx,
+            };
+            n * kvw * 2 * 2
+        })
+        .sum();
+    let bytes = m.decode_weight_bytes + kv_bytes;
+    let roofline = bytes as f64 * tok_s / bw;
+    let kernel_total: f64 = breakdown.iter().map(|b| b.1).sum();
+    if a.json {
+        let ks: Vec<_> = breakdown
+            .iter()
+            .map(|(n, t, c)| serde_json::json!({"kernel": n, "ms_per_step": t / steps as f64, "launches_per_step": *c as f64 / steps as f64}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"device": m.device_name(), "arch": m.arch(), "load_s": m.load_secs, "weight_bytes": m.weight_bytes,
+                "prompt_len": a.prompt_len, "gen": a.gen, "ttft_ms": ttft * 1e3, "decode_tok_s": tok_s, "bytes_per_token": bytes,
+                "weight_bytes_per_token": m.decode_weight_bytes, "kv_bytes_per_token": kv_bytes,
+                "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "finite": finite, "graphs": !a.no_graph, "kernels": ks,
+                "kernel_ms_per_step_eager": kernel_total / steps as f64,
+                "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>()})
+        );
+    } else {
+        let ptot: f64 = prefill_kernels.iter().map(|b| b.1).sum();
+        println!("per-kernel time of one {}-token prefill (CUDA events):", a.prompt_len);
+        for (n, t, c) in &prefill_kernels {
+            println!("  {:<20} {:>9.3} ms  {:>5.1}%  {:>5} launches", n, t, 100.0 * t / ptot.max(1e-9), c);
+        }
+        println!("per-kernel time per decode step (eager, CUDA events):");
+        for (n, t, c) in &breakdown {
+            println!("  {:<20} {:>8.3} ms  {:>5.1}%  {:>4} launches", n, t / steps as f64, 100.0 * t / kernel_total.max(1e-9), c / steps);
+        }
+        println!("\n| metric | value |\n|---|---|");
+        println!("| device | {} ({}) |", m.device_name(), m.arch());
+        println!("| load | {:.1} s ({:.2} GB) |", m.load_secs, m.weight_bytes as f64 / 1e9);
+        println!("| TTFT ({} tokens) | {:.1} ms |", a.prompt_len, ttft * 1e3);
+        println!("| decode (median of {}, {} tokens, graphs {}) | {:.1} tok/s |", a.runs, a.gen, !a.no_graph, tok_s);
+        println!("| bytes per decode step | {:.3} GB (weights {:.3} + KV {:.3}) |", bytes as f64 / 1e9, m.decode_weight_bytes as f64 / 1e9, kv_bytes as f64 / 1e9);
+        println!("| copy bandwidth (read+write) | {:.2} TB/s |", bw / 1e12);
+        println!("| roofline fraction | {:.1}% |", roofline * 100.0);
+        println!("| eager kernel time per step | {:.3} ms |", kernel_total / steps as f64);
+        println!("| finite | {finite} |");
+    }
+    if !finite {
+        bail!("non-finite logits");
+    }
+    Ok(())
+}

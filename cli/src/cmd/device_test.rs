@@ -1,0 +1,194 @@
+//! `laguna device-test` (hidden): the CUDA backend against the CPU reference, in-process, on every
+//! fixture model. For device machines without cargo. Prints one line per check and a table last.
+use anyhow::{Context, Result};
+use laguna_engine::cpu::CpuModel;
+use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::model::{LogitRows, Model, StepInput};
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Fixture folders (each with config.json, model.safetensors, reference.safetensors), or a
+    /// folder of them.
+    #[arg(long, default_value = "tests/fixtures/models")]
+    pub fixtures: PathBuf,
+    /// Relative tolerance: max|cuda - cpu| <= tol * max|cpu logit| per position.
+    #[arg(long, default_value_t = 2e-2)]
+    pub tol: f64,
+    /// Print one JSON object as the last line of stdout.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
+    let bytes = std::fs::read(path)?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)?;
+    let t = st.tensor(name)?;
+    Ok(match t.dtype() {
+        safetensors::Dtype::I64 => t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        safetensors::Dtype::I32 => t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        d => anyhow::bail!("{name}: unexpected dtype {d:?}"),
+    })
+}
+
+/// Worst row of max|a-b| / max|b| over rows of width v.
+fn rel_err(a: &[f32], b: &[f32], v: usize) -> (f64, f64) {
+    let mut worst = 0f64;
+    let mut worst_abs = 0f64;
+    for (ra, rb) in a.chunks(v).zip(b.chunks(v)) {
+        let mx = rb.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(1e-30);
+        let d = ra.iter().zip(rb).fold(0f64, |m, (&x, &y)| if x.is_finite() { m.max((x as f64 - y as f64).abs()) } else { f64::INFINITY });
+        worst = worst.max(d / mx);
+        worst_abs = worst_abs.max(d);
+    }
+    (worst, worst_abs)
+}
+
+fn argmax(x: &[f32]) -> usize {
+    let mut b = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[b] {
+            b = i;
+        }
+    }
+    b
+}
+
+fn top2_gap(x: &[f32]) -> f64 {
+    let b = argmax(x);
+    let second = x.iter().enumerate().filter(|&(i, _)| i != b).fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
+    (x[b] - second) as f64
+}
+
+struct Row {
+    name: String,
+    rows: usize,
+    err_pass: f64,
+    err_decode: f64,
+    batch_inv: bool,
+    greedy: String,
+    ok: bool,
+    note: String,
+}
+
+fn check_one(dir: &Path, tol: f64) -> Result<Row> {
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    let reff = dir.join("reference.safetensors");
+    let prompt = read_ids(&reff, "prompt_ids")?;
+    let greedy = read_ids(&reff, "greedy_ids")?;
+    let mut all = prompt.clone();
+    all.extend_from_slice(&greedy[..greedy.len().saturating_sub(1)]);
+    let mut cpu = CpuModel::load(dir).context("cpu load")?;
+    let v = cpu.config().vocab_size;
+    let cs = cpu.new_seq()?;
+    let cref = cpu.forward(&[StepInput { seq: cs, tokens: &all, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+
+    let opts = CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, ..Default::default() };
+    let mut cu = CudaModel::load(dir, opts).context("cuda load")?;
+    // A: one pass over everything.
+    let s1 = cu.new_seq()?;
+    let a = cu.forward(&[StepInput { seq: s1, tokens: &all, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+    let (err_pass, abs_pass) = rel_err(&a, &cref, v);
+    // B: prefill the prompt, then one token at a time.
+    let s2 = cu.new_seq()?;
+    let mut b = cu.forward(&[StepInput { seq: s2, tokens: &prompt, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+    for (i, &t) in all[prompt.len()..].iter().enumerate() {
+        let o = cu.forward(&[StepInput { seq: s2, tokens: &[t], start_pos: prompt.len() + i, logits: LogitRows::Last }])?.remove(0);
+        b.extend(o.logits);
+    }
+    let (err_decode, abs_dec) = rel_err(&b, &cref, v);
+    // C: batch invariance: the prompt rows computed in a batch with another sequence equal the
+    // rows of pass A bit for bit.
+    let s3 = cu.new_seq()?;
+    let s4 = cu.new_seq()?;
+    let half = &prompt[..prompt.len() / 2 + 1];
+    let outs = cu.forward(&[
+        StepInput { seq: s4, tokens: half, start_pos: 0, logits: LogitRows::All },
+        StepInput { seq: s3, tokens: &prompt, start_pos: 0, logits: LogitRows::All },
+    ])?;
+    let np = prompt.len() * v;
+    let batch_inv = outs[1].logits[..] == a[..np] && outs[0].logits[..] == a[..half.len() * v];
+    // D: truncate and redo the continuation on s1: identical to A.
+    cu.truncate(s1, prompt.len());
+    let redo = cu.forward(&[StepInput { seq: s1, tokens: &all[prompt.len()..], start_pos: prompt.len(), logits: LogitRows::All }])?.remove(0).logits;
+    let trunc_ok = redo[..] == a[np..];
+    // E: greedy through the on-device decode step (CUDA graph): compare with the CPU's greedy
+    // picks where the CPU's top-2 gap exceeds the measured error.
+    let measured = abs_pass.max(abs_dec);
+    let s5 = cu.new_seq()?;
+    let first = cu.forward(&[StepInput { seq: s5, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?.remove(0).logits;
+    let mut tok = argmax(&first) as u32;
+    let mut mism = 0;
+    let mut checked = 0;
+    let mut diverged_at = None;
+    let mut none = None;
+    for step in 0..greedy.len() {
+        let crow = &cref[(prompt.len() - 1 + step) * v..(prompt.len() + step) * v];
+        let cpu_tok = argmax(crow) as u32;
+        if tok != cpu_tok {
+            if top2_gap(crow) > 2.0 * measured {
+                mism += 1;
+            }
+            diverged_at = Some(step);
+            break;
+        }
+        checked += 1;
+        if step + 1 < greedy.len() {
+            tok = cu.decode_greedy(s5, tok, &mut none)?;
+        }
+    }
+    let greedy_s = match diverged_at {
+        None => format!("{checked}/{} same", greedy.len()),
+        Some(s) => format!("{checked}/{} same, differs at {s}{}", greedy.len(), if mism > 0 { " (gap > error!)" } else { " (within error)" }),
+    };
+    let ok = err_pass <= tol && err_decode <= tol && mism == 0 && trunc_ok && a.iter().all(|x| x.is_finite());
+    let note = format!("abs {abs_pass:.2e}/{abs_dec:.2e}{}", if trunc_ok { "" } else { " truncate-mismatch" });
+    Ok(Row { name, rows: all.len(), err_pass, err_decode, batch_inv, greedy: greedy_s, ok, note })
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if let Err(e) = laguna_engine::cuda::gpu_available() {
+        println!("SKIP device-test: {e}");
+        return Ok(());
+    }
+    let mut dirs: Vec<PathBuf> = vec![];
+    if a.fixtures.join("reference.safetensors").exists() {
+        dirs.push(a.fixtures.clone());
+    } else {
+        for e in std::fs::read_dir(&a.fixtures).with_context(|| format!("reading {}", a.fixtures.display()))? {
+            let p = e?.path();
+            if p.join("reference.safetensors").exists() && p.join("config.json").exists() {
+                dirs.push(p);
+            }
+        }
+    }
+    dirs.sort();
+    let mut rows = vec![];
+    for d in &dirs {
+        match check_one(d, a.tol) {
+            Ok(r) => {
+                println!("{}: pass-err {:.3e} decode-err {:.3e} batch-invariant {} greedy {} {} -> {}", r.name, r.err_pass, r.err_decode, r.batch_inv, r.greedy, r.note, if r.ok { "OK" } else { "FAIL" });
+                rows.push(r)
+            }
+            Err(e) => {
+                println!("{}: ERROR {e:#}", d.display());
+                rows.push(Row { name: d.file_name().unwrap().to_string_lossy().into(), rows: 0, err_pass: f64::NAN, err_decode: f64::NAN, batch_inv: false, greedy: "-".into(), ok: false, note: format!("{e:#}").chars().take(80).collect() });
+            }
+        }
+    }
+    let fails = rows.iter().filter(|r| !r.ok).count();
+    if a.json {
+        let items: Vec<_> = rows.iter().map(|r| serde_json::json!({"fixture": r.name, "rows": r.rows, "rel_err_pass": r.err_pass, "rel_err_decode": r.err_decode, "batch_invariant": r.batch_inv, "greedy": r.greedy, "ok": r.ok, "note": r.note})).collect();
+        println!("{}", serde_json::json!({"fixtures": items, "failures": fails}));
+    } else {
+        println!("\n| fixture | rows | rel err 1-pass | rel err decode | batch-inv | greedy | result |");
+        println!("|---|---|---|---|---|---|---|");
+        for r in &rows {
+            println!("| {} | {} | {:.2e} | {:.2e} | {} | {} | {} |", r.name, r.rows, r.err_pass, r.err_decode, r.batch_inv, r.greedy, if r.ok { "OK" } else { "FAIL" });
+        }
+    }
+    if fails > 0 {
+        anyhow::bail!("{fails} fixture(s) failed");
+    }
+    Ok(())
+}

@@ -1,0 +1,298 @@
+//! Thin device layer over cudarc: one context, one non-blocking stream, raw device pointers
+//! (`u64`), kernels loaded from cached cubins, per-launch event timing, stream-captured graphs.
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, PushKernelArg};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+#[derive(Debug, Clone)]
+pub struct DevError(pub String);
+impl std::fmt::Display for DevError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+impl std::error::Error for DevError {}
+impl From<result::DriverError> for DevError {
+    fn from(e: result::DriverError) -> Self {
+        DevError(format!("{e:?}"))
+    }
+}
+impl From<String> for DevError {
+    fn from(e: String) -> Self {
+        DevError(e)
+    }
+}
+
+type R<T> = std::result::Result<T, DevError>;
+
+/// Ok when a CUDA driver and a GPU are present; Err(reason) otherwise. Never panics.
+pub fn probe() -> std::result::Result<(), String> {
+    if !unsafe { sys::is_culib_present() } {
+        return Err("no CUDA driver library (libcuda.so.1) on this machine".into());
+    }
+    result::init().map_err(|e| format!("cuInit failed: {e:?}"))?;
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(()),
+        Ok(_) => Err("the CUDA driver sees no GPU".into()),
+        Err(e) => Err(format!("cannot count GPUs: {e:?}")),
+    }
+}
+
+/// Kernel argument list built by a launch closure.
+pub struct Args(Vec<Arg>);
+enum Arg {
+    U64(u64),
+    I32(i32),
+    F32(f32),
+}
+impl Args {
+    pub fn u64(&mut self, v: u64) -> &mut Self {
+        self.0.push(Arg::U64(v));
+        self
+    }
+    pub fn i32(&mut self, v: i32) -> &mut Self {
+        self.0.push(Arg::I32(v));
+        self
+    }
+    pub fn f32(&mut self, v: f32) -> &mut Self {
+        self.0.push(Arg::F32(v));
+        self
+    }
+}
+
+/// Event pairs around launches, summed per kernel name after a sync.
+#[derive(Default)]
+pub struct Prof {
+    events: Vec<(&'static str, sys::CUevent, sys::CUevent)>,
+}
+// Events are plain handles used from the thread that owns the model.
+unsafe impl Send for Prof {}
+
+impl Prof {
+    /// (kernel, total ms, launches), largest first.
+    pub fn summary(&mut self) -> Vec<(String, f64, usize)> {
+        let mut m: HashMap<&str, (f64, usize)> = HashMap::new();
+        for (n, a, b) in self.events.drain(..) {
+            unsafe {
+                let _ = result::event::synchronize(b);
+                let ms = result::event::elapsed(a, b).unwrap_or(0.0) as f64;
+                let e = m.entry(n).or_default();
+                e.0 += ms;
+                e.1 += 1;
+                let _ = result::event::destroy(a);
+                let _ = result::event::destroy(b);
+            }
+        }
+        let mut v: Vec<(String, f64, usize)> = m.into_iter().map(|(k, (t, c))| (k.to_string(), t, c)).collect();
+        v.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
+        v
+    }
+}
+
+pub struct Graph {
+    g: cudarc::driver::CudaGraph,
+}
+// The graph is only launched from the thread that owns the model (the model is moved, not shared).
+unsafe impl Send for Graph {}
+impl Graph {
+    pub fn launch(&self) -> R<()> {
+        Ok(self.g.launch()?)
+    }
+}
+
+pub struct Dev {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    funcs: HashMap<&'static str, CudaFunction>,
+    pub arch: String,
+    pub name: String,
+    allocs: Mutex<Vec<u64>>,
+}
+
+unsafe impl Send for Dev {}
+
+impl Dev {
+    pub fn new(ordinal: usize) -> R<Dev> {
+        probe()?;
+        let ctx = CudaContext::new(ordinal)?;
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream()?;
+        let (maj, min) = ctx.compute_capability()?;
+        let arch = laguna_kernels::arch_for_capability(maj, min);
+        let name = ctx.name().unwrap_or_else(|_| "?".into());
+        let root = laguna_kernels::cache_root();
+        let mut funcs = HashMap::new();
+        for m in laguna_kernels::MODULES {
+            let (bin, _) = laguna_kernels::get_cubin(&root, m, &arch).map_err(|e| DevError(e.to_string()))?;
+            let module = ctx
+                .load_module(cudarc::nvrtc::Ptx::from_binary(bin))
+                .map_err(|e| DevError(format!("loading kernel module {} for {arch}: {e:?}", m.name)))?;
+            for &e in m.entries {
+                funcs.insert(e, module.load_function(e)?);
+            }
+        }
+        Ok(Dev {
+            ctx,
+            stream,
+            funcs,
+            arch,
+            name,
+            allocs: Mutex::new(vec![]),
+        })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> R<u64> {
+        self.ctx.bind_to_thread()?;
+        let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| DevError(format!("cuMemAlloc of {bytes} bytes: {e:?}")))?;
+        self.allocs.lock().unwrap().push(p);
+        Ok(p)
+    }
+
+    pub fn mem_info(&self) -> R<(usize, usize)> {
+        self.ctx.bind_to_thread()?;
+        Ok(result::mem_get_info()?)
+    }
+
+    /// Host → device on the stream; the host buffer may be dropped on return.
+    pub fn htod(&self, dst: u64, src: &[u8]) -> R<()> {
+        if src.is_empty() {
+            return Ok(());
+        }
+        self.ctx.bind_to_thread()?;
+        unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
+        // Pageable sources are staged before the call returns; sync keeps short-lived buffers safe.
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Device → host, synchronous.
+    pub fn dtoh(&self, dst: &mut [u8], src: u64) -> R<()> {
+        self.ctx.bind_to_thread()?;
+        unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
+    pub fn sync(&self) -> R<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    pub fn launch_p(
+        &self,
+        prof: &mut Option<Prof>,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shmem: u32,
+        f: impl FnOnce(&mut Args),
+    ) -> R<()> {
+        let func = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
+        let mut a = Args(Vec::with_capacity(24));
+        f(&mut a);
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let ev = if prof.is_some() {
+            let a = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+            let b = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+            unsafe { result::event::record(a, self.stream.cu_stream()) }?;
+            Some((a, b))
+        } else {
+            None
+        };
+        let mut b = self.stream.launch_builder(func);
+        for x in &a.0 {
+            match x {
+                Arg::U64(v) => b.arg(v),
+                Arg::I32(v) => b.arg(v),
+                Arg::F32(v) => b.arg(v),
+            };
+        }
+        let cfg = cudarc::driver::LaunchConfig {
+            grid_dim: grid,
+            block_dim: block,
+            shared_mem_bytes: shmem,
+        };
+        unsafe { b.launch(cfg) }.map_err(|e| DevError(format!("launching {name} grid {grid:?} block {block:?}: {e:?}")))?;
+        if let (Some((ea, eb)), Some(p)) = (ev, prof.as_mut()) {
+            unsafe { result::event::record(eb, self.stream.cu_stream()) }?;
+            p.events.push((name, ea, eb));
+        }
+        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
+            self.stream.synchronize().map_err(|e| DevError(format!("{name}: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    pub fn begin_capture(&self) -> std::result::Result<(), String> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| format!("{e:?}"))
+    }
+    pub fn end_capture(&self) -> std::result::Result<Graph, String> {
+        match self.stream.end_capture(sys::CUgraphInstantiate_flags(0)) {
+            Ok(Some(g)) => Ok(Graph { g }),
+            Ok(None) => Err("empty graph".into()),
+            Err(e) => Err(format!("{e:?}")),
+        }
+    }
+
+    /// Bytes moved (read + written) per second by a device copy kernel over `bytes`.
+    pub fn copy_bandwidth(&self, bytes: usize) -> R<f64> {
+        let bytes = bytes / 16 * 16;
+        let a = self.alloc(bytes)?;
+        let b = self.alloc(bytes)?;
+        unsafe { result::memset_d8_async(a, 1, bytes, self.stream.cu_stream()) }?;
+        let n = (bytes / 16) as u64;
+        let sms = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(132) as u32;
+        let run = |p: &mut Option<Prof>| {
+            self.launch_p(p, "copy_u4", (sms * 8, 1, 1), (512, 1, 1), 0, |x| {
+                x.u64(a).u64(b).u64(n);
+            })
+        };
+        for _ in 0..3 {
+            run(&mut None)?;
+        }
+        let mut times = vec![];
+        for _ in 0..10 {
+            let mut p = Some(Prof::default());
+            run(&mut p)?;
+            let s = p.unwrap().summary();
+            times.push(s[0].1);
+        }
+        times.sort_by(|x, y| x.partial_cmp(y).unwrap());
+        let ms = times[times.len() / 2];
+        self.free(a);
+        self.free(b);
+        Ok(2.0 * bytes as f64 / (ms / 1e3))
+    }
+
+    pub fn free(&self, p: u64) {
+        let mut v = self.allocs.lock().unwrap();
+        if let Some(i) = v.iter().position(|&x| x == p) {
+            v.swap_remove(i);
+            let _ = self.stream.synchronize();
+            unsafe {
+                let _ = result::free_sync(p);
+            }
+        }
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+        let _ = self.ctx.bind_to_thread();
+        for p in self.allocs.lock().unwrap().drain(..) {
+            unsafe {
+                let _ = result::free_sync(p);
+            }
+        }
+    }
+}

@@ -1,0 +1,1464 @@
+//! CUDA backend: the Laguna forward pass on an NVIDIA GPU through cudarc (driver API, loaded at
+//! run time) and our own kernels (`laguna-kernels`, NVRTC → cubin, cached on disk).
+//!
+//! Weights live on the device as stored: BF16 dense tensors, NVFP4 Linears packed (codes + E4M3
+//! block scales + 1/global scale folded into one f32 per matrix / per expert). Activations are f32
+//! (tiny at batch sizes that matter and they keep routing decisions identical to the reference),
+//! accumulation f32. K/V live in a paged BF16 pool shared by all layers.
+//!
+//! Every kernel computes one output row's value with an arithmetic order that does not depend on
+//! how many rows are in the batch (batch invariance).
+mod device;
+
+pub use device::{Dev, DevError, Prof};
+
+use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
+use crate::error::{EngineError, Result};
+use crate::model::schema::layer_prefix;
+use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
+use crate::weights::linear::LinearSource;
+use crate::weights::store::{TensorView, WeightStore};
+use safetensors::Dtype;
+use std::collections::HashMap;
+use std::path::Path;
+
+/// Options for [`CudaModel::load`].
+#[derive(Debug, Clone)]
+pub struct CudaOptions {
+    /// GPU ordinal.
+    pub device: usize,
+    /// Bytes for the paged K/V pool; None: half of the free memory after weights, at most 16 GiB.
+    pub kv_pool_bytes: Option<usize>,
+    /// Positions per K/V page.
+    pub page_size: usize,
+    /// Rows per device pass (prefill chunk); longer batches run in several passes.
+    pub max_rows: usize,
+    /// Show a progress bar while weights stream to the device.
+    pub progress: bool,
+    /// Replay single-row decode steps from a captured CUDA graph.
+    pub graphs: bool,
+}
+
+impl Default for CudaOptions {
+    fn default() -> Self {
+        CudaOptions {
+            device: 0,
+            kv_pool_bytes: None,
+            page_size: 64,
+            max_rows: 2048,
+            progress: true,
+            graphs: true,
+        }
+    }
+}
+
+/// Whether a CUDA driver and at least one GPU are present (never panics).
+pub fn gpu_available() -> std::result::Result<(), String> {
+    device::probe()
+}
+
+fn cerr<E: std::fmt::Display>(e: E) -> EngineError {
+    EngineError::Other(format!("CUDA: {e}"))
+}
+
+/// A Linear on the device.
+#[derive(Debug, Clone, Copy)]
+struct Lin {
+    fp4: bool,
+    w: u64,
+    s: u64,
+    inv_gs: f32,
+    n: usize,
+    k: usize,
+}
+
+/// A stack of per-expert matrices [E, n, k].
+#[derive(Debug, Clone, Copy)]
+struct Stack {
+    fp4: bool,
+    w: u64,
+    s: u64,
+    inv: u64,
+}
+
+struct Experts {
+    gate: Stack,
+    up: Stack,
+    down: Stack,
+}
+
+enum MlpW {
+    Dense {
+        gate: Lin,
+        up: Lin,
+        down: Lin,
+    },
+    Moe {
+        router: Lin,
+        bias: u64,
+        experts: Experts,
+        shared: Option<(Lin, Lin, Lin)>,
+        folded: bool,
+    },
+}
+
+struct LayerW {
+    input_norm: u64,
+    post_norm: u64,
+    q: Lin,
+    k: Lin,
+    v: Lin,
+    o: Lin,
+    g: Option<Lin>,
+    /// q|k|v|g concatenated (one GEMV) when all four are BF16.
+    qkvg: Option<Lin>,
+    q_norm: u64,
+    k_norm: u64,
+    sink: u64,
+    inv_freq: u64,
+    half: usize,
+    attn_factor: f32,
+    window: usize,
+    nh: usize,
+    mlp: MlpW,
+    kc: u64,
+    vc: u64,
+}
+
+/// Device scratch for up to `rows` rows.
+struct Scratch {
+    rows: usize,
+    x: u64,
+    hn: u64,
+    q: u64,
+    k: u64,
+    v: u64,
+    g: u64,
+    attn: u64,
+    gu: u64,
+    act: u64,
+    shared_out: u64,
+    rlog: u64,
+    ids: u64,
+    wts: u64,
+    grp_e: u64,
+    grp_s: u64,
+    grp_c: u64,
+    perm: u64,
+    meta: u64,
+    moe_act: u64,
+    moe_out: u64,
+    tokens: u64,
+    pos: u64,
+    seqrow: u64,
+    bt: u64,
+    bt_seqs: usize,
+    // logits path
+    lrows: usize,
+    sel: u64,
+    hsel: u64,
+    logits: u64,
+    amax: u64,
+    part: u64,
+}
+
+struct SeqState {
+    len: usize,
+    pages: Vec<u32>,
+}
+
+/// Per-kernel-name timing, filled when profiling is on.
+#[derive(Debug, Default, Clone)]
+pub struct KernelTimes {
+    pub by_name: Vec<(String, f64, usize)>,
+}
+
+pub struct CudaModel {
+    cfg: LagunaConfig,
+    dev: Dev,
+    arch: String,
+    embed: u64,
+    final_norm: u64,
+    lm_head: Lin,
+    layers: Vec<LayerW>,
+    sc: Scratch,
+    page_size: usize,
+    num_pages: usize,
+    max_pages: usize,
+    free_pages: Vec<u32>,
+    seqs: HashMap<SeqId, SeqState>,
+    next_id: SeqId,
+    taps: Vec<usize>,
+    opts: CudaOptions,
+    /// Bytes of weights on the device.
+    pub weight_bytes: usize,
+    /// Bytes one single-row decode step reads from weights (active experts only).
+    pub decode_weight_bytes: usize,
+    pub load_secs: f64,
+    graph: Option<device::Graph>,
+    graph_failed: bool,
+    /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
+    fprof: Option<device::Prof>,
+}
+
+fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
+    Ok(match t.dtype {
+        Dtype::BF16 => t.data.to_vec(),
+        Dtype::F16 => t
+            .data
+            .chunks_exact(2)
+            .flat_map(|c| half::bf16::from_f32(half::f16::from_le_bytes([c[0], c[1]]).to_f32()).to_le_bytes())
+            .collect(),
+        Dtype::F32 => t
+            .data
+            .chunks_exact(4)
+            .flat_map(|c| half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+            .collect(),
+        other => {
+            return Err(EngineError::Other(format!(
+                "{}: cannot put a {other:?} tensor on the device as BF16",
+                t.name
+            )))
+        }
+    })
+}
+
+fn check_scales(name: &str, s: &[u8]) -> Result<()> {
+    if let Some(p) = s.iter().position(|&b| b & 0x7f == 0x7f) {
+        return Err(EngineError::Other(format!("{name}: block scale #{p} is NaN (0x{:02x})", s[p])));
+    }
+    if s.iter().any(|&b| b & 0x80 != 0) {
+        return Err(EngineError::Other(format!(
+            "{name}: negative E4M3 block scales are not valid NVFP4"
+        )));
+    }
+    Ok(())
+}
+
+struct Loader<'a> {
+    dev: &'a Dev,
+    store: &'a WeightStore,
+    pb: Option<indicatif::ProgressBar>,
+    bytes: usize,
+}
+
+impl<'a> Loader<'a> {
+    fn tick(&mut self, n: usize) {
+        self.bytes += n;
+        if let Some(pb) = &self.pb {
+            pb.inc(n as u64);
+        }
+    }
+    fn upload(&mut self, data: &[u8]) -> Result<u64> {
+        let p = self.dev.alloc(data.len().max(16)).map_err(cerr)?;
+        self.dev.htod(p, data).map_err(cerr)?;
+        self.tick(data.len());
+        Ok(p)
+    }
+    fn vec_f32(&mut self, name: &str, n: usize) -> Result<u64> {
+        let v = self.store.vector(name, n)?;
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&b)
+    }
+    fn lin(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Lin> {
+        if inp % 16 != 0 {
+            return Err(EngineError::Other(format!(
+                "{prefix}: input width {inp} is not a multiple of 16 (CUDA kernels need it)"
+            )));
+        }
+        match self.store.linear(prefix, out, inp)? {
+            LinearSource::Dense(t) => {
+                let b = bf16_bytes_of(&t)?;
+                Ok(Lin {
+                    fp4: false,
+                    w: self.upload(&b)?,
+                    s: 0,
+                    inv_gs: 1.0,
+                    n: out,
+                    k: inp,
+                })
+            }
+            LinearSource::Nvfp4 {
+                packed,
+                scale,
+                global_scale,
+                ..
+            } => {
+                check_scales(prefix, scale.data)?;
+                let w = self.upload(packed.data)?;
+                let s = self.upload(scale.data)?;
+                Ok(Lin {
+                    fp4: true,
+                    w,
+                    s,
+                    inv_gs: (1.0f64 / global_scale as f64) as f32,
+                    n: out,
+                    k: inp,
+                })
+            }
+        }
+    }
+    /// Several BF16 Linears with the same input width stacked by rows into one matrix; None when
+    /// any of them is not dense.
+    fn lin_cat(&mut self, parts: &[(String, usize)], inp: usize) -> Result<Option<Lin>> {
+        let mut srcs = vec![];
+        for (p, out) in parts {
+            match self.store.linear(p, *out, inp)? {
+                LinearSource::Dense(t) => srcs.push(t),
+                _ => return Ok(None),
+            }
+        }
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let w = self.dev.alloc(total * inp * 2).map_err(cerr)?;
+        let mut off = 0usize;
+        for t in srcs {
+            let b = bf16_bytes_of(&t)?;
+            self.dev.htod(w + off as u64, &b).map_err(cerr)?;
+            self.tick(b.len());
+            off += b.len();
+        }
+        Ok(Some(Lin {
+            fp4: false,
+            w,
+            s: 0,
+            inv_gs: 1.0,
+            n: total,
+            k: inp,
+        }))
+    }
+
+    /// Experts `{prefix}.{e}.{proj}` stacked into one buffer per part.
+    fn stack(&mut self, prefixes: &[String], proj: &str, out: usize, inp: usize) -> Result<Stack> {
+        let ne = prefixes.len();
+        let first = self.store.linear(&format!("{}.{proj}", prefixes[0]), out, inp)?;
+        let fp4 = matches!(first, LinearSource::Nvfp4 { .. });
+        let wsz = if fp4 { out * inp / 2 } else { out * inp * 2 };
+        let ssz = if fp4 { out * inp / 16 } else { 0 };
+        let w = self.dev.alloc(wsz * ne).map_err(cerr)?;
+        let s = if fp4 { self.dev.alloc(ssz * ne).map_err(cerr)? } else { 0 };
+        let mut inv = vec![1f32; ne];
+        for (e, iv) in inv.iter_mut().enumerate() {
+            let name = format!("{}.{proj}", prefixes[e]);
+            match self.store.linear(&name, out, inp)? {
+                LinearSource::Dense(t) if !fp4 => {
+                    let b = bf16_bytes_of(&t)?;
+                    self.dev.htod(w + (e * wsz) as u64, &b).map_err(cerr)?;
+                    self.tick(b.len());
+                }
+                LinearSource::Nvfp4 {
+                    packed,
+                    scale,
+                    global_scale,
+                    ..
+                } if fp4 => {
+                    check_scales(&name, scale.data)?;
+                    self.dev.htod(w + (e * wsz) as u64, packed.data).map_err(cerr)?;
+                    self.dev.htod(s + (e * ssz) as u64, scale.data).map_err(cerr)?;
+                    self.tick(packed.data.len() + scale.data.len());
+                    *iv = (1.0f64 / global_scale as f64) as f32;
+                }
+                _ => {
+                    return Err(EngineError::Other(format!(
+                        "{name}: experts of one layer mix BF16 and NVFP4 storage"
+                    )))
+                }
+            }
+        }
+        let ib: Vec<u8> = inv.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let inv = self.upload(&ib)?;
+        Ok(Stack { fp4, w, s, inv })
+    }
+}
+
+const NSPLIT: usize = 64;
+const SPLIT_ROWS: usize = 64;
+
+fn ceil_div(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+impl CudaModel {
+    /// Load a model folder onto GPU `opts.device`. Kernels come from the cubin cache (compiled
+    /// with NVRTC on a miss: run `laguna warmup` ahead to make this instant).
+    pub fn load(dir: &Path, opts: CudaOptions) -> Result<CudaModel> {
+        let t0 = std::time::Instant::now();
+        let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+        let store = WeightStore::open(dir)?;
+        let dev = Dev::new(opts.device).map_err(cerr)?;
+        let arch = dev.arch.clone();
+        Self::build(cfg, &store, dev, arch, opts, t0)
+    }
+
+    fn build(
+        cfg: LagunaConfig,
+        store: &WeightStore,
+        dev: Dev,
+        arch: String,
+        opts: CudaOptions,
+        t0: std::time::Instant,
+    ) -> Result<CudaModel> {
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        if hd % 8 != 0 {
+            return Err(EngineError::Other(format!(
+                "head_dim {hd} must be a multiple of 8 for the CUDA attention kernel"
+            )));
+        }
+        if hd > 256 {
+            return Err(EngineError::Other(format!(
+                "head_dim {hd} > 256 is not supported by the CUDA attention kernel"
+            )));
+        }
+        if h % 16 != 0 {
+            return Err(EngineError::Other(format!(
+                "hidden_size {h} must be a multiple of 16 for the CUDA backend"
+            )));
+        }
+        if cfg.num_experts > 1024 {
+            return Err(EngineError::Other(
+                "more than 1024 experts is not supported by the CUDA router".into(),
+            ));
+        }
+        let pb = if opts.progress {
+            let pb = indicatif::ProgressBar::new(store.data_bytes());
+            pb.set_style(
+                indicatif::ProgressStyle::with_template("loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
+                    .unwrap()
+                    .progress_chars("=> "),
+            );
+            Some(pb)
+        } else {
+            None
+        };
+        let mut ld = Loader {
+            dev: &dev,
+            store,
+            pb,
+            bytes: 0,
+        };
+        let et = store.expect("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let eb = bf16_bytes_of(&et)?;
+        let embed = ld.upload(&eb)?;
+        drop(eb);
+        let mut decode_bytes = 0usize;
+        let lin_bytes = |l: &Lin| if l.fp4 { l.n * l.k / 2 + l.n * l.k / 16 } else { l.n * l.k * 2 };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, spec) in cfg.layers.iter().enumerate() {
+            let p = layer_prefix(i);
+            let nh = spec.num_heads;
+            let qw = nh * hd;
+            let gw = cfg.gate_width(i);
+            let mut parts = vec![
+                (format!("{p}.self_attn.q_proj"), qw),
+                (format!("{p}.self_attn.k_proj"), kvw),
+                (format!("{p}.self_attn.v_proj"), kvw),
+            ];
+            if gw > 0 {
+                parts.push((format!("{p}.self_attn.g_proj"), gw));
+            }
+            let qkvg = ld.lin_cat(&parts, h)?;
+            let dummy = |n: usize| Lin {
+                fp4: false,
+                w: 0,
+                s: 0,
+                inv_gs: 1.0,
+                n,
+                k: h,
+            };
+            let (q, k, v, g) = if let Some(f) = &qkvg {
+                decode_bytes += lin_bytes(f);
+                (dummy(qw), dummy(kvw), dummy(kvw), if gw > 0 { Some(dummy(gw)) } else { None })
+            } else {
+                let q = ld.lin(&format!("{p}.self_attn.q_proj"), qw, h)?;
+                let k = ld.lin(&format!("{p}.self_attn.k_proj"), kvw, h)?;
+                let v = ld.lin(&format!("{p}.self_attn.v_proj"), kvw, h)?;
+                let g = if gw > 0 {
+                    Some(ld.lin(&format!("{p}.self_attn.g_proj"), gw, h)?)
+                } else {
+                    None
+                };
+                for l in [&q, &k, &v].into_iter().chain(g.iter()) {
+                    decode_bytes += lin_bytes(l);
+                }
+                (q, k, v, g)
+            };
+            let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
+            decode_bytes += lin_bytes(&o);
+            let mlp = match spec.mlp {
+                MlpKind::Dense => {
+                    let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
+                    let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
+                    let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
+                    decode_bytes += lin_bytes(&gate) + lin_bytes(&up) + lin_bytes(&down);
+                    MlpW::Dense { gate, up, down }
+                }
+                MlpKind::Sparse => {
+                    let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
+                    let bias = ld.vec_f32(&format!("{p}.mlp.experts.e_score_correction_bias"), cfg.num_experts)?;
+                    let im = cfg.moe_intermediate_size;
+                    if im % 16 != 0 {
+                        return Err(EngineError::Other(format!("moe_intermediate_size {im} must be a multiple of 16")));
+                    }
+                    let ep = format!("{p}.mlp.experts");
+                    let sp = format!("{p}.mlp.shared_expert");
+                    // The shared expert rides along as expert E (one fixed extra slot per row) when
+                    // it has the routed experts' shape and storage: 4 fewer launches per layer.
+                    let is_fp4 = |name: String, o: usize, i: usize| -> Result<bool> {
+                        Ok(matches!(store.linear(&name, o, i)?, LinearSource::Nvfp4 { .. }))
+                    };
+                    let folded = cfg.shared_expert_intermediate_size == im
+                        && std::env::var_os("LAGUNA_NO_FOLD_SHARED").is_none()
+                        && is_fp4(format!("{ep}.0.gate_proj"), im, h)? == is_fp4(format!("{sp}.gate_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.up_proj"), im, h)? == is_fp4(format!("{sp}.up_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.down_proj"), h, im)? == is_fp4(format!("{sp}.down_proj"), h, im)?;
+                    let mut prefixes: Vec<String> = (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
+                    if folded {
+                        prefixes.push(sp.clone());
+                    }
+                    let gate = ld.stack(&prefixes, "gate_proj", im, h)?;
+                    let up = ld.stack(&prefixes, "up_proj", im, h)?;
+                    let down = ld.stack(&prefixes, "down_proj", h, im)?;
+                    let per = |fp4: bool, n: usize, k: usize| if fp4 { n * k / 2 + n * k / 16 } else { n * k * 2 };
+                    decode_bytes += lin_bytes(&router)
+                        + (cfg.top_k + folded as usize) * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
+                    let shared = if folded {
+                        None
+                    } else if cfg.shared_expert_intermediate_size > 0 {
+                        let si = cfg.shared_expert_intermediate_size;
+                        let sp = format!("{p}.mlp.shared_expert");
+                        let a = ld.lin(&format!("{sp}.gate_proj"), si, h)?;
+                        let b = ld.lin(&format!("{sp}.up_proj"), si, h)?;
+                        let c = ld.lin(&format!("{sp}.down_proj"), h, si)?;
+                        decode_bytes += lin_bytes(&a) + lin_bytes(&b) + lin_bytes(&c);
+                        Some((a, b, c))
+                    } else {
+                        None
+                    };
+                    MlpW::Moe {
+                        router,
+                        bias,
+                        experts: Experts { gate, up, down },
+                        shared,
+                        folded,
+                    }
+                }
+            };
+            let inv_freq = spec.rope.inv_freq();
+            let half = inv_freq.len();
+            let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let window = match (spec.attn, cfg.sliding_window) {
+                (AttnKind::Sliding, Some(w)) => w,
+                _ => 0,
+            };
+            layers.push(LayerW {
+                input_norm: ld.vec_f32(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: ld.vec_f32(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                q,
+                k,
+                v,
+                o,
+                g,
+                qkvg,
+                q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+                k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+                sink: if spec.sinks {
+                    ld.vec_f32(&format!("{p}.self_attn.sink"), nh)?
+                } else {
+                    0
+                },
+                inv_freq: ld.upload(&ifb)?,
+                half,
+                attn_factor: spec.rope.attention_factor as f32,
+                window,
+                nh,
+                mlp,
+                kc: 0,
+                vc: 0,
+            });
+        }
+        let final_norm = ld.vec_f32("model.norm.weight", h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Lin {
+                fp4: false,
+                w: embed,
+                s: 0,
+                inv_gs: 1.0,
+                n: cfg.vocab_size,
+                k: h,
+            }
+        } else {
+            ld.lin("lm_head", cfg.vocab_size, h)?
+        };
+        decode_bytes += lin_bytes(&lm_head);
+        let weight_bytes = ld.bytes;
+        if let Some(pb) = ld.pb.take() {
+            pb.finish_and_clear();
+        }
+
+        // Scratch.
+        let r = opts.max_rows.max(1);
+        let max_qw = cfg.layers.iter().map(|l| l.num_heads * hd).max().unwrap_or(0);
+        let max_gw = (0..cfg.num_layers).map(|i| cfg.gate_width(i)).max().unwrap_or(0).max(1);
+        let inter = cfg.intermediate_size.max(cfg.shared_expert_intermediate_size).max(16);
+        let e = cfg.num_experts.max(1);
+        let kk = cfg.top_k.max(1) + 1;
+        let im = cfg.moe_intermediate_size.max(16);
+        let f = 4usize;
+        let lrows = r.min(256);
+        let bt_seqs = r.min(64);
+        let page_size = opts.page_size.max(1);
+        let max_pages_pos = ceil_div(cfg.max_position_embeddings.max(1), page_size);
+        // KV pool.
+        let per_page = page_size * kvw * 2 * 2 * cfg.num_layers;
+        let (free, _total) = dev.mem_info().map_err(cerr)?;
+        let scratch_est =
+            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (im + h) + 8) + lrows * (h + cfg.vocab_size) * 4;
+        let pool = opts
+            .kv_pool_bytes
+            .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
+        let num_pages = (pool / per_page).max(1);
+        let max_pages = max_pages_pos.min(num_pages).max(1);
+        let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
+        let sc = Scratch {
+            rows: r,
+            x: a(f * r * h)?,
+            hn: a(f * r * h)?,
+            q: a(f * r * (max_qw + 2 * kvw + max_gw))?,
+            k: a(f * r * kvw)?,
+            v: a(f * r * kvw)?,
+            g: a(f * r * max_gw)?,
+            attn: a(f * r * max_qw)?,
+            gu: a(f * r * 2 * inter)?,
+            act: a(f * r * inter)?,
+            shared_out: a(f * r * h)?,
+            rlog: a(f * r * e)?,
+            ids: a(4 * r * kk)?,
+            wts: a(4 * r * kk)?,
+            grp_e: a(4 * r * kk)?,
+            grp_s: a(4 * r * kk)?,
+            grp_c: a(4 * r * kk)?,
+            perm: a(4 * r * kk)?,
+            meta: a(16)?,
+            moe_act: a(f * r * kk * im)?,
+            moe_out: a(f * r * kk * h)?,
+            tokens: a(4 * r)?,
+            pos: a(4 * r)?,
+            seqrow: a(4 * r)?,
+            bt: a(4 * bt_seqs * max_pages)?,
+            bt_seqs,
+            lrows,
+            sel: a(4 * lrows)?,
+            hsel: a(f * lrows * h)?,
+            logits: a(f * lrows * cfg.vocab_size)?,
+            amax: a(4 * lrows)?,
+            part: a(f * SPLIT_ROWS.min(r) * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1) * NSPLIT * (hd + 2))?,
+        };
+        let mut layers = layers;
+        let layer_kv = num_pages * page_size * kvw * 2;
+        if layer_kv / 2 >= u32::MAX as usize {
+            return Err(EngineError::Other(format!(
+                "K/V pool of {num_pages} pages is too large for 32-bit offsets; give a smaller pool"
+            )));
+        }
+        for l in layers.iter_mut() {
+            l.kc = dev.alloc(layer_kv).map_err(cerr)?;
+            l.vc = dev.alloc(layer_kv).map_err(cerr)?;
+        }
+        dev.sync().map_err(cerr)?;
+        let free_pages = (0..num_pages as u32).rev().collect();
+        Ok(CudaModel {
+            cfg,
+            dev,
+            arch,
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            sc,
+            page_size,
+            num_pages,
+            max_pages,
+            free_pages,
+            seqs: HashMap::new(),
+            next_id: 1,
+            taps: vec![],
+            opts,
+            weight_bytes,
+            decode_weight_bytes: decode_bytes,
+            load_secs: t0.elapsed().as_secs_f64(),
+            graph: None,
+            graph_failed: false,
+            fprof: None,
+        })
+    }
+
+    /// Time every kernel of later `forward` calls with CUDA events (slows them down a little).
+    pub fn set_profiling(&mut self, on: bool) {
+        self.fprof = if on { Some(device::Prof::default()) } else { None };
+    }
+    /// (kernel, total ms, launches) accumulated since `set_profiling(true)`, largest first.
+    pub fn take_profile(&mut self) -> Vec<(String, f64, usize)> {
+        self.fprof.as_mut().map(|p| p.summary()).unwrap_or_default()
+    }
+
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+    pub fn device_name(&self) -> String {
+        self.dev.name.clone()
+    }
+    /// K/V pool: (pages, positions per page, bytes).
+    pub fn kv_pool(&self) -> (usize, usize, usize) {
+        let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
+        (
+            self.num_pages,
+            self.page_size,
+            self.num_pages * self.page_size * kvw * 4 * self.cfg.num_layers,
+        )
+    }
+    pub fn dev(&self) -> &Dev {
+        &self.dev
+    }
+
+    fn ensure_pages(&mut self, seq: SeqId, upto: usize) -> Result<()> {
+        let need = ceil_div(upto, self.page_size);
+        if need > self.max_pages {
+            return Err(EngineError::Request(format!(
+                "sequence needs {upto} positions but the K/V plan allows {} ({} pages of {})",
+                self.max_pages * self.page_size,
+                self.max_pages,
+                self.page_size
+            )));
+        }
+        let s = self
+            .seqs
+            .get_mut(&seq)
+            .ok_or_else(|| EngineError::Other(format!("unknown sequence {seq}")))?;
+        while s.pages.len() < need {
+            match self.free_pages.pop() {
+                Some(p) => s.pages.push(p),
+                None => {
+                    return Err(EngineError::Request(format!(
+                        "the K/V pool is full ({} pages of {} positions); free sequences or give a larger pool",
+                        self.num_pages, self.page_size
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Launch every layer for the `m` rows whose metadata is already on the device.
+    fn run_layers(&self, m: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+        self.run_layers_hooked(m, prof, None)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run_layers_hooked(
+        &self,
+        m: usize,
+        prof: &mut Option<device::Prof>,
+        mut after: Option<&mut dyn FnMut(usize) -> Result<()>>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let sc = &self.sc;
+        let d = &self.dev;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        let eps = cfg.rms_norm_eps as f32;
+        d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
+        })
+        .map_err(cerr)?;
+        for (li, l) in self.layers.iter().enumerate() {
+            let nh = l.nh;
+            let qw = nh * hd;
+            self.rmsnorm(prof, sc.x, 0, l.input_norm, sc.hn, m, h, eps)?;
+            let gw = l.g.map_or(0, |g| g.n);
+            let (qp, kp, vp, gp, ldq, ldkv, ldg) = if let Some(f) = &l.qkvg {
+                self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
+                let q = sc.q;
+                (
+                    q,
+                    q + 4 * qw as u64,
+                    q + 4 * (qw + kvw) as u64,
+                    q + 4 * (qw + 2 * kvw) as u64,
+                    f.n,
+                    f.n,
+                    f.n,
+                )
+            } else {
+                self.linear(prof, "attn_proj", &l.q, sc.hn, h, sc.q, qw, m, false)?;
+                self.linear(prof, "attn_proj", &l.k, sc.hn, h, sc.k, kvw, m, false)?;
+                self.linear(prof, "attn_proj", &l.v, sc.hn, h, sc.v, kvw, m, false)?;
+                if let Some(g) = &l.g {
+                    self.linear(prof, "attn_proj", g, sc.hn, h, sc.g, gw, m, false)?;
+                }
+                (sc.q, sc.k, sc.v, sc.g, qw, kvw, gw.max(1))
+            };
+            let blk = (hd as u32).div_ceil(32) * 32;
+            d.launch_p(prof, "qk_norm_rope_kv", (m as u32, (nh + nkv) as u32, 1), (blk, 1, 1), 0, |b| {
+                b.u64(qp)
+                    .i32(ldq as i32)
+                    .u64(kp)
+                    .u64(vp)
+                    .i32(ldkv as i32)
+                    .u64(l.q_norm)
+                    .u64(l.k_norm)
+                    .u64(l.inv_freq)
+                    .i32(l.half as i32)
+                    .f32(l.attn_factor)
+                    .f32(eps)
+                    .u64(sc.pos)
+                    .u64(sc.seqrow)
+                    .u64(sc.bt)
+                    .i32(self.max_pages as i32)
+                    .i32(self.page_size as i32)
+                    .u64(l.kc)
+                    .u64(l.vc)
+                    .i32(nh as i32)
+                    .i32(nkv as i32)
+                    .i32(hd as i32);
+            })
+            .map_err(cerr)?;
+            let gate_mode = match (l.g.is_some(), cfg.gating) {
+                (false, _) | (_, Gating::None) => 0,
+                (true, Gating::PerHead) => 1,
+                (true, Gating::PerElement) => 2,
+            };
+            let ablk = if hd <= 128 { 128 } else { 256 };
+            // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
+            // depends on its own length only.
+            let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
+            d.launch_p(prof, "attention", (m as u32, nh as u32, nsplit as u32), (ablk, 1, 1), 0, |b| {
+                b.u64(qp)
+                    .i32(ldq as i32)
+                    .u64(sc.attn)
+                    .i32(qw as i32)
+                    .u64(l.kc)
+                    .u64(l.vc)
+                    .u64(sc.pos)
+                    .u64(sc.seqrow)
+                    .u64(sc.bt)
+                    .i32(self.max_pages as i32)
+                    .i32(self.page_size as i32)
+                    .i32(nh as i32)
+                    .i32(nkv as i32)
+                    .i32(hd as i32)
+                    .i32(l.window as i32)
+                    .u64(l.sink)
+                    .u64(gp)
+                    .i32(ldg as i32)
+                    .i32(gate_mode)
+                    .f32((1.0 / (hd as f64).sqrt()) as f32)
+                    .i32(nsplit as i32)
+                    .u64(sc.part);
+            })
+            .map_err(cerr)?;
+            if nsplit > 1 {
+                d.launch_p(prof, "attention_merge", (m as u32, nh as u32, 1), (blk, 1, 1), 0, |b| {
+                    b.u64(sc.part)
+                        .i32(nsplit as i32)
+                        .u64(sc.attn)
+                        .i32(qw as i32)
+                        .i32(nh as i32)
+                        .i32(hd as i32)
+                        .u64(l.sink)
+                        .u64(gp)
+                        .i32(ldg as i32)
+                        .i32(gate_mode)
+                        .u64(sc.pos)
+                        .i32(l.window as i32);
+                })
+                .map_err(cerr)?;
+            }
+            self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
+            self.rmsnorm(prof, sc.x, 0, l.post_norm, sc.hn, m, h, eps)?;
+            match &l.mlp {
+                MlpW::Dense { gate, up, down } => {
+                    self.ffn(prof, gate, up, down, m, sc.x, true)?;
+                }
+                MlpW::Moe {
+                    router,
+                    bias,
+                    experts,
+                    shared,
+                    folded,
+                } => {
+                    let e = cfg.num_experts;
+                    let k = cfg.top_k;
+                    let kk = k + *folded as usize;
+                    let ne = e + *folded as usize;
+                    // One row: the router writes the expert groups itself (no moe_group launch).
+                    let direct = m == 1 && kk <= 32;
+                    self.linear(prof, "router", router, sc.hn, h, sc.rlog, e, m, false)?;
+                    d.launch_p(prof, "router_topk", (m as u32, 1, 1), (32, 1, 1), 0, |b| {
+                        b.u64(sc.rlog)
+                            .u64(*bias)
+                            .i32(e as i32)
+                            .i32(k as i32)
+                            .f32(cfg.router_softcap as f32)
+                            .i32(cfg.norm_topk_prob as i32)
+                            .u64(sc.ids)
+                            .u64(sc.wts)
+                            .i32(*folded as i32)
+                            .f32((1.0 / cfg.routed_scaling_factor) as f32);
+                        if direct {
+                            b.u64(sc.grp_e).u64(sc.grp_s).u64(sc.grp_c).u64(sc.perm).u64(sc.meta);
+                        } else {
+                            b.u64(0).u64(0).u64(0).u64(0).u64(0);
+                        }
+                    })
+                    .map_err(cerr)?;
+                    let s = m * kk;
+                    if !direct {
+                        d.launch_p(
+                            prof,
+                            "moe_group",
+                            (1, 1, 1),
+                            (s.div_ceil(32).clamp(1, 32) as u32 * 32, 1, 1),
+                            (8 * ne) as u32,
+                            |b| {
+                                b.u64(sc.ids)
+                                    .i32(s as i32)
+                                    .i32(ne as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta);
+                            },
+                        )
+                        .map_err(cerr)?;
+                    }
+                    let groups = s.min(ne) as u32;
+                    let im = cfg.moe_intermediate_size;
+                    let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
+                    let gu_name = match (experts.gate.fp4, one) {
+                        (true, false) => "moe_gate_up_fp4",
+                        (false, false) => "moe_gate_up_bf16",
+                        (true, true) => "moe_gate_up_fp4_1",
+                        (false, true) => "moe_gate_up_bf16_1",
+                    };
+                    d.launch_p(
+                        prof,
+                        gu_name,
+                        (ceil_div(im, 8) as u32, groups, 1),
+                        (256, 1, 1),
+                        if one { (h * 4) as u32 } else { 0 },
+                        |b| {
+                            b.u64(experts.gate.w)
+                                .u64(experts.gate.s)
+                                .u64(experts.gate.inv)
+                                .u64(experts.up.w)
+                                .u64(experts.up.s)
+                                .u64(experts.up.inv)
+                                .u64(sc.hn)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .i32(kk as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_act);
+                        },
+                    )
+                    .map_err(cerr)?;
+                    let dn_name = match (experts.down.fp4, one) {
+                        (true, false) => "moe_down_fp4",
+                        (false, false) => "moe_down_bf16",
+                        (true, true) => "moe_down_fp4_1",
+                        (false, true) => "moe_down_bf16_1",
+                    };
+                    d.launch_p(
+                        prof,
+                        dn_name,
+                        (ceil_div(h, 8) as u32, groups, 1),
+                        (256, 1, 1),
+                        if one { (im * 4) as u32 } else { 0 },
+                        |b| {
+                            b.u64(experts.down.w)
+                                .u64(experts.down.s)
+                                .u64(experts.down.inv)
+                                .u64(sc.moe_act)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_out);
+                        },
+                    )
+                    .map_err(cerr)?;
+                    let sh = if let Some((a, b2, c)) = shared {
+                        self.ffn(prof, a, b2, c, m, sc.shared_out, false)?;
+                        sc.shared_out
+                    } else {
+                        0
+                    };
+                    d.launch_p(prof, "moe_combine", (ceil_div(h, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
+                        b.u64(sc.x)
+                            .u64(sc.moe_out)
+                            .u64(sc.wts)
+                            .u64(sh)
+                            .i32(h as i32)
+                            .i32(kk as i32)
+                            .f32(cfg.routed_scaling_factor as f32);
+                    })
+                    .map_err(cerr)?;
+                }
+            }
+            if let Some(f) = after.as_mut() {
+                f(li)?;
+            }
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm(&self, prof: &mut Option<device::Prof>, x: u64, rows: u64, w: u64, y: u64, m: usize, h: usize, eps: f32) -> Result<()> {
+        self.dev
+            .launch_p(
+                prof,
+                "rmsnorm",
+                (m as u32, 1, 1),
+                ((h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
+                0,
+                |b| {
+                    b.u64(x).u64(rows).u64(w).u64(y).i32(h as i32).f32(eps);
+                },
+            )
+            .map_err(cerr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn linear(
+        &self,
+        prof: &mut Option<device::Prof>,
+        tag: &str,
+        l: &Lin,
+        x: u64,
+        ldx: usize,
+        y: u64,
+        ldy: usize,
+        m: usize,
+        acc: bool,
+    ) -> Result<()> {
+        let one = m == 1 && l.k * 4 <= 48 * 1024;
+        let name = match (l.fp4, one) {
+            (false, false) => "linear_bf16",
+            (true, false) => "linear_fp4",
+            (false, true) => "linear_bf16_1",
+            (true, true) => "linear_fp4_1",
+        };
+        let _ = tag;
+        let (grid, shm) = if one {
+            ((ceil_div(l.n, 16) as u32, 1, 1), (l.k * 4) as u32)
+        } else {
+            ((ceil_div(l.n, 8) as u32, ceil_div(m, 8) as u32, 1), 0)
+        };
+        self.dev
+            .launch_p(prof, name, grid, (256, 1, 1), shm, |b| {
+                b.u64(l.w)
+                    .u64(l.s)
+                    .f32(l.inv_gs)
+                    .u64(x)
+                    .i32(ldx as i32)
+                    .u64(y)
+                    .i32(ldy as i32)
+                    .i32(m as i32)
+                    .i32(l.n as i32)
+                    .i32(l.k as i32)
+                    .i32(acc as i32);
+            })
+            .map_err(cerr)
+    }
+
+    /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`).
+    #[allow(clippy::too_many_arguments)]
+    fn ffn(&self, prof: &mut Option<device::Prof>, gate: &Lin, up: &Lin, down: &Lin, m: usize, out: u64, acc: bool) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        let i = gate.n;
+        self.linear(prof, "mlp", gate, sc.hn, h, sc.gu, 2 * i, m, false)?;
+        self.linear(prof, "mlp", up, sc.hn, h, sc.gu + (4 * i) as u64, 2 * i, m, false)?;
+        self.dev
+            .launch_p(prof, "silu_mul", (ceil_div(i, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
+                b.u64(sc.gu).u64(sc.act).i32(m as i32).i32(i as i32);
+            })
+            .map_err(cerr)?;
+        self.linear(prof, "mlp", down, sc.act, i, out, h, m, acc)
+    }
+
+    /// Final norm + lm_head for `rows` (indices into the current pass), logits left in sc.logits.
+    fn logits_rows(&self, prof: &mut Option<device::Prof>, rows: &[i32]) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        self.dev.htod(sc.sel, as_bytes(rows)).map_err(cerr)?;
+        self.rmsnorm(
+            prof,
+            sc.x,
+            sc.sel,
+            self.final_norm,
+            sc.hsel,
+            rows.len(),
+            h,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        self.linear(
+            prof,
+            "lm_head",
+            &self.lm_head,
+            sc.hsel,
+            h,
+            sc.logits,
+            self.cfg.vocab_size,
+            rows.len(),
+            false,
+        )
+    }
+
+    /// Upload one pass's row metadata.
+    fn upload_meta(&self, tokens: &[i32], pos: &[i32], seqrow: &[i32], bt: &[i32]) -> Result<()> {
+        let sc = &self.sc;
+        self.dev.htod(sc.tokens, as_bytes(tokens)).map_err(cerr)?;
+        self.dev.htod(sc.pos, as_bytes(pos)).map_err(cerr)?;
+        self.dev.htod(sc.seqrow, as_bytes(seqrow)).map_err(cerr)?;
+        self.dev.htod(sc.bt, as_bytes(bt)).map_err(cerr)
+    }
+
+    fn bt_row(&self, seq: SeqId) -> Vec<i32> {
+        let mut row = vec![0i32; self.max_pages];
+        if let Some(s) = self.seqs.get(&seq) {
+            for (i, &p) in s.pages.iter().enumerate() {
+                row[i] = p as i32;
+            }
+        }
+        row
+    }
+
+    /// One greedy decode step for one sequence entirely on the device: returns the argmax token.
+    /// Replays a CUDA graph of the whole step when graphs are on (the step's only host syncs are
+    /// the metadata upload and reading the sampled token).
+    pub fn decode_greedy(&mut self, seq: SeqId, token: u32, prof: &mut Option<device::Prof>) -> Result<u32> {
+        let pos = self.seq_len(seq);
+        self.ensure_pages(seq, pos + 1)?;
+        if token as usize >= self.cfg.vocab_size {
+            return Err(EngineError::Request(format!("token id {token} is outside the vocabulary")));
+        }
+        let bt = self.bt_row(seq);
+        self.upload_meta(&[token as i32], &[pos as i32], &[0], &bt)?;
+        self.dev.htod(self.sc.sel, as_bytes(&[0i32])).map_err(cerr)?;
+        let use_graph = self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
+        if use_graph && self.graph.is_none() {
+            match self.capture_decode() {
+                Ok(g) => self.graph = Some(g),
+                Err(e) => {
+                    tracing::warn!("CUDA graph capture failed, running eagerly: {e}");
+                    self.graph_failed = true;
+                }
+            }
+        }
+        if use_graph && self.graph.is_some() {
+            self.graph.as_ref().unwrap().launch().map_err(cerr)?;
+        } else {
+            self.decode_body(prof)?;
+        }
+        let mut out = [0i32];
+        self.dev.dtoh(as_bytes_mut(&mut out), self.sc.amax).map_err(cerr)?;
+        self.seqs.get_mut(&seq).unwrap().len = pos + 1;
+        Ok(out[0] as u32)
+    }
+
+    fn decode_body(&self, prof: &mut Option<device::Prof>) -> Result<()> {
+        self.run_layers(1, prof)?;
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        self.rmsnorm(prof, sc.x, sc.sel, self.final_norm, sc.hsel, 1, h, self.cfg.rms_norm_eps as f32)?;
+        self.linear(prof, "lm_head", &self.lm_head, sc.hsel, h, sc.logits, self.cfg.vocab_size, 1, false)?;
+        self.dev
+            .launch_p(prof, "argmax_rows", (1, 1, 1), (1024, 1, 1), 0, |b| {
+                b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(sc.amax);
+            })
+            .map_err(cerr)
+    }
+
+    fn capture_decode(&self) -> std::result::Result<device::Graph, String> {
+        self.dev.begin_capture()?;
+        let r = self.decode_body(&mut None);
+        let g = self.dev.end_capture();
+        r.map_err(|e| e.to_string())?;
+        g
+    }
+
+    /// Device copy bandwidth (bytes read + written per second) over a `bytes`-sized buffer.
+    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
+        self.dev.copy_bandwidth(bytes).map_err(cerr)
+    }
+}
+
+fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
+}
+fn as_bytes_mut<T: Copy>(v: &mut [T]) -> &mut [u8] {
+    unsafe { std::slice::from_raw_parts_mut(v.as_mut_ptr() as *mut u8, std::mem::size_of_val(v)) }
+}
+
+struct Row {
+    item: usize,
+    seq: SeqId,
+    token: u32,
+    pos: usize,
+    want: bool,
+    idx_in_item: usize,
+}
+
+impl Model for CudaModel {
+    fn config(&self) -> &LagunaConfig {
+        &self.cfg
+    }
+    fn device(&self) -> &str {
+        "cuda"
+    }
+    fn new_seq(&mut self) -> Result<SeqId> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.seqs.insert(id, SeqState { len: 0, pages: vec![] });
+        Ok(id)
+    }
+    fn free_seq(&mut self, seq: SeqId) {
+        if let Some(s) = self.seqs.remove(&seq) {
+            self.free_pages.extend(s.pages);
+        }
+    }
+    fn seq_len(&self, seq: SeqId) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.len)
+    }
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        let ps = self.page_size;
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            if len < s.len {
+                s.len = len;
+                let keep = ceil_div(len, ps);
+                while s.pages.len() > keep {
+                    self.free_pages.push(s.pages.pop().unwrap());
+                }
+            }
+        }
+    }
+    fn set_taps(&mut self, layers: &[usize]) {
+        self.taps = layers.to_vec();
+    }
+    fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
+        let v = self.cfg.vocab_size;
+        let h = self.cfg.hidden_size;
+        let ntaps = self.taps.len();
+        let mut rows = vec![];
+        for (ii, it) in batch.iter().enumerate() {
+            let cur = self
+                .seqs
+                .get(&it.seq)
+                .ok_or_else(|| EngineError::Other(format!("unknown sequence {}", it.seq)))?
+                .len;
+            if it.start_pos != cur {
+                return Err(EngineError::Other(format!(
+                    "forward at position {} but the sequence holds {cur} positions",
+                    it.start_pos
+                )));
+            }
+            if batch[..ii].iter().any(|o| o.seq == it.seq) {
+                return Err(EngineError::Other(format!("sequence {} appears twice in one batch", it.seq)));
+            }
+            for (r, &t) in it.tokens.iter().enumerate() {
+                if t as usize >= v {
+                    return Err(EngineError::Request(format!("token id {t} is outside the vocabulary (size {v})")));
+                }
+                let want = match it.logits {
+                    LogitRows::None => false,
+                    LogitRows::Last => r + 1 == it.tokens.len(),
+                    LogitRows::All => true,
+                };
+                rows.push(Row {
+                    item: ii,
+                    seq: it.seq,
+                    token: t,
+                    pos: it.start_pos + r,
+                    want,
+                    idx_in_item: r,
+                });
+            }
+        }
+        for it in batch {
+            self.ensure_pages(it.seq, it.start_pos + it.tokens.len())?;
+        }
+        let mut outs: Vec<StepOutput> = batch
+            .iter()
+            .map(|it| StepOutput {
+                logits: vec![],
+                rows: 0,
+                taps: if ntaps > 0 {
+                    vec![0f32; it.tokens.len() * ntaps * h]
+                } else {
+                    vec![]
+                },
+            })
+            .collect();
+        let mut start = 0;
+        let mut prof = self.fprof.take();
+        while start < rows.len() {
+            // A pass: at most max_rows rows and bt_seqs distinct sequences.
+            let mut end = start;
+            let mut seqs: Vec<SeqId> = vec![];
+            while end < rows.len() && end - start < self.sc.rows {
+                let s = rows[end].seq;
+                if !seqs.contains(&s) {
+                    if seqs.len() == self.sc.bt_seqs {
+                        break;
+                    }
+                    seqs.push(s);
+                }
+                end += 1;
+            }
+            let pass = &rows[start..end];
+            let m = pass.len();
+            let tokens: Vec<i32> = pass.iter().map(|r| r.token as i32).collect();
+            let pos: Vec<i32> = pass.iter().map(|r| r.pos as i32).collect();
+            let seqrow: Vec<i32> = pass.iter().map(|r| seqs.iter().position(|&s| s == r.seq).unwrap() as i32).collect();
+            let mut bt = Vec::with_capacity(seqs.len() * self.max_pages);
+            for &s in &seqs {
+                bt.extend(self.bt_row(s));
+            }
+            self.upload_meta(&tokens, &pos, &seqrow, &bt)?;
+            if ntaps == 0 {
+                self.run_layers(m, &mut prof)?;
+            } else {
+                self.run_layers_with_taps(m, pass, &mut outs)?;
+            }
+            let want: Vec<usize> = (0..m).filter(|&i| pass[i].want).collect();
+            for chunk in want.chunks(self.sc.lrows) {
+                let idx: Vec<i32> = chunk.iter().map(|&i| i as i32).collect();
+                self.logits_rows(&mut prof, &idx)?;
+                let mut buf = vec![0f32; chunk.len() * v];
+                self.dev.dtoh(as_bytes_mut(&mut buf), self.sc.logits).map_err(cerr)?;
+                for (j, &i) in chunk.iter().enumerate() {
+                    let o = &mut outs[pass[i].item];
+                    o.logits.extend_from_slice(&buf[j * v..(j + 1) * v]);
+                    o.rows += 1;
+                }
+            }
+            start = end;
+        }
+        self.fprof = prof;
+        self.dev.sync().map_err(cerr)?;
+        for it in batch {
+            self.seqs.get_mut(&it.seq).unwrap().len = it.start_pos + it.tokens.len();
+        }
+        Ok(outs)
+    }
+}
+
+impl CudaModel {
+    /// Same as run_layers, but copies the residual after each tap layer to the host.
+    fn run_layers_with_taps(&self, m: usize, pass: &[Row], outs: &mut [StepOutput]) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let ntaps = self.taps.len();
+        let mut prof = None;
+        let mut hook = |li: usize| -> Result<()> {
+            if let Some(t) = self.taps.iter().position(|&l| l == li) {
+                let mut buf = vec![0f32; m * h];
+                self.dev.dtoh(as_bytes_mut(&mut buf), self.sc.x).map_err(cerr)?;
+                for (r, row) in pass.iter().enumerate() {
+                    let off = (row.idx_in_item * ntaps + t) * h;
+                    outs[row.item].taps[off..off + h].copy_from_slice(&buf[r * h..(r + 1) * h]);
+                }
+            }
+            Ok(())
+        };
+        self.run_layers_hooked(m, &mut prof, Some(&mut hook))
+    }
+}
+
+/// Kernel architectures of the GPUs on this machine (e.g. ["sm_90a"]).
+pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
+    device::probe()?;
+    let n = cudarc::driver::CudaContext::device_count().map_err(|e| format!("{e:?}"))?;
+    let mut v = vec![];
+    for i in 0..n as usize {
+        let c = cudarc::driver::CudaContext::new(i).map_err(|e| format!("{e:?}"))?;
+        let (a, b) = c.compute_capability().map_err(|e| format!("{e:?}"))?;
+        let s = laguna_kernels::arch_for_capability(a, b);
+        if !v.contains(&s) {
+            v.push(s);
+        }
+    }
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
+    /// agree with the CPU on its prompt (the full device checks live in `laguna device-test`).
+    #[test]
+    fn cuda_matches_cpu_on_a_fixture_or_skips() {
+        if let Err(e) = gpu_available() {
+            eprintln!("SKIP cuda_matches_cpu_on_a_fixture_or_skips: {e}");
+            return;
+        }
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/swa-yarn-perhead"));
+        if !dir.join("config.json").exists() {
+            eprintln!("SKIP: fixture {} missing", dir.display());
+            return;
+        }
+        let opts = CudaOptions {
+            progress: false,
+            max_rows: 64,
+            kv_pool_bytes: Some(32 << 20),
+            page_size: 16,
+            ..Default::default()
+        };
+        let mut cu = match CudaModel::load(dir, opts) {
+            Ok(m) => m,
+            Err(e) if e.to_string().contains("NVRTC") => {
+                eprintln!("SKIP: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut cpu = crate::cpu::CpuModel::load(dir).unwrap();
+        let toks: Vec<u32> = (3..19).collect();
+        let a = cu.new_seq().unwrap();
+        let b = cpu.new_seq().unwrap();
+        let x = cu
+            .forward(&[StepInput {
+                seq: a,
+                tokens: &toks,
+                start_pos: 0,
+                logits: LogitRows::All,
+            }])
+            .unwrap();
+        let y = cpu
+            .forward(&[StepInput {
+                seq: b,
+                tokens: &toks,
+                start_pos: 0,
+                logits: LogitRows::All,
+            }])
+            .unwrap();
+        let v = cpu.config().vocab_size;
+        for (ra, rb) in x[0].logits.chunks(v).zip(y[0].logits.chunks(v)) {
+            let mx = rb.iter().fold(0f32, |m, &t| m.max(t.abs()));
+            let d = ra.iter().zip(rb).fold(0f32, |m, (&p, &q)| m.max((p - q).abs()));
+            assert!(d <= 2e-2 * mx, "max diff {d} vs max logit {mx}");
+        }
+    }
+}

@@ -1,0 +1,192 @@
+// Shared helpers for every laguna kernel. Header-free on purpose: NVRTC is the only dependency
+// (no cuda_bf16.h); BF16 is handled as raw 16-bit patterns.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+typedef unsigned short bf16_t;
+typedef unsigned char u8;
+typedef unsigned int u32;
+
+__device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ bf16_t f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40); // NaN stays NaN
+    u += 0x7fffu + ((u >> 16) & 1u);                                     // round to nearest even
+    return (bf16_t)(u >> 16);
+}
+// Unpack 2 bf16 held in a 32-bit word (element 0 in the low half).
+__device__ __forceinline__ float bflo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bfhi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+
+// OCP FP8 E4M3FN as an unsigned NVFP4 block scale (sign bit ignored; 0x7f is NaN in the format
+// and is rejected at load).
+__device__ __forceinline__ float e4m3u(u8 b) {
+    u32 e = (b >> 3) & 15u, m = b & 7u;
+    if (e == 0) return (float)m * 0.001953125f; // m * 2^-9
+    return __uint_as_float(((e + 120u) << 23) | (m << 20));
+}
+// E2M1 code (4 bits, sign in bit 3).
+__device__ __forceinline__ float e2m1(u32 c) {
+    u32 e = (c >> 1) & 3u, m = c & 1u;
+    float v = (e == 0) ? (m ? 0.5f : 0.0f) : __uint_as_float(((e + 126u) << 23) | (m << 22));
+    return (c & 8u) ? -v : v;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Block-wide sum for blockDim.x <= 1024 (multiple of 32); `sh` holds >= 32 floats. Every thread
+// gets the result. The order of additions is fixed by blockDim, never by the data.
+__device__ __forceinline__ float block_sum(float v, float* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float t = 0.f;
+    if (w == 0) {
+        t = lane < nw ? sh[lane] : 0.f;
+        t = warp_sum(t);
+        if (lane == 0) sh[0] = t;
+    }
+    __syncthreads();
+    t = sh[0];
+    return t;
+}
+__device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// ---- one 16-element block of a weight row, dotted with MR activation rows -------------------
+// BF16 weights: row-major [N, K]. NVFP4: packed [N, K/2] (element 2i low nibble), scales [N, K/16].
+// Both accumulate sum_k w[k] * x[r][k] for the 16 columns of block `blk` into acc[r].
+template <int MR>
+__device__ __forceinline__ void dot16_bf16(const bf16_t* __restrict__ wrow, int blk, const float* const* xr, int nr, float* acc) {
+    const uint4* p = reinterpret_cast<const uint4*>(wrow + (size_t)blk * 16);
+    uint4 a = __ldg(p), b = __ldg(p + 1);
+    float w[16] = {bflo(a.x), bfhi(a.x), bflo(a.y), bfhi(a.y), bflo(a.z), bfhi(a.z), bflo(a.w), bfhi(a.w),
+                   bflo(b.x), bfhi(b.x), bflo(b.y), bfhi(b.y), bflo(b.z), bfhi(b.z), bflo(b.w), bfhi(b.w)};
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < nr) {
+            const float4* x = reinterpret_cast<const float4*>(xr[r] + blk * 16);
+            float s = 0.f;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float4 v = x[q];
+                s = fmaf(w[4 * q], v.x, s);
+                s = fmaf(w[4 * q + 1], v.y, s);
+                s = fmaf(w[4 * q + 2], v.z, s);
+                s = fmaf(w[4 * q + 3], v.w, s);
+            }
+            acc[r] += s;
+        }
+    }
+}
+template <int MR>
+__device__ __forceinline__ void dot16_fp4(const u8* __restrict__ prow, const u8* __restrict__ srow, int blk, const float* const* xr, int nr, float* acc) {
+    uint2 c = __ldg(reinterpret_cast<const uint2*>(prow + (size_t)blk * 8));
+    float sc = e4m3u(__ldg(srow + blk));
+    float w[16];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 b = (c.x >> (8 * i)) & 0xffu;
+        w[2 * i] = e2m1(b & 15u);
+        w[2 * i + 1] = e2m1(b >> 4);
+        u32 d = (c.y >> (8 * i)) & 0xffu;
+        w[8 + 2 * i] = e2m1(d & 15u);
+        w[8 + 2 * i + 1] = e2m1(d >> 4);
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        if (r < nr) {
+            const float4* x = reinterpret_cast<const float4*>(xr[r] + blk * 16);
+            float s = 0.f;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                float4 v = x[q];
+                s = fmaf(w[4 * q], v.x, s);
+                s = fmaf(w[4 * q + 1], v.y, s);
+                s = fmaf(w[4 * q + 2], v.z, s);
+                s = fmaf(w[4 * q + 3], v.w, s);
+            }
+            acc[r] = fmaf(s, sc, acc[r]);
+        }
+    }
+}
+
+// A weight matrix reference: fmt 0 = BF16 (w), 1 = NVFP4 (w = packed codes, s = block scales,
+// inv_gs = 1/weight_global_scale per matrix). For expert stacks, `stride_*` step between experts.
+struct WRef {
+    const void* w;
+    const u8* s;
+    const float* inv_gs;
+};
+
+// Dot of weight row `n` (of a [N, K] matrix) with MR activation rows; returns through acc (after
+// the warp reduction every lane holds the totals). Per-row arithmetic never depends on nr or MR.
+template <int FMT, int MR>
+__device__ __forceinline__ void row_dot(const void* w, const u8* s, float inv_gs, int n, int K, const float* const* xr, int nr, float* acc) {
+    int lane = threadIdx.x & 31;
+    int nblk = K >> 4;
+#pragma unroll
+    for (int r = 0; r < MR; r++) acc[r] = 0.f;
+    if (FMT == 0) {
+        const bf16_t* wrow = reinterpret_cast<const bf16_t*>(w) + (size_t)n * K;
+#pragma unroll 4
+        for (int b = lane; b < nblk; b += 32) dot16_bf16<MR>(wrow, b, xr, nr, acc);
+    } else {
+        const u8* prow = reinterpret_cast<const u8*>(w) + (size_t)n * (K >> 1);
+        const u8* srow = s + (size_t)n * nblk;
+#pragma unroll 4
+        for (int b = lane; b < nblk; b += 32) dot16_fp4<MR>(prow, srow, b, xr, nr, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        acc[r] = warp_sum(acc[r]);
+        if (FMT == 1) acc[r] *= inv_gs;
+    }
+}
+
+// Rows `n` of two [N, K] matrices (same format) dotted with the same MR activation rows in one
+// loop, so both weight streams are in flight together (gate and up of an expert).
+template <int FMT, int MR>
+__device__ __forceinline__ void row_dot2(const void* wa, const u8* sa, float inva, const void* wb, const u8* sb, float invb,
+                                         int n, int K, const float* const* xr, int nr, float* acca, float* accb) {
+    int lane = threadIdx.x & 31;
+    int nblk = K >> 4;
+#pragma unroll
+    for (int r = 0; r < MR; r++) { acca[r] = 0.f; accb[r] = 0.f; }
+    if (FMT == 0) {
+        const bf16_t* ra = reinterpret_cast<const bf16_t*>(wa) + (size_t)n * K;
+        const bf16_t* rb = reinterpret_cast<const bf16_t*>(wb) + (size_t)n * K;
+#pragma unroll 4
+        for (int b = lane; b < nblk; b += 32) {
+            dot16_bf16<MR>(ra, b, xr, nr, acca);
+            dot16_bf16<MR>(rb, b, xr, nr, accb);
+        }
+    } else {
+        const u8* pa = reinterpret_cast<const u8*>(wa) + (size_t)n * (K >> 1);
+        const u8* pb = reinterpret_cast<const u8*>(wb) + (size_t)n * (K >> 1);
+        const u8* qa = sa + (size_t)n * nblk;
+        const u8* qb = sb + (size_t)n * nblk;
+#pragma unroll 4
+        for (int b = lane; b < nblk; b += 32) {
+            dot16_fp4<MR>(pa, qa, b, xr, nr, acca);
+            dot16_fp4<MR>(pb, qb, b, xr, nr, accb);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MR; r++) {
+        acca[r] = warp_sum(acca[r]);
+        accb[r] = warp_sum(accb[r]);
+        if (FMT == 1) { acca[r] *= inva; accb[r] *= invb; }
+    }
+}

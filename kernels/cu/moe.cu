@@ -1,0 +1,245 @@
+// Mixture of experts: router (f32 sigmoid, softcap, biased top-k, renormalise), grouping of
+// (row, slot) pairs by expert on the device, gate+up+SiLU and down projections over expert
+// stacks (BF16 or NVFP4), and the weighted combine with the shared expert and the residual.
+
+// grid M, block 32 (one warp per row). logits [M, E] (router output, f32). Writes ids[m*K + k],
+// wts[m*K + k]. Ties go to the lower expert index.
+// With shared_slot, slot K of each row is the shared expert (stacked as expert E) with weight
+// 1/routed_scale, so the combine's scale brings it back to 1.
+extern "C" __global__ void router_topk(const float* logits, const float* bias, int E, int K, float softcap,
+                                       int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
+                                       int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
+    int KK = K + shared_slot;
+    __shared__ float sc[1024];
+    __shared__ float sel[1024];
+    int m = blockIdx.x, lane = threadIdx.x;
+    for (int e = lane; e < E; e += 32) {
+        float l = logits[(size_t)m * E + e];
+        if (softcap > 0.f) l = tanhf(l / softcap) * softcap;
+        float s = sigmoid_f(l);
+        sc[e] = s;
+        sel[e] = s + bias[e];
+    }
+    __syncwarp();
+    float total = 0.f;
+    for (int k = 0; k < K; k++) {
+        float best = -INFINITY;
+        int bidx = 0x7fffffff;
+        for (int e = lane; e < E; e += 32) {
+            float v = sel[e];
+            if (v > best) { best = v; bidx = e; }
+        }
+        for (int o = 16; o > 0; o >>= 1) {
+            float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
+            if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
+        }
+        float s = sc[bidx];
+        total += s;
+        if (lane == 0) {
+            ids[m * KK + k] = bidx;
+            wts[m * KK + k] = s;
+        }
+        __syncwarp();
+        if (lane == (bidx & 31)) sel[bidx] = -INFINITY;
+        __syncwarp();
+    }
+    if (norm_topk && lane < K) wts[m * KK + lane] = sc[ids[m * KK + lane]] / total;
+    if (shared_slot && lane == 0) {
+        ids[m * KK + K] = E;
+        wts[m * KK + K] = inv_scale;
+    }
+    // Single-row batches (grp_expert != nullptr, grid of 1): the slots are distinct experts, so each
+    // slot is its own group; this replaces the moe_group launch.
+    if (grp_expert) {
+        __syncwarp();
+        if (lane < KK) {
+            grp_expert[lane] = ids[lane];
+            grp_start[lane] = lane;
+            grp_count[lane] = 1;
+            perm[lane] = lane;
+        }
+        if (lane == 0) meta[0] = KK;
+    }
+}
+
+// One block (1024 threads). Groups the S = M*K slots by expert: groups are the experts that got at
+// least one slot, in expert order; perm lists the slots of group g at grp_start[g]..+grp_count[g].
+// meta[0] = number of groups. Order inside a group is not fixed, but every slot's arithmetic is.
+extern "C" __global__ void moe_group(const int* ids, int S, int E, int* grp_expert, int* grp_start, int* grp_count,
+                                     int* perm, int* meta) {
+    extern __shared__ int shm[];
+    int* cnt = shm;       // E
+    int* off = shm + E;   // E
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) atomicAdd(&cnt[ids[s]], 1);
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        // Warp 0: exclusive scan of counts and compaction of non-empty experts, 32 at a time.
+        int lane = threadIdx.x, base = 0, gbase = 0;
+        for (int e0 = 0; e0 < E; e0 += 32) {
+            int e = e0 + lane;
+            int c = e < E ? cnt[e] : 0;
+            int x = c;
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, x, o);
+                if (lane >= o) x += y;
+            }
+            int excl = base + x - c;
+            if (e < E) off[e] = excl;
+            unsigned bal = __ballot_sync(0xffffffffu, c > 0);
+            int gi = gbase + __popc(bal & ((1u << lane) - 1u));
+            if (c > 0) {
+                grp_expert[gi] = e;
+                grp_start[gi] = excl;
+                grp_count[gi] = c;
+            }
+            base += __shfl_sync(0xffffffffu, x, 31);
+            gbase += __popc(bal);
+        }
+        if (lane == 0) meta[0] = gbase;
+    }
+    __syncthreads();
+    for (int s = threadIdx.x; s < S; s += blockDim.x) {
+        int e = ids[s];
+        int at = atomicAdd(&off[e], 1);
+        perm[at] = s;
+    }
+}
+
+// grid (ceil(I / warps), G), block 256. act[slot, i] = silu(gate_e[i] . x[row]) * (up_e[i] . x[row]),
+// row = slot / K. Expert stacks: BF16 [E, I, H]; NVFP4 packed [E, I, H/2], scales [E, I, H/16], inv_gs[E].
+template <int FMT, int MOE_MR>
+__device__ void moe_gate_up_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                 const float* uinv, const float* x, int H, int I, int K, const int* grp_expert,
+                                 const int* grp_start, const int* grp_count, const int* perm, const int* meta,
+                                 float* act) {
+    int g = blockIdx.y;
+    if (g >= meta[0]) return;
+    int i0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool valid = i0 < I;
+    int i = valid ? i0 : I - 1;
+    int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+    size_t wstride = FMT == 0 ? (size_t)I * H * 2 : (size_t)I * H / 2;
+    size_t sstride = (size_t)I * (H / 16);
+    const u8* gwe = reinterpret_cast<const u8*>(gw) + e * wstride;
+    const u8* uwe = reinterpret_cast<const u8*>(uw) + e * wstride;
+    float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
+    const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
+    const u8* use = FMT == 1 ? us + e * sstride : nullptr;
+    int lane = threadIdx.x & 31;
+    extern __shared__ float xsh[];
+    for (int c = 0; c < cn; c += MOE_MR) {
+        int nr = min(MOE_MR, cn - c);
+        const float* xr[MOE_MR];
+        int slot[MOE_MR];
+#pragma unroll
+        for (int r = 0; r < MOE_MR; r++) {
+            slot[r] = perm[st + c + (r < nr ? r : 0)];
+            xr[r] = x + (size_t)(slot[r] / K) * H;
+        }
+        if (MOE_MR == 1) {  // one slot: stage its activation row in shared memory (H floats)
+            __syncthreads();
+            for (int j = threadIdx.x; j < H; j += blockDim.x) xsh[j] = xr[0][j];
+            __syncthreads();
+            xr[0] = xsh;
+        }
+        float ag[MOE_MR], au[MOE_MR];
+        row_dot2<FMT, MOE_MR>(gwe, gse, gi, uwe, use, ui, i, H, xr, nr, ag, au);
+#pragma unroll
+        for (int r = 0; r < MOE_MR; r++)
+            if (valid && r < nr && lane == r) act[(size_t)slot[r] * I + i] = silu_f(ag[r]) * au[r];
+    }
+}
+// grid (ceil(H / warps), G), block 256. out[slot, n] = down_e[n] . act[slot]; down [E, H, I].
+template <int FMT, int MOE_MR>
+__device__ void moe_down_impl(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                              const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
+                              const int* meta, float* out) {
+    int g = blockIdx.y;
+    if (g >= meta[0]) return;
+    int n0 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    bool valid = n0 < H;
+    int n = valid ? n0 : H - 1;
+    int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+    size_t wstride = FMT == 0 ? (size_t)H * I * 2 : (size_t)H * I / 2;
+    const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+    const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
+    float di = FMT == 1 ? dinv[e] : 1.f;
+    int lane = threadIdx.x & 31;
+    extern __shared__ float xsh[];
+    for (int c = 0; c < cn; c += MOE_MR) {
+        int nr = min(MOE_MR, cn - c);
+        const float* xr[MOE_MR];
+        int slot[MOE_MR];
+#pragma unroll
+        for (int r = 0; r < MOE_MR; r++) {
+            slot[r] = perm[st + c + (r < nr ? r : 0)];
+            xr[r] = act + (size_t)slot[r] * I;
+        }
+        if (MOE_MR == 1) {
+            __syncthreads();
+            for (int j = threadIdx.x; j < I; j += blockDim.x) xsh[j] = xr[0][j];
+            __syncthreads();
+            xr[0] = xsh;
+        }
+        float a[MOE_MR];
+        row_dot<FMT, MOE_MR>(dwe, dse, di, n, I, xr, nr, a);
+#pragma unroll
+        for (int r = 0; r < MOE_MR; r++)
+            if (valid && r < nr && lane == r) out[(size_t)slot[r] * H + n] = a[r];
+    }
+}
+extern "C" __global__ void moe_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                            const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                            const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gate_up_impl<0, 4>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_gate_up_fp4(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                           const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                           const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gate_up_impl<1, 4>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_down_bf16(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                         const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                         float* out) {
+    moe_down_impl<0, 4>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+extern "C" __global__ void moe_down_fp4(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                        const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                        float* out) {
+    moe_down_impl<1, 4>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+// Single-slot-per-group forms (decode of one row): same per-slot arithmetic, fewer registers.
+extern "C" __global__ void moe_gate_up_bf16_1(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                            const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                            const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gate_up_impl<0, 1>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_down_bf16_1(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                         const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                         float* out) {
+    moe_down_impl<0, 1>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+extern "C" __global__ void moe_gate_up_fp4_1(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                            const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                            const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gate_up_impl<1, 1>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_down_fp4_1(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                         const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                         float* out) {
+    moe_down_impl<1, 1>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+// grid (ceil(H/256), M), block 256. x[m, n] += scale * sum_k w[m,k] out[m*K+k, n] + shared[m, n]
+extern "C" __global__ void moe_combine(float* x, const float* out, const float* wts, const float* shared, int H, int K,
+                                       float scale) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    if (n >= H) return;
+    float a = 0.f;
+    for (int k = 0; k < K; k++) a = fmaf(wts[m * K + k], out[((size_t)m * K + k) * H + n], a);
+    a *= scale;
+    if (shared) a += shared[(size_t)m * H + n];
+    x[(size_t)m * H + n] += a;
+}

@@ -1,0 +1,31 @@
+// Embedding gather, RMSNorm (optionally over selected rows), residual helpers.
+extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* x, int H) {
+    int m = blockIdx.x;
+    size_t t = (size_t)tokens[m];
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
+}
+// y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each
+// thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
+extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
+    int src = rows ? rows[r] : r;
+    const float* xr = x + (size_t)src * H;
+    float v[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < H ? xr[i] : 0.f;
+        ss += v[j] * v[j];
+    }
+    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < H) y[(size_t)r * H + i] = w[i] * (v[j] * inv);
+    }
+    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = w[i] * (xr[i] * inv);
+}
