@@ -46,8 +46,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    if a.device != "cpu" {
-        bail!("--device {} is not available in this build; use --device cpu", a.device);
+    if a.device != "cpu" && a.device != "cuda" {
+        bail!("--device must be cpu or cuda, got {}", a.device);
     }
     if !(a.top_p > 0.0 && a.top_p <= 1.0) {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
@@ -56,7 +56,15 @@ pub fn run(a: Args) -> Result<()> {
         bail!("--temperature must be >= 0, got {}", a.temperature);
     }
     let tok = Tokenizer::from_dir(&a.model)?;
-    let mut model = CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()))?;
+    if a.device == "cuda" {
+        if let Err(e) = laguna_engine::cuda::gpu_available() {
+            bail!("--device cuda: {e}; use --device cpu");
+        }
+        if a.draft.is_some() {
+            bail!("--draft needs --device cpu in this build (the DFlash draft has no CUDA backend yet)");
+        }
+    }
+    let load_cpu = || CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()));
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), None) => ids.clone(),
         (None, Some(text)) => match &tok {
@@ -73,8 +81,19 @@ pub fn run(a: Args) -> Result<()> {
         stop_token_ids: vec![],
     };
     let (res, spec) = match &a.draft {
-        None => (generate(&mut model as &mut dyn Model, &req, false)?, None),
+        None => {
+            let mut model: Box<dyn Model> = if a.device == "cuda" {
+                Box::new(
+                    laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
+                        .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))?,
+                )
+            } else {
+                Box::new(load_cpu()?)
+            };
+            (generate(model.as_mut(), &req, false)?, None)
+        }
         Some(dir) => {
+            let mut model = load_cpu()?;
             let mut draft = CpuDraft::load(dir, &model).with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
             let k = a.num_speculative_tokens.unwrap_or(draft.cfg.block_size - 1);
             let (res, stats) = generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
