@@ -2,7 +2,7 @@
 //! arithmetic, one row at a time. Slow and simple on purpose: it is the definition the CUDA
 //! backend is tested against.
 use super::ops::*;
-use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
+use crate::config::{AttnKind, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
 use crate::model::schema::layer_prefix;
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
@@ -271,46 +271,13 @@ impl CpuModel {
                 for head in 0..nh {
                     let kvh = head / group;
                     let q = &qs[r][head * hd..(head + 1) * hd];
-                    let scores: Vec<f64> = (lo..=pos)
-                        .map(|j| {
-                            let k = &kv.k[li][(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
-                            dot(q, k) as f64 * scale
-                        })
-                        .collect();
+                    let row = |j: usize| (j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd;
+                    let (ks, vs) = (&kv.k[li], &kv.v[li]);
                     let sink = layer.sink.as_ref().map(|s| s[head] as f64);
-                    let m = scores.iter().copied().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
-                    let ps: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let denom = ps.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
-                    let out = &mut attn[head * hd..(head + 1) * hd];
-                    let mut acc = vec![0f64; hd];
-                    for (jj, p) in ps.iter().enumerate() {
-                        let j = lo + jj;
-                        let v = &kv.v[li][(j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd];
-                        for d in 0..hd {
-                            acc[d] += p * v[d] as f64;
-                        }
-                    }
-                    for d in 0..hd {
-                        out[d] = (acc[d] / denom) as f32;
-                    }
+                    attend(q, pos + 1 - lo, |j| &ks[row(lo + j)], |j| &vs[row(lo + j)], scale, sink, &mut attn[head * hd..(head + 1) * hd]);
                 }
                 if let Some(g) = &layer.g {
-                    let gate: Vec<f32> = g.apply(&hs[r]).into_iter().map(softplus).collect();
-                    match cfg.gating {
-                        Gating::PerHead => {
-                            for head in 0..nh {
-                                for d in 0..hd {
-                                    attn[head * hd + d] *= gate[head];
-                                }
-                            }
-                        }
-                        Gating::PerElement => {
-                            for (a, gv) in attn.iter_mut().zip(&gate) {
-                                *a *= gv;
-                            }
-                        }
-                        Gating::None => {}
-                    }
+                    apply_gate(&mut attn, g.apply(&hs[r]), cfg.gating, hd);
                 }
                 let o = layer.o.apply(&attn);
                 for (xi, oi) in xs[r].iter_mut().zip(&o) {

@@ -88,3 +88,49 @@ pub fn argmax(x: &[f32]) -> usize {
     }
     best
 }
+
+/// One query head against `n` keys: softmax(q·k * scale) · v in f64, with an optional learned
+/// sink logit that joins the denominator and has no value (vLLM's attention sinks).
+pub fn attend<'a>(
+    q: &[f32],
+    n: usize,
+    key: impl Fn(usize) -> &'a [f32],
+    value: impl Fn(usize) -> &'a [f32],
+    scale: f64,
+    sink: Option<f64>,
+    out: &mut [f32],
+) {
+    let scores: Vec<f64> = (0..n).map(|j| dot(q, key(j)) as f64 * scale).collect();
+    let m = scores.iter().copied().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+    let ps: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+    let denom = ps.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
+    let mut acc = vec![0f64; out.len()];
+    for (j, p) in ps.iter().enumerate() {
+        for (a, &v) in acc.iter_mut().zip(value(j)) {
+            *a += p * v as f64;
+        }
+    }
+    for (o, a) in out.iter_mut().zip(&acc) {
+        *o = (a / denom) as f32;
+    }
+}
+
+/// Multiply attention output by softplus(gate logits): one gate per head or per element.
+pub fn apply_gate(attn: &mut [f32], gate_logits: Vec<f32>, gating: crate::config::Gating, head_dim: usize) {
+    let gate: Vec<f32> = gate_logits.into_iter().map(softplus).collect();
+    match gating {
+        crate::config::Gating::PerHead => {
+            for (h, chunk) in attn.chunks_mut(head_dim).enumerate() {
+                for a in chunk {
+                    *a *= gate[h];
+                }
+            }
+        }
+        crate::config::Gating::PerElement => {
+            for (a, g) in attn.iter_mut().zip(&gate) {
+                *a *= g;
+            }
+        }
+        crate::config::Gating::None => {}
+    }
+}

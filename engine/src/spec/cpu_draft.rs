@@ -12,7 +12,7 @@
 //! Logits: target lm_head(RMSNorm(x; norm)).
 use super::config::DraftConfig;
 use super::draft::{BlockInput, ContextInput, DraftModel};
-use crate::config::{Gating, LagunaConfig};
+use crate::config::LagunaConfig;
 use crate::cpu::model::{CpuModel, Ffn, Mat};
 use crate::cpu::ops::*;
 use crate::error::{EngineError, Result};
@@ -270,38 +270,11 @@ impl CpuDraft {
                             &bv[kp - start][kvh * hd..(kvh + 1) * hd]
                         }
                     };
-                    let scores: Vec<f64> = keys.iter().map(|&kp| dot(q, krow(kp)) as f64 * scale).collect();
                     let sink = layer.sink.as_ref().map(|s| s[head] as f64);
-                    let m = scores.iter().copied().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
-                    let ps: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
-                    let denom = ps.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
-                    let mut acc = vec![0f64; hd];
-                    for (p, &kp) in ps.iter().zip(&keys) {
-                        for (a, &vv) in acc.iter_mut().zip(vrow(kp)) {
-                            *a += p * vv as f64;
-                        }
-                    }
-                    for d in 0..hd {
-                        attn[head * hd + d] = (acc[d] / denom) as f32;
-                    }
+                    attend(q, keys.len(), |j| krow(keys[j]), |j| vrow(keys[j]), scale, sink, &mut attn[head * hd..(head + 1) * hd]);
                 }
                 if let Some(g) = &layer.g {
-                    let gate: Vec<f32> = g.apply(&hs[r]).into_iter().map(softplus).collect();
-                    match cfg.gating {
-                        Gating::PerHead => {
-                            for head in 0..nh {
-                                for d in 0..hd {
-                                    attn[head * hd + d] *= gate[head];
-                                }
-                            }
-                        }
-                        Gating::PerElement => {
-                            for (a, gv) in attn.iter_mut().zip(&gate) {
-                                *a *= gv;
-                            }
-                        }
-                        Gating::None => {}
-                    }
+                    apply_gate(&mut attn, g.apply(&hs[r]), cfg.gating, hd);
                 }
                 let o = layer.o.apply(&attn);
                 for (xi, oi) in xs[r].iter_mut().zip(&o) {
