@@ -1,6 +1,7 @@
 //! `laguna serve`: resolve the recipe/flags into `ServeOptions` and run the server.
 use anyhow::{bail, Context, Result};
 use laguna_stages::hub::{local_dir, HubEnv};
+use laguna_stages::plan::{plan_recipe, PlanOptions};
 use laguna_stages::recipe::{Device, RecipeArgs};
 use laguna_stages::serve::{self, ServeOptions};
 
@@ -54,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
             ..d
         }
     } else {
-        let recipe = r.resolve()?;
+        let mut recipe = r.resolve()?;
         let hub = HubEnv::from_process_env();
         let model = local_dir(&hub, &recipe.model).with_context(|| format!("locating {} (run `laguna fetch` first?)", recipe.model.label()))?;
         let draft = match &recipe.draft {
@@ -70,10 +71,15 @@ pub fn run(a: Args) -> Result<()> {
                 Ok(()) => recipe.device.to_string(),
                 Err(e) => {
                     eprintln!("note: no usable GPU ({e}); serving on CPU (pass --device to choose)");
+                    recipe.device = Device::Cpu;
                     "cpu".to_string()
                 }
             },
         };
+        // The memory plan, printed at start-up; refuse before loading anything when it will not fit.
+        let (plan, _) = plan_recipe(&recipe, &hub, &PlanOptions::default())?;
+        eprintln!("{plan}");
+        plan.check()?;
         ServeOptions {
             model: Some(model),
             draft,
