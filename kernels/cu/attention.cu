@@ -205,3 +205,200 @@ extern "C" __global__ void attention_merge(const float* part, int nsplit, float*
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
+
+// Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
+// One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive
+// rows of one sequence at consecutive positions (tiles[2i] = first row, tiles[2i+1] = rows), so K/V
+// blocks of 64 keys are read once per tile instead of once per row. Keys are masked per row
+// (causal, sliding window); the sink starts the softmax state; the output gate is applied last.
+// Needs hd % 16 == 0 and hd <= 128. Q and P are split into BF16 hi + lo (two mma each) so the
+// result stays within f32-kernel error (K/V are BF16 in the cache).
+#define FA_HD 128
+#define FA_LD (FA_HD + 8)
+__device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ u32 fa_pack(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+extern "C" __global__ __launch_bounds__(128) void attention_prefill(
+    const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc, const int* pos, const int* seqrow,
+    const int* bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float* sink,
+    const float* g, int ldg, int gate_mode, float scale, const int* tiles) {
+    __shared__ __align__(16) bf16_t Ks[64 * FA_LD];
+    __shared__ __align__(16) bf16_t Vs[64 * FA_LD];
+    __shared__ unsigned koff[64];
+    int r0 = tiles[2 * blockIdx.x], n = tiles[2 * blockIdx.x + 1];
+    int h = blockIdx.y;
+    int kvh = h / (nh / nkv);
+    int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, gq = lane >> 2, t4 = lane & 3;
+    int p0 = pos[r0];
+    int plast = p0 + n - 1;
+    const int* btr = bt + (size_t)seqrow[r0] * max_pages;
+    // Key blocks start at multiples of 64 (not at the tile's first key), so every row sees the same
+    // blocks whatever tile it is in; blocks fully masked for a row leave its state bit-identical.
+    int klo = (window > 0 ? max(0, p0 + 1 - window) : 0) & ~63;
+    // This thread's two rows.
+    int ra = w * 16 + gq, rb = ra + 8;
+    bool va = ra < n, vb = rb < n;
+    int pa = p0 + ra, pb = p0 + rb;
+    int loa = window > 0 ? pa + 1 - window : 0, lob = window > 0 ? pb + 1 - window : 0;
+    // Q fragments (rows ra, rb; 8 k-steps of 16 dims).
+    u32 qf[FA_HD / 16][4], ql[FA_HD / 16][4];
+    const float* qa = q + (size_t)(r0 + (va ? ra : 0)) * ldq + h * hd;
+    const float* qb = q + (size_t)(r0 + (vb ? rb : 0)) * ldq + h * hd;
+#pragma unroll
+    for (int kk = 0; kk < FA_HD / 16; kk++) {
+        if (kk * 16 < hd) {
+            int d0 = kk * 16 + 2 * t4;
+            float2 x0 = va ? make_float2(qa[d0], qa[d0 + 1]) : make_float2(0.f, 0.f);
+            float2 x1 = vb ? make_float2(qb[d0], qb[d0 + 1]) : make_float2(0.f, 0.f);
+            float2 x2 = va ? make_float2(qa[d0 + 8], qa[d0 + 9]) : make_float2(0.f, 0.f);
+            float2 x3 = vb ? make_float2(qb[d0 + 8], qb[d0 + 9]) : make_float2(0.f, 0.f);
+            qf[kk][0] = fa_pack(x0.x, x0.y);
+            qf[kk][1] = fa_pack(x1.x, x1.y);
+            qf[kk][2] = fa_pack(x2.x, x2.y);
+            qf[kk][3] = fa_pack(x3.x, x3.y);
+            ql[kk][0] = fa_pack(x0.x - bflo(qf[kk][0]), x0.y - bfhi(qf[kk][0]));
+            ql[kk][1] = fa_pack(x1.x - bflo(qf[kk][1]), x1.y - bfhi(qf[kk][1]));
+            ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
+            ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
+        }
+    }
+    float o[FA_HD / 8][4];
+#pragma unroll
+    for (int i = 0; i < FA_HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float ma = sink ? sink[h] : -INFINITY, mb = ma;
+    float la = sink ? 1.f : 0.f, lb = la;
+    int nch = hd >> 3;  // 16-byte chunks per key
+    for (int kb = klo; kb <= plast; kb += 64) {
+        if (tid < 64) {
+            int t = kb + tid;
+            unsigned ko = 0xffffffffu;
+            if (t <= plast) {
+                int page = btr[t / page_size];
+                ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
+            }
+            koff[tid] = ko;
+        }
+        __syncthreads();
+        for (int i = tid; i < 64 * nch; i += 128) {
+            int key = i / nch, c = i % nch;
+            unsigned ko = koff[key];
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (ko != 0xffffffffu) {
+                kv = __ldg(reinterpret_cast<const uint4*>(kc + ko) + c);
+                vv = __ldg(reinterpret_cast<const uint4*>(vc + ko) + c);
+            }
+            *reinterpret_cast<uint4*>(&Ks[key * FA_LD + c * 8]) = kv;
+            *reinterpret_cast<uint4*>(&Vs[key * FA_LD + c * 8]) = vv;
+        }
+        __syncthreads();
+        float s[8][4];
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++) {
+            s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < FA_HD / 16; kk++) {
+                if (kk * 16 < hd) {
+                    const bf16_t* kr = &Ks[(ni * 8 + gq) * FA_LD + kk * 16 + 2 * t4];
+                    u32 b0 = *reinterpret_cast<const u32*>(kr), b1 = *reinterpret_cast<const u32*>(kr + 8);
+                    fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
+                    fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b0, b1);
+                }
+            }
+        }
+        float mxa = -INFINITY, mxb = -INFINITY;
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int key = kb + ni * 8 + 2 * t4 + e;
+                bool oka = va && key <= pa && key >= loa;
+                bool okb = vb && key <= pb && key >= lob;
+                s[ni][e] = oka ? s[ni][e] * scale : -INFINITY;
+                s[ni][2 + e] = okb ? s[ni][2 + e] * scale : -INFINITY;
+                mxa = fmaxf(mxa, s[ni][e]);
+                mxb = fmaxf(mxb, s[ni][2 + e]);
+            }
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
+        float nma = fmaxf(ma, mxa), nmb = fmaxf(mb, mxb);
+        float sa_ = nma == -INFINITY ? 0.f : nma, sb_ = nmb == -INFINITY ? 0.f : nmb;
+        float ca = expf(ma - sa_), cb = expf(mb - sb_);
+        ma = nma;
+        mb = nmb;
+        float suma = 0.f, sumb = 0.f;
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++) {
+            s[ni][0] = expf(s[ni][0] - sa_);
+            s[ni][1] = expf(s[ni][1] - sa_);
+            s[ni][2] = expf(s[ni][2] - sb_);
+            s[ni][3] = expf(s[ni][3] - sb_);
+            suma += s[ni][0] + s[ni][1];
+            sumb += s[ni][2] + s[ni][3];
+        }
+        suma += __shfl_xor_sync(0xffffffffu, suma, 1);
+        suma += __shfl_xor_sync(0xffffffffu, suma, 2);
+        sumb += __shfl_xor_sync(0xffffffffu, sumb, 1);
+        sumb += __shfl_xor_sync(0xffffffffu, sumb, 2);
+        la = la * ca + suma;
+        lb = lb * cb + sumb;
+#pragma unroll
+        for (int i = 0; i < FA_HD / 8; i++) {
+            o[i][0] *= ca;
+            o[i][1] *= ca;
+            o[i][2] *= cb;
+            o[i][3] *= cb;
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            u32 a0 = fa_pack(s[2 * j][0], s[2 * j][1]), a1 = fa_pack(s[2 * j][2], s[2 * j][3]);
+            u32 a2 = fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]), a3 = fa_pack(s[2 * j + 1][2], s[2 * j + 1][3]);
+            u32 l0 = fa_pack(s[2 * j][0] - bflo(a0), s[2 * j][1] - bfhi(a0));
+            u32 l1 = fa_pack(s[2 * j][2] - bflo(a1), s[2 * j][3] - bfhi(a1));
+            u32 l2 = fa_pack(s[2 * j + 1][0] - bflo(a2), s[2 * j + 1][1] - bfhi(a2));
+            u32 l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
+            int k0 = j * 16 + 2 * t4;
+#pragma unroll
+            for (int dn = 0; dn < FA_HD / 8; dn++) {
+                if (dn * 8 < hd) {
+                    int d = dn * 8 + gq;
+                    u32 b0 = (u32)Vs[k0 * FA_LD + d] | ((u32)Vs[(k0 + 1) * FA_LD + d] << 16);
+                    u32 b1 = (u32)Vs[(k0 + 8) * FA_LD + d] | ((u32)Vs[(k0 + 9) * FA_LD + d] << 16);
+                    fa_mma(o[dn], a0, a1, a2, a3, b0, b1);
+                    fa_mma(o[dn], l0, l1, l2, l3, b0, b1);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    float ia = la > 0.f ? 1.f / la : 0.f, ib = lb > 0.f ? 1.f / lb : 0.f;
+#pragma unroll
+    for (int dn = 0; dn < FA_HD / 8; dn++) {
+        if (dn * 8 < hd) {
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int d = dn * 8 + 2 * t4 + e;
+                if (va) {
+                    float v = o[dn][e] * ia;
+                    int m = r0 + ra;
+                    if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
+                    else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
+                    out[(size_t)m * ldo + h * hd + d] = v;
+                }
+                if (vb) {
+                    float v = o[dn][2 + e] * ib;
+                    int m = r0 + rb;
+                    if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
+                    else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
+                    out[(size_t)m * ldo + h * hd + d] = v;
+                }
+            }
+        }
+    }
+}

@@ -6,15 +6,15 @@
 // wts[m*K + k]. Ties go to the lower expert index.
 // With shared_slot, slot K of each row is the shared expert (stacked as expert E) with weight
 // 1/routed_scale, so the combine's scale brings it back to 1.
-extern "C" __global__ void router_topk(const float* logits, const float* bias, int E, int K, float softcap,
-                                       int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
-                                       int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
+__device__ void router_topk_row(int m, const float* logits, const float* bias, int E, int K, float softcap,
+                                int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
+                                int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
     int KK = K + shared_slot;
     __shared__ float sc[1024];
     __shared__ float sel[1024];
-    int m = blockIdx.x, lane = threadIdx.x;
+    int lane = threadIdx.x & 31;
     for (int e = lane; e < E; e += 32) {
-        float l = logits[(size_t)m * E + e];
+        float l = __ldcg(logits + (size_t)m * E + e);
         if (softcap > 0.f) l = tanhf(l / softcap) * softcap;
         float s = sigmoid_f(l);
         sc[e] = s;
@@ -62,12 +62,58 @@ extern "C" __global__ void router_topk(const float* logits, const float* bias, i
         if (lane == 0) meta[0] = KK;
     }
 }
+extern "C" __global__ void router_topk(const float* logits, const float* bias, int E, int K, float softcap,
+                                       int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
+                                       int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
+    router_topk_row(blockIdx.x, logits, bias, E, K, softcap, norm_topk, ids, wts, shared_slot, inv_scale, grp_expert,
+                    grp_start, grp_count, perm, meta);
+}
+// Single-row router: the BF16 router GEMV (same arithmetic as linear_bf16_1: x staged in shared
+// memory, 2 rows per warp) and, in the last block to finish, router_topk with the direct grouping
+// (one launch instead of two). `counter` is 0 on entry and left 0. grid ceil(E/16), block 256,
+// dynamic shared H floats.
+extern "C" __global__ void router_fused_1(const void* w, const float* x, float* logits, int H, int E,
+                                          unsigned* counter, const float* bias, int K, float softcap, int norm_topk,
+                                          int* ids, float* wts, int shared_slot, float inv_scale, int* grp_expert,
+                                          int* grp_start, int* grp_count, int* perm, int* meta) {
+    extern __shared__ float xs[];
+    __shared__ bool last;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = x[i];
+    __syncthreads();
+    int n = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
+    int lane = threadIdx.x & 31;
+    if (n < E) {
+        const float* xr[1] = {xs};
+        float a[1], b[1];
+        if (n + 1 < E) {
+            const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(w) + H);  // row n + 1
+            row_dot2<0, 1>(w, nullptr, 1.f, w2, nullptr, 1.f, n, H, xr, 1, a, b);
+        } else {
+            row_dot<0, 1>(w, nullptr, 1.f, n, H, xr, 1, a);
+        }
+        if (lane == 0) logits[n] = a[0];
+        if (lane == 1 && n + 1 < E) logits[n + 1] = b[0];
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (threadIdx.x < 32) {
+        router_topk_row(0, logits, bias, E, K, softcap, norm_topk, ids, wts, shared_slot, inv_scale, grp_expert,
+                        grp_start, grp_count, perm, meta);
+        if (threadIdx.x == 0) *counter = 0u;
+    }
+}
 
 // One block (1024 threads). Groups the S = M*K slots by expert: groups are the experts that got at
 // least one slot, in expert order; perm lists the slots of group g at grp_start[g]..+grp_count[g].
 // meta[0] = number of groups. Order inside a group is not fixed, but every slot's arithmetic is.
+// With tiles != nullptr it also lists 64-slot tiles of the groups for the grouped GEMMs:
+// tiles[2i] = group, tiles[2i+1] = first slot inside the group; meta[1] = number of tiles.
 extern "C" __global__ void moe_group(const int* ids, int S, int E, int* grp_expert, int* grp_start, int* grp_count,
-                                     int* perm, int* meta) {
+                                     int* perm, int* meta, int* tiles) {
     extern __shared__ int shm[];
     int* cnt = shm;       // E
     int* off = shm + E;   // E
@@ -77,7 +123,7 @@ extern "C" __global__ void moe_group(const int* ids, int S, int E, int* grp_expe
     __syncthreads();
     if (threadIdx.x < 32) {
         // Warp 0: exclusive scan of counts and compaction of non-empty experts, 32 at a time.
-        int lane = threadIdx.x, base = 0, gbase = 0;
+        int lane = threadIdx.x, base = 0, gbase = 0, tbase = 0;
         for (int e0 = 0; e0 < E; e0 += 32) {
             int e = e0 + lane;
             int c = e < E ? cnt[e] : 0;
@@ -95,10 +141,26 @@ extern "C" __global__ void moe_group(const int* ids, int S, int E, int* grp_expe
                 grp_start[gi] = excl;
                 grp_count[gi] = c;
             }
+            int nt = (c + 63) >> 6, tx = nt;
+            for (int o = 1; o < 32; o <<= 1) {
+                int y = __shfl_up_sync(0xffffffffu, tx, o);
+                if (lane >= o) tx += y;
+            }
+            if (tiles) {
+                int t0 = tbase + tx - nt;
+                for (int j = 0; j < nt; j++) {
+                    tiles[2 * (t0 + j)] = gi;
+                    tiles[2 * (t0 + j) + 1] = 64 * j;
+                }
+            }
             base += __shfl_sync(0xffffffffu, x, 31);
             gbase += __popc(bal);
+            tbase += __shfl_sync(0xffffffffu, tx, 31);
         }
-        if (lane == 0) meta[0] = gbase;
+        if (lane == 0) {
+            meta[0] = gbase;
+            meta[1] = tbase;
+        }
     }
     __syncthreads();
     for (int s = threadIdx.x; s < S; s += blockDim.x) {
@@ -242,4 +304,47 @@ extern "C" __global__ void moe_combine(float* x, const float* out, const float* 
     a *= scale;
     if (shared) a += shared[(size_t)m * H + n];
     x[(size_t)m * H + n] += a;
+}
+// moe_combine for row blockIdx.x followed by the next layer's input RMSNorm of the updated row
+// (one launch instead of two). Same arithmetic as moe_combine then rmsnorm with the same block
+// size, so results are bit-identical to the two-kernel form. Block as rmsnorm's.
+extern "C" __global__ void moe_combine_norm(float* x, const float* out, const float* wts, const float* shared, int H,
+                                            int K, float scale, const float* w, float* y, float eps) {
+    __shared__ float sh[32];
+    int m = blockIdx.x;
+    float* xr = x + (size_t)m * H;
+    float v[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int n = threadIdx.x + j * blockDim.x;
+        v[j] = 0.f;
+        if (n < H) {
+            float a = 0.f;
+            for (int k = 0; k < K; k++) a = fmaf(wts[m * K + k], out[((size_t)m * K + k) * H + n], a);
+            a *= scale;
+            if (shared) a += shared[(size_t)m * H + n];
+            float nv = xr[n] + a;
+            xr[n] = nv;
+            v[j] = nv;
+        }
+        ss += v[j] * v[j];
+    }
+    for (int n = threadIdx.x + 8 * blockDim.x; n < H; n += blockDim.x) {
+        float a = 0.f;
+        for (int k = 0; k < K; k++) a = fmaf(wts[m * K + k], out[((size_t)m * K + k) * H + n], a);
+        a *= scale;
+        if (shared) a += shared[(size_t)m * H + n];
+        float nv = xr[n] + a;
+        xr[n] = nv;
+        ss += nv * nv;
+    }
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int n = threadIdx.x + j * blockDim.x;
+        if (n < H) y[(size_t)m * H + n] = w[n] * (v[j] * inv);
+    }
+    for (int n = threadIdx.x + 8 * blockDim.x; n < H; n += blockDim.x) y[(size_t)m * H + n] = w[n] * (xr[n] * inv);
 }

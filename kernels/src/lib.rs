@@ -21,12 +21,13 @@ pub struct KernelModule {
 pub const MODULES: &[KernelModule] = &[
     KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm"] },
     KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "silu_mul"] },
-    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_merge"] },
+    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_merge", "attention_prefill"] },
     KernelModule {
         name: "moe",
         source: include_str!("../cu/moe.cu"),
         entries: &[
             "router_topk",
+            "router_fused_1",
             "moe_group",
             "moe_gate_up_bf16",
             "moe_gate_up_fp4",
@@ -37,7 +38,13 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_bf16_1",
             "moe_down_fp4_1",
             "moe_combine",
+            "moe_combine_norm",
         ],
+    },
+    KernelModule {
+        name: "gemm",
+        source: include_str!("../cu/gemm.cu"),
+        entries: &["split_bf16", "gemm_bf16", "gemm_fp4", "gemm_bf16_x2", "gemm_fp4_x2", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp4", "moe_gemm_down_bf16", "moe_gemm_down_fp4"],
     },
     KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4"] },
 ];

@@ -71,8 +71,13 @@ struct Row {
     note: String,
 }
 
-fn check_one(dir: &Path, tol: f64) -> Result<Row> {
-    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+/// Kernel regimes checked: every pass on the f32 weight-streaming kernels ("gemv"), and every pass
+/// (decode steps too) on the tensor-core GEMMs ("gemm"). Production mixes them by pass size
+/// (`CudaOptions::gemm_min_rows`); each regime is batch-invariant on its own.
+const MODES: &[(&str, usize)] = &[("gemv", usize::MAX), ("gemm", 1)];
+
+fn check_one(dir: &Path, tol: f64, mode: (&str, usize)) -> Result<Row> {
+    let name = format!("{} [{}]", dir.file_name().unwrap().to_string_lossy(), mode.0);
     let reff = dir.join("reference.safetensors");
     let prompt = read_ids(&reff, "prompt_ids")?;
     let greedy = read_ids(&reff, "greedy_ids")?;
@@ -83,7 +88,7 @@ fn check_one(dir: &Path, tol: f64) -> Result<Row> {
     let cs = cpu.new_seq()?;
     let cref = cpu.forward(&[StepInput { seq: cs, tokens: &all, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
 
-    let opts = CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, ..Default::default() };
+    let opts = CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, gemm_min_rows: mode.1, ..Default::default() };
     let mut cu = CudaModel::load(dir, opts).context("cuda load")?;
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
@@ -164,15 +169,16 @@ pub fn run(a: Args) -> Result<()> {
     }
     dirs.sort();
     let mut rows = vec![];
-    for d in &dirs {
-        match check_one(d, a.tol) {
+    for d in dirs.iter().flat_map(|d| MODES.iter().map(move |m| (d, *m))) {
+        let (d, mode) = d;
+        match check_one(d, a.tol, mode) {
             Ok(r) => {
                 println!("{}: pass-err {:.3e} decode-err {:.3e} batch-invariant {} greedy {} {} -> {}", r.name, r.err_pass, r.err_decode, r.batch_inv, r.greedy, r.note, if r.ok { "OK" } else { "FAIL" });
                 rows.push(r)
             }
             Err(e) => {
                 println!("{}: ERROR {e:#}", d.display());
-                rows.push(Row { name: d.file_name().unwrap().to_string_lossy().into(), rows: 0, err_pass: f64::NAN, err_decode: f64::NAN, batch_inv: false, greedy: "-".into(), ok: false, note: format!("{e:#}").chars().take(80).collect() });
+                rows.push(Row { name: format!("{} [{}]", d.file_name().unwrap().to_string_lossy(), mode.0), rows: 0, err_pass: f64::NAN, err_decode: f64::NAN, batch_inv: false, greedy: "-".into(), ok: false, note: format!("{e:#}").chars().take(80).collect() });
             }
         }
     }

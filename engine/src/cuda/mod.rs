@@ -37,6 +37,10 @@ pub struct CudaOptions {
     pub progress: bool,
     /// Replay single-row decode steps from a captured CUDA graph.
     pub graphs: bool,
+    /// Passes of at least this many rows run the dense and expert projections as tensor-core
+    /// GEMMs (weights read once per 64-row tile, activations rounded to BF16); smaller passes use
+    /// the f32 weight-streaming kernels. Rows are bitwise batch-invariant within each regime.
+    pub gemm_min_rows: usize,
 }
 
 impl Default for CudaOptions {
@@ -48,6 +52,7 @@ impl Default for CudaOptions {
             max_rows: 2048,
             progress: true,
             graphs: true,
+            gemm_min_rows: 32,
         }
     }
 }
@@ -146,6 +151,15 @@ struct Scratch {
     grp_c: u64,
     perm: u64,
     meta: u64,
+    tiles: u64,
+    /// Block counter of router_fused_1 (0 between launches).
+    rcount: u64,
+    moe_gu: u64,
+    /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
+    xs: u64,
+    /// Query tiles of the pass for attention_prefill: (first row, rows) pairs, and their count.
+    atiles: u64,
+    natiles: std::cell::Cell<usize>,
     moe_act: u64,
     moe_out: u64,
     tokens: u64,
@@ -197,6 +211,10 @@ pub struct CudaModel {
     pub load_secs: f64,
     graph: Option<device::Graph>,
     graph_failed: bool,
+    /// Fused single-row launches (router_fused_1, moe_combine_norm): opt-in with env LAGUNA_FUSE.
+    /// Off by default: fewer launches but single-block kernels, 194 vs 202.5 tok/s on the H200
+    /// (docs/PERF.md, run 13).
+    fuse: bool,
     /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
     fprof: Option<device::Prof>,
 }
@@ -614,7 +632,7 @@ impl CudaModel {
         let per_page = page_size * kvw * 2 * 2 * cfg.num_layers;
         let (free, _total) = dev.mem_info().map_err(cerr)?;
         let scratch_est =
-            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (im + h) + 8) + lrows * (h + cfg.vocab_size) * 4;
+            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8) + lrows * (h + cfg.vocab_size) * 4;
         let pool = opts
             .kv_pool_bytes
             .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
@@ -641,6 +659,12 @@ impl CudaModel {
             grp_c: a(4 * r * kk)?,
             perm: a(4 * r * kk)?,
             meta: a(16)?,
+            tiles: a(8 * (r * kk / 64 + e + 2))?,
+            rcount: a(16)?,
+            atiles: a(8 * (r / 64 + r.min(64) + 2))?,
+            natiles: std::cell::Cell::new(0),
+            moe_gu: a(f * r * kk * 2 * im)?,
+            xs: a(4 * r * h.max(max_qw).max(inter).max(kk * im))?,
             moe_act: a(f * r * kk * im)?,
             moe_out: a(f * r * kk * h)?,
             tokens: a(4 * r)?,
@@ -655,6 +679,7 @@ impl CudaModel {
             amax: a(4 * lrows)?,
             part: a(f * SPLIT_ROWS.min(r) * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1) * NSPLIT * (hd + 2))?,
         };
+        dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
         let mut layers = layers;
         let layer_kv = num_pages * page_size * kvw * 2;
         if layer_kv / 2 >= u32::MAX as usize {
@@ -690,6 +715,7 @@ impl CudaModel {
             load_secs: t0.elapsed().as_secs_f64(),
             graph: None,
             graph_failed: false,
+            fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
             fprof: None,
         })
     }
@@ -774,10 +800,15 @@ impl CudaModel {
             b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
         })
         .map_err(cerr)?;
+        // The previous layer's MoE combine already wrote this layer's input norm into hn.
+        let mut normed = false;
         for (li, l) in self.layers.iter().enumerate() {
             let nh = l.nh;
             let qw = nh * hd;
-            self.rmsnorm(prof, sc.x, 0, l.input_norm, sc.hn, m, h, eps)?;
+            if !normed {
+                self.rmsnorm(prof, sc.x, 0, l.input_norm, sc.hn, m, h, eps)?;
+            }
+            normed = false;
             let gw = l.g.map_or(0, |g| g.n);
             let (qp, kp, vp, gp, ldq, ldkv, ldg) = if let Some(f) = &l.qkvg {
                 self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
@@ -834,6 +865,33 @@ impl CudaModel {
             // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
             // depends on its own length only.
             let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
+            let flash = m >= self.opts.gemm_min_rows && hd % 16 == 0 && hd <= 128 && nh % nkv == 0;
+            if flash {
+                d.launch_p(prof, "attention_prefill", (sc.natiles.get() as u32, nh as u32, 1), (128, 1, 1), 0, |b| {
+                    b.u64(qp)
+                        .i32(ldq as i32)
+                        .u64(sc.attn)
+                        .i32(qw as i32)
+                        .u64(l.kc)
+                        .u64(l.vc)
+                        .u64(sc.pos)
+                        .u64(sc.seqrow)
+                        .u64(sc.bt)
+                        .i32(self.max_pages as i32)
+                        .i32(self.page_size as i32)
+                        .i32(nh as i32)
+                        .i32(nkv as i32)
+                        .i32(hd as i32)
+                        .i32(l.window as i32)
+                        .u64(l.sink)
+                        .u64(gp)
+                        .i32(ldg as i32)
+                        .i32(gate_mode)
+                        .f32((1.0 / (hd as f64).sqrt()) as f32)
+                        .u64(sc.atiles);
+                })
+                .map_err(cerr)?;
+            } else {
             d.launch_p(prof, "attention", (m as u32, nh as u32, nsplit as u32), (ablk, 1, 1), 0, |b| {
                 b.u64(qp)
                     .i32(ldq as i32)
@@ -876,6 +934,7 @@ impl CudaModel {
                 })
                 .map_err(cerr)?;
             }
+            }
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
             self.rmsnorm(prof, sc.x, 0, l.post_norm, sc.hn, m, h, eps)?;
             match &l.mlp {
@@ -894,7 +953,33 @@ impl CudaModel {
                     let kk = k + *folded as usize;
                     let ne = e + *folded as usize;
                     // One row: the router writes the expert groups itself (no moe_group launch).
-                    let direct = m == 1 && kk <= 32;
+                    let gemm = m >= self.opts.gemm_min_rows;
+                    let direct = m == 1 && kk <= 32 && !gemm;
+                    if self.fuse && direct && !router.fp4 && h * 4 <= 48 * 1024 {
+                        // One launch: router GEMV + top-k + grouping (same arithmetic as the pair).
+                        d.launch_p(prof, "router_fused_1", (ceil_div(e, 16) as u32, 1, 1), (256, 1, 1), (h * 4) as u32, |b| {
+                            b.u64(router.w)
+                                .u64(sc.hn)
+                                .u64(sc.rlog)
+                                .i32(h as i32)
+                                .i32(e as i32)
+                                .u64(sc.rcount)
+                                .u64(*bias)
+                                .i32(k as i32)
+                                .f32(cfg.router_softcap as f32)
+                                .i32(cfg.norm_topk_prob as i32)
+                                .u64(sc.ids)
+                                .u64(sc.wts)
+                                .i32(*folded as i32)
+                                .f32((1.0 / cfg.routed_scaling_factor) as f32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta);
+                        })
+                        .map_err(cerr)?;
+                    } else {
                     self.linear(prof, "router", router, sc.hn, h, sc.rlog, e, m, false)?;
                     d.launch_p(prof, "router_topk", (m as u32, 1, 1), (32, 1, 1), 0, |b| {
                         b.u64(sc.rlog)
@@ -914,6 +999,7 @@ impl CudaModel {
                         }
                     })
                     .map_err(cerr)?;
+                    }
                     let s = m * kk;
                     if !direct {
                         d.launch_p(
@@ -930,13 +1016,63 @@ impl CudaModel {
                                     .u64(sc.grp_s)
                                     .u64(sc.grp_c)
                                     .u64(sc.perm)
-                                    .u64(sc.meta);
+                                    .u64(sc.meta)
+                                    .u64(if gemm { sc.tiles } else { 0 });
                             },
                         )
                         .map_err(cerr)?;
                     }
                     let groups = s.min(ne) as u32;
                     let im = cfg.moe_intermediate_size;
+                    if gemm {
+                        let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
+                        let gu_name = if experts.gate.fp4 { "moe_gemm_gate_up_fp4" } else { "moe_gemm_gate_up_bf16" };
+                        self.split(prof, sc.hn, h, m, h)?;
+                        d.launch_p(prof, gu_name, (ceil_div(2 * im, 64) as u32, max_tiles, 1), (128, 1, 1), 0, |b| {
+                            b.u64(experts.gate.w)
+                                .u64(experts.gate.s)
+                                .u64(experts.gate.inv)
+                                .u64(experts.up.w)
+                                .u64(experts.up.s)
+                                .u64(experts.up.inv)
+                                .u64(sc.xs)
+                                .u64((m * h) as u64)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .i32(kk as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.tiles)
+                                .u64(sc.moe_gu);
+                        })
+                        .map_err(cerr)?;
+                        d.launch_p(prof, "silu_mul", (ceil_div(im, 256) as u32, s as u32, 1), (256, 1, 1), 0, |b| {
+                            b.u64(sc.moe_gu).u64(sc.moe_act).i32(s as i32).i32(im as i32);
+                        })
+                        .map_err(cerr)?;
+                        let dn_name = if experts.down.fp4 { "moe_gemm_down_fp4" } else { "moe_gemm_down_bf16" };
+                        self.split(prof, sc.moe_act, im, s, im)?;
+                        d.launch_p(prof, dn_name, (ceil_div(h, 64) as u32, max_tiles, 1), (128, 1, 1), 0, |b| {
+                            b.u64(experts.down.w)
+                                .u64(experts.down.s)
+                                .u64(experts.down.inv)
+                                .u64(sc.xs)
+                                .u64((s * im) as u64)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.tiles)
+                                .u64(sc.moe_out);
+                        })
+                        .map_err(cerr)?;
+                    } else {
                     let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
                     let gu_name = match (experts.gate.fp4, one) {
                         (true, false) => "moe_gate_up_fp4",
@@ -998,12 +1134,30 @@ impl CudaModel {
                         },
                     )
                     .map_err(cerr)?;
+                    }
                     let sh = if let Some((a, b2, c)) = shared {
                         self.ffn(prof, a, b2, c, m, sc.shared_out, false)?;
                         sc.shared_out
                     } else {
                         0
                     };
+                    if let Some(next) = self.layers.get(li + 1).filter(|_| self.fuse) {
+                        let blk = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+                        d.launch_p(prof, "moe_combine_norm", (m as u32, 1, 1), (blk, 1, 1), 0, |b| {
+                            b.u64(sc.x)
+                                .u64(sc.moe_out)
+                                .u64(sc.wts)
+                                .u64(sh)
+                                .i32(h as i32)
+                                .i32(kk as i32)
+                                .f32(cfg.routed_scaling_factor as f32)
+                                .u64(next.input_norm)
+                                .u64(sc.hn)
+                                .f32(eps);
+                        })
+                        .map_err(cerr)?;
+                        normed = true;
+                    } else {
                     d.launch_p(prof, "moe_combine", (ceil_div(h, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
                         b.u64(sc.x)
                             .u64(sc.moe_out)
@@ -1014,6 +1168,7 @@ impl CudaModel {
                             .f32(cfg.routed_scaling_factor as f32);
                     })
                     .map_err(cerr)?;
+                    }
                 }
             }
             if let Some(f) = after.as_mut() {
@@ -1021,6 +1176,16 @@ impl CudaModel {
             }
         }
         Ok(())
+    }
+
+    /// x (f32 [m, k], row stride ldx) -> sc.xs as BF16 hi [m, k] then lo [m, k].
+    fn split(&self, prof: &mut Option<device::Prof>, x: u64, ldx: usize, m: usize, k: usize) -> Result<()> {
+        let xs = self.sc.xs;
+        self.dev
+            .launch_p(prof, "split_bf16", (ceil_div(k, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
+                b.u64(x).i32(ldx as i32).i32(m as i32).i32(k as i32).u64(xs);
+            })
+            .map_err(cerr)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1052,6 +1217,33 @@ impl CudaModel {
         m: usize,
         acc: bool,
     ) -> Result<()> {
+        if m >= self.opts.gemm_min_rows {
+            // The router keeps ~f32 precision (hi + lo BF16 split) so top-k picks match the reference.
+            let name = match (l.fp4, tag == "router") {
+                (false, false) => "gemm_bf16",
+                (true, false) => "gemm_fp4",
+                (false, true) => "gemm_bf16_x2",
+                (true, true) => "gemm_fp4_x2",
+            };
+            let grid = (ceil_div(l.n, 64) as u32, ceil_div(m, 64) as u32, 1);
+            self.split(prof, x, ldx, m, l.k)?;
+            return self
+                .dev
+                .launch_p(prof, name, grid, (128, 1, 1), 0, |b| {
+                    b.u64(l.w)
+                        .u64(l.s)
+                        .f32(l.inv_gs)
+                        .u64(self.sc.xs)
+                        .i32(ldx as i32)
+                        .u64(y)
+                        .i32(ldy as i32)
+                        .i32(m as i32)
+                        .i32(l.n as i32)
+                        .i32(l.k as i32)
+                        .i32(acc as i32);
+                })
+                .map_err(cerr);
+        }
         let one = m == 1 && l.k * 4 <= 48 * 1024;
         let name = match (l.fp4, one) {
             (false, false) => "linear_bf16",
@@ -1132,6 +1324,23 @@ impl CudaModel {
         self.dev.htod(sc.tokens, as_bytes(tokens)).map_err(cerr)?;
         self.dev.htod(sc.pos, as_bytes(pos)).map_err(cerr)?;
         self.dev.htod(sc.seqrow, as_bytes(seqrow)).map_err(cerr)?;
+        // Query tiles: runs of consecutive positions of one sequence, at most 64 rows each.
+        let mut tl: Vec<i32> = vec![];
+        for i in 0..tokens.len() {
+            let n = tl.len();
+            let cont = n >= 2 && {
+                let (r0, c) = (tl[n - 2] as usize, tl[n - 1] as usize);
+                c < 64 && r0 + c == i && seqrow[r0] == seqrow[i] && pos[r0] + c as i32 == pos[i]
+            };
+            if cont {
+                tl[n - 1] += 1;
+            } else {
+                tl.push(i as i32);
+                tl.push(1);
+            }
+        }
+        self.dev.htod(sc.atiles, as_bytes(&tl)).map_err(cerr)?;
+        sc.natiles.set(tl.len() / 2);
         self.dev.htod(sc.bt, as_bytes(bt)).map_err(cerr)
     }
 

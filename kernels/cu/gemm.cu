@@ -1,0 +1,325 @@
+// Tensor-core GEMMs for multi-row passes (prefill, long verification): Y[r, n] (+)= scale_n *
+// sum_k W[n, k] X[r, k], BF16 mma.sync m16n8k16 with f32 accumulation. Weights are read once per
+// tile of 64 rows (not once per row). X (f32) is split into BF16 hi + lo in shared memory; NVFP4 weights
+// are dequantised exactly to BF16 (E2M1 x E4M3 fits in 8 significant bits); the per-matrix
+// 1/global-scale is applied to the f32 result.
+//
+// Batch invariance: an output element's arithmetic is the K loop in fixed 32-wide steps through
+// the same mma fragments whatever the tile it sits in, so a row's result does not depend on which
+// other rows share its pass or tile.
+//
+// Block 128 threads (4 warps, 2 x 2, each 32 x 32), tile 64 rows x 64 outputs x 64 K; the next K
+// step's global loads are in flight (registers) while the current one computes.
+#define GM 64
+#define GN 64
+#define GK 64
+#define GLD 72  // shared row stride in bf16 (144 bytes: 16-byte aligned, conflict-free fragments)
+
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+// Two floats that are exactly representable in BF16 (E2M1 x E4M3 products).
+__device__ __forceinline__ u32 pack_exact(float lo, float hi) { return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632); }
+
+// x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K).
+// grid (ceil(K/256), M), block 256.
+extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi) {
+    int k = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    if (k >= K) return;
+    float v = x[(size_t)m * ldx + k];
+    bf16_t h = f2bf(v);
+    hi[(size_t)m * K + k] = h;
+    hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
+}
+
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Rows of the tile: arow[r] (row of X, -1 = none) and yrow[r] (row of Y) are set by the caller in
+// shared memory. Outputs n < N1 come from (w1, s1, sc1), n >= N1 from (w2, s2, sc2) at n - N1.
+// SPLIT (default on): X is carried as hi + lo BF16 pairs (two mma per fragment), ~16 significant
+// bits, so results stay within f32-kernel error of the reference: with X rounded to BF16 alone the
+// residual stream drifts enough to flip near-tied router top-k picks on the fixtures.
+template <int FMT, int SPLIT = 1>
+__device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
+                          int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
+                          int accumulate, int n0) {
+    __shared__ __align__(16) bf16_t As[GM * GLD];
+    __shared__ __align__(16) bf16_t Al[SPLIT ? GM * GLD : 8];
+    __shared__ __align__(16) bf16_t Bs[GN * GLD];
+    __shared__ float lut[16];
+    if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
+    __syncthreads();
+    int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t = lane & 3;
+    float acc[2][4][4];
+#pragma unroll
+    for (int i = 0; i < 2; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
+    constexpr int AV = GM * GK / 8 / 128;                  // uint4 of X (hi, and lo) per thread (4)
+    const bf16_t* XL = X + xlo;
+    constexpr int BV = FMT == 0 ? GN * GK / 8 / 128 : 2;   // uint4 (BF16) or 16-code blocks (NVFP4)
+    constexpr int BR = FMT == 0 ? BV : 1;                  // weight rows this thread loads
+    // B row pointers of this thread (fixed over K).
+    const u8* brow[BR];
+    const u8* srow[BR];
+    bool bval[BR];
+#pragma unroll
+    for (int j = 0; j < BR; j++) {
+        int row = FMT == 0 ? ((tid + 128 * j) / (GK / 8)) : (tid >> 1);
+        int n = n0 + row;
+        bval[j] = n < N;
+        int nn = n < N1 ? n : n - N1;
+        const u8* wb = n < N1 ? w1 : w2;
+        const u8* sb = n < N1 ? s1 : s2;
+        if (!bval[j]) { nn = 0; wb = w1; sb = s1; }
+        brow[j] = wb + (size_t)nn * (FMT == 0 ? (size_t)K * 2 : (size_t)K / 2);
+        srow[j] = FMT == 1 ? sb + (size_t)nn * (K / 16) : nullptr;
+    }
+    // Global loads of the next K step go to registers while the current step computes.
+    uint4 ra[AV], rl[AV];
+    uint4 rb4[FMT == 0 ? BV : 1];
+    uint2 rbc[FMT == 1 ? BV : 1];
+    u8 rbs[FMT == 1 ? BV : 1];
+    auto gload = [&](int k0) {
+#pragma unroll
+        for (int j = 0; j < AV; j++) {
+            int idx = tid + 128 * j;
+            int r = idx / (GK / 8), c = (idx % (GK / 8)) * 8;
+            int ar = arow[r];
+            ra[j] = make_uint4(0, 0, 0, 0);
+            rl[j] = ra[j];
+            if (ar >= 0 && k0 + c < K) {
+                ra[j] = *reinterpret_cast<const uint4*>(X + (size_t)ar * ldx + k0 + c);
+                if (SPLIT) rl[j] = *reinterpret_cast<const uint4*>(XL + (size_t)ar * ldx + k0 + c);
+            }
+        }
+        if (FMT == 0) {
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + 128 * j;
+                int c = (idx % (GK / 8)) * 8;
+                rb4[j] = make_uint4(0, 0, 0, 0);
+                if (bval[j] && k0 + c < K) rb4[j] = __ldg(reinterpret_cast<const uint4*>(brow[j] + (size_t)(k0 + c) * 2));
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int kb = k0 + 16 * ((tid & 1) + 2 * j);
+                rbc[j] = make_uint2(0, 0);
+                rbs[j] = 0;
+                if (bval[0] && kb < K) {
+                    rbc[j] = __ldg(reinterpret_cast<const uint2*>(brow[0] + (kb >> 1)));
+                    rbs[j] = srow[0][kb >> 4];
+                }
+            }
+        }
+    };
+    auto sstore = [&]() {
+#pragma unroll
+        for (int j = 0; j < AV; j++) {
+            int idx = tid + 128 * j;
+            int r = idx / (GK / 8), c = (idx % (GK / 8)) * 8;
+            *reinterpret_cast<uint4*>(&As[r * GLD + c]) = ra[j];
+            if (SPLIT) *reinterpret_cast<uint4*>(&Al[r * GLD + c]) = rl[j];
+        }
+        if (FMT == 0) {
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int idx = tid + 128 * j;
+                int r = idx / (GK / 8), c = (idx % (GK / 8)) * 8;
+                *reinterpret_cast<uint4*>(&Bs[r * GLD + c]) = rb4[j];
+            }
+        } else {
+            int r = tid >> 1;
+#pragma unroll
+            for (int j = 0; j < BV; j++) {
+                int b = (tid & 1) + 2 * j;
+                u32 q[8];
+                float sc = e4m3u(rbs[j]);
+                uint2 codes = rbc[j];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    u32 byte0 = (codes.x >> (8 * i)) & 0xffu, byte1 = (codes.y >> (8 * i)) & 0xffu;
+                    q[i] = pack_exact(lut[byte0 & 15u] * sc, lut[byte0 >> 4] * sc);
+                    q[4 + i] = pack_exact(lut[byte1 & 15u] * sc, lut[byte1 >> 4] * sc);
+                }
+                uint4* dst = reinterpret_cast<uint4*>(&Bs[r * GLD + 16 * b]);
+                dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
+                dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
+            }
+        }
+    };
+    gload(0);
+    for (int k0 = 0; k0 < K; k0 += GK) {
+        sstore();
+        __syncthreads();
+        if (k0 + GK < K) gload(k0 + GK);
+#pragma unroll
+        for (int kk = 0; kk < GK; kk += 16) {
+            u32 a[2][4], bb[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++) {
+                int rb = wm * 32 + mi * 16 + g;
+                a[mi][0] = *reinterpret_cast<const u32*>(&As[rb * GLD + kk + 2 * t]);
+                a[mi][1] = *reinterpret_cast<const u32*>(&As[(rb + 8) * GLD + kk + 2 * t]);
+                a[mi][2] = *reinterpret_cast<const u32*>(&As[rb * GLD + kk + 2 * t + 8]);
+                a[mi][3] = *reinterpret_cast<const u32*>(&As[(rb + 8) * GLD + kk + 2 * t + 8]);
+            }
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                int nb = wn * 32 + ni * 8 + g;
+                bb[ni][0] = *reinterpret_cast<const u32*>(&Bs[nb * GLD + kk + 2 * t]);
+                bb[ni][1] = *reinterpret_cast<const u32*>(&Bs[nb * GLD + kk + 2 * t + 8]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < 4; ni++)
+                    mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
+            if (SPLIT) {
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    int rb = wm * 32 + mi * 16 + g;
+                    a[mi][0] = *reinterpret_cast<const u32*>(&Al[rb * GLD + kk + 2 * t]);
+                    a[mi][1] = *reinterpret_cast<const u32*>(&Al[(rb + 8) * GLD + kk + 2 * t]);
+                    a[mi][2] = *reinterpret_cast<const u32*>(&Al[rb * GLD + kk + 2 * t + 8]);
+                    a[mi][3] = *reinterpret_cast<const u32*>(&Al[(rb + 8) * GLD + kk + 2 * t + 8]);
+                }
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++)
+                        mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = wm * 32 + mi * 16 + g + 8 * h;
+            int yr = yrow[r];
+            if (yr < 0) continue;
+            float* yp = Y + (size_t)yr * ldy;
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int n = n0 + wn * 32 + ni * 8 + 2 * t + e;
+                    if (n >= N) continue;
+                    float v = acc[mi][ni][2 * h + e] * (n < N1 ? sc1 : sc2);
+                    yp[n] = accumulate ? yp[n] + v : v;
+                }
+        }
+}
+
+// Dense Linear over M rows. grid (ceil(N/64), ceil(M/64)), block 128.
+template <int FMT, int SPLIT = 1>
+__device__ void gemm_dense(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M,
+                           int N, int K, int accumulate) {
+    __shared__ int arow[GM], yrow[GM];
+    int m0 = blockIdx.y * GM;
+    if (threadIdx.x < GM) {
+        int r = m0 + threadIdx.x;
+        arow[threadIdx.x] = r < M ? r : -1;
+        yrow[threadIdx.x] = r < M ? r : -1;
+    }
+    __syncthreads();
+    const u8* wb = reinterpret_cast<const u8*>(w);
+    gemm_tile<FMT, SPLIT>(wb, s, inv_gs, wb, s, inv_gs, N, N, K, x, (size_t)M * K, K, arow, yrow, y, ldy, accumulate, blockIdx.x * GN);
+}
+extern "C" __global__ __launch_bounds__(128) void gemm_bf16(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+    gemm_dense<0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
+extern "C" __global__ __launch_bounds__(128) void gemm_bf16_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+    gemm_dense<0, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
+extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+    gemm_dense<1, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
+extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+    gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
+
+// Grouped experts. tiles[2*i] = group, tiles[2*i+1] = first slot of the tile inside the group;
+// meta[1] = number of tiles (written by moe_group). grid (ceil(N/64), upper bound of tiles).
+// gate_up: N = 2I (gate then up), gu[slot, 0..2I); down: N = H, out[slot, 0..H).
+template <int FMT>
+__device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const int* perm, const int* meta,
+                              const int* tiles, int adiv, int* arow, int* yrow, int* g_out) {
+    int ti = blockIdx.y;
+    if (ti >= meta[1]) return false;
+    int g = tiles[2 * ti], off = tiles[2 * ti + 1];
+    int st = grp_start[g], cn = grp_count[g];
+    if (threadIdx.x < GM) {
+        int r = off + threadIdx.x;
+        int slot = r < cn ? perm[st + r] : -1;
+        arow[threadIdx.x] = slot >= 0 ? slot / adiv : -1;
+        yrow[threadIdx.x] = slot;
+    }
+    __syncthreads();
+    *g_out = g;
+    return true;
+}
+template <int FMT>
+__device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                 const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
+                                 const int* grp_start, const int* grp_count, const int* perm, const int* meta,
+                                 const int* tiles, float* gu) {
+    __shared__ int arow[GM], yrow[GM];
+    int g;
+    if (!moe_tile_rows<FMT>(grp_start, grp_count, perm, meta, tiles, KK, arow, yrow, &g)) return;
+    int e = grp_expert[g];
+    size_t wstride = FMT == 0 ? (size_t)I * H * 2 : (size_t)I * H / 2;
+    size_t sstride = (size_t)I * (H / 16);
+    const u8* gwe = reinterpret_cast<const u8*>(gw) + e * wstride;
+    const u8* uwe = reinterpret_cast<const u8*>(uw) + e * wstride;
+    const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
+    const u8* use = FMT == 1 ? us + e * sstride : nullptr;
+    float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
+    gemm_tile<FMT>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * GN);
+}
+template <int FMT>
+__device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
+                              const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
+                              const int* meta, const int* tiles, float* out) {
+    __shared__ int arow[GM], yrow[GM];
+    int g;
+    if (!moe_tile_rows<FMT>(grp_start, grp_count, perm, meta, tiles, 1, arow, yrow, &g)) return;
+    int e = grp_expert[g];
+    size_t wstride = FMT == 0 ? (size_t)H * I * 2 : (size_t)H * I / 2;
+    const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+    const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
+    float di = FMT == 1 ? dinv[e] : 1.f;
+    gemm_tile<FMT>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * GN);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                                 const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
+                                                 const int* gst, const int* gc, const int* perm, const int* meta,
+                                                 const int* tiles, float* gu) {
+    moe_gemm_gate_up<0>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                                const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
+                                                const int* gst, const int* gc, const int* perm, const int* meta,
+                                                const int* tiles, float* gu) {
+    moe_gemm_gate_up<1>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
+                                              const int* ge, const int* gst, const int* gc, const int* perm,
+                                              const int* meta, const int* tiles, float* out) {
+    moe_gemm_down<0>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
+                                             const int* ge, const int* gst, const int* gc, const int* perm,
+                                             const int* meta, const int* tiles, float* out) {
+    moe_gemm_down<1>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
+}
