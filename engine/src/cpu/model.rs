@@ -80,11 +80,27 @@ pub struct Layer {
 }
 
 /// Per-sequence K/V: for each layer, rows of `kv_heads * head_dim` per position.
-#[derive(Default, Clone)]
+#[derive(Default, Clone, Debug)]
 pub struct SeqKv {
     pub k: Vec<Vec<f32>>,
     pub v: Vec<Vec<f32>>,
     pub len: usize,
+}
+
+impl SeqKv {
+    pub fn with_layers(layers: usize) -> SeqKv {
+        SeqKv { k: vec![vec![]; layers], v: vec![vec![]; layers], len: 0 }
+    }
+
+    /// Keep positions `[0, len)`; `row` is the width of one position's K (or V) row.
+    pub fn truncate(&mut self, len: usize, row: usize) {
+        if len < self.len {
+            for l in self.k.iter_mut().chain(self.v.iter_mut()) {
+                l.truncate(len * row);
+            }
+            self.len = len;
+        }
+    }
 }
 
 pub struct CpuModel {
@@ -324,12 +340,7 @@ impl Model for CpuModel {
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
         if let Some(s) = self.seqs.get_mut(&seq) {
-            if len < s.len {
-                for l in s.k.iter_mut().chain(s.v.iter_mut()) {
-                    l.truncate(len * row);
-                }
-                s.len = len;
-            }
+            s.truncate(len, row);
         }
     }
     fn set_taps(&mut self, layers: &[usize]) {

@@ -37,13 +37,9 @@ pub struct DraftLayer {
     pub num_heads: usize,
 }
 
-/// Context K/V of one sequence: per layer, rows of `kv_heads * head_dim` per position.
-#[derive(Default, Clone, Debug)]
-pub struct DraftKv {
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
-    pub len: usize,
-}
+/// Context K/V of one sequence (per layer, rows of `kv_heads * head_dim` per position): the same
+/// store as the CPU target's.
+pub type DraftKv = crate::cpu::model::SeqKv;
 
 pub struct CpuDraft {
     pub cfg: DraftConfig,
@@ -302,7 +298,7 @@ impl DraftModel for CpuDraft {
         let id = self.next_id;
         self.next_id += 1;
         let l = self.cfg.num_layers;
-        self.seqs.insert(id, DraftKv { k: vec![vec![]; l], v: vec![vec![]; l], len: 0 });
+        self.seqs.insert(id, DraftKv::with_layers(l));
         Ok(id)
     }
     fn free_seq(&mut self, seq: SeqId) {
@@ -314,12 +310,7 @@ impl DraftModel for CpuDraft {
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
         if let Some(s) = self.seqs.get_mut(&seq) {
-            if len < s.len {
-                for l in s.k.iter_mut().chain(s.v.iter_mut()) {
-                    l.truncate(len * row);
-                }
-                s.len = len;
-            }
+            s.truncate(len, row);
         }
     }
     fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {

@@ -260,7 +260,7 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
     }
 }
 
-fn finish_reason(reason: FinishReason, tools: bool) -> &'static str {
+pub(super) fn finish_reason(reason: FinishReason, tools: bool) -> &'static str {
     if tools {
         return "tool_calls";
     }
@@ -270,7 +270,7 @@ fn finish_reason(reason: FinishReason, tools: bool) -> &'static str {
     }
 }
 
-fn stop_reason_json(s: &Option<StopReason>) -> Json {
+pub(super) fn stop_reason_json(s: &Option<StopReason>) -> Json {
     match s {
         Some(StopReason::TokenId(t)) => json!(t),
         Some(StopReason::Text(t)) => json!(t),

@@ -3,7 +3,7 @@ use super::errors::ApiError;
 use super::openai::{now_secs, parse_body, random_id, usage_json, validate_common, CompletionRequest, PromptField};
 use super::sse;
 use super::state::{clamp, AppState};
-use laguna_engine::sched::{Event, FinishReason, GenRequest, RequestStream, StopReason, TokenLogprob};
+use laguna_engine::sched::{Event, FinishReason, GenRequest, RequestStream, TokenLogprob};
 use serde_json::{json, Map, Value as Json};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -17,19 +17,10 @@ struct Choice {
     echo: String,
 }
 
-fn finish_str(r: FinishReason) -> &'static str {
-    match r {
-        FinishReason::Length => "length",
-        _ => "stop",
-    }
-}
+use super::chat::stop_reason_json;
 
-fn stop_reason_json(s: &Option<StopReason>) -> Json {
-    match s {
-        Some(StopReason::TokenId(t)) => json!(t),
-        Some(StopReason::Text(t)) => json!(t),
-        None => Json::Null,
-    }
+fn finish_str(r: FinishReason) -> &'static str {
+    super::chat::finish_reason(r, false)
 }
 
 /// Legacy logprobs: tokens, token_logprobs, top_logprobs (token → logprob), text_offset.
