@@ -3,6 +3,8 @@
 # carried), CUDA-vs-CPU checks on every fixture, then a random-weight checkpoint of the real
 # Laguna-XS 2.1 shape and the decode/TTFT bench on it. Logs under $OUT; short table last.
 # Usage (device machine, repo root): scripts/device-check.sh [fixtures|bench|all] (default all)
+# Env: SWEEP_K=1..15 (also synthesize the XS-2.1 DFlash draft and time DFlash steps for these k),
+# DEVICE_TEST_ARGS (e.g. --only-dflash), PROMPT_LEN, GEN, RUNS, BENCH_ARGS.
 # Needs dist/laguna (release build, carried) and optionally dist/cache (precompiled cubins).
 set -u
 WHAT="${1:-all}"
@@ -19,14 +21,20 @@ cat "$OUT/gpu.txt"
 status_warm=skip; status_fix=skip; status_bench=skip
 "$BIN" warmup 2>&1 | tee "$OUT/warmup.log" | tail -3 && status_warm=ok || status_warm=FAIL
 if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
-    timeout 300 "$BIN" device-test --fixtures tests/fixtures/models > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
+    timeout 400 "$BIN" device-test --fixtures tests/fixtures/models ${DEVICE_TEST_ARGS:-} > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
     cat "$OUT/device-test.log"
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
     M=/tmp/xs21-synth
     [ -f "$M/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" 2>&1 | tee "$OUT/synth.log"
-    timeout 400 "$BIN" bench --model "$M" --prompt-len "${PROMPT_LEN:-2048}" --gen "${GEN:-256}" --runs "${RUNS:-3}" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 && status_bench=ok || status_bench=FAIL
-    cat "$OUT/bench.log" | grep -v "^\s*$" | tail -40
+    DRAFT_ARGS=""
+    if [ -n "${SWEEP_K:-}" ]; then
+        D=/tmp/xs21-dflash-synth
+        [ -f "$D/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" 2>&1 | tee "$OUT/synth-draft.log"
+        DRAFT_ARGS="--draft $D --sweep-k $SWEEP_K"
+    fi
+    timeout 500 "$BIN" bench --model "$M" --prompt-len "${PROMPT_LEN:-2048}" --gen "${GEN:-256}" --runs "${RUNS:-3}" $DRAFT_ARGS ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 && status_bench=ok || status_bench=FAIL
+    cat "$OUT/bench.log" | grep -v "^\s*$" | tail -60
 fi
 echo
 echo "| step | result |"

@@ -48,6 +48,14 @@ extern "C" __global__ void qk_norm_rope_kv(float* q, int ldq, const float* k, co
     }
 }
 
+// Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
+// last position kend[m] - 1, limited by the window to keys with |p - key| < window.
+__device__ __forceinline__ int key_last(int p, const int* kend, int m, int window) {
+    if (!kend) return p;
+    int last = kend[m] - 1;
+    return window > 0 ? min(last, p + window - 1) : last;
+}
+
 // One block per (row, query head, split). Keys lo..pos[m] (lo from the window) are cut into
 // `nsplit` equal ranges (by the row's own length only: a row's result never depends on the batch);
 // each block runs tiles of ATT_T keys: scores by warps (lanes over dims), online softmax, V
@@ -61,7 +69,7 @@ extern "C" __global__ void qk_norm_rope_kv(float* q, int ldq, const float* k, co
 extern "C" __global__ void attention(const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc,
                                      const int* pos, const int* seqrow, const int* bt, int max_pages, int page_size,
                                      int nh, int nkv, int hd, int window, const float* sink, const float* g, int ldg,
-                                     int gate_mode, float scale, int nsplit, float* part) {
+                                     int gate_mode, float scale, int nsplit, float* part, const int* kend) {
     __shared__ float qs[256];
     __shared__ float ps[256];
     __shared__ float red[1024];
@@ -77,12 +85,13 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
     for (int d = tid; d < hd; d += blockDim.x) qs[d] = q[(size_t)m * ldq + h * hd + d];
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int len = p + 1 - lo;
+    int last = key_last(p, kend, m, window);
+    int len = last + 1 - lo;
     // Splits actually used by this row: from its own length only (batch invariance).
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
     int chunk = (len + ns - 1) / ns;
-    int k0 = lo + z * chunk, k1 = min(p + 1, k0 + chunk);
+    int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     const int* btr = bt + (size_t)seqrow[m] * max_pages;
     bool final_ = nsplit == 1;
     float run_max = (final_ && sink) ? sink[h] : -INFINITY;
@@ -176,12 +185,12 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                            const float* sink, const float* g, int ldg, int gate_mode,
-                                           const int* pos, int window) {
+                                           const int* pos, int window, const int* kend) {
     __shared__ float sm[128], sl[128];
     int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int len = p + 1 - lo;
+    int len = key_last(p, kend, m, window) + 1 - lo;
     int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
     for (int z = tid; z < ns; z += blockDim.x) {

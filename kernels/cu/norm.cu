@@ -29,3 +29,22 @@ extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float*
     }
     for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = w[i] * (xr[i] * inv);
 }
+
+// Draft tap fusion: x is [M, nw * H] (nw taps of width H per row); each H-wide piece j is
+// normalised with its own weight w[j * H ..]. grid (M * nw), blockDim as for rmsnorm.
+extern "C" __global__ void rmsnorm_taps(const float* x, const float* w, float* y, int H, int nw, float eps) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
+    const float* xr = x + (size_t)r * H;
+    const float* wr = w + (size_t)(r % nw) * H;
+    float ss = 0.f;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)H + eps);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = wr[i] * (xr[i] * inv);
+}
+// dst[r * ldd + i] = src[r * lds + i], i < n. grid (M), block 256.
+extern "C" __global__ void copy_rows(const float* src, int lds, float* dst, int ldd, int n) {
+    int r = blockIdx.x;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dst[(size_t)r * ldd + i] = src[(size_t)r * lds + i];
+}

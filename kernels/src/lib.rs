@@ -19,7 +19,7 @@ pub struct KernelModule {
 }
 
 pub const MODULES: &[KernelModule] = &[
-    KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm"] },
+    KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm", "rmsnorm_taps", "copy_rows"] },
     KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "silu_mul"] },
     KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_merge", "attention_prefill"] },
     KernelModule {

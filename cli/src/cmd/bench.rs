@@ -30,6 +30,15 @@ pub struct Args {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// DFlash draft folder: also time speculative steps (see `--num-speculative-tokens`, `--sweep-k`).
+    #[arg(long)]
+    pub draft: Option<PathBuf>,
+    /// Draft tokens per step with --draft.
+    #[arg(long, default_value_t = 6, requires = "draft")]
+    pub num_speculative_tokens: usize,
+    /// Time several k with --draft: a range `1..15` (inclusive) or a list `1,3,6,15`.
+    #[arg(long, requires = "draft")]
+    pub sweep_k: Option<String>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -90,6 +99,17 @@ pub fn run(a: Args) -> Result<()> {
         tps.push(a.gen as f64 / dt);
         tokens_out = toks;
     }
+    let tok_s_plain = median(&mut tps.clone());
+    let spec_rows = match &a.draft {
+        Some(dir) => {
+            let ks = match &a.sweep_k {
+                Some(s) => super::bench_draft::parse_ks(s)?,
+                None => vec![a.num_speculative_tokens],
+            };
+            Some(super::bench_draft::run(&mut m, dir, &ks, &prompt, a.gen, 1e3 / tok_s_plain)?)
+        }
+        None => None,
+    };
     // Finite check of decode logits: one more teacher-forced step through the Model trait.
     let s = m.new_seq()?;
     m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::None }])?;
@@ -142,7 +162,8 @@ pub fn run(a: Args) -> Result<()> {
                 "weight_bytes_per_token": m.decode_weight_bytes, "kv_bytes_per_token": kv_bytes,
                 "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "finite": finite, "graphs": !a.no_graph, "kernels": ks,
                 "kernel_ms_per_step_eager": kernel_total / steps as f64,
-                "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>()})
+                "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>(),
+                "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r))})
         );
     } else {
         let ptot: f64 = prefill_kernels.iter().map(|b| b.1).sum();
@@ -164,6 +185,9 @@ pub fn run(a: Args) -> Result<()> {
         println!("| roofline fraction | {:.1}% |", roofline * 100.0);
         println!("| eager kernel time per step | {:.3} ms |", kernel_total / steps as f64);
         println!("| finite | {finite} |");
+        if let Some(r) = &spec_rows {
+            super::bench_draft::print_table(r, 1e3 / tok_s);
+        }
     }
     if !finite {
         bail!("non-finite logits");

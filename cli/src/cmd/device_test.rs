@@ -18,9 +18,17 @@ pub struct Args {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// DFlash draft fixtures (pairs named in SUMMARY.json); checked unless --no-dflash.
+    #[arg(long, default_value = "tests/fixtures/drafts")]
+    pub drafts: PathBuf,
+    #[arg(long)]
+    pub no_dflash: bool,
+    /// Only the DFlash checks.
+    #[arg(long)]
+    pub only_dflash: bool,
 }
 
-fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
+pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
     let bytes = std::fs::read(path)?;
     let st = safetensors::SafeTensors::deserialize(&bytes)?;
     let t = st.tensor(name)?;
@@ -169,6 +177,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     dirs.sort();
     let mut rows = vec![];
+    let dflash = if a.no_dflash { vec![] } else { super::device_dflash::run_all(&a.drafts, &a.fixtures)? };
+    let dfails = dflash.iter().filter(|r| !r.ok).count();
+    if a.only_dflash {
+        dirs.clear();
+    }
     for d in dirs.iter().flat_map(|d| MODES.iter().map(move |m| (d, *m))) {
         let (d, mode) = d;
         match check_one(d, a.tol, mode) {
@@ -182,7 +195,7 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    let fails = rows.iter().filter(|r| !r.ok).count();
+    let fails = rows.iter().filter(|r| !r.ok).count() + dfails;
     if a.json {
         let items: Vec<_> = rows.iter().map(|r| serde_json::json!({"fixture": r.name, "rows": r.rows, "rel_err_pass": r.err_pass, "rel_err_decode": r.err_decode, "batch_invariant": r.batch_inv, "greedy": r.greedy, "ok": r.ok, "note": r.note})).collect();
         println!("{}", serde_json::json!({"fixtures": items, "failures": fails}));
@@ -191,6 +204,13 @@ pub fn run(a: Args) -> Result<()> {
         println!("|---|---|---|---|---|---|---|");
         for r in &rows {
             println!("| {} | {} | {:.2e} | {:.2e} | {} | {} | {} |", r.name, r.rows, r.err_pass, r.err_decode, r.batch_inv, r.greedy, if r.ok { "OK" } else { "FAIL" });
+        }
+        if !dflash.is_empty() {
+            println!("\n| draft pair | k | verify rows bitwise = 1-row decode | device loop = no-draft greedy | generic driver = no-draft greedy | accepted | vs CPU engine | result |");
+            println!("|---|---|---|---|---|---|---|---|");
+            for r in &dflash {
+                println!("| {} | {} | {} | {} | {} | {} | {} | {} |", r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" });
+            }
         }
     }
     if fails > 0 {

@@ -1,6 +1,7 @@
 use anyhow::{bail, Context, Result};
 use laguna_engine::cpu::CpuModel;
-use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::generate::{generate, GenerateRequest, GenerateResult};
+use laguna_engine::spec::DraftModel;
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
 use laguna_engine::spec::{generate_spec, CpuDraft};
@@ -60,9 +61,6 @@ pub fn run(a: Args) -> Result<()> {
         if let Err(e) = laguna_engine::cuda::gpu_available() {
             bail!("--device cuda: {e}; use --device cpu");
         }
-        if a.draft.is_some() {
-            bail!("--draft needs --device cpu in this build (the DFlash draft has no CUDA backend yet)");
-        }
     }
     let load_cpu = || CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()));
     let prompt = match (&a.prompt_ids, &a.prompt) {
@@ -91,6 +89,21 @@ pub fn run(a: Args) -> Result<()> {
                 Box::new(load_cpu()?)
             };
             (generate(model.as_mut(), &req, false)?, None)
+        }
+        Some(dir) if a.device == "cuda" => {
+            let mut model = laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
+                .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))?;
+            let mut draft = laguna_engine::cuda::draft::CudaDraft::load(dir, &model)
+                .with_context(|| format!("loading DFlash draft from {} onto the GPU", dir.display()))?;
+            let k = a.num_speculative_tokens.unwrap_or(draft.config().block_size - 1);
+            if a.temperature == 0.0 {
+                // Greedy: the device-resident loop (proposals, taps and verification stay on the GPU).
+                let r = laguna_engine::cuda::spec::CudaSpec::default().generate(&mut model, &mut draft, &req, k, true)?;
+                (GenerateResult { completion: r.completion, finish_reason: r.finish, step_logits: vec![] }, Some((k, r.stats)))
+            } else {
+                let (res, stats) = generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
+                (res, Some((k, stats)))
+            }
         }
         Some(dir) => {
             let mut model = load_cpu()?;

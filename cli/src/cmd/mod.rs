@@ -7,3 +7,5 @@ pub mod warmup;
 pub mod synth;
 pub mod bench;
 pub mod device_test;
+pub mod bench_draft;
+pub mod device_dflash;

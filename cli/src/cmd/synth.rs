@@ -1,4 +1,4 @@
-//! `laguna synth`: a random-weight checkpoint of any Laguna config in the exact on-disk format
+//! `laguna synth`: a random-weight checkpoint of any Laguna config (target or DFlash draft) in the exact on-disk format
 //! (safetensors shards <= 5 GB + index; NVFP4 triplets for routed and shared experts when the
 //! config has `quantization_config`; F32 router correction bias; weights scaled like
 //! 1/sqrt(fan_in) so activations stay finite). Fast: xorshift RNG, one thread per shard, large writes.
@@ -119,7 +119,11 @@ pub fn run(a: Args) -> Result<()> {
     let cfg = LagunaConfig::from_json_str(&text)?;
     let quant = cfg.quantization.is_some();
     let mut ts: Vec<T> = vec![];
-    for e in inventory(&cfg) {
+    // A DFlash draft (`DFlashLagunaForCausalLM`): the draft inventory (fc, aux norms, fused
+    // qkv_proj, dense MLPs; embed_tokens and lm_head come from the target).
+    let is_draft = cfg.architectures.iter().any(|a| a == laguna_engine::spec::config::DRAFT_ARCH);
+    let inv = if is_draft { laguna_stages::verify::draft::inventory(&cfg, None) } else { inventory(&cfg) };
+    for e in inv {
         match e {
             Expected::Linear { prefix, out, inp } => {
                 let expert = prefix.contains(".mlp.experts.") || prefix.contains(".mlp.shared_expert.");
@@ -138,7 +142,7 @@ pub fn run(a: Args) -> Result<()> {
             Expected::Tensor { name, shape } => {
                 let fill = if name.ends_with("e_score_correction_bias") {
                     Fill::F32(0.01)
-                } else if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
+                } else if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") || name.starts_with("aux_hidden_norms.") {
                     Fill::Bf16One(0.1)
                 } else if name.ends_with("embed_tokens.weight") {
                     Fill::Bf16(1.0)

@@ -89,6 +89,29 @@ impl Prof {
     }
 }
 
+/// A CUDA event recorded on the model's stream (timing between graph launches).
+pub struct Event {
+    e: sys::CUevent,
+}
+unsafe impl Send for Event {}
+impl Event {
+    /// Wait for the event.
+    pub fn sync(&self) -> R<()> {
+        unsafe { Ok(result::event::synchronize(self.e)?) }
+    }
+    /// Milliseconds from this event to `later` (both must have completed).
+    pub fn ms_to(&self, later: &Event) -> f64 {
+        unsafe { result::event::elapsed(self.e, later.e).unwrap_or(0.0) as f64 }
+    }
+}
+impl Drop for Event {
+    fn drop(&mut self) {
+        unsafe {
+            let _ = result::event::destroy(self.e);
+        }
+    }
+}
+
 pub struct Graph {
     g: cudarc::driver::CudaGraph,
 }
@@ -175,6 +198,14 @@ impl Dev {
 
     pub fn sync(&self) -> R<()> {
         Ok(self.stream.synchronize()?)
+    }
+
+    /// Record an event on the stream now.
+    pub fn event(&self) -> R<Event> {
+        self.ctx.bind_to_thread()?;
+        let e = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+        unsafe { result::event::record(e, self.stream.cu_stream()) }?;
+        Ok(Event { e })
     }
 
     pub fn launch_p(

@@ -9,6 +9,8 @@
 //! Every kernel computes one output row's value with an arithmetic order that does not depend on
 //! how many rows are in the batch (batch invariance).
 mod device;
+pub mod draft;
+pub mod spec;
 
 pub use device::{Dev, DevError, Prof};
 
@@ -21,6 +23,7 @@ use crate::weights::store::{TensorView, WeightStore};
 use safetensors::Dtype;
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 /// Options for [`CudaModel::load`].
 #[derive(Debug, Clone)]
@@ -164,6 +167,8 @@ struct Scratch {
     moe_out: u64,
     tokens: u64,
     pos: u64,
+    /// Per-row key end (exclusive) for non-causal draft blocks.
+    kend: u64,
     seqrow: u64,
     bt: u64,
     bt_seqs: usize,
@@ -187,9 +192,22 @@ pub struct KernelTimes {
     pub by_name: Vec<(String, f64, usize)>,
 }
 
+/// Loaded weights handed to [`CudaModel::finish`].
+struct Parts {
+    embed: u64,
+    final_norm: u64,
+    lm_head: Lin,
+    layers: Vec<LayerW>,
+    weight_bytes: usize,
+    decode_bytes: usize,
+    /// Widest GEMM input beyond the model's own (the draft's fc).
+    min_in: usize,
+}
+
 pub struct CudaModel {
     cfg: LagunaConfig,
-    dev: Dev,
+    /// Shared with a CUDA draft (same context and stream, so ordering is implicit).
+    dev: Arc<Dev>,
     arch: String,
     embed: u64,
     final_norm: u64,
@@ -217,6 +235,13 @@ pub struct CudaModel {
     fuse: bool,
     /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
     fprof: Option<device::Prof>,
+    /// Draft stacks with `dflash_config.causal = false`: a block row sees every key of its block
+    /// (per-row key end in `sc.kend`), not only keys up to its position.
+    noncausal: bool,
+    /// With `taps_on_device`, `forward` leaves the taps of its (single) pass in `taps_dev`
+    /// ([rows, taps * hidden] f32) instead of copying them to the host.
+    taps_on_device: bool,
+    taps_dev: u64,
 }
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
@@ -614,7 +639,18 @@ impl CudaModel {
         if let Some(pb) = ld.pb.take() {
             pb.finish_and_clear();
         }
+        drop(ld);
+        let parts = Parts { embed, final_norm, lm_head, layers, weight_bytes, decode_bytes, min_in: 0 };
+        Self::finish(cfg, Arc::new(dev), arch, opts, t0, parts)
+    }
 
+    /// Scratch, K/V pool and the model around loaded weights (target or draft stack).
+    fn finish(cfg: LagunaConfig, dev: Arc<Dev>, arch: String, opts: CudaOptions, t0: std::time::Instant, parts: Parts) -> Result<CudaModel> {
+        let Parts { embed, final_norm, lm_head, layers, weight_bytes, decode_bytes, min_in } = parts;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
         // Scratch.
         let r = opts.max_rows.max(1);
         let max_qw = cfg.layers.iter().map(|l| l.num_heads * hd).max().unwrap_or(0);
@@ -664,7 +700,8 @@ impl CudaModel {
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
             natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
-            xs: a(4 * r * h.max(max_qw).max(inter).max(kk * im))?,
+            xs: a(4 * r * h.max(max_qw).max(inter).max(kk * im).max(min_in))?,
+            kend: a(4 * r)?,
             moe_act: a(f * r * kk * im)?,
             moe_out: a(f * r * kk * h)?,
             tokens: a(4 * r)?,
@@ -717,6 +754,9 @@ impl CudaModel {
             graph_failed: false,
             fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
             fprof: None,
+            noncausal: false,
+            taps_on_device: false,
+            taps_dev: 0,
         })
     }
 
@@ -865,7 +905,7 @@ impl CudaModel {
             // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
             // depends on its own length only.
             let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
-            let flash = m >= self.opts.gemm_min_rows && hd % 16 == 0 && hd <= 128 && nh % nkv == 0;
+            let flash = m >= self.opts.gemm_min_rows && hd % 16 == 0 && hd <= 128 && nh % nkv == 0 && !self.noncausal;
             if flash {
                 d.launch_p(prof, "attention_prefill", (sc.natiles.get() as u32, nh as u32, 1), (128, 1, 1), 0, |b| {
                     b.u64(qp)
@@ -914,7 +954,8 @@ impl CudaModel {
                     .i32(gate_mode)
                     .f32((1.0 / (hd as f64).sqrt()) as f32)
                     .i32(nsplit as i32)
-                    .u64(sc.part);
+                    .u64(sc.part)
+                    .u64(if self.noncausal { sc.kend } else { 0 });
             })
             .map_err(cerr)?;
             if nsplit > 1 {
@@ -930,7 +971,8 @@ impl CudaModel {
                         .i32(ldg as i32)
                         .i32(gate_mode)
                         .u64(sc.pos)
-                        .i32(l.window as i32);
+                        .i32(l.window as i32)
+                        .u64(if self.noncausal { sc.kend } else { 0 });
                 })
                 .map_err(cerr)?;
             }
@@ -1513,7 +1555,7 @@ impl Model for CudaModel {
             .map(|it| StepOutput {
                 logits: vec![],
                 rows: 0,
-                taps: if ntaps > 0 {
+                taps: if ntaps > 0 && !self.taps_on_device {
                     vec![0f32; it.tokens.len() * ntaps * h]
                 } else {
                     vec![]
@@ -1546,8 +1588,21 @@ impl Model for CudaModel {
                 bt.extend(self.bt_row(s));
             }
             self.upload_meta(&tokens, &pos, &seqrow, &bt)?;
+            if self.noncausal {
+                let ke: Vec<i32> = pass.iter().map(|r| (batch[r.item].start_pos + batch[r.item].tokens.len()) as i32).collect();
+                self.dev.htod(self.sc.kend, as_bytes(&ke)).map_err(cerr)?;
+            }
             if ntaps == 0 {
                 self.run_layers(m, &mut prof)?;
+            } else if self.taps_on_device {
+                if end < rows.len() {
+                    return Err(EngineError::Other(format!(
+                        "device taps need one pass: {} rows exceed the pass size {}",
+                        rows.len(),
+                        self.sc.rows
+                    )));
+                }
+                self.run_layers_taps_dev(m, &mut prof)?;
             } else {
                 self.run_layers_with_taps(m, pass, &mut outs)?;
             }
@@ -1575,6 +1630,52 @@ impl Model for CudaModel {
 }
 
 impl CudaModel {
+    /// Keep the taps of `forward` on the device (`taps_dev`) instead of returning them; forwards
+    /// must then fit one pass. Allocates the buffer on first use.
+    pub fn set_taps_on_device(&mut self, on: bool) -> Result<()> {
+        if on && self.taps_dev == 0 {
+            let n = self.sc.rows * self.taps.len().max(1) * self.cfg.hidden_size * 4;
+            self.taps_dev = self.dev.alloc(n).map_err(cerr)?;
+        }
+        self.taps_on_device = on;
+        Ok(())
+    }
+
+    /// run_layers, copying the residual after each tap layer into `taps_dev` (graph-capturable).
+    fn run_layers_taps_dev(&self, m: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let ntaps = self.taps.len();
+        let (dev, x, td) = (&self.dev, self.sc.x, self.taps_dev);
+        let taps = self.taps.clone();
+        let mut inner: Option<device::Prof> = prof.take();
+        let mut hook = |li: usize| -> Result<()> {
+            if let Some(t) = taps.iter().position(|&l| l == li) {
+                dev.launch_p(&mut None, "copy_rows", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
+                    b.u64(x).i32(h as i32).u64(td + (4 * t * h) as u64).i32((ntaps * h) as i32).i32(h as i32);
+                })
+                .map_err(cerr)?;
+            }
+            Ok(())
+        };
+        let r = self.run_layers_hooked(m, &mut inner, Some(&mut hook));
+        *prof = inner;
+        r
+    }
+
+    /// Final norm + lm_head + argmax for the first `n` rows listed in `sc.sel` (already uploaded),
+    /// argmax ids written to `out` (device, n ints). No host work: graph-capturable.
+    fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        self.rmsnorm(prof, sc.x, sc.sel, self.final_norm, sc.hsel, n, h, self.cfg.rms_norm_eps as f32)?;
+        self.linear(prof, "lm_head", &self.lm_head, sc.hsel, h, sc.logits, self.cfg.vocab_size, n, false)?;
+        self.dev
+            .launch_p(prof, "argmax_rows", (n as u32, 1, 1), (1024, 1, 1), 0, |b| {
+                b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(out);
+            })
+            .map_err(cerr)
+    }
+
     /// Same as run_layers, but copies the residual after each tap layer to the host.
     fn run_layers_with_taps(&self, m: usize, pass: &[Row], outs: &mut [StepOutput]) -> Result<()> {
         let h = self.cfg.hidden_size;

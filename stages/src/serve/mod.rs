@@ -137,16 +137,20 @@ fn model_loader(
                 None => 0,
             };
             laguna_engine::cuda::gpu_available().map_err(|e| ServeError::Config(format!("--device {d}: no usable GPU ({e}); use --device cpu")))?;
-            if draft.is_some() {
-                // HOOK(dflash-cuda): a CUDA DraftModel goes here once it exists (CpuDraft needs a CpuModel).
-                return Err(ServeError::Config("DFlash drafts run on --device cpu only in this build; drop --draft or use --device cpu".into()));
-            }
-            let _ = k;
             Ok(Box::new(move || {
                 let opts = laguna_engine::cuda::CudaOptions { device: ordinal, kv_pool_bytes, progress: false, ..Default::default() };
                 let m = laguna_engine::cuda::CudaModel::load(&dir, opts)?;
                 tracing::info!("model loaded on cuda:{ordinal} from {}", dir.display());
-                Ok(Loaded::plain(Box::new(m)))
+                match &draft {
+                    // The CUDA draft shares the target's device tensors (embed, lm_head) and stream;
+                    // the scheduler drives it through the same DraftModel seam as the CPU draft.
+                    Some(d) => {
+                        let dm = laguna_engine::cuda::draft::CudaDraft::load(d, &m)?;
+                        tracing::info!("DFlash draft loaded on cuda:{ordinal} from {} (k = {k})", d.display());
+                        Ok(Loaded { model: Box::new(m) as Box<dyn Model>, spec: None, dflash: Some(Dflash { draft: Box::new(dm), k }) })
+                    }
+                    None => Ok(Loaded::plain(Box::new(m))),
+                }
             }))
         }
         other => Err(ServeError::Config(format!("unknown --device `{other}` (use cpu, cuda or cuda:N)"))),

@@ -1,0 +1,140 @@
+//! DFlash checks of `laguna device-test`, for every draft fixture pair under
+//! `tests/fixtures/drafts` and k in {1, 3, 6, 15} (k < block_size):
+//! 1. verify batch invariance, directly: the target's logits for `[t, d_1..d_k]` verified in one
+//!    k+1-row pass are bit-identical to the same rows decoded one at a time;
+//! 2. greedy output with the CUDA draft is token-identical to greedy output without it, both on
+//!    the device-resident loop (`CudaSpec`, CUDA graphs) and through the backend-agnostic driver
+//!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`);
+//! 3. acceptance statistics match the CPU engine (CPU target + CPU draft) on every step until the
+//!    first step where the two drafts propose different tokens.
+use anyhow::{Context, Result};
+use laguna_engine::cpu::CpuModel;
+use laguna_engine::cuda::draft::CudaDraft;
+use laguna_engine::cuda::spec::CudaSpec;
+use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::model::{LogitRows, Model, StepInput};
+use laguna_engine::sample::SamplingParams;
+use laguna_engine::spec::{generate_spec, CpuDraft, DraftModel};
+use std::path::{Path, PathBuf};
+
+pub struct DRow {
+    pub name: String,
+    pub k: usize,
+    pub verify_bitwise: bool,
+    pub fast_same: bool,
+    pub generic_same: bool,
+    pub accept_cmp: String,
+    pub accepted: String,
+    pub ok: bool,
+}
+
+fn read_target(draft_dir: &Path) -> Result<String> {
+    let sum: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(draft_dir.parent().unwrap().join("SUMMARY.json"))?)?;
+    let name = draft_dir.file_name().unwrap().to_string_lossy().to_string();
+    sum[&name]["target"].as_str().map(|s| s.to_string()).with_context(|| format!("SUMMARY.json has no target for {name}"))
+}
+
+fn opts() -> CudaOptions {
+    CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, ..Default::default() }
+}
+
+fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) -> Result<DRow> {
+    let name = ddir.file_name().unwrap().to_string_lossy().to_string();
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens: gen,
+        sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None },
+        ignore_eos: true,
+        stop_token_ids: vec![],
+    };
+    // Plain greedy on the device.
+    let mut cu = CudaModel::load(tdir, opts()).context("cuda target")?;
+    let plain = generate(&mut cu, &req, false)?.completion;
+    // 1. Verify rows vs one-row decode, bitwise, for [t, plain continuation...].
+    let s = cu.new_seq()?;
+    cu.forward(&[StepInput { seq: s, tokens: prompt, start_pos: 0, logits: LogitRows::None }])?;
+    // The first verify after the prompt: [t, d_1..d_k] at positions p0.. (here the greedy tokens).
+    let rows: Vec<u32> = plain[..(k + 1).min(plain.len())].to_vec();
+    let p0 = prompt.len();
+    let many = cu.forward(&[StepInput { seq: s, tokens: &rows, start_pos: p0, logits: LogitRows::All }])?.remove(0).logits;
+    cu.truncate(s, p0);
+    let mut one = vec![];
+    for (i, &t) in rows.iter().enumerate() {
+        one.extend(cu.forward(&[StepInput { seq: s, tokens: &[t], start_pos: p0 + i, logits: LogitRows::All }])?.remove(0).logits);
+    }
+    cu.free_seq(s);
+    let verify_bitwise = many == one;
+    // 2a. Device-resident loop.
+    let mut dr = CudaDraft::load(ddir, &cu).context("cuda draft")?;
+    let mut spec = CudaSpec::default();
+    let fast = spec.generate(&mut cu, &mut dr, &req, k, true)?;
+    let fast_same = fast.completion == plain;
+    // 2b. Generic driver with the CUDA draft (taps and logits through the host).
+    cu.set_taps_on_device(false)?;
+    let (generic, gstats) = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true)?;
+    let generic_same = generic.completion == plain;
+    // 3. Acceptance vs the CPU engine.
+    let mut cpu = CpuModel::load(tdir).context("cpu target")?;
+    let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
+    let (_cres, cstats) = generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true)?;
+    let mut agree = 0;
+    let mut acc_same = true;
+    for ((pc, ac), (pg, ag)) in cstats.proposals.iter().zip(&cstats.acceptance_lengths).zip(fast.stats.proposals.iter().zip(&fast.stats.acceptance_lengths)) {
+        if pc != pg {
+            break;
+        }
+        agree += 1;
+        acc_same &= ac == ag;
+    }
+    let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths;
+    let accept_cmp = format!(
+        "{agree}/{} steps same proposals as CPU{}{}",
+        cstats.acceptance_lengths.len(),
+        if acc_same { ", same acceptance" } else { ", ACCEPTANCE DIFFERS" },
+        if fast_vs_generic { "" } else { "; device loop != generic driver" }
+    );
+    let accepted = format!("{}/{}", fast.stats.num_accepted_tokens, fast.stats.num_draft_tokens);
+    let ok = verify_bitwise && fast_same && generic_same && acc_same && fast_vs_generic;
+    Ok(DRow { name, k, verify_bitwise, fast_same, generic_same, accept_cmp, accepted, ok })
+}
+
+pub fn run_all(drafts: &Path, models: &Path) -> Result<Vec<DRow>> {
+    let mut dirs: Vec<PathBuf> = vec![];
+    for e in std::fs::read_dir(drafts).with_context(|| format!("reading {}", drafts.display()))? {
+        let p = e?.path();
+        if p.join("config.json").exists() {
+            dirs.push(p);
+        }
+    }
+    dirs.sort();
+    let mut out = vec![];
+    for d in &dirs {
+        let tname = read_target(d)?;
+        let tdir = models.join(&tname);
+        let reff = tdir.join("reference.safetensors");
+        let prompt = super::device_test::read_ids(&reff, "prompt_ids")?;
+        let bs = laguna_engine::spec::DraftConfig::from_file(&d.join("config.json"))?.block_size;
+        for k in [1usize, 3, 6, 15] {
+            let name = d.file_name().unwrap().to_string_lossy().to_string();
+            if k >= bs {
+                println!("{name} k={k}: SKIP (block_size {bs})");
+                continue;
+            }
+            match check_pair(d, &tdir, &prompt, k, 40) {
+                Ok(r) => {
+                    println!(
+                        "{} k={}: verify-bitwise {} device-loop-identical {} generic-identical {} accepted {} ({}) -> {}",
+                        r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" }
+                    );
+                    out.push(r);
+                }
+                Err(e) => {
+                    println!("{name} k={k}: ERROR {e:#}");
+                    out.push(DRow { name, k, verify_bitwise: false, fast_same: false, generic_same: false, accept_cmp: format!("{e:#}").chars().take(80).collect(), accepted: "-".into(), ok: false });
+                }
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,351 @@
+//! CUDA DFlash draft: the draft's decoder stack is a [`CudaModel`] built from the draft checkpoint
+//! (dense Laguna layers, fused `qkv_proj` + `g_proj` as one GEMV) on the target's device and
+//! stream, sharing the target's `embed_tokens` and `lm_head` on the device. It implements the same
+//! [`DraftModel`] seam as the CPU reference ([`crate::spec::CpuDraft`]), so the backend-agnostic
+//! driver ([`crate::spec::step`]) runs it unchanged; [`super::spec`] adds a device-resident greedy
+//! loop (taps, proposals and verification never leave the GPU) for batch-1 decoding.
+//!
+//! Context write (per committed token): `rmsnorm_taps` (aux_hidden_norms) → `fc` → `hidden_norm`,
+//! then per layer `input_layernorm` → the k|v rows of `qkv_proj` (a view into the fused weight,
+//! no q work) → `qk_norm_rope_kv` with no query heads (k_norm, RoPE at the absolute position,
+//! written into the draft's paged BF16 cache).
+//!
+//! Propose: an ordinary forward of `[last, mask x k]` at positions `start..start+k` (its K/V go to
+//! the cache at those positions, then the length is set back, so the context is unchanged and the
+//! next context write overwrites them). Causal drafts see keys up to their own position, which is
+//! the target's rule; non-causal drafts see the whole block (`kend`, [`CudaModel::noncausal`]).
+use super::*;
+use crate::config::{AttnKind, LayerSpec, MlpKind};
+use crate::spec::config::DraftConfig;
+use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
+
+pub struct CudaDraft {
+    cfg: DraftConfig,
+    /// The draft stack (embed and lm_head are the target's device tensors).
+    pub(super) m: CudaModel,
+    target_hidden: usize,
+    fc: Lin,
+    /// aux_hidden_norms concatenated, [num_taps * target_hidden] f32.
+    aux: u64,
+    hidden_norm: u64,
+    /// k|v rows of each layer's fused projection.
+    kv: Vec<Lin>,
+    /// Host-uploaded taps [rows, num_taps * target_hidden] (generic path).
+    tbuf: u64,
+    tnorm: u64,
+    c: u64,
+    c2: u64,
+    kvbuf: u64,
+    /// Context pass metadata (positions, seqrow 0), separate from the propose pass's.
+    pub(super) cpos: u64,
+    cseq: u64,
+    /// Bytes one propose reads from weights (layers, fc, lm_head once).
+    pub step_weight_bytes: usize,
+}
+
+/// The draft's decoder stack as a Laguna config (dense layers, the draft's window and rope).
+fn stack_config(d: &DraftConfig, t: &LagunaConfig) -> LagunaConfig {
+    let mut c = t.clone();
+    c.hidden_size = d.hidden_size;
+    c.intermediate_size = d.intermediate_size;
+    c.num_layers = d.num_layers;
+    c.num_kv_heads = d.num_kv_heads;
+    c.head_dim = d.head_dim;
+    c.rms_norm_eps = d.rms_norm_eps;
+    c.num_experts = 0;
+    c.top_k = 0;
+    c.moe_intermediate_size = 0;
+    c.shared_expert_intermediate_size = 0;
+    c.sliding_window = d.window;
+    c.gating = d.gating;
+    c.layers = (0..d.num_layers)
+        .map(|l| LayerSpec {
+            attn: if d.window.is_some() { AttnKind::Sliding } else { AttnKind::Full },
+            num_heads: d.num_heads[l],
+            mlp: MlpKind::Dense,
+            rope: d.rope.clone(),
+            sinks: d.sinks,
+        })
+        .collect();
+    c
+}
+
+impl CudaDraft {
+    /// Load a draft folder onto the target's GPU. The draft's K/V pool holds as many positions as
+    /// the target's.
+    pub fn load(dir: &Path, target: &CudaModel) -> Result<CudaDraft> {
+        let t0 = std::time::Instant::now();
+        let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
+        let store = WeightStore::open(dir)?;
+        cfg.validate_target(&target.cfg)?;
+        let tcfg = &target.cfg;
+        let h = cfg.hidden_size;
+        let th = tcfg.hidden_size;
+        if h != th {
+            return Err(EngineError::Other(format!("draft hidden_size {h} differs from the target's {th}: the draft shares the target's embeddings")));
+        }
+        let hd = cfg.head_dim;
+        if hd % 8 != 0 || hd > 256 {
+            return Err(EngineError::Other(format!("draft head_dim {hd} must be a multiple of 8 and <= 256 for the CUDA kernels")));
+        }
+        let kvw = cfg.num_kv_heads * hd;
+        let ntaps = cfg.num_taps();
+        let scfg = stack_config(&cfg, tcfg);
+        for name in ["embed_tokens.weight", "model.embed_tokens.weight", "lm_head.weight"] {
+            if store.contains(name) {
+                tracing::warn!("draft checkpoint carries `{name}`; Laguna DFlash ignores it and uses the target's");
+            }
+        }
+        let dev = target.dev.clone();
+        let mut ld = Loader { dev: &dev, store: &store, pb: None, bytes: 0 };
+        let lin_bytes = |l: &Lin| if l.fp4 { l.n * l.k / 2 + l.n * l.k / 16 } else { l.n * l.k * 2 };
+        let fc = ld.lin("fc", h, ntaps * th)?;
+        let mut auxv: Vec<u8> = vec![];
+        for i in 0..ntaps {
+            let v = store.vector(&format!("aux_hidden_norms.{i}.weight"), th)?;
+            auxv.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        }
+        let aux = ld.upload(&auxv)?;
+        let hidden_norm = ld.vec_f32("hidden_norm.weight", h)?;
+        let final_norm = ld.vec_f32("norm.weight", h)?;
+        let mut step_bytes = lin_bytes(&target.lm_head);
+        let mut layers = vec![];
+        let mut kv = vec![];
+        for l in 0..cfg.num_layers {
+            let p = format!("layers.{l}");
+            let nh = cfg.num_heads[l];
+            let qw = nh * hd;
+            let gw = cfg.gate_width(l);
+            let mut parts = vec![(format!("{p}.self_attn.qkv_proj"), qw + 2 * kvw)];
+            if gw > 0 {
+                parts.push((format!("{p}.self_attn.g_proj"), gw));
+            }
+            let qkvg = ld.lin_cat(&parts, h)?.ok_or_else(|| {
+                EngineError::Other(format!("{p}.self_attn: the CUDA draft needs BF16/F16/F32 attention projections (NVFP4 found)"))
+            })?;
+            kv.push(Lin { fp4: false, w: qkvg.w + (qw * h * 2) as u64, s: 0, inv_gs: 1.0, n: 2 * kvw, k: h });
+            let dummy = |n: usize| Lin { fp4: false, w: 0, s: 0, inv_gs: 1.0, n, k: h };
+            let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
+            let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
+            let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
+            let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
+            step_bytes += lin_bytes(&qkvg) + lin_bytes(&o) + lin_bytes(&gate) + lin_bytes(&up) + lin_bytes(&down);
+            let inv_freq = cfg.rope.inv_freq();
+            let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
+            layers.push(LayerW {
+                input_norm: ld.vec_f32(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: ld.vec_f32(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                q: dummy(qw),
+                k: dummy(kvw),
+                v: dummy(kvw),
+                o,
+                g: if gw > 0 { Some(dummy(gw)) } else { None },
+                qkvg: Some(qkvg),
+                q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+                k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+                sink: if cfg.sinks { ld.vec_f32(&format!("{p}.self_attn.sink"), nh)? } else { 0 },
+                inv_freq: ld.upload(&ifb)?,
+                half: inv_freq.len(),
+                attn_factor: cfg.rope.attention_factor as f32,
+                window: cfg.window.unwrap_or(0),
+                nh,
+                mlp: MlpW::Dense { gate, up, down },
+                kc: 0,
+                vc: 0,
+            });
+        }
+        let weight_bytes = ld.bytes;
+        drop(ld);
+        let (tpages, tps, _) = target.kv_pool();
+        let per_page = tps * kvw * 2 * 2 * cfg.num_layers;
+        let opts = CudaOptions {
+            kv_pool_bytes: Some(tpages * per_page),
+            page_size: tps,
+            progress: false,
+            graphs: false,
+            ..target.opts.clone()
+        };
+        let parts = Parts {
+            embed: target.embed,
+            final_norm,
+            lm_head: target.lm_head,
+            layers,
+            weight_bytes,
+            decode_bytes: step_bytes,
+            min_in: ntaps * th,
+        };
+        let mut m = CudaModel::finish(scfg, dev.clone(), target.arch.clone(), opts, t0, parts)?;
+        m.noncausal = !cfg.causal;
+        m.fuse = false;
+        let r = m.sc.rows;
+        let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
+        let d = CudaDraft {
+            target_hidden: th,
+            fc,
+            aux,
+            hidden_norm,
+            kv,
+            tbuf: a(4 * r * ntaps * th)?,
+            tnorm: a(4 * r * ntaps * th)?,
+            c: a(4 * r * h)?,
+            c2: a(4 * r * h)?,
+            kvbuf: a(4 * r * 2 * kvw)?,
+            cpos: a(4 * r)?,
+            cseq: a(4 * r)?,
+            step_weight_bytes: step_bytes + lin_bytes(&fc),
+            cfg,
+            m,
+        };
+        dev.htod(d.cseq, &vec![0u8; 4 * r]).map_err(cerr)?;
+        dev.sync().map_err(cerr)?;
+        Ok(d)
+    }
+
+    /// Rows per device pass.
+    pub fn max_rows(&self) -> usize {
+        self.m.sc.rows
+    }
+
+    /// Context K/V for `n` rows whose taps are on the device at `taps` ([n, num_taps * target
+    /// hidden], row stride `ldt` floats), at the positions already in `cpos`, for the sequence whose
+    /// block-table row is already in the draft's `bt` (row 0). No host work: graph-capturable.
+    pub(super) fn context_pass(&self, prof: &mut Option<device::Prof>, taps: u64, ldt: usize, n: usize) -> Result<()> {
+        let m = &self.m;
+        let cfg = &self.cfg;
+        let th = self.target_hidden;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        let ntaps = cfg.num_taps();
+        let eps = cfg.rms_norm_eps as f32;
+        let w = ntaps * th;
+        let src = if ldt == w {
+            taps
+        } else {
+            m.dev
+                .launch_p(prof, "copy_rows", (n as u32, 1, 1), (256, 1, 1), 0, |b| {
+                    b.u64(taps).i32(ldt as i32).u64(self.tbuf).i32(w as i32).i32(w as i32);
+                })
+                .map_err(cerr)?;
+            self.tbuf
+        };
+        let blk = (th.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        m.dev
+            .launch_p(prof, "rmsnorm_taps", ((n * ntaps) as u32, 1, 1), (blk, 1, 1), 0, |b| {
+                b.u64(src).u64(self.aux).u64(self.tnorm).i32(th as i32).i32(ntaps as i32).f32(eps);
+            })
+            .map_err(cerr)?;
+        m.linear(prof, "fc", &self.fc, self.tnorm, w, self.c, h, n, false)?;
+        m.rmsnorm(prof, self.c, 0, self.hidden_norm, self.c2, n, h, eps)?;
+        let rblk = (hd as u32).div_ceil(32) * 32;
+        for (l, kv) in self.m.layers.iter().zip(&self.kv) {
+            m.rmsnorm(prof, self.c2, 0, l.input_norm, m.sc.hn, n, h, eps)?;
+            m.linear(prof, "attn_proj", kv, m.sc.hn, h, self.kvbuf, 2 * kvw, n, false)?;
+            m.dev
+                .launch_p(prof, "qk_norm_rope_kv", (n as u32, nkv as u32, 1), (rblk, 1, 1), 0, |b| {
+                    b.u64(self.kvbuf)
+                        .i32((2 * kvw) as i32)
+                        .u64(self.kvbuf)
+                        .u64(self.kvbuf + (4 * kvw) as u64)
+                        .i32((2 * kvw) as i32)
+                        .u64(l.k_norm)
+                        .u64(l.k_norm)
+                        .u64(l.inv_freq)
+                        .i32(l.half as i32)
+                        .f32(l.attn_factor)
+                        .f32(eps)
+                        .u64(self.cpos)
+                        .u64(self.cseq)
+                        .u64(m.sc.bt)
+                        .i32(m.max_pages as i32)
+                        .i32(m.page_size as i32)
+                        .u64(l.kc)
+                        .u64(l.vc)
+                        .i32(0)
+                        .i32(nkv as i32)
+                        .i32(hd as i32);
+                })
+                .map_err(cerr)?;
+        }
+        Ok(())
+    }
+
+    /// Context length bookkeeping after a device-side context write of rows `start..start+n`.
+    pub(super) fn set_context_len(&mut self, seq: SeqId, len: usize) {
+        if let Some(s) = self.m.seqs.get_mut(&seq) {
+            s.len = len;
+        }
+    }
+}
+
+impl DraftModel for CudaDraft {
+    fn config(&self) -> &DraftConfig {
+        &self.cfg
+    }
+    fn device(&self) -> &str {
+        "cuda"
+    }
+    fn new_seq(&mut self) -> Result<SeqId> {
+        self.m.new_seq()
+    }
+    fn free_seq(&mut self, seq: SeqId) {
+        self.m.free_seq(seq)
+    }
+    fn context_len(&self, seq: SeqId) -> usize {
+        self.m.seq_len(seq)
+    }
+    fn truncate(&mut self, seq: SeqId, len: usize) {
+        self.m.truncate(seq, len)
+    }
+    fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {
+        let width = self.cfg.num_taps() * self.target_hidden;
+        for item in batch {
+            if item.taps.len() % width != 0 {
+                return Err(EngineError::Other(format!(
+                    "draft context: taps have {} values, not a multiple of num_taps x target hidden = {width} (did the target run with set_taps?)",
+                    item.taps.len()
+                )));
+            }
+            let n = item.taps.len() / width;
+            let len = self.m.seqs.get(&item.seq).ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", item.seq)))?.len;
+            if item.start_pos > len {
+                return Err(EngineError::Other(format!(
+                    "draft context write at position {} leaves a gap (the context holds {len} positions)",
+                    item.start_pos
+                )));
+            }
+            self.m.truncate(item.seq, item.start_pos);
+            self.m.ensure_pages(item.seq, item.start_pos + n)?;
+            let bt = self.m.bt_row(item.seq);
+            self.m.dev.htod(self.m.sc.bt, as_bytes(&bt)).map_err(cerr)?;
+            let mut prof = self.m.fprof.take();
+            let rows = self.m.sc.rows;
+            let mut r0 = 0;
+            while r0 < n {
+                let cnt = (n - r0).min(rows);
+                let pos: Vec<i32> = (0..cnt).map(|i| (item.start_pos + r0 + i) as i32).collect();
+                self.m.dev.htod(self.cpos, as_bytes(&pos)).map_err(cerr)?;
+                self.m.dev.htod(self.tbuf, as_bytes(&item.taps[r0 * width..(r0 + cnt) * width])).map_err(cerr)?;
+                self.context_pass(&mut prof, self.tbuf, width, cnt)?;
+                // The uploads of the next chunk reuse these buffers.
+                self.m.dev.sync().map_err(cerr)?;
+                r0 += cnt;
+            }
+            self.m.fprof = prof;
+            self.set_context_len(item.seq, item.start_pos + n);
+        }
+        Ok(())
+    }
+    fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
+        let inputs: Vec<StepInput> = batch
+            .iter()
+            .map(|b| StepInput { seq: b.seq, tokens: b.tokens, start_pos: b.start_pos, logits: LogitRows::All })
+            .collect();
+        let outs = self.m.forward(&inputs)?;
+        for b in batch {
+            self.m.seqs.get_mut(&b.seq).expect("forward checked it").len = b.start_pos;
+        }
+        Ok(outs)
+    }
+}
