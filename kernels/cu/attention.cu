@@ -65,7 +65,7 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // Tiles of blockDim keys: every thread scores one key (16-byte K loads, q from shared memory),
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
 // hd <= blockDim <= 256.
-#define ATT_CHUNK 128
+#define ATT_CHUNK 32
 extern "C" __global__ void attention(const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc,
                                      const int* pos, const int* seqrow, const int* bt, int max_pages, int page_size,
                                      int nh, int nkv, int hd, int window, const float* sink, const float* g, int ldg,
@@ -180,6 +180,109 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
     if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
+}
+
+// GQA-packed decode attention: one block per (row, KV head, split), one warp per query head of
+// the group (blockDim = 32 * nh/nkv), so each K/V tile is read from memory once for the whole
+// group. Tiles of 32 keys are staged in shared memory; lane j scores key j of the tile against
+// its warp's query (dims in order), warp-level online softmax, then lane l accumulates dims
+// 4l..4l+3 over the tile's keys in order. Key ranges and splits follow `attention` (by the row's
+// own length only), so a row's result is the same in any batch. Needs hd % 8 == 0, hd <= 128,
+// nh / nkv <= 16. Partials feed attention_merge unchanged.
+#define GQ_T 32
+extern "C" __global__ void attention_gqa(const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc,
+                                         const int* pos, const int* seqrow, const int* bt, int max_pages, int page_size,
+                                         int nh, int nkv, int hd, int window, const float* sink, const float* g, int ldg,
+                                         int gate_mode, float scale, int nsplit, float* part, const int* kend) {
+    __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
+    __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
+    __shared__ __align__(16) float qs[16 * 128];
+    int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    int G = nh / nkv;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = kvh * G + w;
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int last = key_last(p, kend, m, window);
+    int len = last + 1 - lo;
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
+    if (z >= ns) return;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
+    int chunk = (len + ns - 1) / ns;
+    int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
+    const int* btr = bt + (size_t)seqrow[m] * max_pages;
+    bool final_ = nsplit == 1;
+    float run_max = (final_ && sink && w < G) ? sink[h] : -INFINITY;
+    float run_sum = (final_ && sink) ? 1.f : 0.f;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    const int ldk = hd + 8;
+    const int nc = hd >> 3;
+    int d = lane * 4;
+    for (int t0 = k0; t0 < k1; t0 += GQ_T) {
+        int tn = min(GQ_T, k1 - t0);
+        __syncthreads();
+        for (int i = threadIdx.x; i < tn * nc; i += blockDim.x) {
+            int j = i / nc, c = i - j * nc;
+            int t = t0 + j;
+            int page = btr[t / page_size];
+            size_t off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+            *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = __ldg(reinterpret_cast<const uint4*>(kc + off));
+            *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = __ldg(reinterpret_cast<const uint4*>(vc + off));
+        }
+        __syncthreads();
+        if (w < G) {
+            float s = -INFINITY;
+            if (lane < tn) {
+                const uint4* kr = reinterpret_cast<const uint4*>(Ks + lane * ldk);
+                const float* qq = qs + w * hd;
+                float acc = 0.f;
+                for (int c = 0; c < nc; c++) {
+                    uint4 u = kr[c];
+                    const float* qc = qq + c * 8;
+                    acc = fmaf(qc[0], bflo(u.x), acc);
+                    acc = fmaf(qc[1], bfhi(u.x), acc);
+                    acc = fmaf(qc[2], bflo(u.y), acc);
+                    acc = fmaf(qc[3], bfhi(u.y), acc);
+                    acc = fmaf(qc[4], bflo(u.z), acc);
+                    acc = fmaf(qc[5], bfhi(u.z), acc);
+                    acc = fmaf(qc[6], bflo(u.w), acc);
+                    acc = fmaf(qc[7], bfhi(u.w), acc);
+                }
+                s = acc * scale;
+            }
+            float mx = warp_max(s);
+            float nm = fmaxf(run_max, mx);
+            float e = lane < tn ? expf(s - nm) : 0.f;
+            float sm = warp_sum(e);
+            float corr = expf(run_max - nm);
+            run_max = nm;
+            run_sum = run_sum * corr + sm;
+            a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
+            for (int j = 0; j < tn; j++) {
+                float pj = __shfl_sync(0xffffffffu, e, j);
+                if (d < hd) {
+                    uint2 u = *reinterpret_cast<const uint2*>(Vs + j * hd + d);
+                    a0 = fmaf(pj, bflo(u.x), a0);
+                    a1 = fmaf(pj, bfhi(u.x), a1);
+                    a2 = fmaf(pj, bflo(u.y), a2);
+                    a3 = fmaf(pj, bfhi(u.y), a3);
+                }
+            }
+        }
+    }
+    if (w >= G || d >= hd) return;
+    if (!final_) {
+        float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
+        pp[2 + d] = a0; pp[3 + d] = a1; pp[4 + d] = a2; pp[5 + d] = a3;
+        if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
+        return;
+    }
+    float o[4] = {a0 / run_sum, a1 / run_sum, a2 / run_sum, a3 / run_sum};
+    for (int i = 0; i < 4; i++) {
+        if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
+        else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
+        out[(size_t)m * ldo + h * hd + d + i] = o[i];
+    }
 }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.

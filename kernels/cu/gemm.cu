@@ -323,3 +323,71 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* 
                                              const int* meta, const int* tiles, float* out) {
     moe_gemm_down<1>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
 }
+
+// Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
+// pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
+// BF16 hi + lo on the fly. A warp owns 16 output rows and one 8-column tile of activation rows
+// (mma m16n8k16: W is the A operand, x^T the B operand); lane (g, t) loads 8 consecutive weights
+// of rows g and g+8 and the same 8 inputs of activation row g per 32-wide K tile (the k order
+// inside a tile is permuted identically for A and B, so the sum is unchanged). The block's S
+// warps split the K tiles round-robin and their partial tiles are added in warp order. Every
+// output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
+// decoded alone and the same row verified with k others are bit-identical.
+// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 4 or 8). Needs K % 32 == 0.
+extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                          float* y, int ldy, int M, int N, int K, int accumulate) {
+    __shared__ float red[8][32][4];
+    const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
+    int S = blockDim.x >> 5;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
+    const bf16_t* wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
+    const bf16_t* wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
+    bool xv = m0 + g < M;
+    const float* xr = x + (size_t)(xv ? m0 + g : 0) * ldx + 8 * t;
+    float c[4] = {0.f, 0.f, 0.f, 0.f};
+    int nk = K >> 5;
+#pragma unroll 4
+    for (int kt = warp; kt < nk; kt += S) {
+        size_t k = (size_t)kt * 32;
+        uint4 A0 = __ldg(reinterpret_cast<const uint4*>(wa + k));
+        uint4 A1 = __ldg(reinterpret_cast<const uint4*>(wb + k));
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (xv) {
+            x0 = __ldg(reinterpret_cast<const float4*>(xr + k));
+            x1 = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
+        }
+        float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        u32 hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            bf16_t h0 = f2bf(xs[2 * i]), h1 = f2bf(xs[2 * i + 1]);
+            hi[i] = (u32)h0 | ((u32)h1 << 16);
+            lo[i] = pack_bf2(xs[2 * i] - bf2f(h0), xs[2 * i + 1] - bf2f(h1));
+        }
+        // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+        mma_bf16(c, A0.x, A1.x, A0.y, A1.y, hi[0], hi[1]);
+        mma_bf16(c, A0.x, A1.x, A0.y, A1.y, lo[0], lo[1]);
+        mma_bf16(c, A0.z, A1.z, A0.w, A1.w, hi[2], hi[3]);
+        mma_bf16(c, A0.z, A1.z, A0.w, A1.w, lo[2], lo[3]);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][lane][i] = c[i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = red[0][lane][i];
+        for (int ww = 1; ww < S; ww++) v += red[ww][lane][i];
+        c[i] = v;
+    }
+    // c0: (row g, col 2t), c1: (g, 2t+1), c2: (g+8, 2t), c3: (g+8, 2t+1).
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+        if (n < N && m < M) {
+            float* o = y + (size_t)m * ldy + n;
+            *o = accumulate ? *o + c[i] : c[i];
+        }
+    }
+}

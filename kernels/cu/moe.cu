@@ -348,3 +348,222 @@ extern "C" __global__ void moe_combine_norm(float* x, const float* out, const fl
     }
     for (int n = threadIdx.x + 8 * blockDim.x; n < H; n += blockDim.x) y[(size_t)m * H + n] = w[n] * (xr[n] * inv);
 }
+
+// ---- small-batch MoE (passes of 1..16 rows: decode steps and DFlash verify) -------------------
+// Persistent warps (grid-stride over work items) so a whole layer's experts are in flight at once
+// and the group/slot lookups are paid once per item. An item is (group, outputs): the weights are
+// loaded once per item and applied to every slot of the group (an expert chosen by several rows
+// is read once). Per (slot, output) the arithmetic is fixed: lane-strided chunks of 32 (gate/up)
+// or 16 (down) inputs, 16-term fmaf blocks scaled per block, then warp_sum; it never depends on
+// the grouping or the batch, so a row verified with k others is bit-identical to the row decoded
+// alone. Slots of a group are taken SB at a time (weights re-read from L1 for the next SB).
+#define MOE_SB 2
+template <int FMT>
+__device__ __forceinline__ float blk16_dot(u32 w0, u32 w1, u32 w2, u32 w3, u32 w4, u32 w5, u32 w6, u32 w7, const float* xv) {
+    // FMT 0: 8 words = 16 bf16; FMT 1: w0, w1 = 16 e2m1 codes (element 2i low nibble).
+    float t = 0.f;
+    if (FMT == 0) {
+        u32 q[8] = {w0, w1, w2, w3, w4, w5, w6, w7};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            t = fmaf(bflo(q[e]), xv[2 * e], t);
+            t = fmaf(bfhi(q[e]), xv[2 * e + 1], t);
+        }
+    } else {
+        u32 c2[2] = {w0, w1};
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                u32 q = (c2[h] >> (8 * i)) & 0xffu;
+                t = fmaf(e2m1(q & 15u), xv[8 * h + 2 * i], t);
+                t = fmaf(e2m1(q >> 4), xv[8 * h + 2 * i + 1], t);
+            }
+    }
+    return t;
+}
+// One 16-input block of weight row `n` of expert matrix base (rows of K inputs): packed words and
+// the block scale (1 for BF16).
+template <int FMT>
+__device__ __forceinline__ void load_blk(const u8* base, const u8* sbase, int n, int K, int b, uint4& a, uint4& c, float& sc) {
+    if (FMT == 0) {
+        const uint4* p = reinterpret_cast<const uint4*>(base + ((size_t)n * K + (size_t)b * 16) * 2);
+        a = __ldg(p);
+        c = __ldg(p + 1);
+        sc = 1.f;
+    } else {
+        uint2 u = __ldg(reinterpret_cast<const uint2*>(base + (size_t)n * (K >> 1) + (size_t)b * 8));
+        a = make_uint4(u.x, u.y, 0u, 0u);
+        c = make_uint4(0u, 0u, 0u, 0u);
+        sc = e4m3u(__ldg(sbase + (size_t)n * (K >> 4) + b));
+    }
+}
+// gate/up: item = (group, 2 consecutive intermediate rows). act[slot, i] = silu(g) * u.
+template <int FMT>
+__device__ void moe_gu_s_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                              const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
+                              const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* act) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    int per = I >> 1;
+    int total = meta[0] * per;
+    int nblk = H >> 4;
+    size_t wstride = FMT == 0 ? (size_t)I * H * 2 : (size_t)I * H / 2;
+    size_t sstride = (size_t)I * (H >> 4);
+    for (int it = warp; it < total; it += nwarps) {
+        int g = it / per, i = (it - g * per) * 2;
+        int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+        const u8* gwe = reinterpret_cast<const u8*>(gw) + e * wstride;
+        const u8* uwe = reinterpret_cast<const u8*>(uw) + e * wstride;
+        const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
+        const u8* use = FMT == 1 ? us + e * sstride : nullptr;
+        float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
+        for (int s0 = 0; s0 < cn; s0 += MOE_SB) {
+            int ns = min(MOE_SB, cn - s0);
+            int slot[MOE_SB];
+            const float* xr[MOE_SB];
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++) {
+                slot[r] = perm[st + s0 + (r < ns ? r : 0)];
+                xr[r] = x + (size_t)(slot[r] / KK) * H;
+            }
+            float acc[MOE_SB][4];
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[r][j] = 0.f;
+            uint4 wa[4], wc[4];
+            float sc[4];
+            auto ld4 = [&](int b, uint4* qa, uint4* qc, float* qs) {
+                load_blk<FMT>(gwe, gse, i, H, b, qa[0], qc[0], qs[0]);
+                load_blk<FMT>(gwe, gse, i + 1, H, b, qa[1], qc[1], qs[1]);
+                load_blk<FMT>(uwe, use, i, H, b, qa[2], qc[2], qs[2]);
+                load_blk<FMT>(uwe, use, i + 1, H, b, qa[3], qc[3], qs[3]);
+            };
+            if (lane < nblk) ld4(lane, wa, wc, sc);
+            for (int b = lane; b < nblk; b += 32) {
+                uint4 na[4], nc[4];
+                float nsc[4];
+                if (b + 32 < nblk) ld4(b + 32, na, nc, nsc);
+#pragma unroll
+                for (int r = 0; r < MOE_SB; r++) {
+                    if (r < ns) {
+                        const float4* xp = reinterpret_cast<const float4*>(xr[r] + b * 16);
+                        float4 v0 = __ldg(xp), v1 = __ldg(xp + 1), v2 = __ldg(xp + 2), v3 = __ldg(xp + 3);
+                        float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
+                            acc[r][j] = FMT == 0 ? acc[r][j] + t : fmaf(t, sc[j], acc[r][j]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    wa[j] = na[j];
+                    wc[j] = nc[j];
+                    sc[j] = nsc[j];
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++) {
+                float g0 = warp_sum(acc[r][0]) * gi, g1 = warp_sum(acc[r][1]) * gi;
+                float u0 = warp_sum(acc[r][2]) * ui, u1 = warp_sum(acc[r][3]) * ui;
+                if (r < ns) {
+                    if (lane == 0) act[(size_t)slot[r] * I + i] = silu_f(g0) * u0;
+                    if (lane == 1) act[(size_t)slot[r] * I + i + 1] = silu_f(g1) * u1;
+                }
+            }
+        }
+    }
+}
+// down: item = (group, 4 consecutive output rows). out[slot, n] = down_e[n] . act[slot].
+template <int FMT>
+__device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                              const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
+                              const int* meta, float* out) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    int per = H >> 2;
+    int total = meta[0] * per;
+    int nblk = I >> 4;
+    size_t wstride = FMT == 0 ? (size_t)H * I * 2 : (size_t)H * I / 2;
+    size_t sstride = (size_t)H * (I >> 4);
+    for (int it = warp; it < total; it += nwarps) {
+        int g = it / per, n = (it - g * per) * 4;
+        int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+        const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+        const u8* dse = FMT == 1 ? ds + e * sstride : nullptr;
+        float di = FMT == 1 ? dinv[e] : 1.f;
+        for (int s0 = 0; s0 < cn; s0 += MOE_SB) {
+            int ns = min(MOE_SB, cn - s0);
+            int slot[MOE_SB];
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++) slot[r] = perm[st + s0 + (r < ns ? r : 0)];
+            float acc[MOE_SB][4];
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[r][j] = 0.f;
+            uint4 wa[4], wc[4];
+            float sc[4];
+            if (lane < nblk)
+#pragma unroll
+                for (int j = 0; j < 4; j++) load_blk<FMT>(dwe, dse, n + j, I, lane, wa[j], wc[j], sc[j]);
+            for (int b = lane; b < nblk; b += 32) {
+                uint4 na[4], nc[4];
+                float nsc[4];
+                if (b + 32 < nblk)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) load_blk<FMT>(dwe, dse, n + j, I, b + 32, na[j], nc[j], nsc[j]);
+#pragma unroll
+                for (int r = 0; r < MOE_SB; r++) {
+                    if (r < ns) {
+                        const float4* xp = reinterpret_cast<const float4*>(act + (size_t)slot[r] * I + b * 16);
+                        float4 v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
+                        float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+                        for (int j = 0; j < 4; j++) {
+                            float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
+                            acc[r][j] = FMT == 0 ? acc[r][j] + t : fmaf(t, sc[j], acc[r][j]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    wa[j] = na[j];
+                    wc[j] = nc[j];
+                    sc[j] = nsc[j];
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < MOE_SB; r++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float v = warp_sum(acc[r][j]) * di;
+                    if (r < ns && lane == j) out[(size_t)slot[r] * H + n + j] = v;
+                }
+            }
+        }
+    }
+}
+extern "C" __global__ void moe_gate_up_fp4_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                             const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                             const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gu_s_impl<1>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_gate_up_bf16_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) {
+    moe_gu_s_impl<0>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ void moe_down_fp4_s(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                          const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                          float* out) {
+    moe_dn_s_impl<1>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                           const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                           float* out) {
+    moe_dn_s_impl<0>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}

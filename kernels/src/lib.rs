@@ -20,8 +20,8 @@ pub struct KernelModule {
 
 pub const MODULES: &[KernelModule] = &[
     KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm", "rmsnorm_taps", "copy_rows"] },
-    KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "silu_mul"] },
-    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_merge", "attention_prefill"] },
+    KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "linear_bf16_m8", "linear_fp4_m8", "linear_bf16_m16", "linear_fp4_m16", "silu_mul"] },
+    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_gqa", "attention_merge", "attention_prefill"] },
     KernelModule {
         name: "moe",
         source: include_str!("../cu/moe.cu"),
@@ -39,12 +39,16 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_fp4_1",
             "moe_combine",
             "moe_combine_norm",
+            "moe_gate_up_fp4_s",
+            "moe_gate_up_bf16_s",
+            "moe_down_fp4_s",
+            "moe_down_bf16_s",
         ],
     },
     KernelModule {
         name: "gemm",
         source: include_str!("../cu/gemm.cu"),
-        entries: &["split_bf16", "gemm_bf16", "gemm_fp4", "gemm_bf16_x2", "gemm_fp4_x2", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp4", "moe_gemm_down_bf16", "moe_gemm_down_fp4"],
+        entries: &["split_bf16", "gemm_bf16", "gemm_fp4", "gemm_bf16_x2", "gemm_fp4_x2", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp4", "moe_gemm_down_bf16", "moe_gemm_down_fp4", "linear_tc_bf16"],
     },
     KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4"] },
 ];

@@ -84,6 +84,24 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
             x.step_ms, x.ratio, x.draft_ms, x.verify_ms, x.ctx_ms, x.accepted_per_step, x.tok_s, x.projected_tok_s, PROJECTED_ACCEPT.min(k as f64)
         );
     }
+    // Per-kernel breakdown of eager steps at the last k.
+    if let Some(&k) = ks.last() {
+        spec.use_graphs = false;
+        spec.timing = false;
+        spec.prof = Some(Default::default());
+        let r = spec.generate(m, &mut d, &GenerateRequest { max_tokens: 17, ..req.clone() }, k, false)?;
+        let steps = r.times.steps.max(1) as f64;
+        if let Some(ps) = spec.prof.take() {
+            for (name, mut p) in ["propose", "verify", "context"].into_iter().zip(ps) {
+                let v = p.summary();
+                let tot: f64 = v.iter().map(|x| x.1).sum();
+                eprintln!("k={k} {name} (eager, per step): {:.3} ms", tot / steps);
+                for (n, t, c) in v {
+                    eprintln!("    {:<22} {:>8.3} ms {:>6.1} launches", n, t / steps, c as f64 / steps);
+                }
+            }
+        }
+    }
     use laguna_engine::model::Model;
     m.set_taps(&[]);
     m.set_taps_on_device(false)?;

@@ -129,6 +129,8 @@ pub struct Dev {
     funcs: HashMap<&'static str, CudaFunction>,
     pub arch: String,
     pub name: String,
+    /// Streaming multiprocessors (sizes persistent grids).
+    pub sms: u32,
     allocs: Mutex<Vec<u64>>,
 }
 
@@ -154,12 +156,14 @@ impl Dev {
                 funcs.insert(e, module.load_function(e)?);
             }
         }
+        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as u32;
         Ok(Dev {
             ctx,
             stream,
             funcs,
             arch,
             name,
+            sms,
             allocs: Mutex::new(vec![]),
         })
     }

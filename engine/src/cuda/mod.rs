@@ -242,6 +242,14 @@ pub struct CudaModel {
     /// ([rows, taps * hidden] f32) instead of copying them to the host.
     taps_on_device: bool,
     taps_dev: u64,
+    /// LAGUNA_NO_SMALL_M: 2..16-row passes on the generic 8-row GEMV (A/B timing).
+    no_small_m: bool,
+    /// LAGUNA_OLD_MOE: small batches on the previous per-group MoE kernels (A/B timing).
+    old_moe: bool,
+    /// LAGUNA_OLD_ATTN: decode attention one block per query head (A/B timing).
+    old_attn: bool,
+    /// LAGUNA_NO_TC_GEMV: BF16 weight-streaming Linears on the f32 SIMT kernels (A/B timing).
+    no_tc_gemv: bool,
 }
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
@@ -757,6 +765,10 @@ impl CudaModel {
             noncausal: false,
             taps_on_device: false,
             taps_dev: 0,
+            no_small_m: std::env::var_os("LAGUNA_NO_SMALL_M").is_some(),
+            old_moe: std::env::var_os("LAGUNA_OLD_MOE").is_some(),
+            old_attn: std::env::var_os("LAGUNA_OLD_ATTN").is_some(),
+            no_tc_gemv: std::env::var_os("LAGUNA_NO_TC_GEMV").is_some(),
         })
     }
 
@@ -932,7 +944,14 @@ impl CudaModel {
                 })
                 .map_err(cerr)?;
             } else {
-            d.launch_p(prof, "attention", (m as u32, nh as u32, nsplit as u32), (ablk, 1, 1), 0, |b| {
+            let group = if nh % nkv == 0 { nh / nkv } else { 0 };
+            let gqa = !self.old_attn && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+            let (aname, agrid, ablk) = if gqa {
+                ("attention_gqa", (m as u32, nkv as u32, nsplit as u32), (32 * group) as u32)
+            } else {
+                ("attention", (m as u32, nh as u32, nsplit as u32), ablk)
+            };
+            d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
                 b.u64(qp)
                     .i32(ldq as i32)
                     .u64(sc.attn)
@@ -1114,6 +1133,51 @@ impl CudaModel {
                                 .u64(sc.moe_out);
                         })
                         .map_err(cerr)?;
+                    } else if !self.old_moe && h % 16 == 0 && im % 16 == 0 {
+                        // Weight-streaming regime (decode, DFlash verify, any pass below
+                        // gemm_min_rows): persistent grouped kernels with the same per-slot
+                        // arithmetic whatever the number of rows.
+                        let (gu_name, dn_name) = if experts.gate.fp4 {
+                            ("moe_gate_up_fp4_s", "moe_down_fp4_s")
+                        } else {
+                            ("moe_gate_up_bf16_s", "moe_down_bf16_s")
+                        };
+                        let blocks = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
+                        d.launch_p(prof, gu_name, (blocks, 1, 1), (256, 1, 1), 0, |b| {
+                            b.u64(experts.gate.w)
+                                .u64(experts.gate.s)
+                                .u64(experts.gate.inv)
+                                .u64(experts.up.w)
+                                .u64(experts.up.s)
+                                .u64(experts.up.inv)
+                                .u64(sc.hn)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .i32(kk as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_act);
+                        })
+                        .map_err(cerr)?;
+                        let blocks = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
+                        d.launch_p(prof, dn_name, (blocks, 1, 1), (256, 1, 1), 0, |b| {
+                            b.u64(experts.down.w)
+                                .u64(experts.down.s)
+                                .u64(experts.down.inv)
+                                .u64(sc.moe_act)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_out);
+                        })
+                        .map_err(cerr)?;
                     } else {
                     let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
                     let gu_name = match (experts.gate.fp4, one) {
@@ -1286,16 +1350,46 @@ impl CudaModel {
                 })
                 .map_err(cerr);
         }
+        if !l.fp4 && l.k % 32 == 0 && tag != "router" && !self.no_tc_gemv {
+            // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
+            // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
+            let sw = if l.n <= 4096 { 8u32 } else { 4 };
+            return self
+                .dev
+                .launch_p(prof, "linear_tc_bf16", (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1), (32 * sw, 1, 1), 0, |b| {
+                    b.u64(l.w)
+                        .u64(l.s)
+                        .f32(l.inv_gs)
+                        .u64(x)
+                        .i32(ldx as i32)
+                        .u64(y)
+                        .i32(ldy as i32)
+                        .i32(m as i32)
+                        .i32(l.n as i32)
+                        .i32(l.k as i32)
+                        .i32(acc as i32);
+                })
+                .map_err(cerr);
+        }
         let one = m == 1 && l.k * 4 <= 48 * 1024;
-        let name = match (l.fp4, one) {
-            (false, false) => "linear_bf16",
-            (true, false) => "linear_fp4",
-            (false, true) => "linear_bf16_1",
-            (true, true) => "linear_fp4_1",
+        // 2+ rows (DFlash verify/propose): 2 weight rows per warp, up to 16 activation rows per
+        // weight read; same per-row arithmetic as the 1-row kernels.
+        let small = !one && !self.no_small_m;
+        let name = match (l.fp4, one, small, m <= 8) {
+            (false, true, _, _) => "linear_bf16_1",
+            (true, true, _, _) => "linear_fp4_1",
+            (false, false, true, true) => "linear_bf16_m8",
+            (true, false, true, true) => "linear_fp4_m8",
+            (false, false, true, false) => "linear_bf16_m16",
+            (true, false, true, false) => "linear_fp4_m16",
+            (false, false, false, _) => "linear_bf16",
+            (true, false, false, _) => "linear_fp4",
         };
         let _ = tag;
         let (grid, shm) = if one {
             ((ceil_div(l.n, 16) as u32, 1, 1), (l.k * 4) as u32)
+        } else if small {
+            ((ceil_div(l.n, 16) as u32, if m <= 8 { 1 } else { ceil_div(m, 16) as u32 }, 1), 0)
         } else {
             ((ceil_div(l.n, 8) as u32, ceil_div(m, 8) as u32, 1), 0)
         };

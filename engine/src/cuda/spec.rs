@@ -55,11 +55,13 @@ pub struct CudaSpec {
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
     pub timing: bool,
+    /// Per-kernel timing of eager steps (use_graphs = false): propose, verify, context.
+    pub prof: Option<[device::Prof; 3]>,
 }
 
 impl Default for CudaSpec {
     fn default() -> Self {
-        CudaSpec { graphs: HashMap::new(), use_graphs: true, timing: false }
+        CudaSpec { graphs: HashMap::new(), use_graphs: true, timing: false, prof: None }
     }
 }
 
@@ -206,11 +208,18 @@ impl CudaSpec {
                 }
             }
             None => {
-                Self::propose_body(target, draft, k, &mut None)?;
+                let mut ps: [Option<device::Prof>; 3] = match self.prof.take() {
+                    Some([a, b, c]) => [Some(a), Some(b), Some(c)],
+                    None => [None, None, None],
+                };
+                Self::propose_body(target, draft, k, &mut ps[0])?;
                 let e1 = ev(self.timing)?;
-                Self::verify_body(target, k, &mut None)?;
+                Self::verify_body(target, k, &mut ps[1])?;
                 let e2 = ev(self.timing)?;
-                Self::ctx_body(target, draft, k, &mut None)?;
+                Self::ctx_body(target, draft, k, &mut ps[2])?;
+                if let [Some(a), Some(b), Some(c)] = ps {
+                    self.prof = Some([a, b, c]);
+                }
                 let e3 = ev(self.timing)?;
                 if let (Some(a), Some(b), Some(c), Some(d)) = (&e0, &e1, &e2, &e3) {
                     d.sync().map_err(cerr)?;
