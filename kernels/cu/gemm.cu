@@ -347,29 +347,43 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
     const float* xr = x + (size_t)(xv ? m0 + g : 0) * ldx + 8 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     int nk = K >> 5;
-#pragma unroll 4
-    for (int kt = warp; kt < nk; kt += S) {
-        size_t k = (size_t)kt * 32;
-        uint4 A0 = __ldg(reinterpret_cast<const uint4*>(wa + k));
-        uint4 A1 = __ldg(reinterpret_cast<const uint4*>(wb + k));
-        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-        if (xv) {
-            x0 = __ldg(reinterpret_cast<const float4*>(xr + k));
-            x1 = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
-        }
-        float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        u32 hi[4], lo[4];
+    // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
+    // order as one tile at a time).
+    for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
+        uint4 A0[4], A1[4];
+        float4 X0[4], X1[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            bf16_t h0 = f2bf(xs[2 * i]), h1 = f2bf(xs[2 * i + 1]);
-            hi[i] = (u32)h0 | ((u32)h1 << 16);
-            lo[i] = pack_bf2(xs[2 * i] - bf2f(h0), xs[2 * i + 1] - bf2f(h1));
+        for (int u = 0; u < 4; u++) {
+            int kt = kt0 + u * S;
+            size_t k = (size_t)kt * 32;
+            X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+            X1[u] = X0[u];
+            if (kt < nk) {
+                A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + k));
+                A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + k));
+                if (xv) {
+                    X0[u] = __ldg(reinterpret_cast<const float4*>(xr + k));
+                    X1[u] = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
+                }
+            }
         }
-        // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
-        mma_bf16(c, A0.x, A1.x, A0.y, A1.y, hi[0], hi[1]);
-        mma_bf16(c, A0.x, A1.x, A0.y, A1.y, lo[0], lo[1]);
-        mma_bf16(c, A0.z, A1.z, A0.w, A1.w, hi[2], hi[3]);
-        mma_bf16(c, A0.z, A1.z, A0.w, A1.w, lo[2], lo[3]);
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            if (kt0 + u * S >= nk) break;
+            float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
+            u32 hi[4], lo[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                bf16_t h0 = f2bf(xs[2 * i]), h1 = f2bf(xs[2 * i + 1]);
+                hi[i] = (u32)h0 | ((u32)h1 << 16);
+                lo[i] = pack_bf2(xs[2 * i] - bf2f(h0), xs[2 * i + 1] - bf2f(h1));
+            }
+            // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
+            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, lo[0], lo[1]);
+            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, hi[2], hi[3]);
+            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, lo[2], lo[3]);
+        }
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) red[warp][lane][i] = c[i];

@@ -132,3 +132,18 @@ pub fn to_json(rows: &[KRow]) -> serde_json::Value {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ks;
+
+    #[test]
+    fn k_lists_and_ranges() {
+        assert_eq!(parse_ks("6").unwrap(), vec![6]);
+        assert_eq!(parse_ks("1..4").unwrap(), vec![1, 2, 3, 4]);
+        assert_eq!(parse_ks("1..=3").unwrap(), vec![1, 2, 3]);
+        assert_eq!(parse_ks("1,3,6,15").unwrap(), vec![1, 3, 6, 15]);
+        assert!(parse_ks("5..2").is_err());
+        assert!(parse_ks("x").is_err());
+    }
+}

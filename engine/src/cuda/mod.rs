@@ -192,6 +192,64 @@ pub struct KernelTimes {
     pub by_name: Vec<(String, f64, usize)>,
 }
 
+/// Kernel families of the weight-streaming regime (passes below `gemm_min_rows`: decode steps,
+/// DFlash propose/verify). Each new family computes a row with arithmetic that does not depend on
+/// the pass size, so decode and verify stay bit-identical whichever set is chosen; `laguna bench`
+/// compares each family against the original f32 kernels (`KernelSet::original`) at the real
+/// shapes, `laguna device-test` compares the default set against the CPU on every fixture.
+/// Environment: LAGUNA_KERNELS=original, or a comma list of families to turn off (e.g.
+/// `-tc_gemv,-attn_gqa`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSet {
+    /// BF16 Linears as tensor-core GEMV (`linear_tc_bf16`) instead of f32 SIMT.
+    pub tc_gemv: bool,
+    /// Multi-row SIMT GEMV with 2 weight rows per warp (`linear_*_m8/_m16`) instead of 8-row `linear_*`.
+    pub small_m: bool,
+    /// Persistent grouped MoE (`moe_*_s`) instead of one block row per group (`moe_*`, `moe_*_1`).
+    pub moe_s: bool,
+    /// GQA-packed decode attention (`attention_gqa`) instead of one block per query head.
+    pub attn_gqa: bool,
+}
+
+impl KernelSet {
+    pub fn original() -> KernelSet {
+        KernelSet { tc_gemv: false, small_m: false, moe_s: false, attn_gqa: false }
+    }
+    pub fn default_set() -> KernelSet {
+        KernelSet { tc_gemv: true, small_m: true, moe_s: true, attn_gqa: true }
+    }
+    /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
+    /// families prefixed with `-` (off) or `+`/nothing (on). Err names an unknown family.
+    pub fn parse(spec: &str) -> std::result::Result<KernelSet, String> {
+        let mut k = KernelSet::default_set();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (on, name) = match item.strip_prefix('-') {
+                Some(n) => (false, n),
+                None => (true, item.strip_prefix('+').unwrap_or(item)),
+            };
+            match name {
+                "original" => k = KernelSet::original(),
+                "default" => k = KernelSet::default_set(),
+                "tc_gemv" => k.tc_gemv = on,
+                "small_m" => k.small_m = on,
+                "moe_s" => k.moe_s = on,
+                "attn_gqa" => k.attn_gqa = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa)")),
+            }
+        }
+        Ok(k)
+    }
+    pub fn from_env() -> KernelSet {
+        match std::env::var("LAGUNA_KERNELS") {
+            Ok(v) => KernelSet::parse(&v).unwrap_or_else(|e| {
+                tracing::warn!("LAGUNA_KERNELS: {e}; using the default kernels");
+                KernelSet::default_set()
+            }),
+            Err(_) => KernelSet::default_set(),
+        }
+    }
+}
+
 /// Loaded weights handed to [`CudaModel::finish`].
 struct Parts {
     embed: u64,
@@ -242,14 +300,8 @@ pub struct CudaModel {
     /// ([rows, taps * hidden] f32) instead of copying them to the host.
     taps_on_device: bool,
     taps_dev: u64,
-    /// LAGUNA_NO_SMALL_M: 2..16-row passes on the generic 8-row GEMV (A/B timing).
-    no_small_m: bool,
-    /// LAGUNA_OLD_MOE: small batches on the previous per-group MoE kernels (A/B timing).
-    old_moe: bool,
-    /// LAGUNA_OLD_ATTN: decode attention one block per query head (A/B timing).
-    old_attn: bool,
-    /// LAGUNA_NO_TC_GEMV: BF16 weight-streaming Linears on the f32 SIMT kernels (A/B timing).
-    no_tc_gemv: bool,
+    /// Which weight-streaming kernel families run (see [`KernelSet`]).
+    kset: KernelSet,
 }
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
@@ -765,10 +817,7 @@ impl CudaModel {
             noncausal: false,
             taps_on_device: false,
             taps_dev: 0,
-            no_small_m: std::env::var_os("LAGUNA_NO_SMALL_M").is_some(),
-            old_moe: std::env::var_os("LAGUNA_OLD_MOE").is_some(),
-            old_attn: std::env::var_os("LAGUNA_OLD_ATTN").is_some(),
-            no_tc_gemv: std::env::var_os("LAGUNA_NO_TC_GEMV").is_some(),
+            kset: KernelSet::from_env(),
         })
     }
 
@@ -945,7 +994,7 @@ impl CudaModel {
                 .map_err(cerr)?;
             } else {
             let group = if nh % nkv == 0 { nh / nkv } else { 0 };
-            let gqa = !self.old_attn && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+            let gqa = self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
             let (aname, agrid, ablk) = if gqa {
                 ("attention_gqa", (m as u32, nkv as u32, nsplit as u32), (32 * group) as u32)
             } else {
@@ -1133,7 +1182,7 @@ impl CudaModel {
                                 .u64(sc.moe_out);
                         })
                         .map_err(cerr)?;
-                    } else if !self.old_moe && h % 16 == 0 && im % 16 == 0 {
+                    } else if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
                         // Weight-streaming regime (decode, DFlash verify, any pass below
                         // gemm_min_rows): persistent grouped kernels with the same per-slot
                         // arithmetic whatever the number of rows.
@@ -1350,7 +1399,7 @@ impl CudaModel {
                 })
                 .map_err(cerr);
         }
-        if !l.fp4 && l.k % 32 == 0 && tag != "router" && !self.no_tc_gemv {
+        if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
             // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
             // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
             let sw = if l.n <= 4096 { 8u32 } else { 4 };
@@ -1374,7 +1423,7 @@ impl CudaModel {
         let one = m == 1 && l.k * 4 <= 48 * 1024;
         // 2+ rows (DFlash verify/propose): 2 weight rows per warp, up to 16 activation rows per
         // weight read; same per-row arithmetic as the 1-row kernels.
-        let small = !one && !self.no_small_m;
+        let small = !one && self.kset.small_m;
         let name = match (l.fp4, one, small, m <= 8) {
             (false, true, _, _) => "linear_bf16_1",
             (true, true, _, _) => "linear_fp4_1",
@@ -1724,6 +1773,15 @@ impl Model for CudaModel {
 }
 
 impl CudaModel {
+    /// Choose the weight-streaming kernel families (A/B checks and timing; see [`KernelSet`]).
+    pub fn set_kernels(&mut self, k: KernelSet) {
+        self.kset = k;
+        self.graph = None;
+    }
+    pub fn kernels(&self) -> KernelSet {
+        self.kset
+    }
+
     /// Keep the taps of `forward` on the device (`taps_dev`) instead of returning them; forwards
     /// must then fit one pass. Allocates the buffer on first use.
     pub fn set_taps_on_device(&mut self, on: bool) -> Result<()> {
@@ -1809,6 +1867,17 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kernel_set_parses() {
+        assert_eq!(KernelSet::parse("").unwrap(), KernelSet::default_set());
+        assert_eq!(KernelSet::parse("original").unwrap(), KernelSet::original());
+        let k = KernelSet::parse("-tc_gemv, -attn_gqa").unwrap();
+        assert!(!k.tc_gemv && !k.attn_gqa && k.small_m && k.moe_s);
+        let k = KernelSet::parse("original,+moe_s").unwrap();
+        assert_eq!(k, KernelSet { moe_s: true, ..KernelSet::original() });
+        assert!(KernelSet::parse("-fast").unwrap_err().contains("unknown kernel family `fast`"));
+    }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
     /// agree with the CPU on its prompt (the full device checks live in `laguna device-test`).

@@ -4,11 +4,13 @@
 //! token ids per step and does the bookkeeping (lengths, pages).
 //!
 //! One step for committed tokens `x[0..T)` (target and draft context hold `0..T-1`), `t = x[T-1]`:
-//! 1. propose (graph per k): draft forward over `[t, mask x k]` at `T-1..T-1+k`, final norm +
+//! The three device segments below are one CUDA graph per k (three graphs with events between
+//! them when timing).
+//! 1. propose: draft forward over `[t, mask x k]` at `T-1..T-1+k`, final norm +
 //!    shared lm_head + argmax of rows 1..k written straight into the target's token slots 1..k;
-//! 2. verify (graph per k): target forward over `[t, d_1..d_k]` with the taps copied to a device
+//! 2. verify: target forward over `[t, d_1..d_k]` with the taps copied to a device
 //!    buffer, argmax of all k+1 rows;
-//! 3. context (graph per k): the draft's context K/V for all k+1 verified rows at `T-1..T-1+k`.
+//! 3. context: the draft's context K/V for all k+1 verified rows at `T-1..T-1+k`.
 //!    Rows past the accepted ones are garbage but never read: the draft's length becomes `T+a`
 //!    and the next block (at `T+a..`) overwrites them before any query can see them (the same
 //!    holds for the target's K/V of rejected rows);
@@ -44,6 +46,9 @@ pub struct SpecRun {
 }
 
 struct Graphs {
+    /// The whole step (propose + verify + context) as one graph: used unless timing.
+    step: device::Graph,
+    /// The three segments as separate graphs, with events between them when timing.
     propose: device::Graph,
     verify: device::Graph,
     ctx: device::Graph,
@@ -138,6 +143,11 @@ impl CudaSpec {
             g
         };
         Ok(Graphs {
+            step: one(&|| {
+                Self::propose_body(target, draft, k, &mut None)?;
+                Self::verify_body(target, k, &mut None)?;
+                Self::ctx_body(target, draft, k, &mut None)
+            })?,
             propose: one(&|| Self::propose_body(target, draft, k, &mut None))?,
             verify: one(&|| Self::verify_body(target, k, &mut None))?,
             ctx: one(&|| Self::ctx_body(target, draft, k, &mut None))?,
@@ -193,6 +203,7 @@ impl CudaSpec {
         let ev = |on: bool| -> Result<Option<device::Event>> { if on { target.dev.event().map(Some).map_err(cerr) } else { Ok(None) } };
         let e0 = ev(self.timing)?;
         match self.graphs.get(&k).filter(|_| self.use_graphs) {
+            Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
             Some(g) => {
                 g.propose.launch().map_err(cerr)?;
                 let e1 = ev(self.timing)?;
