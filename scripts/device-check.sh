@@ -24,6 +24,48 @@ if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
     timeout 400 "$BIN" device-test --fixtures tests/fixtures/models ${DEVICE_TEST_ARGS:-} > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
     cat "$OUT/device-test.log"
 fi
+status_cli=skip
+if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
+    # DFlash on the GPU through the CLI (device-resident loop) and the server (scheduler + the
+    # generic driver with the CUDA draft): same tokens as without the draft, counters move.
+    P=tests/fixtures/models/swa-yarn-perhead; D=tests/fixtures/drafts/swa-yarn-perhead-causal-w8; DEV=${DFLASH_DEVICE:-cuda}
+    IDS=5,6,7,8,9,10,11,12,13,14,15,16
+    (
+        A=$("$BIN" generate --model $P --device $DEV --prompt-ids $IDS --max-tokens 32 --ignore-eos --json | tail -1)
+        B=$("$BIN" generate --model $P --device $DEV --draft $D --num-speculative-tokens 6 --prompt-ids $IDS --max-tokens 32 --ignore-eos --json | tail -1)
+        echo "no draft: $A"; echo "draft:    $B"
+        CA=$(echo "$A" | python3 -c 'import json,sys; print(json.load(sys.stdin)["completion_ids"])')
+        CB=$(echo "$B" | python3 -c 'import json,sys; print(json.load(sys.stdin)["completion_ids"])')
+        [ "$CA" = "$CB" ] && echo "generate --draft on $DEV: identical" || { echo "generate --draft on $DEV: DIFFERENT"; exit 1; }
+        # The server needs a tokenizer: the target fixture plus tiny-chat's (ids stay below its vocab).
+        T=$(mktemp -d); cp $P/config.json $P/model.safetensors $T/; cp tests/fixtures/models/tiny-chat/tokenizer.json $T/
+        for mode in plain dflash; do
+            EXTRA=""; [ $mode = dflash ] && EXTRA="--draft $D --num-speculative-tokens 3"
+            "$BIN" serve --model $T --device $DEV --served-model-name t --max-num-batched-tokens 16 --port 18123 $EXTRA > "$OUT/serve-$mode.log" 2>&1 &
+            SP=$!
+            for i in $(seq 1 120); do curl -sf localhost:18123/health > /dev/null && break; sleep 0.5; done
+            # 4 concurrent prompts in one request: verify rows of several sequences share passes.
+            curl -sf localhost:18123/v1/completions -H 'content-type: application/json' \
+                -d '{"prompt": [[3,10,17,24,31,38],[34,41,48,55,62,69,76,83,90],[65,72,79,86,93,100,107,114,121,128,135,142],[96,103,110,117,124,131,138,145,152,159,166,173,180,187,194]], "max_tokens": 20, "temperature": 0, "ignore_eos": true}' > "$OUT/serve-$mode.json"
+            curl -sf localhost:18123/metrics | grep -E '^vllm:spec_decode_num_(drafts|accepted_tokens)_total' > "$OUT/serve-$mode.metrics"
+            kill $SP; wait $SP 2>/dev/null
+            echo "$mode: $(cat $OUT/serve-$mode.json | cut -c1-200)"; cat "$OUT/serve-$mode.metrics"
+        done
+        python3 - "$OUT" <<'PY'
+import json, sys
+o = sys.argv[1]
+a, b = (json.load(open(f"{o}/serve-{m}.json")) for m in ("plain", "dflash"))
+ta, tb = ([c["text"] for c in r["choices"]] for r in (a, b))
+assert a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"] == 80, (a["usage"], b["usage"])
+assert ta == tb, (ta, tb)
+m = open(f"{o}/serve-dflash.metrics").read()
+drafts = [float(l.split()[-1]) for l in m.splitlines() if l.startswith("vllm:spec_decode_num_drafts_total")]
+assert drafts and drafts[0] > 0, m
+print("serve --draft on cuda: identical to serving without the draft; drafts", drafts[0])
+PY
+    ) > "$OUT/dflash-cli.log" 2>&1 && status_cli=ok || status_cli=FAIL
+    tail -8 "$OUT/dflash-cli.log"
+fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
     M=/tmp/xs21-synth
     [ -f "$M/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" 2>&1 | tee "$OUT/synth.log"
@@ -41,5 +83,6 @@ echo "| step | result |"
 echo "|---|---|"
 echo "| warmup | $status_warm |"
 echo "| device-test (fixtures) | $status_fix |"
+echo "| DFlash CLI + server on cuda | $status_cli |"
 echo "| bench (synthetic XS-2.1) | $status_bench |"
 grep -E "^\| (decode|TTFT|roofline|bytes per|copy|load) " "$OUT/bench.log" 2>/dev/null || true

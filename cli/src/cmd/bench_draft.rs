@@ -84,8 +84,8 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
             x.step_ms, x.ratio, x.draft_ms, x.verify_ms, x.ctx_ms, x.accepted_per_step, x.tok_s, x.projected_tok_s, PROJECTED_ACCEPT.min(k as f64)
         );
     }
-    // Per-kernel breakdown of eager steps at the last k.
-    if let Some(&k) = ks.last() {
+    // Per-kernel breakdown of eager steps at k = 6 (the seed's k) when timed, else the last k.
+    if let Some(&k) = ks.iter().find(|&&k| k == 6).or(ks.last()) {
         spec.use_graphs = false;
         spec.timing = false;
         spec.prof = Some(Default::default());
