@@ -30,3 +30,16 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) {
 extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
+// Greedy DFlash acceptance on the device. The target verified [t, d_1..d_k] (`tokens`) and its
+// argmaxes are g_0..g_k: a = the longest prefix with d_{i+1} == g_i; out = [a, d_1..d_a, g_a,
+// then (at k + 2) the k drafts]. One thread; one read-back of 2k + 2 ints per step.
+extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, int* out) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    const int* d = tokens + 1;
+    int a = 0;
+    while (a < k && d[a] == g[a]) a++;
+    out[0] = a;
+    for (int i = 0; i < a; i++) out[1 + i] = d[i];
+    out[1 + a] = g[a];
+    for (int i = 0; i < k; i++) out[2 + k + i] = d[i];
+}

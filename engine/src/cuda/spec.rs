@@ -1,7 +1,7 @@
 //! Device-resident greedy DFlash for one sequence (CUDA target + [`CudaDraft`]): the same
 //! propose → verify → accept → context steps as [`crate::spec::step`], but the proposals, the
-//! target's taps and the verification argmaxes never leave the GPU; the host reads back 2k+1
-//! token ids per step and does the bookkeeping (lengths, pages).
+//! target's taps, the verification argmaxes and the acceptance stay on the GPU; the host reads
+//! back 2k+2 ints per step and does the bookkeeping (lengths, pages).
 //!
 //! One step for committed tokens `x[0..T)` (target and draft context hold `0..T-1`), `t = x[T-1]`:
 //! The three device segments below are one CUDA graph per k (three graphs with events between
@@ -14,8 +14,11 @@
 //!    Rows past the accepted ones are garbage but never read: the draft's length becomes `T+a`
 //!    and the next block (at `T+a..`) overwrites them before any query can see them (the same
 //!    holds for the target's K/V of rejected rows);
-//! 4. host: read back the k drafts and k+1 target tokens, accept the longest matching prefix `a`,
-//!    emit `d_1..d_a, g_a`, set the target length to `T+a` and the draft context to `T+a`.
+//! 4. accept (end of the verify segment, `spec_accept`): the longest prefix `a` of drafts equal to
+//!    the target's argmaxes, the emitted `d_1..d_a, g_a` (bonus token) and the drafts, in one small
+//!    device buffer; the host reads it back (the step's only read-back), sets the target length
+//!    to `T+a` and the draft context to `T+a` (K/V of rejected rows stay where they are and are
+//!    overwritten by the next step before anything reads them: no K/V moves).
 //!
 //! Greedy output is token-identical to plain greedy decoding when the target's k+1-row verify
 //! computes every row bit-identically to a 1-row decode step (`laguna device-test` checks both).
@@ -62,11 +65,14 @@ pub struct CudaSpec {
     pub timing: bool,
     /// Per-kernel timing of eager steps (use_graphs = false): propose, verify, context.
     pub prof: Option<[device::Prof; 3]>,
+    /// Device buffer of `spec_accept`'s output (allocated on the target's device at first use;
+    /// one CudaSpec serves one target).
+    accept_buf: u64,
 }
 
 impl Default for CudaSpec {
     fn default() -> Self {
-        CudaSpec { graphs: HashMap::new(), use_graphs: true, timing: false, prof: None }
+        CudaSpec { graphs: HashMap::new(), use_graphs: true, timing: false, prof: None, accept_buf: 0 }
     }
 }
 
@@ -74,6 +80,9 @@ impl CudaSpec {
     fn prepare(&mut self, target: &mut CudaModel, draft: &CudaDraft) -> Result<()> {
         crate::spec::enable_taps(target, draft)?;
         target.set_taps_on_device(true)?;
+        if self.accept_buf == 0 {
+            self.accept_buf = target.dev.alloc(4 * (2 * 32 + 2)).map_err(cerr)?;
+        }
         // Logit row lists (prefixes are the same for every k): draft rows 1..=k, target 0..=k;
         // one sequence (seqrow 0). `forward` overwrites these, so this runs after every prefill.
         let n = 16.min(target.sc.lrows).min(draft.m.sc.lrows);
@@ -124,16 +133,22 @@ impl CudaSpec {
         draft.m.run_layers(k + 1, prof)?;
         draft.m.greedy_rows(prof, k, target.sc.tokens + 4)
     }
-    fn verify_body(target: &CudaModel, k: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+    fn verify_body(target: &CudaModel, k: usize, out: u64, prof: &mut Option<device::Prof>) -> Result<()> {
         target.run_layers_taps_dev(k + 1, prof)?;
-        target.greedy_rows(prof, k + 1, target.sc.amax)
+        target.greedy_rows(prof, k + 1, target.sc.amax)?;
+        target
+            .dev
+            .launch_p(prof, "spec_accept", (1, 1, 1), (32, 1, 1), 0, |b| {
+                b.u64(target.sc.tokens).u64(target.sc.amax).i32(k as i32).u64(out);
+            })
+            .map_err(cerr)
     }
     fn ctx_body(target: &CudaModel, draft: &CudaDraft, k: usize, prof: &mut Option<device::Prof>) -> Result<()> {
         let w = draft.config().num_taps() * target.cfg.hidden_size;
         draft.context_pass(prof, target.taps_dev, w, k + 1)
     }
 
-    fn capture(target: &CudaModel, draft: &CudaDraft, k: usize) -> std::result::Result<Graphs, String> {
+    fn capture(target: &CudaModel, draft: &CudaDraft, k: usize, out: u64) -> std::result::Result<Graphs, String> {
         let dev = &target.dev;
         let one = |f: &dyn Fn() -> Result<()>| -> std::result::Result<device::Graph, String> {
             dev.begin_capture()?;
@@ -145,16 +160,17 @@ impl CudaSpec {
         Ok(Graphs {
             step: one(&|| {
                 Self::propose_body(target, draft, k, &mut None)?;
-                Self::verify_body(target, k, &mut None)?;
+                Self::verify_body(target, k, out, &mut None)?;
                 Self::ctx_body(target, draft, k, &mut None)
             })?,
             propose: one(&|| Self::propose_body(target, draft, k, &mut None))?,
-            verify: one(&|| Self::verify_body(target, k, &mut None))?,
+            verify: one(&|| Self::verify_body(target, k, out, &mut None))?,
             ctx: one(&|| Self::ctx_body(target, draft, k, &mut None))?,
         })
     }
 
-    /// One propose + verify + context step with k drafts; returns (drafts, target argmaxes).
+    /// One propose + verify + accept + context step with k drafts; returns (accepted a, the a + 1
+    /// emitted tokens, the k drafts).
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
@@ -166,7 +182,7 @@ impl CudaSpec {
         tlen: usize,
         k: usize,
         times: &mut SpecTimes,
-    ) -> Result<(Vec<u32>, Vec<u32>)> {
+    ) -> Result<(usize, Vec<u32>, Vec<u32>)> {
         let t0 = std::time::Instant::now();
         // Committed positions 0..tlen-1 hold K/V; this step's rows sit at tlen-1 ..= tlen-1+k.
         let p0 = tlen - 1;
@@ -190,7 +206,7 @@ impl CudaSpec {
         target.dev.htod(target.sc.bt, as_bytes(&target.bt_row(tseq))).map_err(cerr)?;
 
         if self.use_graphs && !self.graphs.contains_key(&k) {
-            match Self::capture(target, draft, k) {
+            match Self::capture(target, draft, k, self.accept_buf) {
                 Ok(g) => {
                     self.graphs.insert(k, g);
                 }
@@ -225,7 +241,7 @@ impl CudaSpec {
                 };
                 Self::propose_body(target, draft, k, &mut ps[0])?;
                 let e1 = ev(self.timing)?;
-                Self::verify_body(target, k, &mut ps[1])?;
+                Self::verify_body(target, k, self.accept_buf, &mut ps[1])?;
                 let e2 = ev(self.timing)?;
                 Self::ctx_body(target, draft, k, &mut ps[2])?;
                 if let [Some(a), Some(b), Some(c)] = ps {
@@ -240,13 +256,18 @@ impl CudaSpec {
                 }
             }
         }
-        let mut toks = vec![0i32; k + 1];
-        target.dev.dtoh(as_bytes_mut(&mut toks), target.sc.tokens).map_err(cerr)?;
-        let mut g = vec![0i32; k + 1];
-        target.dev.dtoh(as_bytes_mut(&mut g), target.sc.amax).map_err(cerr)?;
+        // [a, d_1..d_a, g_a, .., drafts at k + 2]: the only read-back of the step.
+        let mut out = vec![0i32; 2 * k + 2];
+        target.dev.dtoh(as_bytes_mut(&mut out), self.accept_buf).map_err(cerr)?;
         times.steps += 1;
         times.wall_ms += t0.elapsed().as_secs_f64() * 1e3;
-        Ok((toks[1..].iter().map(|&x| x as u32).collect(), g.iter().map(|&x| x as u32).collect()))
+        let a = out[0] as usize;
+        if a > k {
+            return Err(EngineError::Other(format!("device acceptance returned {a} > k = {k}")));
+        }
+        let emitted = out[1..a + 2].iter().map(|&x| x as u32).collect();
+        let drafts = out[k + 2..2 * k + 2].iter().map(|&x| x as u32).collect();
+        Ok((a, emitted, drafts))
     }
 
     /// Greedy speculative generation of one request on the device (`req.sampling` is ignored:
@@ -309,11 +330,7 @@ impl CudaSpec {
                 break;
             }
             let t = *tokens.last().expect("non-empty");
-            let (d, g) = self.step(target, draft, tseq, dseq, t, tlen, ke, &mut times)?;
-            let mut a = 0;
-            while a < ke && d[a] == g[a] {
-                a += 1;
-            }
+            let (a, emitted, d) = self.step(target, draft, tseq, dseq, t, tlen, ke, &mut times)?;
             // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
             target.seqs.get_mut(&tseq).expect("live").len = tlen + ke;
             target.truncate(tseq, tlen + a);
@@ -326,7 +343,7 @@ impl CudaSpec {
                 stats.acceptance_lengths.push(a);
                 stats.proposals.push(d.clone());
             }
-            for &tok in d[..a].iter().chain(std::iter::once(&g[a])) {
+            for &tok in &emitted {
                 if push(tok, &mut completion, &mut tokens) {
                     done = true;
                     break;
