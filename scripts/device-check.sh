@@ -27,7 +27,7 @@ fi
 status_cli=skip
 if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
     # DFlash on the GPU through the CLI (device-resident loop) and the server (scheduler + the
-    # generic driver with the CUDA draft): same tokens as without the draft, counters move.
+    # driver, greedy batches fused into device steps): same tokens as without the draft, counters move.
     P=tests/fixtures/models/swa-yarn-perhead; D=tests/fixtures/drafts/swa-yarn-perhead-causal-w8; DEV=${DFLASH_DEVICE:-cuda}
     IDS=5,6,7,8,9,10,11,12,13,14,15,16
     (

@@ -30,16 +30,28 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) {
 extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
-// Greedy DFlash acceptance on the device. The target verified [t, d_1..d_k] (`tokens`) and its
-// argmaxes are g_0..g_k: a = the longest prefix with d_{i+1} == g_i; out = [a, d_1..d_a, g_a,
-// then (at k + 2) the k drafts]. One thread; one read-back of 2k + 2 ints per step.
-extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, int* out) {
-    if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    const int* d = tokens + 1;
+// Greedy DFlash acceptance on the device for nb sequences whose verify rows are b*(k+1) ..
+// b*(k+1)+k: `tokens` holds [t, d_1..d_k] per sequence and g the target's argmaxes of those rows.
+// a_b = the longest prefix with d_{i+1} == g_i; out + b*(2k+2) = [a_b, d_1..d_a, g_a, then (at
+// k + 2) the k drafts]. One thread per sequence; one read-back of nb*(2k+2) ints per step.
+extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, int nb, int* out) {
+    int b = threadIdx.x;
+    if (blockIdx.x != 0 || b >= nb) return;
+    const int* d = tokens + b * (k + 1) + 1;
+    const int* gb = g + b * (k + 1);
+    int* o = out + b * (2 * k + 2);
     int a = 0;
-    while (a < k && d[a] == g[a]) a++;
-    out[0] = a;
-    for (int i = 0; i < a; i++) out[1 + i] = d[i];
-    out[1 + a] = g[a];
-    for (int i = 0; i < k; i++) out[2 + k + i] = d[i];
+    while (a < k && d[a] == gb[a]) a++;
+    o[0] = a;
+    for (int i = 0; i < a; i++) o[1 + i] = d[i];
+    o[1 + a] = gb[a];
+    for (int i = 0; i < k; i++) o[2 + k + i] = d[i];
+}
+// The draft's argmaxes of its mask rows (nb*k, in sequence order) into the target's verify token
+// slots b*(k+1)+1 .. b*(k+1)+k. One block.
+extern "C" __global__ void scatter_drafts(const int* am, int* tokens, int nb, int k) {
+    for (int i = threadIdx.x; i < nb * k; i += blockDim.x) {
+        int b = i / k, j = i - b * k;
+        tokens[b * (k + 1) + 1 + j] = am[i];
+    }
 }

@@ -50,7 +50,7 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/gemm.cu"),
         entries: &["split_bf16", "gemm_bf16", "gemm_fp4", "gemm_bf16_x2", "gemm_fp4_x2", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp4", "moe_gemm_down_bf16", "moe_gemm_down_fp4", "linear_tc_bf16"],
     },
-    KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4", "spec_accept"] },
+    KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4", "spec_accept", "scatter_drafts"] },
 ];
 
 /// NVRTC options (besides `--gpu-architecture`). Part of the cache key.

@@ -2,9 +2,10 @@
 //! `tests/fixtures/drafts` and k in {1, 3, 6, 15} (k < block_size):
 //! 1. verify batch invariance, directly: the target's logits for `[t, d_1..d_k]` verified in one
 //!    k+1-row pass are bit-identical to the same rows decoded one at a time;
-//! 2. greedy output with the CUDA draft is token-identical to greedy output without it, both on
-//!    the device-resident loop (`CudaSpec`, CUDA graphs) and through the backend-agnostic driver
-//!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`);
+//! 2. greedy output with the CUDA draft is token-identical to greedy output without it: on the
+//!    device-resident loop (`CudaSpec`, CUDA graphs), and through the backend-agnostic driver
+//!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`) both with its decode steps fused
+//!    into device steps and with every step generic (LAGUNA_NO_FUSED_SPEC);
 //! 3. acceptance statistics match the CPU engine (CPU target + CPU draft) on every step until the
 //!    first step where the two drafts propose different tokens.
 use anyhow::{Context, Result};
@@ -70,10 +71,16 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let mut spec = CudaSpec::default();
     let fast = spec.generate(&mut cu, &mut dr, &req, k, true)?;
     let fast_same = fast.completion == plain;
-    // 2b. Generic driver with the CUDA draft (taps and logits through the host).
+    // 2b. The backend-agnostic driver (what the server runs) with the CUDA draft: its greedy
+    // decode steps are fused into device steps (`DraftModel::fused_greedy_step`), and with
+    // LAGUNA_NO_FUSED_SPEC every step takes the generic path (taps and logits through the host).
     cu.set_taps_on_device(false)?;
-    let (generic, gstats) = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true)?;
-    let generic_same = generic.completion == plain;
+    let (fused, fstats) = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true)?;
+    std::env::set_var("LAGUNA_NO_FUSED_SPEC", "1");
+    let generic = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true);
+    std::env::remove_var("LAGUNA_NO_FUSED_SPEC");
+    let (generic, gstats) = generic?;
+    let generic_same = generic.completion == plain && fused.completion == plain;
     // 3. Acceptance vs the CPU engine.
     let mut cpu = CpuModel::load(tdir).context("cpu target")?;
     let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
@@ -87,12 +94,12 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
         agree += 1;
         acc_same &= ac == ag;
     }
-    let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths;
+    let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths && fstats.acceptance_lengths == gstats.acceptance_lengths;
     let accept_cmp = format!(
         "{agree}/{} steps same proposals as CPU{}{}",
         cstats.acceptance_lengths.len(),
         if acc_same { ", same acceptance" } else { ", ACCEPTANCE DIFFERS" },
-        if fast_vs_generic { "" } else { "; device loop != generic driver" }
+        if fast_vs_generic { "" } else { "; device loop / fused / generic driver acceptance differ" }
     );
     let accepted = format!("{}/{}", fast.stats.num_accepted_tokens, fast.stats.num_draft_tokens);
     let ok = verify_bitwise && fast_same && generic_same && acc_same && fast_vs_generic;
@@ -124,7 +131,7 @@ pub fn run_all(drafts: &Path, models: &Path) -> Result<Vec<DRow>> {
             match check_pair(d, &tdir, &prompt, k, 40) {
                 Ok(r) => {
                     println!(
-                        "{} k={}: verify-bitwise {} device-loop-identical {} generic-identical {} accepted {} ({}) -> {}",
+                        "{} k={}: verify-bitwise {} device-loop-identical {} driver-identical (fused and generic steps) {} accepted {} ({}) -> {}",
                         r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" }
                     );
                     out.push(r);

@@ -206,7 +206,7 @@ pub fn run(a: Args) -> Result<()> {
             println!("| {} | {} | {:.2e} | {:.2e} | {} | {} | {} |", r.name, r.rows, r.err_pass, r.err_decode, r.batch_inv, r.greedy, if r.ok { "OK" } else { "FAIL" });
         }
         if !dflash.is_empty() {
-            println!("\n| draft pair | k | verify rows bitwise = 1-row decode | device loop = no-draft greedy | generic driver = no-draft greedy | accepted | vs CPU engine | result |");
+            println!("\n| draft pair | k | verify rows bitwise = 1-row decode | device loop = no-draft greedy | driver (fused / generic steps) = no-draft greedy | accepted | vs CPU engine | result |");
             println!("|---|---|---|---|---|---|---|---|");
             for r in &dflash {
                 println!("| {} | {} | {} | {} | {} | {} | {} | {} |", r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" });

@@ -18,6 +18,8 @@ use super::*;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
+use crate::spec::driver::{SpecState, StepResult};
+use crate::spec::stats::StepStats;
 
 pub struct CudaDraft {
     cfg: DraftConfig,
@@ -38,9 +40,11 @@ pub struct CudaDraft {
     kvbuf: u64,
     /// Context pass metadata (positions, seqrow 0), separate from the propose pass's.
     pub(super) cpos: u64,
-    cseq: u64,
+    pub(super) cseq: u64,
     /// Bytes one propose reads from weights (layers, fc, lm_head once).
     pub step_weight_bytes: usize,
+    /// The device-resident greedy step (graphs per (k, batch)) used by `fused_greedy_step`.
+    spec: super::spec::CudaSpec,
 }
 
 /// The draft's decoder stack as a Laguna config (dense layers, the draft's window and rope).
@@ -193,6 +197,7 @@ impl CudaDraft {
             cpos: a(4 * r)?,
             cseq: a(4 * r)?,
             step_weight_bytes: step_bytes + lin_bytes(&fc),
+            spec: Default::default(),
             cfg,
             m,
         };
@@ -326,6 +331,7 @@ impl DraftModel for CudaDraft {
                 let cnt = (n - r0).min(rows);
                 let pos: Vec<i32> = (0..cnt).map(|i| (item.start_pos + r0 + i) as i32).collect();
                 self.m.dev.htod(self.cpos, as_bytes(&pos)).map_err(cerr)?;
+                self.m.dev.htod(self.cseq, as_bytes(&vec![0i32; cnt])).map_err(cerr)?;
                 self.m.dev.htod(self.tbuf, as_bytes(&item.taps[r0 * width..(r0 + cnt) * width])).map_err(cerr)?;
                 self.context_pass(&mut prof, self.tbuf, width, cnt)?;
                 // The uploads of the next chunk reuse these buffers.
@@ -336,6 +342,42 @@ impl DraftModel for CudaDraft {
             self.set_context_len(item.seq, item.start_pos + n);
         }
         Ok(())
+    }
+    /// Greedy batches of a CUDA target run as one device step (`CudaSpec::step_batch`: proposals,
+    /// verification, acceptance and context on the GPU, one CUDA graph per (k, batch), one
+    /// read-back) when all rows fit one weight-streaming pass; the driver's generic step otherwise.
+    fn fused_greedy_step(&mut self, target: &mut dyn Model, states: &mut [&mut SpecState]) -> Option<Result<Vec<StepResult>>> {
+        let t = target.as_any_mut()?.downcast_mut::<CudaModel>()?;
+        let k = states.first()?.k;
+        if !super::spec::CudaSpec::fits(t, self, k, states.len()) || std::env::var_os("LAGUNA_NO_FUSED_SPEC").is_some() {
+            return None;
+        }
+        let mut spec = std::mem::take(&mut self.spec);
+        let r = (|| -> Result<Vec<StepResult>> {
+            spec.prepare(t, self)?;
+            let seqs: Vec<super::spec::SeqStep> = states
+                .iter()
+                .map(|s| super::spec::SeqStep { tseq: s.target_seq, dseq: s.draft_seq, t: *s.tokens.last().expect("prefilled"), tlen: s.tokens.len() })
+                .collect();
+            let outs = spec.step_batch(t, self, &seqs, k, &mut Default::default());
+            // Later prefill or sampling steps run the generic driver, which takes taps on the host.
+            t.set_taps_on_device(false)?;
+            let mut res = Vec::with_capacity(states.len());
+            for (s, (a, emitted, d)) in states.iter_mut().zip(outs?) {
+                let st = StepStats { num_draft_tokens: k, num_accepted_tokens: a };
+                s.stats.observe(&st);
+                s.stats.num_emitted_tokens += emitted.len() as u64;
+                if s.keep_history {
+                    s.stats.acceptance_lengths.push(a);
+                    s.stats.proposals.push(d.clone());
+                }
+                s.tokens.extend_from_slice(&emitted);
+                res.push(StepResult { tokens: emitted, proposals: d, stats: st });
+            }
+            Ok(res)
+        })();
+        self.spec = spec;
+        Some(r)
     }
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
         let inputs: Vec<StepInput> = batch

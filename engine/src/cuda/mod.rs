@@ -1651,6 +1651,9 @@ impl Model for CudaModel {
     fn set_taps(&mut self, layers: &[usize]) {
         self.taps = layers.to_vec();
     }
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
         let v = self.cfg.vocab_size;
         let h = self.cfg.hidden_size;

@@ -28,6 +28,19 @@ use crate::generate::{FinishReason, GenerateRequest};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
 
+/// Rows per device DFlash step (all sequences): the weight-streaming regime's limit.
+const MAX_ROWS: usize = 31;
+
+/// One sequence of a device DFlash step: target and draft sequences, the last committed token
+/// `t` and the number of committed tokens (target K/V and draft context hold `tlen - 1`).
+#[derive(Debug, Clone, Copy)]
+pub struct SeqStep {
+    pub tseq: SeqId,
+    pub dseq: SeqId,
+    pub t: u32,
+    pub tlen: usize,
+}
+
 /// Device time per step segment (CUDA events), summed over `steps` (timing on).
 #[derive(Debug, Default, Clone)]
 pub struct SpecTimes {
@@ -57,9 +70,9 @@ struct Graphs {
     ctx: device::Graph,
 }
 
-/// Greedy DFlash driver on the device; keeps one set of CUDA graphs per k.
+/// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch).
 pub struct CudaSpec {
-    graphs: HashMap<usize, Graphs>,
+    graphs: HashMap<(usize, usize), Graphs>,
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
     pub timing: bool,
@@ -77,22 +90,12 @@ impl Default for CudaSpec {
 }
 
 impl CudaSpec {
-    fn prepare(&mut self, target: &mut CudaModel, draft: &CudaDraft) -> Result<()> {
+    pub(super) fn prepare(&mut self, target: &mut CudaModel, draft: &CudaDraft) -> Result<()> {
         crate::spec::enable_taps(target, draft)?;
         target.set_taps_on_device(true)?;
         if self.accept_buf == 0 {
-            self.accept_buf = target.dev.alloc(4 * (2 * 32 + 2)).map_err(cerr)?;
+            self.accept_buf = target.dev.alloc(4 * MAX_ROWS * (2 * MAX_ROWS + 2)).map_err(cerr)?;
         }
-        // Logit row lists (prefixes are the same for every k): draft rows 1..=k, target 0..=k;
-        // one sequence (seqrow 0). `forward` overwrites these, so this runs after every prefill.
-        let n = 16.min(target.sc.lrows).min(draft.m.sc.lrows);
-        let drows: Vec<i32> = (1..=n as i32).collect();
-        let trows: Vec<i32> = (0..n as i32).collect();
-        draft.m.dev.htod(draft.m.sc.sel, as_bytes(&drows)).map_err(cerr)?;
-        target.dev.htod(target.sc.sel, as_bytes(&trows)).map_err(cerr)?;
-        let zeros = vec![0i32; 16.min(target.sc.rows).min(draft.m.sc.rows)];
-        draft.m.dev.htod(draft.m.sc.seqrow, as_bytes(&zeros)).map_err(cerr)?;
-        target.dev.htod(target.sc.seqrow, as_bytes(&zeros)).map_err(cerr)?;
         Ok(())
     }
 
@@ -120,6 +123,7 @@ impl CudaSpec {
             draft.m.dev.htod(draft.m.sc.bt, as_bytes(&bt)).map_err(cerr)?;
             let pos: Vec<i32> = (start..end).map(|p| p as i32).collect();
             draft.m.dev.htod(draft.cpos, as_bytes(&pos)).map_err(cerr)?;
+            draft.m.dev.htod(draft.cseq, as_bytes(&vec![0i32; end - start])).map_err(cerr)?;
             draft.context_pass(&mut None, target.taps_dev, w, end - start)?;
             draft.set_context_len(dseq, end);
             start = end;
@@ -129,26 +133,36 @@ impl CudaSpec {
         Ok(first)
     }
 
-    fn propose_body(target: &CudaModel, draft: &CudaDraft, k: usize, prof: &mut Option<device::Prof>) -> Result<()> {
-        draft.m.run_layers(k + 1, prof)?;
-        draft.m.greedy_rows(prof, k, target.sc.tokens + 4)
-    }
-    fn verify_body(target: &CudaModel, k: usize, out: u64, prof: &mut Option<device::Prof>) -> Result<()> {
-        target.run_layers_taps_dev(k + 1, prof)?;
-        target.greedy_rows(prof, k + 1, target.sc.amax)?;
-        target
+    // Rows of sequence b sit at b*(k+1) ..= b*(k+1)+k in both passes.
+    fn propose_body(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+        draft.m.run_layers(nb * (k + 1), prof)?;
+        // Argmaxes of the mask rows (sel lists them) land in the draft's amax, then in the
+        // target's token slots b*(k+1)+1.. .
+        draft.m.greedy_rows(prof, nb * k, draft.m.sc.amax)?;
+        draft
+            .m
             .dev
-            .launch_p(prof, "spec_accept", (1, 1, 1), (32, 1, 1), 0, |b| {
-                b.u64(target.sc.tokens).u64(target.sc.amax).i32(k as i32).u64(out);
+            .launch_p(prof, "scatter_drafts", (1, 1, 1), ((nb * k).div_ceil(32) as u32 * 32, 1, 1), 0, |b| {
+                b.u64(draft.m.sc.amax).u64(target.sc.tokens).i32(nb as i32).i32(k as i32);
             })
             .map_err(cerr)
     }
-    fn ctx_body(target: &CudaModel, draft: &CudaDraft, k: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+    fn verify_body(target: &CudaModel, k: usize, nb: usize, out: u64, prof: &mut Option<device::Prof>) -> Result<()> {
+        target.run_layers_taps_dev(nb * (k + 1), prof)?;
+        target.greedy_rows(prof, nb * (k + 1), target.sc.amax)?;
+        target
+            .dev
+            .launch_p(prof, "spec_accept", (1, 1, 1), (32, 1, 1), 0, |b| {
+                b.u64(target.sc.tokens).u64(target.sc.amax).i32(k as i32).i32(nb as i32).u64(out);
+            })
+            .map_err(cerr)
+    }
+    fn ctx_body(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, prof: &mut Option<device::Prof>) -> Result<()> {
         let w = draft.config().num_taps() * target.cfg.hidden_size;
-        draft.context_pass(prof, target.taps_dev, w, k + 1)
+        draft.context_pass(prof, target.taps_dev, w, nb * (k + 1))
     }
 
-    fn capture(target: &CudaModel, draft: &CudaDraft, k: usize, out: u64) -> std::result::Result<Graphs, String> {
+    fn capture(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, out: u64) -> std::result::Result<Graphs, String> {
         let dev = &target.dev;
         let one = |f: &dyn Fn() -> Result<()>| -> std::result::Result<device::Graph, String> {
             dev.begin_capture()?;
@@ -159,56 +173,82 @@ impl CudaSpec {
         };
         Ok(Graphs {
             step: one(&|| {
-                Self::propose_body(target, draft, k, &mut None)?;
-                Self::verify_body(target, k, out, &mut None)?;
-                Self::ctx_body(target, draft, k, &mut None)
+                Self::propose_body(target, draft, k, nb, &mut None)?;
+                Self::verify_body(target, k, nb, out, &mut None)?;
+                Self::ctx_body(target, draft, k, nb, &mut None)
             })?,
-            propose: one(&|| Self::propose_body(target, draft, k, &mut None))?,
-            verify: one(&|| Self::verify_body(target, k, out, &mut None))?,
-            ctx: one(&|| Self::ctx_body(target, draft, k, &mut None))?,
+            propose: one(&|| Self::propose_body(target, draft, k, nb, &mut None))?,
+            verify: one(&|| Self::verify_body(target, k, nb, out, &mut None))?,
+            ctx: one(&|| Self::ctx_body(target, draft, k, nb, &mut None))?,
         })
     }
 
-    /// One propose + verify + accept + context step with k drafts; returns (accepted a, the a + 1
-    /// emitted tokens, the k drafts).
-    #[allow(clippy::too_many_arguments)]
-    fn step(
-        &mut self,
-        target: &mut CudaModel,
-        draft: &mut CudaDraft,
-        tseq: SeqId,
-        dseq: SeqId,
-        t: u32,
-        tlen: usize,
-        k: usize,
-        times: &mut SpecTimes,
-    ) -> Result<(usize, Vec<u32>, Vec<u32>)> {
-        let t0 = std::time::Instant::now();
-        // Committed positions 0..tlen-1 hold K/V; this step's rows sit at tlen-1 ..= tlen-1+k.
-        let p0 = tlen - 1;
-        target.ensure_pages(tseq, p0 + k + 1)?;
-        draft.m.ensure_pages(dseq, p0 + k + 1)?;
-        let mask = draft.config().mask_token_id as i32;
-        let mut dt = vec![mask; k + 1];
-        dt[0] = t as i32;
-        let pos: Vec<i32> = (0..=k).map(|i| (p0 + i) as i32).collect();
-        let dm = &draft.m;
-        dm.dev.htod(dm.sc.tokens, as_bytes(&dt)).map_err(cerr)?;
-        dm.dev.htod(dm.sc.pos, as_bytes(&pos)).map_err(cerr)?;
-        dm.dev.htod(draft.cpos, as_bytes(&pos)).map_err(cerr)?;
-        dm.dev.htod(dm.sc.bt, as_bytes(&dm.bt_row(dseq))).map_err(cerr)?;
-        if dm.noncausal {
-            let ke = vec![(p0 + k + 1) as i32; k + 1];
-            dm.dev.htod(dm.sc.kend, as_bytes(&ke)).map_err(cerr)?;
-        }
-        target.dev.htod(target.sc.tokens, as_bytes(&[t as i32])).map_err(cerr)?;
-        target.dev.htod(target.sc.pos, as_bytes(&pos)).map_err(cerr)?;
-        target.dev.htod(target.sc.bt, as_bytes(&target.bt_row(tseq))).map_err(cerr)?;
+    /// Whether a batch of `nb` sequences with k drafts each fits one weight-streaming pass (rows
+    /// bit-identical to 1-row decode steps) and this driver's buffers.
+    pub fn fits(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize) -> bool {
+        let rows = nb * (k + 1);
+        nb >= 1
+            && rows <= MAX_ROWS
+            && rows < target.opts.gemm_min_rows
+            && rows <= target.sc.rows.min(draft.m.sc.rows).min(target.sc.lrows).min(draft.m.sc.lrows)
+            && nb <= target.sc.bt_seqs.min(draft.m.sc.bt_seqs)
+    }
 
-        if self.use_graphs && !self.graphs.contains_key(&k) {
-            match Self::capture(target, draft, k, self.accept_buf) {
+    /// One propose + verify + accept + context step for `seqs` (k drafts each, all on the device,
+    /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
+    /// Callers check [`CudaSpec::fits`] and call [`CudaSpec::prepare`] (via `generate` or
+    /// `fused_step`) first.
+    pub(super) fn step_batch(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, seqs: &[SeqStep], k: usize, times: &mut SpecTimes) -> Result<Vec<(usize, Vec<u32>, Vec<u32>)>> {
+        let t0 = std::time::Instant::now();
+        let nb = seqs.len();
+        if !Self::fits(target, draft, k, nb) {
+            return Err(EngineError::Other(format!("{nb} sequences x {} rows do not fit one device DFlash step", k + 1)));
+        }
+        let mask = draft.config().mask_token_id as i32;
+        let (mut dt, mut tt, mut pos, mut seqrow, mut kend) = (vec![], vec![], vec![], vec![], vec![]);
+        let (mut dbt, mut tbt) = (vec![], vec![]);
+        let (mut dsel, mut tsel) = (vec![], vec![]);
+        for (b, q) in seqs.iter().enumerate() {
+            // Committed positions 0..tlen-1 hold K/V; this sequence's rows sit at tlen-1 ..= tlen-1+k.
+            let p0 = q.tlen - 1;
+            target.ensure_pages(q.tseq, p0 + k + 1)?;
+            draft.m.ensure_pages(q.dseq, p0 + k + 1)?;
+            for i in 0..=k {
+                dt.push(if i == 0 { q.t as i32 } else { mask });
+                tt.push(if i == 0 { q.t as i32 } else { 0 });
+                pos.push((p0 + i) as i32);
+                seqrow.push(b as i32);
+                kend.push((p0 + k + 1) as i32);
+                tsel.push((b * (k + 1) + i) as i32);
+                if i > 0 {
+                    dsel.push((b * (k + 1) + i) as i32);
+                }
+            }
+            dbt.extend(draft.m.bt_row(q.dseq));
+            tbt.extend(target.bt_row(q.tseq));
+        }
+        let dm = &draft.m;
+        let up = |dst: u64, v: &[i32]| dm.dev.htod(dst, as_bytes(v)).map_err(cerr);
+        up(dm.sc.tokens, &dt)?;
+        up(dm.sc.pos, &pos)?;
+        up(dm.sc.seqrow, &seqrow)?;
+        up(draft.cpos, &pos)?;
+        up(draft.cseq, &seqrow)?;
+        up(dm.sc.bt, &dbt)?;
+        up(dm.sc.sel, &dsel)?;
+        if dm.noncausal {
+            up(dm.sc.kend, &kend)?;
+        }
+        up(target.sc.tokens, &tt)?;
+        up(target.sc.pos, &pos)?;
+        up(target.sc.seqrow, &seqrow)?;
+        up(target.sc.bt, &tbt)?;
+        up(target.sc.sel, &tsel)?;
+
+        if self.use_graphs && !self.graphs.contains_key(&(k, nb)) {
+            match Self::capture(target, draft, k, nb, self.accept_buf) {
                 Ok(g) => {
-                    self.graphs.insert(k, g);
+                    self.graphs.insert((k, nb), g);
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture of the DFlash step failed, running eagerly: {e}");
@@ -218,7 +258,7 @@ impl CudaSpec {
         }
         let ev = |on: bool| -> Result<Option<device::Event>> { if on { target.dev.event().map(Some).map_err(cerr) } else { Ok(None) } };
         let e0 = ev(self.timing)?;
-        match self.graphs.get(&k).filter(|_| self.use_graphs) {
+        match self.graphs.get(&(k, nb)).filter(|_| self.use_graphs) {
             Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
             Some(g) => {
                 g.propose.launch().map_err(cerr)?;
@@ -239,11 +279,11 @@ impl CudaSpec {
                     Some([a, b, c]) => [Some(a), Some(b), Some(c)],
                     None => [None, None, None],
                 };
-                Self::propose_body(target, draft, k, &mut ps[0])?;
+                Self::propose_body(target, draft, k, nb, &mut ps[0])?;
                 let e1 = ev(self.timing)?;
-                Self::verify_body(target, k, self.accept_buf, &mut ps[1])?;
+                Self::verify_body(target, k, nb, self.accept_buf, &mut ps[1])?;
                 let e2 = ev(self.timing)?;
-                Self::ctx_body(target, draft, k, &mut ps[2])?;
+                Self::ctx_body(target, draft, k, nb, &mut ps[2])?;
                 if let [Some(a), Some(b), Some(c)] = ps {
                     self.prof = Some([a, b, c]);
                 }
@@ -256,18 +296,27 @@ impl CudaSpec {
                 }
             }
         }
-        // [a, d_1..d_a, g_a, .., drafts at k + 2]: the only read-back of the step.
-        let mut out = vec![0i32; 2 * k + 2];
+        // Per sequence [a, d_1..d_a, g_a, .., drafts at k + 2]: the only read-back of the step.
+        let w = 2 * k + 2;
+        let mut out = vec![0i32; nb * w];
         target.dev.dtoh(as_bytes_mut(&mut out), self.accept_buf).map_err(cerr)?;
         times.steps += 1;
         times.wall_ms += t0.elapsed().as_secs_f64() * 1e3;
-        let a = out[0] as usize;
-        if a > k {
-            return Err(EngineError::Other(format!("device acceptance returned {a} > k = {k}")));
+        let mut res = Vec::with_capacity(nb);
+        for (b, q) in seqs.iter().enumerate() {
+            let o = &out[b * w..(b + 1) * w];
+            let a = o[0] as usize;
+            if a > k {
+                return Err(EngineError::Other(format!("device acceptance returned {a} > k = {k}")));
+            }
+            // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
+            target.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
+            target.truncate(q.tseq, q.tlen + a);
+            draft.set_context_len(q.dseq, q.tlen + k);
+            draft.truncate(q.dseq, q.tlen + a);
+            res.push((a, o[1..a + 2].iter().map(|&x| x as u32).collect(), o[k + 2..2 * k + 2].iter().map(|&x| x as u32).collect()));
         }
-        let emitted = out[1..a + 2].iter().map(|&x| x as u32).collect();
-        let drafts = out[k + 2..2 * k + 2].iter().map(|&x| x as u32).collect();
-        Ok((a, emitted, drafts))
+        Ok(res)
     }
 
     /// Greedy speculative generation of one request on the device (`req.sampling` is ignored:
@@ -330,12 +379,7 @@ impl CudaSpec {
                 break;
             }
             let t = *tokens.last().expect("non-empty");
-            let (a, emitted, d) = self.step(target, draft, tseq, dseq, t, tlen, ke, &mut times)?;
-            // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
-            target.seqs.get_mut(&tseq).expect("live").len = tlen + ke;
-            target.truncate(tseq, tlen + a);
-            draft.set_context_len(dseq, tlen + ke);
-            draft.truncate(dseq, tlen + a);
+            let (a, emitted, d) = self.step_batch(target, draft, &[SeqStep { tseq, dseq, t, tlen }], ke, &mut times)?.remove(0);
             let st = StepStats { num_draft_tokens: ke, num_accepted_tokens: a };
             stats.observe(&st);
             stats.num_emitted_tokens += a as u64 + 1;

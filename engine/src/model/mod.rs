@@ -55,4 +55,9 @@ pub trait Model: Send {
     /// Capture the residual after these 0-based target layers (ascending), for DFlash.
     fn set_taps(&mut self, layers: &[usize]);
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>>;
+    /// The concrete backend, for drafts that fuse whole speculative steps with their own target
+    /// type (the CUDA draft); None by default.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }

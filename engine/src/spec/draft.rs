@@ -4,7 +4,8 @@
 //! implements the same trait and is driven by the same [`super::driver`].
 use super::config::DraftConfig;
 use crate::error::Result;
-use crate::model::{SeqId, StepOutput};
+use super::driver::{SpecState, StepResult};
+use crate::model::{Model, SeqId, StepOutput};
 
 /// Context rows of one sequence: target taps for committed tokens at positions
 /// `start_pos..start_pos+n`, row-major `[n, num_taps * target_hidden]` (the layout of
@@ -41,4 +42,11 @@ pub trait DraftModel: Send {
     /// One draft forward per block; returns logits for every block row (`rows = 1 + k`);
     /// row j (j >= 1) proposes the token at position `start_pos + j`. Leaves the cache unchanged.
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>>;
+    /// Run one whole greedy step (propose, verify, accept, context) for these prefilled states
+    /// on the backend's own device, with the same semantics as [`super::driver::step`]: commit the
+    /// emitted tokens into each state and return what `step` would. None when this draft cannot
+    /// for this target or batch (the driver then runs the generic step). Default: None.
+    fn fused_greedy_step(&mut self, _target: &mut dyn Model, _states: &mut [&mut SpecState]) -> Option<Result<Vec<StepResult>>> {
+        None
+    }
 }

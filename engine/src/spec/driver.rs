@@ -150,6 +150,16 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
     let max_pos = target.config().max_position_embeddings;
     let mask = draft.config().mask_token_id;
 
+    // A backend that runs whole greedy steps on its device (the CUDA draft with a CUDA target)
+    // takes batches where every state is decoding greedily with its full k.
+    let fusable = !states.is_empty()
+        && states.iter().all(|s| s.prefilled && s.forced.is_none() && s.sampling.is_greedy() && s.k == states[0].k && s.k_eff(max_pos) == s.k);
+    if fusable {
+        if let Some(r) = draft.fused_greedy_step(target, states) {
+            return r;
+        }
+    }
+
     // 1. Propose for the decoding states.
     let mut drafts: Vec<Vec<u32>> = vec![vec![]; states.len()];
     {
