@@ -28,6 +28,9 @@ use crate::generate::{FinishReason, GenerateRequest};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
 
+/// What a device step returns per sequence: (accepted a, the a + 1 emitted tokens, the k drafts).
+pub type Accepted = (usize, Vec<u32>, Vec<u32>);
+
 /// Rows per device DFlash step (all sequences): the weight-streaming regime's limit.
 const MAX_ROWS: usize = 31;
 
@@ -198,7 +201,7 @@ impl CudaSpec {
     /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
     /// Callers check [`CudaSpec::fits`] and call [`CudaSpec::prepare`] (via `generate` or
     /// `fused_step`) first.
-    pub(super) fn step_batch(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, seqs: &[SeqStep], k: usize, times: &mut SpecTimes) -> Result<Vec<(usize, Vec<u32>, Vec<u32>)>> {
+    pub(super) fn step_batch(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, seqs: &[SeqStep], k: usize, times: &mut SpecTimes) -> Result<Vec<Accepted>> {
         let t0 = std::time::Instant::now();
         let nb = seqs.len();
         if !Self::fits(target, draft, k, nb) {
@@ -394,7 +397,6 @@ impl CudaSpec {
                 }
             }
         }
-        drop(push);
         Ok(SpecRun { completion, finish, stats, times, prefill_ms })
     }
 }
