@@ -1,11 +1,12 @@
-//! Device-resident greedy DFlash for one sequence (CUDA target + [`CudaDraft`]): the same
+//! Device-resident greedy DFlash (CUDA target + [`CudaDraft`]) for a batch of sequences: the same
 //! propose → verify → accept → context steps as [`crate::spec::step`], but the proposals, the
 //! target's taps, the verification argmaxes and the acceptance stay on the GPU; the host reads
-//! back 2k+2 ints per step and does the bookkeeping (lengths, pages).
+//! back 2k+2 ints per sequence and step and does the bookkeeping (lengths, pages). Sequence b's
+//! rows sit at b*(k+1) ..= b*(k+1)+k of both passes.
 //!
-//! One step for committed tokens `x[0..T)` (target and draft context hold `0..T-1`), `t = x[T-1]`:
-//! The three device segments below are one CUDA graph per k (three graphs with events between
-//! them when timing).
+//! One step for a sequence with committed tokens `x[0..T)` (target and draft context hold
+//! `0..T-1`), `t = x[T-1]`; the device segments are one CUDA graph per (k, batch) (three graphs with
+//! events between them when timing):
 //! 1. propose: draft forward over `[t, mask x k]` at `T-1..T-1+k`, final norm +
 //!    shared lm_head + argmax of rows 1..k written straight into the target's token slots 1..k;
 //! 2. verify: target forward over `[t, d_1..d_k]` with the taps copied to a device
