@@ -123,15 +123,8 @@ pub fn run(a: Args) -> Result<()> {
             m.set_taps(&[]);
             Ok((o.taps, o.logits))
         };
-        let cmp = |a: &[f32], b: &[f32], w: usize| -> f64 {
-            let mut worst = 0f64;
-            for (x, y) in a.chunks(w).zip(b.chunks(w)) {
-                let mx = y.iter().fold(0f64, |q, &r| q.max((r as f64).abs())).max(1e-30);
-                let d = x.iter().zip(y).fold(0f64, |q, (&p, &r)| q.max((p as f64 - r as f64).abs()));
-                worst = worst.max(d / mx);
-            }
-            worst
-        };
+        // Worst row of max|a - b| / max|b| (non-finite values count as infinite error).
+        let cmp = |a: &[f32], b: &[f32], w: usize| super::device_test::rel_err(a, b, w).0;
         let default = m.kernels();
         let orig = KernelSet::original();
         let (bt, bl) = run(&mut m, orig)?;

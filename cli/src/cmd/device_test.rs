@@ -40,7 +40,7 @@ pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
 }
 
 /// Worst row of max|a-b| / max|b| over rows of width v.
-fn rel_err(a: &[f32], b: &[f32], v: usize) -> (f64, f64) {
+pub fn rel_err(a: &[f32], b: &[f32], v: usize) -> (f64, f64) {
     let mut worst = 0f64;
     let mut worst_abs = 0f64;
     for (ra, rb) in a.chunks(v).zip(b.chunks(v)) {

@@ -63,6 +63,10 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     let load_cpu = || CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()));
+    let load_cuda = || {
+        laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
+            .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))
+    };
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), None) => ids.clone(),
         (None, Some(text)) => match &tok {
@@ -81,18 +85,14 @@ pub fn run(a: Args) -> Result<()> {
     let (res, spec) = match &a.draft {
         None => {
             let mut model: Box<dyn Model> = if a.device == "cuda" {
-                Box::new(
-                    laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
-                        .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))?,
-                )
+                Box::new(load_cuda()?)
             } else {
                 Box::new(load_cpu()?)
             };
             (generate(model.as_mut(), &req, false)?, None)
         }
         Some(dir) if a.device == "cuda" => {
-            let mut model = laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
-                .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))?;
+            let mut model = load_cuda()?;
             let mut draft = laguna_engine::cuda::draft::CudaDraft::load(dir, &model)
                 .with_context(|| format!("loading DFlash draft from {} onto the GPU", dir.display()))?;
             let k = a.num_speculative_tokens.unwrap_or(draft.config().block_size - 1);

@@ -306,20 +306,7 @@ impl DraftModel for CudaDraft {
     fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {
         let width = self.cfg.num_taps() * self.target_hidden;
         for item in batch {
-            if item.taps.len() % width != 0 {
-                return Err(EngineError::Other(format!(
-                    "draft context: taps have {} values, not a multiple of num_taps x target hidden = {width} (did the target run with set_taps?)",
-                    item.taps.len()
-                )));
-            }
-            let n = item.taps.len() / width;
-            let len = self.m.seqs.get(&item.seq).ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", item.seq)))?.len;
-            if item.start_pos > len {
-                return Err(EngineError::Other(format!(
-                    "draft context write at position {} leaves a gap (the context holds {len} positions)",
-                    item.start_pos
-                )));
-            }
+            let n = item.rows(width, self.m.seqs.get(&item.seq).map(|s| s.len))?;
             self.m.truncate(item.seq, item.start_pos);
             self.m.ensure_pages(item.seq, item.start_pos + n)?;
             let bt = self.m.bt_row(item.seq);
@@ -333,9 +320,8 @@ impl DraftModel for CudaDraft {
                 self.m.dev.htod(self.cpos, as_bytes(&pos)).map_err(cerr)?;
                 self.m.dev.htod(self.cseq, as_bytes(&vec![0i32; cnt])).map_err(cerr)?;
                 self.m.dev.htod(self.tbuf, as_bytes(&item.taps[r0 * width..(r0 + cnt) * width])).map_err(cerr)?;
+                // Stream-ordered: the next chunk's uploads (which synchronise) follow this pass.
                 self.context_pass(&mut prof, self.tbuf, width, cnt)?;
-                // The uploads of the next chunk reuse these buffers.
-                self.m.dev.sync().map_err(cerr)?;
                 r0 += cnt;
             }
             self.m.fprof = prof;

@@ -967,40 +967,8 @@ impl CudaModel {
             // depends on its own length only.
             let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
             let flash = m >= self.opts.gemm_min_rows && hd % 16 == 0 && hd <= 128 && nh % nkv == 0 && !self.noncausal;
-            if flash {
-                d.launch_p(prof, "attention_prefill", (sc.natiles.get() as u32, nh as u32, 1), (128, 1, 1), 0, |b| {
-                    b.u64(qp)
-                        .i32(ldq as i32)
-                        .u64(sc.attn)
-                        .i32(qw as i32)
-                        .u64(l.kc)
-                        .u64(l.vc)
-                        .u64(sc.pos)
-                        .u64(sc.seqrow)
-                        .u64(sc.bt)
-                        .i32(self.max_pages as i32)
-                        .i32(self.page_size as i32)
-                        .i32(nh as i32)
-                        .i32(nkv as i32)
-                        .i32(hd as i32)
-                        .i32(l.window as i32)
-                        .u64(l.sink)
-                        .u64(gp)
-                        .i32(ldg as i32)
-                        .i32(gate_mode)
-                        .f32((1.0 / (hd as f64).sqrt()) as f32)
-                        .u64(sc.atiles);
-                })
-                .map_err(cerr)?;
-            } else {
-            let group = if nh % nkv == 0 { nh / nkv } else { 0 };
-            let gqa = self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
-            let (aname, agrid, ablk) = if gqa {
-                ("attention_gqa", (m as u32, nkv as u32, nsplit as u32), (32 * group) as u32)
-            } else {
-                ("attention", (m as u32, nh as u32, nsplit as u32), ablk)
-            };
-            d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
+            // Arguments shared by the prefill and the decode attention kernels.
+            let common = |b: &mut device::Args| {
                 b.u64(qp)
                     .i32(ldq as i32)
                     .u64(sc.attn)
@@ -1020,30 +988,45 @@ impl CudaModel {
                     .u64(gp)
                     .i32(ldg as i32)
                     .i32(gate_mode)
-                    .f32((1.0 / (hd as f64).sqrt()) as f32)
-                    .i32(nsplit as i32)
-                    .u64(sc.part)
-                    .u64(if self.noncausal { sc.kend } else { 0 });
-            })
-            .map_err(cerr)?;
-            if nsplit > 1 {
-                d.launch_p(prof, "attention_merge", (m as u32, nh as u32, 1), (blk, 1, 1), 0, |b| {
-                    b.u64(sc.part)
-                        .i32(nsplit as i32)
-                        .u64(sc.attn)
-                        .i32(qw as i32)
-                        .i32(nh as i32)
-                        .i32(hd as i32)
-                        .u64(l.sink)
-                        .u64(gp)
-                        .i32(ldg as i32)
-                        .i32(gate_mode)
-                        .u64(sc.pos)
-                        .i32(l.window as i32)
-                        .u64(if self.noncausal { sc.kend } else { 0 });
+                    .f32((1.0 / (hd as f64).sqrt()) as f32);
+            };
+            if flash {
+                d.launch_p(prof, "attention_prefill", (sc.natiles.get() as u32, nh as u32, 1), (128, 1, 1), 0, |b| {
+                    common(b);
+                    b.u64(sc.atiles);
                 })
                 .map_err(cerr)?;
-            }
+            } else {
+                let group = if nh % nkv == 0 { nh / nkv } else { 0 };
+                let gqa = self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+                let (aname, agrid, ablk) = if gqa {
+                    ("attention_gqa", (m as u32, nkv as u32, nsplit as u32), (32 * group) as u32)
+                } else {
+                    ("attention", (m as u32, nh as u32, nsplit as u32), ablk)
+                };
+                d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
+                    common(b);
+                    b.i32(nsplit as i32).u64(sc.part).u64(if self.noncausal { sc.kend } else { 0 });
+                })
+                .map_err(cerr)?;
+                if nsplit > 1 {
+                    d.launch_p(prof, "attention_merge", (m as u32, nh as u32, 1), (blk, 1, 1), 0, |b| {
+                        b.u64(sc.part)
+                            .i32(nsplit as i32)
+                            .u64(sc.attn)
+                            .i32(qw as i32)
+                            .i32(nh as i32)
+                            .i32(hd as i32)
+                            .u64(l.sink)
+                            .u64(gp)
+                            .i32(ldg as i32)
+                            .i32(gate_mode)
+                            .u64(sc.pos)
+                            .i32(l.window as i32)
+                            .u64(if self.noncausal { sc.kend } else { 0 });
+                    })
+                    .map_err(cerr)?;
+                }
             }
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
             self.rmsnorm(prof, sc.x, 0, l.post_norm, sc.hn, m, h, eps)?;
@@ -1182,66 +1165,35 @@ impl CudaModel {
                                 .u64(sc.moe_out);
                         })
                         .map_err(cerr)?;
-                    } else if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
-                        // Weight-streaming regime (decode, DFlash verify, any pass below
-                        // gemm_min_rows): persistent grouped kernels with the same per-slot
-                        // arithmetic whatever the number of rows.
-                        let (gu_name, dn_name) = if experts.gate.fp4 {
-                            ("moe_gate_up_fp4_s", "moe_down_fp4_s")
-                        } else {
-                            ("moe_gate_up_bf16_s", "moe_down_bf16_s")
-                        };
-                        let blocks = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
-                        d.launch_p(prof, gu_name, (blocks, 1, 1), (256, 1, 1), 0, |b| {
-                            b.u64(experts.gate.w)
-                                .u64(experts.gate.s)
-                                .u64(experts.gate.inv)
-                                .u64(experts.up.w)
-                                .u64(experts.up.s)
-                                .u64(experts.up.inv)
-                                .u64(sc.hn)
-                                .i32(h as i32)
-                                .i32(im as i32)
-                                .i32(kk as i32)
-                                .u64(sc.grp_e)
-                                .u64(sc.grp_s)
-                                .u64(sc.grp_c)
-                                .u64(sc.perm)
-                                .u64(sc.meta)
-                                .u64(sc.moe_act);
-                        })
-                        .map_err(cerr)?;
-                        let blocks = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
-                        d.launch_p(prof, dn_name, (blocks, 1, 1), (256, 1, 1), 0, |b| {
-                            b.u64(experts.down.w)
-                                .u64(experts.down.s)
-                                .u64(experts.down.inv)
-                                .u64(sc.moe_act)
-                                .i32(h as i32)
-                                .i32(im as i32)
-                                .u64(sc.grp_e)
-                                .u64(sc.grp_s)
-                                .u64(sc.grp_c)
-                                .u64(sc.perm)
-                                .u64(sc.meta)
-                                .u64(sc.moe_out);
-                        })
-                        .map_err(cerr)?;
                     } else {
-                    let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
-                    let gu_name = match (experts.gate.fp4, one) {
-                        (true, false) => "moe_gate_up_fp4",
-                        (false, false) => "moe_gate_up_bf16",
-                        (true, true) => "moe_gate_up_fp4_1",
-                        (false, true) => "moe_gate_up_bf16_1",
-                    };
-                    d.launch_p(
-                        prof,
-                        gu_name,
-                        (ceil_div(im, 8) as u32, groups, 1),
-                        (256, 1, 1),
-                        if one { (h * 4) as u32 } else { 0 },
-                        |b| {
+                        // Weight-streaming regime (decode, DFlash verify, any pass below
+                        // gemm_min_rows). `moe_*_s`: persistent grouped kernels with the same
+                        // per-slot arithmetic whatever the number of rows; otherwise one block row
+                        // per group (`_1`: single-slot groups of a 1-row pass, activation staged).
+                        // Both families take the same arguments.
+                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) = if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
+                            let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
+                            let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
+                            let (g, dn) = if experts.gate.fp4 { ("moe_gate_up_fp4_s", "moe_down_fp4_s") } else { ("moe_gate_up_bf16_s", "moe_down_bf16_s") };
+                            (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
+                        } else {
+                            let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
+                            let g = match (experts.gate.fp4, one) {
+                                (true, false) => "moe_gate_up_fp4",
+                                (false, false) => "moe_gate_up_bf16",
+                                (true, true) => "moe_gate_up_fp4_1",
+                                (false, true) => "moe_gate_up_bf16_1",
+                            };
+                            let dn = match (experts.down.fp4, one) {
+                                (true, false) => "moe_down_fp4",
+                                (false, false) => "moe_down_bf16",
+                                (true, true) => "moe_down_fp4_1",
+                                (false, true) => "moe_down_bf16_1",
+                            };
+                            let (gs, ds) = if one { ((h * 4) as u32, (im * 4) as u32) } else { (0, 0) };
+                            (g, (ceil_div(im, 8) as u32, groups, 1), gs, dn, (ceil_div(h, 8) as u32, groups, 1), ds)
+                        };
+                        d.launch_p(prof, gu_name, gu_grid, (256, 1, 1), gu_shm, |b| {
                             b.u64(experts.gate.w)
                                 .u64(experts.gate.s)
                                 .u64(experts.gate.inv)
@@ -1258,22 +1210,9 @@ impl CudaModel {
                                 .u64(sc.perm)
                                 .u64(sc.meta)
                                 .u64(sc.moe_act);
-                        },
-                    )
-                    .map_err(cerr)?;
-                    let dn_name = match (experts.down.fp4, one) {
-                        (true, false) => "moe_down_fp4",
-                        (false, false) => "moe_down_bf16",
-                        (true, true) => "moe_down_fp4_1",
-                        (false, true) => "moe_down_bf16_1",
-                    };
-                    d.launch_p(
-                        prof,
-                        dn_name,
-                        (ceil_div(h, 8) as u32, groups, 1),
-                        (256, 1, 1),
-                        if one { (im * 4) as u32 } else { 0 },
-                        |b| {
+                        })
+                        .map_err(cerr)?;
+                        d.launch_p(prof, dn_name, dn_grid, (256, 1, 1), dn_shm, |b| {
                             b.u64(experts.down.w)
                                 .u64(experts.down.s)
                                 .u64(experts.down.inv)
@@ -1286,9 +1225,8 @@ impl CudaModel {
                                 .u64(sc.perm)
                                 .u64(sc.meta)
                                 .u64(sc.moe_out);
-                        },
-                    )
-                    .map_err(cerr)?;
+                        })
+                        .map_err(cerr)?;
                     }
                     let sh = if let Some((a, b2, c)) = shared {
                         self.ffn(prof, a, b2, c, m, sc.shared_out, false)?;

@@ -317,23 +317,7 @@ impl DraftModel for CpuDraft {
         let width = self.cfg.num_taps() * self.target_hidden;
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
         for item in batch {
-            if item.taps.len() % width != 0 {
-                return Err(EngineError::Other(format!(
-                    "draft context: taps have {} values, not a multiple of num_taps x target hidden = {width} (did the target run with set_taps?)",
-                    item.taps.len()
-                )));
-            }
-            let n = item.taps.len() / width;
-            let len = self.context_len(item.seq);
-            if !self.seqs.contains_key(&item.seq) {
-                return Err(EngineError::Other(format!("unknown draft sequence {}", item.seq)));
-            }
-            if item.start_pos > len {
-                return Err(EngineError::Other(format!(
-                    "draft context write at position {} leaves a gap (the context holds {len} positions)",
-                    item.start_pos
-                )));
-            }
+            let n = item.rows(width, self.seqs.get(&item.seq).map(|s| s.len))?;
             let rows: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..n)
                 .map(|r| {
                     let c = self.fuse_taps(&item.taps[r * width..(r + 1) * width]);

@@ -3,7 +3,7 @@
 //! transient. The CPU implementation ([`super::cpu_draft::CpuDraft`]) is the reference; a CUDA draft
 //! implements the same trait and is driven by the same [`super::driver`].
 use super::config::DraftConfig;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use super::driver::{SpecState, StepResult};
 use crate::model::{Model, SeqId, StepOutput};
 
@@ -16,6 +16,28 @@ pub struct ContextInput<'a> {
     pub seq: SeqId,
     pub start_pos: usize,
     pub taps: &'a [f32],
+}
+
+impl ContextInput<'_> {
+    /// Rows this write carries (`taps` / `width`, `width` = num_taps x target hidden), checked
+    /// against the draft sequence's context length `len` (None: the sequence is unknown): the
+    /// taps must be whole rows and the write must not leave a gap. Shared by every backend.
+    pub fn rows(&self, width: usize, len: Option<usize>) -> Result<usize> {
+        if self.taps.len() % width != 0 {
+            return Err(EngineError::Other(format!(
+                "draft context: taps have {} values, not a multiple of num_taps x target hidden = {width} (did the target run with set_taps?)",
+                self.taps.len()
+            )));
+        }
+        let len = len.ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", self.seq)))?;
+        if self.start_pos > len {
+            return Err(EngineError::Other(format!(
+                "draft context write at position {} leaves a gap (the context holds {len} positions)",
+                self.start_pos
+            )));
+        }
+        Ok(self.taps.len() / width)
+    }
 }
 
 /// One query block: `tokens = [last committed token, mask x k]` at positions
