@@ -4,7 +4,8 @@
 # Laguna-XS 2.1 shape and the decode/TTFT bench on it. Logs under $OUT; short table last.
 # Usage (device machine, repo root): scripts/device-check.sh [fixtures|bench|all] (default all)
 # Env: SWEEP_K=1..15 (also synthesize the XS-2.1 DFlash draft and time DFlash steps for these k),
-# DEVICE_TEST_ARGS (e.g. --only-dflash), PROMPT_LEN, GEN, RUNS, BENCH_ARGS.
+# DEVICE_TEST_ARGS (e.g. --only-dflash), PROMPT_LEN, GEN, RUNS, BENCH_ARGS, NO_BENCH=1 (skip the 2K
+# bench), LONG=262000 (also the long-context run with a 12 GiB K/V budget; LONG_ARGS, LONG_TIMEOUT).
 # Needs dist/laguna (release build, carried) and optionally dist/cache (precompiled cubins).
 set -u
 WHAT="${1:-all}"
@@ -18,7 +19,7 @@ done
 export RUST_BACKTRACE=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
 cat "$OUT/gpu.txt"
-status_warm=skip; status_fix=skip; status_bench=skip
+status_warm=skip; status_fix=skip; status_bench=skip; status_long=skip
 "$BIN" warmup 2>&1 | tee "$OUT/warmup.log" | tail -3 && status_warm=ok || status_warm=FAIL
 if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
     timeout 400 "$BIN" device-test --fixtures tests/fixtures/models ${DEVICE_TEST_ARGS:-} > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
@@ -75,8 +76,16 @@ if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
         [ -f "$D/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" 2>&1 | tee "$OUT/synth-draft.log"
         DRAFT_ARGS="--draft $D --sweep-k $SWEEP_K"
     fi
-    timeout 500 "$BIN" bench --model "$M" --prompt-len "${PROMPT_LEN:-2048}" --gen "${GEN:-256}" --runs "${RUNS:-3}" $DRAFT_ARGS ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 && status_bench=ok || status_bench=FAIL
-    cat "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+    if [ "${NO_BENCH:-}" = "" ]; then
+        timeout 500 "$BIN" bench --model "$M" --prompt-len "${PROMPT_LEN:-2048}" --gen "${GEN:-256}" --runs "${RUNS:-3}" $DRAFT_ARGS ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 && status_bench=ok || status_bench=FAIL
+        cat "$OUT/bench.log" | grep -v "^\s*$" | tail -60
+    fi
+    if [ -n "${LONG:-}" ]; then
+        # Long context: a LONG-token prompt with the XS-2.1 recipe's 12 GiB K/V budget
+        # (max_num_seqs 2), prefilled in passes of 8192 rows, then 64 decode steps.
+        timeout "${LONG_TIMEOUT:-500}" "$BIN" bench --model "$M" --long-context --prompt-len "$LONG" --pool-gib 12 --max-seqs 2 --max-rows 8192 --gen 64 ${LONG_ARGS:-} > "$OUT/long.log" 2>&1 && status_long=ok || status_long=FAIL
+        grep -v "^\s*$" "$OUT/long.log" | tail -12
+    fi
 fi
 echo
 echo "| step | result |"
@@ -86,3 +95,5 @@ echo "| device-test (fixtures) | $status_fix |"
 echo "| DFlash CLI + server on cuda | $status_cli |"
 echo "| bench (synthetic XS-2.1) | $status_bench |"
 grep -E "^\| (decode|TTFT|roofline|bytes per|copy|load) " "$OUT/bench.log" 2>/dev/null || true
+echo "| long context (${LONG:-not run}) | $status_long |"
+grep -E "^\| (TTFT|decode at|prompt) " "$OUT/long.log" 2>/dev/null || true

@@ -17,11 +17,19 @@ fn fixtures() -> Vec<PathBuf> {
 fn reference_ids(dir: &Path, name: &str) -> Vec<u32> {
     let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    st.tensor(name).unwrap().data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+    st.tensor(name)
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
 }
 
 fn laguna(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_laguna")).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_laguna"))
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 #[test]
@@ -34,12 +42,31 @@ fn generate_json_reproduces_reference_greedy() {
         let ids: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
         let n = greedy.len().to_string();
         let out = laguna(&[
-            "generate", "--model", dir.to_str().unwrap(), "--prompt-ids", &ids.join(","), "--max-tokens", &n, "--ignore-eos", "--json",
+            "generate",
+            "--model",
+            dir.to_str().unwrap(),
+            "--prompt-ids",
+            &ids.join(","),
+            "--max-tokens",
+            &n,
+            "--ignore-eos",
+            "--json",
         ]);
-        assert!(out.status.success(), "{}: {}", dir.display(), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8(out.stdout).unwrap();
-        let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
-        let got: Vec<u32> = v["completion_ids"].as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect();
+        let v: serde_json::Value =
+            serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+        let got: Vec<u32> = v["completion_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(got, greedy, "{}", dir.display());
         assert_eq!(v["prompt_ids"].as_array().unwrap().len(), prompt.len());
         assert_eq!(v["finish_reason"], "length");
@@ -54,8 +81,21 @@ fn generate_stops_at_eos_without_ignore_eos() {
     if !dir.exists() {
         return;
     }
-    let out = laguna(&["generate", "--model", dir.to_str().unwrap(), "--prompt", "hi", "--max-tokens", "64", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = laguna(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--max-tokens",
+        "64",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8(out.stdout).unwrap();
     let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
     let ids = v["completion_ids"].as_array().unwrap();
@@ -69,13 +109,33 @@ fn generate_stops_at_eos_without_ignore_eos() {
 
 #[test]
 fn bad_input_gets_a_clear_error() {
-    let out = laguna(&["generate", "--model", "/nonexistent/model", "--prompt-ids", "1,2", "--max-tokens", "2"]);
+    let out = laguna(&[
+        "generate",
+        "--model",
+        "/nonexistent/model",
+        "--prompt-ids",
+        "1,2",
+        "--max-tokens",
+        "2",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("/nonexistent/model"), "{err}");
 
     let dir = fixtures().remove(0);
-    let out = laguna(&["generate", "--model", dir.to_str().unwrap(), "--prompt-ids", "999999", "--max-tokens", "2"]);
+    let out = laguna(&[
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--prompt-ids",
+        "999999",
+        "--max-tokens",
+        "2",
+    ]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("vocabulary"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("vocabulary"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -4,7 +4,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "laguna", version, about = "Native inference server for poolside Laguna-XS 2.1 with DFlash speculative decoding")]
+#[command(
+    name = "laguna",
+    version,
+    about = "Native inference server for poolside Laguna-XS 2.1 with DFlash speculative decoding"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

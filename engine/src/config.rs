@@ -30,7 +30,13 @@ pub enum Gating {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
     Default,
-    Yarn { factor: f64, original_max_position_embeddings: f64, beta_fast: f64, beta_slow: f64, truncate: bool },
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+    },
 }
 
 /// Rotary embedding of one layer type: NeoX rotate-half over the first `rotary_dim` dims of a head.
@@ -49,12 +55,22 @@ impl RopeSpec {
         let dim = self.rotary_dim;
         let half = dim / 2;
         let base = self.theta as f32;
-        let pos_freq: Vec<f32> = (0..half).map(|i| base.powf((2 * i) as f32 / dim as f32)).collect();
+        let pos_freq: Vec<f32> = (0..half)
+            .map(|i| base.powf((2 * i) as f32 / dim as f32))
+            .collect();
         match &self.scaling {
             RopeScaling::Default => pos_freq.iter().map(|p| 1.0 / p).collect(),
-            RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate } => {
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                truncate,
+            } => {
                 let corr_dim = |rot: f64| {
-                    (dim as f64 * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
+                    (dim as f64
+                        * (original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI))
+                            .ln())
                         / (2.0 * self.theta.ln())
                 };
                 let (mut low, mut high) = (corr_dim(*beta_fast), corr_dim(*beta_slow));
@@ -136,25 +152,35 @@ impl<'a> Obj<'a> {
     fn usize(&self, key: &str, default: usize) -> Result<usize> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_u64().map(|x| x as usize).ok_or_else(|| err(key, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => v
+                .as_u64()
+                .map(|x| x as usize)
+                .ok_or_else(|| err(key, format!("expected a non-negative integer, found {v}"))),
         }
     }
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| err(key, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => v
+                .as_u64()
+                .map(|x| Some(x as usize))
+                .ok_or_else(|| err(key, format!("expected a non-negative integer, found {v}"))),
         }
     }
     fn f64(&self, key: &str, default: f64) -> Result<f64> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_f64().ok_or_else(|| err(key, format!("expected a number, found {v}"))),
+            Some(v) => v
+                .as_f64()
+                .ok_or_else(|| err(key, format!("expected a number, found {v}"))),
         }
     }
     fn bool(&self, key: &str, default: bool) -> Result<bool> {
         match self.get(key) {
             None => Ok(default),
-            Some(v) => v.as_bool().ok_or_else(|| err(key, format!("expected true or false, found {v}"))),
+            Some(v) => v
+                .as_bool()
+                .ok_or_else(|| err(key, format!("expected true or false, found {v}"))),
         }
     }
     fn str_list(&self, key: &str) -> Result<Option<Vec<String>>> {
@@ -162,7 +188,11 @@ impl<'a> Obj<'a> {
             None => Ok(None),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| err(key, format!("expected strings, found {v}"))))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| err(key, format!("expected strings, found {v}")))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(v) => Err(err(key, format!("expected a list of strings, found {v}"))),
@@ -173,7 +203,11 @@ impl<'a> Obj<'a> {
             None => Ok(None),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_u64().map(|x| x as usize).ok_or_else(|| err(key, format!("expected integers, found {v}"))))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|x| x as usize)
+                        .ok_or_else(|| err(key, format!("expected integers, found {v}")))
+                })
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
             Some(v) => Err(err(key, format!("expected a list of integers, found {v}"))),
@@ -184,9 +218,16 @@ impl<'a> Obj<'a> {
             None => Ok(vec![]),
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| v.as_u64().map(|x| x as u32).ok_or_else(|| err(key, format!("expected token ids, found {v}"))))
+                .map(|v| {
+                    v.as_u64()
+                        .map(|x| x as u32)
+                        .ok_or_else(|| err(key, format!("expected token ids, found {v}")))
+                })
                 .collect(),
-            Some(v) => v.as_u64().map(|x| vec![x as u32]).ok_or_else(|| err(key, format!("expected a token id or a list, found {v}"))),
+            Some(v) => v
+                .as_u64()
+                .map(|x| vec![x as u32])
+                .ok_or_else(|| err(key, format!("expected a token id or a list, found {v}"))),
         }
     }
 }
@@ -195,24 +236,33 @@ impl LagunaConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
         Self::from_json_str(&text).map_err(|e| match e {
-            EngineError::ConfigKey { key, msg } => {
-                EngineError::Config { path: path.display().to_string(), msg: format!("key `{key}`: {msg}") }
-            }
+            EngineError::ConfigKey { key, msg } => EngineError::Config {
+                path: path.display().to_string(),
+                msg: format!("key `{key}`: {msg}"),
+            },
             other => other,
         })
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: Value = serde_json::from_str(text).map_err(|e| EngineError::Config { path: "config.json".into(), msg: format!("not valid JSON: {e}") })?;
+        let raw: Value = serde_json::from_str(text).map_err(|e| EngineError::Config {
+            path: "config.json".into(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
         Self::from_value(raw)
     }
 
     pub fn from_value(raw: Value) -> Result<Self> {
-        let map = raw.as_object().ok_or_else(|| err("<root>", "config.json must be a JSON object"))?;
+        let map = raw
+            .as_object()
+            .ok_or_else(|| err("<root>", "config.json must be a JSON object"))?;
         let o = Obj(map);
         if let Some(mt) = o.get("model_type") {
             if mt.as_str() != Some("laguna") {
-                return Err(err("model_type", format!("expected \"laguna\", found {mt}")));
+                return Err(err(
+                    "model_type",
+                    format!("expected \"laguna\", found {mt}"),
+                ));
             }
         }
         let architectures = o.str_list("architectures")?.unwrap_or_default();
@@ -230,34 +280,60 @@ impl LagunaConfig {
             return Err(err("num_hidden_layers", "must be at least 1"));
         }
         if num_kv_heads == 0 || head_dim == 0 || hidden_size == 0 || vocab_size == 0 {
-            return Err(err("num_key_value_heads", "num_key_value_heads, head_dim, hidden_size and vocab_size must be positive"));
+            return Err(err(
+                "num_key_value_heads",
+                "num_key_value_heads, head_dim, hidden_size and vocab_size must be positive",
+            ));
         }
         for key in ["attention_bias", "qkv_bias"] {
             if o.bool(key, false)? {
-                return Err(err(key, "attention biases are not supported by Laguna (expected false)"));
+                return Err(err(
+                    key,
+                    "attention biases are not supported by Laguna (expected false)",
+                ));
             }
         }
         if let Some(act) = o.get("hidden_act") {
             if act.as_str() != Some("silu") {
-                return Err(err("hidden_act", format!("only \"silu\" is supported, found {act}")));
+                return Err(err(
+                    "hidden_act",
+                    format!("only \"silu\" is supported, found {act}"),
+                ));
             }
         }
         if o.bool("moe_apply_router_weight_on_input", false)? {
-            return Err(err("moe_apply_router_weight_on_input", "true is not supported (transformers raises too); expected false"));
+            return Err(err(
+                "moe_apply_router_weight_on_input",
+                "true is not supported (transformers raises too); expected false",
+            ));
         }
         if let Some(f) = o.get("moe_router_score_func") {
             if f.as_str() != Some("sigmoid") {
-                return Err(err("moe_router_score_func", format!("only \"sigmoid\" is supported, found {f}")));
+                return Err(err(
+                    "moe_router_score_func",
+                    format!("only \"sigmoid\" is supported, found {f}"),
+                ));
             }
         }
         if let Some(false) = o.get("moe_router_use_sigmoid").and_then(Value::as_bool) {
-            return Err(err("moe_router_use_sigmoid", "only sigmoid routing is supported, found false"));
+            return Err(err(
+                "moe_router_use_sigmoid",
+                "only sigmoid routing is supported, found false",
+            ));
         }
 
         // Per-layer attention kinds.
-        let layer_types = o.str_list("layer_types")?.unwrap_or_else(|| vec!["full_attention".into(); num_layers]);
+        let layer_types = o
+            .str_list("layer_types")?
+            .unwrap_or_else(|| vec!["full_attention".into(); num_layers]);
         if layer_types.len() != num_layers {
-            return Err(err("layer_types", format!("has {} entries but num_hidden_layers is {num_layers}", layer_types.len())));
+            return Err(err(
+                "layer_types",
+                format!(
+                    "has {} entries but num_hidden_layers is {num_layers}",
+                    layer_types.len()
+                ),
+            ));
         }
         let attn_kinds = layer_types
             .iter()
@@ -268,9 +344,17 @@ impl LagunaConfig {
             })
             .collect::<Result<Vec<_>>>()?;
 
-        let heads = o.usize_list("num_attention_heads_per_layer")?.unwrap_or_else(|| vec![num_heads_default; num_layers]);
+        let heads = o
+            .usize_list("num_attention_heads_per_layer")?
+            .unwrap_or_else(|| vec![num_heads_default; num_layers]);
         if heads.len() != num_layers {
-            return Err(err("num_attention_heads_per_layer", format!("has {} entries but num_hidden_layers is {num_layers}", heads.len())));
+            return Err(err(
+                "num_attention_heads_per_layer",
+                format!(
+                    "has {} entries but num_hidden_layers is {num_layers}",
+                    heads.len()
+                ),
+            ));
         }
         for (i, &h) in heads.iter().enumerate() {
             if h == 0 || h % num_kv_heads != 0 {
@@ -286,17 +370,28 @@ impl LagunaConfig {
         let mlp_kinds: Vec<MlpKind> = match o.str_list("mlp_layer_types")? {
             Some(list) => {
                 if list.len() != num_layers {
-                    return Err(err("mlp_layer_types", format!("has {} entries but num_hidden_layers is {num_layers}", list.len())));
+                    return Err(err(
+                        "mlp_layer_types",
+                        format!(
+                            "has {} entries but num_hidden_layers is {num_layers}",
+                            list.len()
+                        ),
+                    ));
                 }
                 list.iter()
                     .map(|t| match t.as_str() {
                         "dense" => Ok(MlpKind::Dense),
                         "sparse" => Ok(MlpKind::Sparse),
-                        other => Err(err("mlp_layer_types", format!("unknown mlp type \"{other}\" (expected dense or sparse)"))),
+                        other => Err(err(
+                            "mlp_layer_types",
+                            format!("unknown mlp type \"{other}\" (expected dense or sparse)"),
+                        )),
                     })
                     .collect::<Result<_>>()?
             }
-            None if o.get("mlp_only_layers").is_some() || o.get("decoder_sparse_step").is_some() => {
+            None if o.get("mlp_only_layers").is_some()
+                || o.get("decoder_sparse_step").is_some() =>
+            {
                 let only = o.usize_list("mlp_only_layers")?.unwrap_or_default();
                 let step = o.usize("decoder_sparse_step", 1)?;
                 if step == 0 {
@@ -312,11 +407,24 @@ impl LagunaConfig {
                     })
                     .collect()
             }
-            None => (0..num_layers).map(|i| if i == 0 { MlpKind::Dense } else { MlpKind::Sparse }).collect(),
+            None => (0..num_layers)
+                .map(|i| {
+                    if i == 0 {
+                        MlpKind::Dense
+                    } else {
+                        MlpKind::Sparse
+                    }
+                })
+                .collect(),
         };
         let top_k = o.usize("num_experts_per_tok", 8)?;
-        if mlp_kinds.contains(&MlpKind::Sparse) && (num_experts == 0 || top_k == 0 || top_k > num_experts) {
-            return Err(err("num_experts_per_tok", format!("must be between 1 and num_experts ({num_experts})")));
+        if mlp_kinds.contains(&MlpKind::Sparse)
+            && (num_experts == 0 || top_k == 0 || top_k > num_experts)
+        {
+            return Err(err(
+                "num_experts_per_tok",
+                format!("must be between 1 and num_experts ({num_experts})"),
+            ));
         }
 
         let gating = match o.get("gating") {
@@ -326,12 +434,26 @@ impl LagunaConfig {
             // transformers and vLLM: per-head only for `true` or exactly "per-head"; vLLM: `false` means no gate.
             Some(Value::String(s)) if s == "per-head" => Gating::PerHead,
             Some(Value::String(s)) if s == "per-element" => Gating::PerElement,
-            Some(v) => return Err(err("gating", format!("expected true, false, \"per-head\" or \"per-element\", found {v}"))),
+            Some(v) => {
+                return Err(err(
+                    "gating",
+                    format!("expected true, false, \"per-head\" or \"per-element\", found {v}"),
+                ))
+            }
         };
 
-        let sliding_window = o.opt_usize("sliding_window")?.or(if attn_kinds.contains(&AttnKind::Sliding) { Some(512) } else { None });
+        let sliding_window =
+            o.opt_usize("sliding_window")?
+                .or(if attn_kinds.contains(&AttnKind::Sliding) {
+                    Some(512)
+                } else {
+                    None
+                });
         if attn_kinds.contains(&AttnKind::Sliding) && sliding_window == Some(0) {
-            return Err(err("sliding_window", "must be at least 1 when sliding_attention layers exist"));
+            return Err(err(
+                "sliding_window",
+                "must be at least 1 when sliding_attention layers exist",
+            ));
         }
         let sinks = o.bool("swa_attention_sink_enabled", false)?;
 
@@ -343,7 +465,11 @@ impl LagunaConfig {
                 attn: attn_kinds[i],
                 num_heads: heads[i],
                 mlp: mlp_kinds[i],
-                rope: if attn_kinds[i] == AttnKind::Full { full_rope.clone() } else { sliding_rope.clone() },
+                rope: if attn_kinds[i] == AttnKind::Full {
+                    full_rope.clone()
+                } else {
+                    sliding_rope.clone()
+                },
                 sinks: sinks && attn_kinds[i] == AttnKind::Sliding,
             })
             .collect();
@@ -440,7 +566,12 @@ fn resolve_rope(o: &Obj, kind: AttnKind, head_dim: usize) -> Result<RopeSpec> {
                 }
             }
         }
-        Some(v) => return Err(err("rope_parameters", format!("expected an object, found {v}"))),
+        Some(v) => {
+            return Err(err(
+                "rope_parameters",
+                format!("expected an object, found {v}"),
+            ))
+        }
     };
     if !params.contains_key("rope_theta") {
         if let Some(t) = o.get("rope_theta") {
@@ -453,16 +584,31 @@ fn resolve_rope(o: &Obj, kind: AttnKind, head_dim: usize) -> Result<RopeSpec> {
         }
     }
     let p = Obj(&params);
-    let theta = p.f64("rope_theta", 10000.0).map_err(|_| err(&key, "rope_theta must be a number"))?;
-    let prf = p.f64("partial_rotary_factor", 1.0).map_err(|_| err(&key, "partial_rotary_factor must be a number"))?;
+    let theta = p
+        .f64("rope_theta", 10000.0)
+        .map_err(|_| err(&key, "rope_theta must be a number"))?;
+    let prf = p
+        .f64("partial_rotary_factor", 1.0)
+        .map_err(|_| err(&key, "partial_rotary_factor must be a number"))?;
     if !(prf > 0.0 && prf <= 1.0) {
-        return Err(err(&format!("{key}.partial_rotary_factor"), format!("must be in (0, 1], found {prf}")));
+        return Err(err(
+            &format!("{key}.partial_rotary_factor"),
+            format!("must be in (0, 1], found {prf}"),
+        ));
     }
     let rotary_dim = (head_dim as f64 * prf) as usize;
     if rotary_dim == 0 || rotary_dim % 2 != 0 {
-        return Err(err(&format!("{key}.partial_rotary_factor"), format!("gives a rotary dim of {rotary_dim}, which must be even and positive")));
+        return Err(err(
+            &format!("{key}.partial_rotary_factor"),
+            format!("gives a rotary dim of {rotary_dim}, which must be even and positive"),
+        ));
     }
-    let rope_type = params.get("rope_type").or_else(|| params.get("type")).and_then(Value::as_str).unwrap_or("default").to_string();
+    let rope_type = params
+        .get("rope_type")
+        .or_else(|| params.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+        .to_string();
     let (scaling, attention_factor) = match rope_type.as_str() {
         "default" => (RopeScaling::Default, 1.0),
         "yarn" => {
@@ -470,17 +616,31 @@ fn resolve_rope(o: &Obj, kind: AttnKind, head_dim: usize) -> Result<RopeSpec> {
                 .get("original_max_position_embeddings")
                 .or_else(|| o.get("original_max_position_embeddings"))
                 .and_then(Value::as_f64)
-                .ok_or_else(|| err(&format!("{key}.original_max_position_embeddings"), "required for yarn rope"))?;
+                .ok_or_else(|| {
+                    err(
+                        &format!("{key}.original_max_position_embeddings"),
+                        "required for yarn rope",
+                    )
+                })?;
             let factor = match p.get("factor").and_then(Value::as_f64) {
                 Some(f) => f,
                 None => o.usize("max_position_embeddings", 131072)? as f64 / orig,
             };
-            let mscale = |scale: f64, m: f64| if scale <= 1.0 { 1.0 } else { 0.1 * m * scale.ln() + 1.0 };
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
             let af = match p.get("attention_factor").and_then(Value::as_f64) {
                 Some(a) => a,
                 None => {
                     let ms = p.get("mscale").and_then(Value::as_f64).unwrap_or(0.0);
-                    let msa = p.get("mscale_all_dim").and_then(Value::as_f64).unwrap_or(0.0);
+                    let msa = p
+                        .get("mscale_all_dim")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(0.0);
                     if ms != 0.0 && msa != 0.0 {
                         mscale(factor, ms) / mscale(factor, msa)
                     } else {
@@ -488,16 +648,41 @@ fn resolve_rope(o: &Obj, kind: AttnKind, head_dim: usize) -> Result<RopeSpec> {
                     }
                 }
             };
-            let beta_fast = p.get("beta_fast").and_then(Value::as_f64).filter(|b| *b != 0.0).unwrap_or(32.0);
-            let beta_slow = p.get("beta_slow").and_then(Value::as_f64).filter(|b| *b != 0.0).unwrap_or(1.0);
+            let beta_fast = p
+                .get("beta_fast")
+                .and_then(Value::as_f64)
+                .filter(|b| *b != 0.0)
+                .unwrap_or(32.0);
+            let beta_slow = p
+                .get("beta_slow")
+                .and_then(Value::as_f64)
+                .filter(|b| *b != 0.0)
+                .unwrap_or(1.0);
             let truncate = p.get("truncate").and_then(Value::as_bool).unwrap_or(true);
-            (RopeScaling::Yarn { factor, original_max_position_embeddings: orig, beta_fast, beta_slow, truncate }, af)
+            (
+                RopeScaling::Yarn {
+                    factor,
+                    original_max_position_embeddings: orig,
+                    beta_fast,
+                    beta_slow,
+                    truncate,
+                },
+                af,
+            )
         }
         other => {
-            return Err(err(&format!("{key}.rope_type"), format!("unsupported rope type \"{other}\" (supported: default, yarn)")));
+            return Err(err(
+                &format!("{key}.rope_type"),
+                format!("unsupported rope type \"{other}\" (supported: default, yarn)"),
+            ));
         }
     };
-    Ok(RopeSpec { theta, rotary_dim, scaling, attention_factor })
+    Ok(RopeSpec {
+        theta,
+        rotary_dim,
+        scaling,
+        attention_factor,
+    })
 }
 
 #[cfg(test)]
@@ -505,7 +690,10 @@ mod tests {
     use super::*;
 
     fn xs21() -> LagunaConfig {
-        let p = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json");
+        let p = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
+        );
         LagunaConfig::from_file(Path::new(p)).unwrap()
     }
 
@@ -513,7 +701,10 @@ mod tests {
     fn xs21_layer_plan() {
         let c = xs21();
         assert_eq!(c.num_layers, 40);
-        assert_eq!(c.layers.iter().filter(|l| l.attn == AttnKind::Full).count(), 10);
+        assert_eq!(
+            c.layers.iter().filter(|l| l.attn == AttnKind::Full).count(),
+            10
+        );
         for (i, l) in c.layers.iter().enumerate() {
             assert_eq!(l.attn == AttnKind::Full, i % 4 == 0);
             assert_eq!(l.num_heads, if i % 4 == 0 { 48 } else { 64 });
@@ -533,9 +724,21 @@ mod tests {
         assert_eq!(r.rotary_dim, 64);
         assert!((r.attention_factor - 1.3465735902799727).abs() < 1e-15);
         let f = r.inv_freq();
-        let expect = [(0, 1.0), (1, 0.6636012), (2, 0.4403666), (3, 0.2922278), (29, 2.138742e-7), (30, 1.419272e-7), (31, 9.418307e-8)];
+        let expect = [
+            (0, 1.0),
+            (1, 0.6636012),
+            (2, 0.4403666),
+            (3, 0.2922278),
+            (29, 2.138742e-7),
+            (30, 1.419272e-7),
+            (31, 9.418307e-8),
+        ];
         for (i, v) in expect {
-            assert!(((f[i] as f64) - v).abs() / v < 1e-5, "inv_freq[{i}] = {} expected {v}", f[i]);
+            assert!(
+                ((f[i] as f64) - v).abs() / v < 1e-5,
+                "inv_freq[{i}] = {} expected {v}",
+                f[i]
+            );
         }
         let s = &c.layers[1].rope;
         assert_eq!(s.rotary_dim, 128);
@@ -545,24 +748,33 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let bad = r#"{"model_type":"laguna","num_hidden_layers":2,"layer_types":["full_attention"]}"#;
+        let bad =
+            r#"{"model_type":"laguna","num_hidden_layers":2,"layer_types":["full_attention"]}"#;
         let e = LagunaConfig::from_json_str(bad).unwrap_err().to_string();
         assert!(e.contains("layer_types"), "{e}");
         let bad = r#"{"model_type":"laguna","num_hidden_layers":1,"rope_parameters":{"full_attention":{"rope_type":"llama3","rope_theta":1.0}}}"#;
         let e = LagunaConfig::from_json_str(bad).unwrap_err().to_string();
         assert!(e.contains("rope_type") && e.contains("llama3"), "{e}");
-        let bad = r#"{"model_type":"laguna","num_hidden_layers":1,"moe_router_score_func":"softmax"}"#;
+        let bad =
+            r#"{"model_type":"laguna","num_hidden_layers":1,"moe_router_score_func":"softmax"}"#;
         let e = LagunaConfig::from_json_str(bad).unwrap_err().to_string();
         assert!(e.contains("moe_router_score_func"), "{e}");
         let bad = r#"{"model_type":"laguna","num_hidden_layers":2,"mlp_layer_types":["dense"]}"#;
-        assert!(LagunaConfig::from_json_str(bad).unwrap_err().to_string().contains("mlp_layer_types"));
+        assert!(LagunaConfig::from_json_str(bad)
+            .unwrap_err()
+            .to_string()
+            .contains("mlp_layer_types"));
         let bad = r#"{"model_type":"laguna","num_hidden_layers":1,"num_attention_heads_per_layer":[3],"num_key_value_heads":2}"#;
-        assert!(LagunaConfig::from_json_str(bad).unwrap_err().to_string().contains("num_attention_heads_per_layer"));
+        assert!(LagunaConfig::from_json_str(bad)
+            .unwrap_err()
+            .to_string()
+            .contains("num_attention_heads_per_layer"));
     }
 
     #[test]
     fn defaults_follow_transformers() {
-        let c = LagunaConfig::from_json_str(r#"{"model_type":"laguna","num_hidden_layers":3}"#).unwrap();
+        let c = LagunaConfig::from_json_str(r#"{"model_type":"laguna","num_hidden_layers":3}"#)
+            .unwrap();
         assert!(c.layers.iter().all(|l| l.attn == AttnKind::Full));
         assert_eq!(c.layers[0].mlp, MlpKind::Dense);
         assert_eq!(c.layers[1].mlp, MlpKind::Sparse);
@@ -577,6 +789,14 @@ mod tests {
     fn mlp_only_layers_fallback() {
         let c = LagunaConfig::from_json_str(r#"{"model_type":"laguna","num_hidden_layers":4,"mlp_only_layers":[2],"decoder_sparse_step":1}"#).unwrap();
         let kinds: Vec<_> = c.layers.iter().map(|l| l.mlp).collect();
-        assert_eq!(kinds, vec![MlpKind::Sparse, MlpKind::Sparse, MlpKind::Dense, MlpKind::Sparse]);
+        assert_eq!(
+            kinds,
+            vec![
+                MlpKind::Sparse,
+                MlpKind::Sparse,
+                MlpKind::Dense,
+                MlpKind::Sparse
+            ]
+        );
     }
 }

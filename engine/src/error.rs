@@ -8,15 +8,26 @@ pub enum EngineError {
     #[error("config key `{key}`: {msg}")]
     ConfigKey { key: String, msg: String },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: not a valid safetensors file: {msg}")]
     Safetensors { path: PathBuf, msg: String },
     #[error("tensor `{name}` is missing from the checkpoint{hint}")]
     MissingTensor { name: String, hint: String },
     #[error("tensor `{name}` has shape {found:?}, expected {expected:?}")]
-    Shape { name: String, expected: Vec<usize>, found: Vec<usize> },
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
     #[error("tensor `{name}` has dtype {found}, expected {expected}")]
-    Dtype { name: String, expected: String, found: String },
+    Dtype {
+        name: String,
+        expected: String,
+        found: String,
+    },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
     #[error("invalid request: {0}")]
@@ -29,9 +40,15 @@ pub type Result<T> = std::result::Result<T, EngineError>;
 
 impl EngineError {
     pub fn key(key: impl Into<String>, msg: impl Into<String>) -> Self {
-        EngineError::ConfigKey { key: key.into(), msg: msg.into() }
+        EngineError::ConfigKey {
+            key: key.into(),
+            msg: msg.into(),
+        }
     }
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        EngineError::Io { path: path.into(), source }
+        EngineError::Io {
+            path: path.into(),
+            source,
+        }
     }
 }

@@ -42,19 +42,31 @@ pub fn is_stop(model: &dyn Model, req: &GenerateRequest, tok: u32) -> bool {
 
 pub fn check_prompt(model: &dyn Model, prompt: &[u32]) -> Result<()> {
     if prompt.is_empty() {
-        return Err(EngineError::Request("the prompt is empty: give at least one token".into()));
+        return Err(EngineError::Request(
+            "the prompt is empty: give at least one token".into(),
+        ));
     }
     let v = model.config().vocab_size as u32;
     if let Some(t) = prompt.iter().find(|&&t| t >= v) {
-        return Err(EngineError::Request(format!("prompt token id {t} is outside the vocabulary (size {v})")));
+        return Err(EngineError::Request(format!(
+            "prompt token id {t} is outside the vocabulary (size {v})"
+        )));
     }
     Ok(())
 }
 
 /// Plain autoregressive generation: prefill the prompt, then one token per step.
-pub fn generate(model: &mut dyn Model, req: &GenerateRequest, keep_logits: bool) -> Result<GenerateResult> {
+pub fn generate(
+    model: &mut dyn Model,
+    req: &GenerateRequest,
+    keep_logits: bool,
+) -> Result<GenerateResult> {
     check_prompt(model, &req.prompt)?;
-    let mut rng = req.sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+    let mut rng = req
+        .sampling
+        .seed
+        .map(Rng::new)
+        .unwrap_or_else(Rng::from_entropy);
     let seq = model.new_seq()?;
     let res = (|| {
         let mut completion = vec![];
@@ -63,7 +75,12 @@ pub fn generate(model: &mut dyn Model, req: &GenerateRequest, keep_logits: bool)
         let mut input: Vec<u32> = req.prompt.clone();
         let mut pos = 0;
         while completion.len() < req.max_tokens {
-            let out = model.forward(&[StepInput { seq, tokens: &input, start_pos: pos, logits: LogitRows::Last }])?;
+            let out = model.forward(&[StepInput {
+                seq,
+                tokens: &input,
+                start_pos: pos,
+                logits: LogitRows::Last,
+            }])?;
             pos += input.len();
             let logits = out[0].row(0);
             let tok = sample(logits, &req.sampling, &mut rng);
@@ -77,7 +94,11 @@ pub fn generate(model: &mut dyn Model, req: &GenerateRequest, keep_logits: bool)
             }
             input = vec![tok];
         }
-        Ok(GenerateResult { completion, finish_reason: finish, step_logits })
+        Ok(GenerateResult {
+            completion,
+            finish_reason: finish,
+            step_logits,
+        })
     })();
     model.free_seq(seq);
     res

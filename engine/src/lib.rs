@@ -7,8 +7,8 @@ pub mod error;
 pub mod generate;
 pub mod model;
 pub mod sample;
-pub mod spec;
 pub mod sched;
+pub mod spec;
 pub mod tokenizer;
 pub mod weights;
 

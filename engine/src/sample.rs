@@ -13,7 +13,12 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None }
+        SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        }
     }
 }
 
@@ -42,11 +47,16 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D049BB133111EB);
             x ^ (x >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
     /// A seed from the clock, for requests without one.
     pub fn from_entropy() -> Rng {
-        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         Rng::new(t ^ COUNTER.fetch_add(0x632BE59BD9B4E019, std::sync::atomic::Ordering::Relaxed))
     }
@@ -90,7 +100,16 @@ pub fn probs(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
         }
     }
     let m = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let mut e: Vec<f64> = z.iter().map(|&v| if v == f64::NEG_INFINITY { 0.0 } else { (v - m).exp() }).collect();
+    let mut e: Vec<f64> = z
+        .iter()
+        .map(|&v| {
+            if v == f64::NEG_INFINITY {
+                0.0
+            } else {
+                (v - m).exp()
+            }
+        })
+        .collect();
     let s: f64 = e.iter().sum();
     for v in e.iter_mut() {
         *v /= s;
@@ -98,7 +117,11 @@ pub fn probs(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
     // top-p: drop the smallest tokens whose ascending cumulative mass stays <= 1 - p; keep at least one.
     if p.top_p < 1.0 {
         let mut order: Vec<usize> = (0..n).collect();
-        order.sort_by(|&a, &b| e[a].partial_cmp(&e[b]).unwrap_or(std::cmp::Ordering::Equal).then(b.cmp(&a)));
+        order.sort_by(|&a, &b| {
+            e[a].partial_cmp(&e[b])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(b.cmp(&a))
+        });
         let mut cum = 0.0;
         let limit = 1.0 - p.top_p as f64;
         for (rank, &i) in order.iter().enumerate() {
@@ -144,7 +167,12 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
 /// log-softmax of the raw logits (what OpenAI logprobs report).
 pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = logits.iter().map(|&l| (l as f64 - m).exp()).sum::<f64>().ln() + m;
+    let lse = logits
+        .iter()
+        .map(|&l| (l as f64 - m).exp())
+        .sum::<f64>()
+        .ln()
+        + m;
     logits.iter().map(|&l| (l as f64 - lse) as f32).collect()
 }
 
@@ -155,14 +183,38 @@ mod tests {
     #[test]
     fn top_k_and_top_p() {
         let logits = [3.0f32, 2.0, 1.0, 0.0];
-        let p = probs(&logits, &SamplingParams { temperature: 1.0, top_k: 2, top_p: 1.0, seed: None });
+        let p = probs(
+            &logits,
+            &SamplingParams {
+                temperature: 1.0,
+                top_k: 2,
+                top_p: 1.0,
+                seed: None,
+            },
+        );
         assert!(p[2] == 0.0 && p[3] == 0.0);
         let e = (1f64).exp();
         assert!((p[0] - e / (e + 1.0)).abs() < 1e-12);
         // softmax of [3,2,1,0] = [.644,.237,.087,.032]; top_p .7 keeps the two largest.
-        let p = probs(&logits, &SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.7, seed: None });
+        let p = probs(
+            &logits,
+            &SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.7,
+                seed: None,
+            },
+        );
         assert!(p[0] > 0.0 && p[1] > 0.0 && p[2] == 0.0 && p[3] == 0.0);
-        let p = probs(&logits, &SamplingParams { temperature: 1.0, top_k: 0, top_p: 0.01, seed: None });
+        let p = probs(
+            &logits,
+            &SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 0.01,
+                seed: None,
+            },
+        );
         assert_eq!(p[0], 1.0);
     }
 

@@ -14,18 +14,24 @@ impl Tokenizer {
         if !p.exists() {
             return Ok(None);
         }
-        let inner = tokenizers::Tokenizer::from_file(&p).map_err(|e| EngineError::Tokenizer(format!("{}: {e}", p.display())))?;
+        let inner = tokenizers::Tokenizer::from_file(&p)
+            .map_err(|e| EngineError::Tokenizer(format!("{}: {e}", p.display())))?;
         Ok(Some(Tokenizer { inner }))
     }
 
     /// Encode text; `add_special` adds the post-processor's tokens (a rendered chat prompt must not).
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let enc = self.inner.encode(text, add_special).map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let enc = self
+            .inner
+            .encode(text, add_special)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
     }
 
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
-        self.inner.decode(ids, skip_special).map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.inner
+            .decode(ids, skip_special)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))
     }
 
     pub fn token_to_id(&self, tok: &str) -> Option<u32> {

@@ -48,36 +48,84 @@ fn incremental_context_equals_recompute() {
                 partial += 1;
             }
         }
-        assert!(rejections >= 4 && partial >= 3, "rejections {rejections}, partial {partial}");
+        assert!(
+            rejections >= 4 && partial >= 3,
+            "rejections {rejections}, partial {partial}"
+        );
         let committed = s.tokens.len() - 1;
         assert_eq!(d.context_len(s.draft_seq), committed);
         assert_eq!(t.seq_len(s.target_seq), committed);
 
         // From scratch: one target prefill over the committed tokens, one context write.
         let fresh_t = t.new_seq().unwrap();
-        let out = t.forward(&[StepInput { seq: fresh_t, tokens: &s.tokens[..committed], start_pos: 0, logits: LogitRows::None }]).unwrap();
+        let out = t
+            .forward(&[StepInput {
+                seq: fresh_t,
+                tokens: &s.tokens[..committed],
+                start_pos: 0,
+                logits: LogitRows::None,
+            }])
+            .unwrap();
         let fresh_d = d.new_seq().unwrap();
-        d.write_context(&[ContextInput { seq: fresh_d, start_pos: 0, taps: &out[0].taps }]).unwrap();
+        d.write_context(&[ContextInput {
+            seq: fresh_d,
+            start_pos: 0,
+            taps: &out[0].taps,
+        }])
+        .unwrap();
         let inc = d.context_kv(s.draft_seq).unwrap().clone();
         let rec = d.context_kv(fresh_d).unwrap().clone();
         assert_eq!(inc.len, rec.len);
         for l in 0..inc.k.len() {
-            let scale = rec.k[l].iter().chain(&rec.v[l]).fold(0f32, |m, v| m.max(v.abs()));
+            let scale = rec.k[l]
+                .iter()
+                .chain(&rec.v[l])
+                .fold(0f32, |m, v| m.max(v.abs()));
             let dk = max_abs_diff(&inc.k[l], &rec.k[l]);
             let dv = max_abs_diff(&inc.v[l], &rec.v[l]);
-            assert!(dk <= 1e-5 * scale && dv <= 1e-5 * scale, "{}: layer {l} ΔK {dk} ΔV {dv}", draft_dir.display());
+            assert!(
+                dk <= 1e-5 * scale && dv <= 1e-5 * scale,
+                "{}: layer {l} ΔK {dk} ΔV {dv}",
+                draft_dir.display()
+            );
         }
         // Same proposals (and near-identical logits) from both caches.
         let mut block = vec![*s.tokens.last().unwrap()];
         block.extend(std::iter::repeat_n(d.cfg.mask_token_id, k));
-        let a = d.propose(&[BlockInput { seq: s.draft_seq, tokens: &block, start_pos: committed }]).unwrap();
-        let b = d.propose(&[BlockInput { seq: fresh_d, tokens: &block, start_pos: committed }]).unwrap();
+        let a = d
+            .propose(&[BlockInput {
+                seq: s.draft_seq,
+                tokens: &block,
+                start_pos: committed,
+            }])
+            .unwrap();
+        let b = d
+            .propose(&[BlockInput {
+                seq: fresh_d,
+                tokens: &block,
+                start_pos: committed,
+            }])
+            .unwrap();
         let scale = b[0].logits.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(max_abs_diff(&a[0].logits, &b[0].logits) <= 1e-5 * scale);
         // Target K/V after rollbacks equals a fresh prefill: the next-token logits agree.
         let last = *s.tokens.last().unwrap();
-        let la = t.forward(&[StepInput { seq: s.target_seq, tokens: &[last], start_pos: committed, logits: LogitRows::Last }]).unwrap();
-        let lb = t.forward(&[StepInput { seq: fresh_t, tokens: &[last], start_pos: committed, logits: LogitRows::Last }]).unwrap();
+        let la = t
+            .forward(&[StepInput {
+                seq: s.target_seq,
+                tokens: &[last],
+                start_pos: committed,
+                logits: LogitRows::Last,
+            }])
+            .unwrap();
+        let lb = t
+            .forward(&[StepInput {
+                seq: fresh_t,
+                tokens: &[last],
+                start_pos: committed,
+                logits: LogitRows::Last,
+            }])
+            .unwrap();
         let scale = lb[0].logits.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert!(max_abs_diff(&la[0].logits, &lb[0].logits) <= 1e-5 * scale);
         s.free(&mut t, &mut d);
@@ -94,7 +142,10 @@ fn batched_step_equals_solo() {
     let (mut t, mut d) = load_pair(draft_dir, target_dir);
     let prompt = prompt_for(target_dir, t.cfg.vocab_size);
     let p2: Vec<u32> = prompt[..prompt.len() / 2].to_vec();
-    let solo = |t: &mut laguna_engine::cpu::CpuModel, d: &mut laguna_engine::spec::CpuDraft, p: &[u32], k: usize| {
+    let solo = |t: &mut laguna_engine::cpu::CpuModel,
+                d: &mut laguna_engine::spec::CpuDraft,
+                p: &[u32],
+                k: usize| {
         let mut s = SpecState::new(t, d, p, k, SamplingParams::greedy()).unwrap();
         for _ in 0..6 {
             step(t, d, &mut [&mut s]).unwrap();
@@ -122,7 +173,9 @@ fn chunked_prefill_equals_one_shot() {
     for (draft_dir, target_dir) in pairs() {
         let (mut t, mut d) = load_pair(&draft_dir, &target_dir);
         let prompt = prompt_for(&target_dir, t.cfg.vocab_size);
-        let run = |t: &mut laguna_engine::cpu::CpuModel, d: &mut laguna_engine::spec::CpuDraft, chunk: usize| {
+        let run = |t: &mut laguna_engine::cpu::CpuModel,
+                   d: &mut laguna_engine::spec::CpuDraft,
+                   chunk: usize| {
             let mut s = SpecState::new(t, d, &prompt, 3, SamplingParams::greedy()).unwrap();
             s.prefill_chunk = chunk;
             let mut empty_steps = 0;
@@ -143,7 +196,10 @@ fn chunked_prefill_equals_one_shot() {
         assert_eq!(e5, prompt.len().div_ceil(5) - 1);
         assert_eq!(a, b);
         for l in 0..kva.k.len() {
-            assert!(max_abs_diff(&kva.k[l], &kvb.k[l]) < 1e-5 && max_abs_diff(&kva.v[l], &kvb.v[l]) < 1e-5);
+            assert!(
+                max_abs_diff(&kva.k[l], &kvb.k[l]) < 1e-5
+                    && max_abs_diff(&kva.v[l], &kvb.v[l]) < 1e-5
+            );
         }
     }
 }

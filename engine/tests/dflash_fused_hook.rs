@@ -41,8 +41,17 @@ impl DraftModel for Recording {
     fn propose(&mut self, batch: &[BlockInput]) -> laguna_engine::error::Result<Vec<StepOutput>> {
         self.inner.propose(batch)
     }
-    fn fused_greedy_step(&mut self, _target: &mut dyn Model, states: &mut [&mut SpecState]) -> Option<laguna_engine::error::Result<Vec<StepResult>>> {
-        assert!(states.iter().all(|s| s.is_prefilled() && s.sampling.is_greedy()), "offered a step with a prefilling or sampled state");
+    fn fused_greedy_step(
+        &mut self,
+        _target: &mut dyn Model,
+        states: &mut [&mut SpecState],
+    ) -> Option<laguna_engine::error::Result<Vec<StepResult>>> {
+        assert!(
+            states
+                .iter()
+                .all(|s| s.is_prefilled() && s.sampling.is_greedy()),
+            "offered a step with a prefilling or sampled state"
+        );
         self.offers.push(states.len());
         None
     }
@@ -52,7 +61,10 @@ impl DraftModel for Recording {
 fn fused_steps_are_offered_only_for_greedy_decode_batches() {
     let (draft_dir, target_dir) = pairs().into_iter().next().expect("a draft fixture pair");
     let (mut t, d) = load_pair(&draft_dir, &target_dir);
-    let mut d = Recording { inner: d, offers: vec![] };
+    let mut d = Recording {
+        inner: d,
+        offers: vec![],
+    };
     let prompt = prompt_for(&target_dir, t.cfg.vocab_size);
     let k = 3;
 
@@ -70,16 +82,30 @@ fn fused_steps_are_offered_only_for_greedy_decode_batches() {
         toks_a.extend(r[0].tokens.clone());
         if both {
             steps_all_decoding += 1;
-            assert_eq!(d.offers.len(), before + 1, "a greedy decode batch must be offered");
+            assert_eq!(
+                d.offers.len(),
+                before + 1,
+                "a greedy decode batch must be offered"
+            );
             assert_eq!(*d.offers.last().unwrap(), 2);
         } else {
-            assert_eq!(d.offers.len(), before, "a step with a prefill chunk must not be offered");
+            assert_eq!(
+                d.offers.len(),
+                before,
+                "a step with a prefill chunk must not be offered"
+            );
         }
     }
     assert!(steps_all_decoding > 0);
 
     // Declining changes nothing: sequence a's tokens equal plain greedy decoding.
-    let req = GenerateRequest { prompt: prompt.clone(), max_tokens: toks_a.len(), sampling: SamplingParams::greedy(), ignore_eos: true, stop_token_ids: vec![] };
+    let req = GenerateRequest {
+        prompt: prompt.clone(),
+        max_tokens: toks_a.len(),
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        stop_token_ids: vec![],
+    };
     let plain = generate(&mut t, &req, false).unwrap();
     assert_eq!(toks_a, plain.completion);
     a.free(&mut t, &mut d);
@@ -91,17 +117,30 @@ fn fused_steps_are_offered_only_for_greedy_decode_batches() {
     let before = d.offers.len();
     f.force_next_drafts(vec![1; k]);
     step(&mut t, &mut d, &mut [&mut f]).unwrap();
-    assert_eq!(d.offers.len(), before, "forced drafts must take the generic step");
+    assert_eq!(
+        d.offers.len(),
+        before,
+        "forced drafts must take the generic step"
+    );
     step(&mut t, &mut d, &mut [&mut f]).unwrap();
     assert_eq!(d.offers.len(), before + 1);
     f.free(&mut t, &mut d);
 
-    let sampled = SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed: Some(7) };
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        top_k: 0,
+        top_p: 1.0,
+        seed: Some(7),
+    };
     let mut s = SpecState::new(&mut t, &mut d, &prompt, k, sampled).unwrap();
     let before = d.offers.len();
     for _ in 0..4 {
         step(&mut t, &mut d, &mut [&mut s]).unwrap();
     }
-    assert_eq!(d.offers.len(), before, "sampled requests must take the generic step");
+    assert_eq!(
+        d.offers.len(),
+        before,
+        "sampled requests must take the generic step"
+    );
     s.free(&mut t, &mut d);
 }

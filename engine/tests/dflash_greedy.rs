@@ -9,7 +9,13 @@ use laguna_engine::sample::{Rng, SamplingParams};
 use laguna_engine::spec::{generate_spec, step, DraftModel, SpecState, SpecStats};
 
 fn request(prompt: &[u32], max_tokens: usize) -> GenerateRequest {
-    GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling: SamplingParams::greedy(), ignore_eos: true, stop_token_ids: vec![] }
+    GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        ignore_eos: true,
+        stop_token_ids: vec![],
+    }
 }
 
 /// (d) counter conservation for one sequence.
@@ -20,15 +26,35 @@ fn check_counters(s: &SpecStats, k: usize, completion_len: usize, max_tokens: us
     for w in s.num_accepted_tokens_per_pos.windows(2) {
         assert!(w[0] >= w[1], "per-position counts must not increase: {s:?}");
     }
-    assert!(s.num_accepted_tokens_per_pos.first().is_none_or(|&c| c <= s.num_drafts));
-    assert_eq!(s.num_accepted_tokens_per_pos.iter().sum::<u64>(), s.num_accepted_tokens, "{s:?}");
+    assert!(s
+        .num_accepted_tokens_per_pos
+        .first()
+        .is_none_or(|&c| c <= s.num_drafts));
+    assert_eq!(
+        s.num_accepted_tokens_per_pos.iter().sum::<u64>(),
+        s.num_accepted_tokens,
+        "{s:?}"
+    );
     // generated = prefill token + one token per step + accepted drafts (before max_tokens truncation)
-    assert_eq!(s.num_emitted_tokens, 1 + s.num_steps + s.num_accepted_tokens, "{s:?}");
-    assert_eq!(completion_len as u64, s.num_emitted_tokens.min(max_tokens as u64));
+    assert_eq!(
+        s.num_emitted_tokens,
+        1 + s.num_steps + s.num_accepted_tokens,
+        "{s:?}"
+    );
+    assert_eq!(
+        completion_len as u64,
+        s.num_emitted_tokens.min(max_tokens as u64)
+    );
     // history agrees with the counters
     assert_eq!(s.acceptance_lengths.len() as u64, s.num_steps);
-    assert_eq!(s.acceptance_lengths.iter().sum::<usize>() as u64, s.num_accepted_tokens);
-    assert_eq!(s.proposals.iter().map(|p| p.len()).sum::<usize>() as u64, s.num_draft_tokens);
+    assert_eq!(
+        s.acceptance_lengths.iter().sum::<usize>() as u64,
+        s.num_accepted_tokens
+    );
+    assert_eq!(
+        s.proposals.iter().map(|p| p.len()).sum::<usize>() as u64,
+        s.num_draft_tokens
+    );
     for (a, p) in s.acceptance_lengths.iter().zip(&s.proposals) {
         assert!(*a <= p.len());
     }
@@ -44,19 +70,36 @@ fn greedy_with_draft_is_token_identical() {
         let plain = generate(&mut t, &req, false).unwrap();
         if target_dir.join("reference.safetensors").exists() {
             let (_, ref_greedy) = target_prompt(&target_dir);
-            assert_eq!(&plain.completion[..], &ref_greedy[..max_tokens.min(ref_greedy.len())], "plain greedy vs float64 reference");
+            assert_eq!(
+                &plain.completion[..],
+                &ref_greedy[..max_tokens.min(ref_greedy.len())],
+                "plain greedy vs float64 reference"
+            );
         }
         for k in [1, 3, 6, 15] {
             let (res, stats) = generate_spec(&mut t, &mut d, &req, k, true).unwrap();
-            assert_eq!(res.completion, plain.completion, "{} k={k}", draft_dir.display());
+            assert_eq!(
+                res.completion,
+                plain.completion,
+                "{} k={k}",
+                draft_dir.display()
+            );
             assert_eq!(res.finish_reason, plain.finish_reason);
             check_counters(&stats, k, res.completion.len(), max_tokens);
-            eprintln!("{} k={k}: {}", draft_dir.file_name().unwrap().to_string_lossy(), stats.summary());
+            eprintln!(
+                "{} k={k}: {}",
+                draft_dir.file_name().unwrap().to_string_lossy(),
+                stats.summary()
+            );
         }
         // EOS honoured the same way (stop tokens inside an accepted run end generation there).
         let mut req2 = request(&prompt, 40);
         req2.ignore_eos = false;
-        req2.stop_token_ids = plain.completion.get(5..6).map(|s| s.to_vec()).unwrap_or_default();
+        req2.stop_token_ids = plain
+            .completion
+            .get(5..6)
+            .map(|s| s.to_vec())
+            .unwrap_or_default();
         let plain2 = generate(&mut t, &req2, false).unwrap();
         let (spec2, _) = generate_spec(&mut t, &mut d, &req2, 4, false).unwrap();
         assert_eq!(spec2.completion, plain2.completion);
@@ -72,11 +115,14 @@ fn partial_acceptance_with_forced_drafts_is_token_identical() {
         let (mut t, mut d) = load_pair(&draft_dir, &target_dir);
         let prompt = prompt_for(&target_dir, t.cfg.vocab_size);
         let n_gen = 40;
-        let plain = generate(&mut t, &request(&prompt, n_gen + 20), false).unwrap().completion;
+        let plain = generate(&mut t, &request(&prompt, n_gen + 20), false)
+            .unwrap()
+            .completion;
         let vocab = t.cfg.vocab_size as u32;
         for k in [3, 6] {
             let mut rng = Rng::new(k as u64 * 7 + 1);
-            let mut s = SpecState::new(&mut t, &mut d, &prompt, k, SamplingParams::greedy()).unwrap();
+            let mut s =
+                SpecState::new(&mut t, &mut d, &prompt, k, SamplingParams::greedy()).unwrap();
             s.keep_history = true;
             step(&mut t, &mut d, &mut [&mut s]).unwrap();
             let mut expect_acc = vec![];
@@ -87,7 +133,8 @@ fn partial_acceptance_with_forced_drafts_is_token_identical() {
                 // wrong at position `bad` (k means all correct)
                 let bad = (rng.next_u64() % (k as u64 + 1)) as usize;
                 if bad < k {
-                    forced[bad] = (truth[bad] + 1 + (rng.next_u64() % (vocab as u64 - 1)) as u32) % vocab;
+                    forced[bad] =
+                        (truth[bad] + 1 + (rng.next_u64() % (vocab as u64 - 1)) as u32) % vocab;
                 }
                 s.force_next_drafts(forced);
                 let r = step(&mut t, &mut d, &mut [&mut s]).unwrap().pop().unwrap();
@@ -97,7 +144,12 @@ fn partial_acceptance_with_forced_drafts_is_token_identical() {
                 assert_eq!(t.seq_len(s.target_seq), s.tokens.len() - 1);
                 assert_eq!(d.context_len(s.draft_seq), s.tokens.len() - 1);
             }
-            assert_eq!(s.completion(), &plain[..s.completion().len()], "{} k={k}", draft_dir.display());
+            assert_eq!(
+                s.completion(),
+                &plain[..s.completion().len()],
+                "{} k={k}",
+                draft_dir.display()
+            );
             assert_eq!(s.stats.acceptance_lengths, expect_acc);
             let len = s.completion().len();
             check_counters(&s.stats, k, len, usize::MAX);
@@ -112,7 +164,11 @@ fn partial_acceptance_with_forced_drafts_is_token_identical() {
 fn constructed_agreeing_and_disagreeing_pairs() {
     let (draft_dir, target_dir) = pairs()
         .into_iter()
-        .find(|(_, t)| !laguna_engine::LagunaConfig::from_file(&t.join("config.json")).unwrap().tie_word_embeddings)
+        .find(|(_, t)| {
+            !laguna_engine::LagunaConfig::from_file(&t.join("config.json"))
+                .unwrap()
+                .tie_word_embeddings
+        })
         .expect("a pair with an untied target");
     let prompt = prompt_for(&target_dir, 64);
     let max_tokens = 20;
@@ -138,7 +194,10 @@ fn constructed_agreeing_and_disagreeing_pairs() {
         // zero-norm draft keeps proposing 0.
         let (mut t, _) = load_pair(&draft_dir, &target_dir);
         let h = t.cfg.hidden_size;
-        t.norm.iter_mut().enumerate().for_each(|(i, w)| *w = if i == 0 { 1.0 } else { 0.0 });
+        t.norm
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, w)| *w = if i == 0 { 1.0 } else { 0.0 });
         let head = t.lm_head.as_mut().expect("untied target");
         head.w.iter_mut().for_each(|w| *w = 0.0);
         head.w[5 * h] = 1.0;
@@ -146,7 +205,11 @@ fn constructed_agreeing_and_disagreeing_pairs() {
         let mut d = laguna_engine::spec::CpuDraft::load(&draft_dir, &t).unwrap();
         d.norm.iter_mut().for_each(|w| *w = 0.0);
         let plain = generate(&mut t, &req, false).unwrap();
-        assert!(plain.completion.iter().all(|&x| x == 5 || x == 6), "{:?}", plain.completion);
+        assert!(
+            plain.completion.iter().all(|&x| x == 5 || x == 6),
+            "{:?}",
+            plain.completion
+        );
         let (res, s) = generate_spec(&mut t, &mut d, &req, k, true).unwrap();
         assert_eq!(res.completion, plain.completion);
         assert_eq!(s.num_accepted_tokens, 0, "k={k}");
@@ -163,7 +226,10 @@ fn k_is_validated() {
     let (mut t, mut d) = load_pair(&draft_dir, &target_dir);
     let bs = d.config().block_size;
     for bad in [0, bs] {
-        let e = SpecState::new(&mut t, &mut d, &[1, 2, 3], bad, SamplingParams::greedy()).err().unwrap().to_string();
+        let e = SpecState::new(&mut t, &mut d, &[1, 2, 3], bad, SamplingParams::greedy())
+            .err()
+            .unwrap()
+            .to_string();
         assert!(e.contains("num_speculative_tokens"), "{e}");
     }
 }

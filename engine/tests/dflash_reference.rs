@@ -14,7 +14,14 @@ fn target_taps_match_transformers_layer_outputs() {
         let prompt = &r["prompt_ids"].ids;
         t.set_taps(&d.cfg.target_layer_ids);
         let seq = t.new_seq().unwrap();
-        let out = t.forward(&[StepInput { seq, tokens: prompt, start_pos: 0, logits: LogitRows::None }]).unwrap();
+        let out = t
+            .forward(&[StepInput {
+                seq,
+                tokens: prompt,
+                start_pos: 0,
+                logits: LogitRows::None,
+            }])
+            .unwrap();
         let e = rel_err(&out[0].taps, &r["taps"].f64s);
         assert!(e < 1e-4, "{}: taps rel err {e}", draft_dir.display());
         // chunked (incremental) taps equal the one-shot ones
@@ -22,7 +29,14 @@ fn target_taps_match_transformers_layer_outputs() {
         let mut inc = vec![];
         let mut pos = 0;
         for chunk in prompt.chunks(5) {
-            let o = t.forward(&[StepInput { seq: seq2, tokens: chunk, start_pos: pos, logits: LogitRows::None }]).unwrap();
+            let o = t
+                .forward(&[StepInput {
+                    seq: seq2,
+                    tokens: chunk,
+                    start_pos: pos,
+                    logits: LogitRows::None,
+                }])
+                .unwrap();
             inc.extend_from_slice(&o[0].taps);
             pos += chunk.len();
         }
@@ -30,10 +44,21 @@ fn target_taps_match_transformers_layer_outputs() {
     }
 }
 
-fn check_draft(d: &mut CpuDraft, r: &std::collections::HashMap<String, Tensor>, taps: &[f32], what: &str, ctx_tol: f64) -> f64 {
+fn check_draft(
+    d: &mut CpuDraft,
+    r: &std::collections::HashMap<String, Tensor>,
+    taps: &[f32],
+    what: &str,
+    ctx_tol: f64,
+) -> f64 {
     let n = r["ctx_positions"].ids.len();
     let seq = d.new_seq().unwrap();
-    d.write_context(&[ContextInput { seq, start_pos: 0, taps }]).unwrap();
+    d.write_context(&[ContextInput {
+        seq,
+        start_pos: 0,
+        taps,
+    }])
+    .unwrap();
     assert_eq!(d.context_len(seq), n);
     let kv = d.context_kv(seq).unwrap();
     let row = d.cfg.num_kv_heads * d.cfg.head_dim;
@@ -42,19 +67,35 @@ fn check_draft(d: &mut CpuDraft, r: &std::collections::HashMap<String, Tensor>, 
         let rv = &r["ctx_v"].f64s[l * n * row..(l + 1) * n * row];
         let ek = rel_err(&kv.k[l], rk);
         let ev = rel_err(&kv.v[l], rv);
-        assert!(ek < ctx_tol && ev < ctx_tol, "{what}: layer {l} context K err {ek}, V err {ev}");
+        assert!(
+            ek < ctx_tol && ev < ctx_tol,
+            "{what}: layer {l} context K err {ek}, V err {ev}"
+        );
     }
     let mut worst = 0f64;
     for suffix in ["", "_k3"] {
         let ids = &r[&format!("block_ids{suffix}")].ids;
         let pos = &r[&format!("block_positions{suffix}")].ids;
         assert_eq!(pos[0] as usize, n);
-        let out = d.propose(&[BlockInput { seq, tokens: ids, start_pos: n }]).unwrap();
+        let out = d
+            .propose(&[BlockInput {
+                seq,
+                tokens: ids,
+                start_pos: n,
+            }])
+            .unwrap();
         assert_eq!(out[0].rows, ids.len());
         let expect = &r[&format!("logits{suffix}")].f64s;
         let maxabs = r["max_abs_logit"].f64s[0];
-        let diff = out[0].logits.iter().zip(expect).fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-        assert!(diff <= 1e-3 * maxabs, "{what}{suffix}: max|Δlogit| {diff} > 1e-3 * {maxabs}");
+        let diff = out[0]
+            .logits
+            .iter()
+            .zip(expect)
+            .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+        assert!(
+            diff <= 1e-3 * maxabs,
+            "{what}{suffix}: max|Δlogit| {diff} > 1e-3 * {maxabs}"
+        );
         worst = worst.max(diff / maxabs);
         // the cache is unchanged by propose
         assert_eq!(d.context_len(seq), n);
@@ -75,9 +116,24 @@ fn draft_forward_matches_float64_reference() {
         // 2) the Rust target's taps in (the whole pipeline)
         t.set_taps(&d.cfg.target_layer_ids);
         let seq = t.new_seq().unwrap();
-        let out = t.forward(&[StepInput { seq, tokens: &r["prompt_ids"].ids, start_pos: 0, logits: LogitRows::None }]).unwrap();
-        let e2 = check_draft(&mut d, &r, &out[0].taps, &format!("{name} (target taps)"), 1e-3);
-        eprintln!("{name}: max|Δlogit|/max|logit| = {e1:.2e} (reference taps), {e2:.2e} (target taps)");
+        let out = t
+            .forward(&[StepInput {
+                seq,
+                tokens: &r["prompt_ids"].ids,
+                start_pos: 0,
+                logits: LogitRows::None,
+            }])
+            .unwrap();
+        let e2 = check_draft(
+            &mut d,
+            &r,
+            &out[0].taps,
+            &format!("{name} (target taps)"),
+            1e-3,
+        );
+        eprintln!(
+            "{name}: max|Δlogit|/max|logit| = {e1:.2e} (reference taps), {e2:.2e} (target taps)"
+        );
     }
 }
 
@@ -98,10 +154,16 @@ fn fixture_configs_resolve_like_vllm() {
         }
         let raw = &c.raw;
         assert_eq!(c.rope.theta, raw["rope_theta"].as_f64().unwrap());
-        let prf = raw.get("partial_rotary_factor").and_then(|v| v.as_f64()).unwrap_or(1.0);
+        let prf = raw
+            .get("partial_rotary_factor")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(1.0);
         assert_eq!(c.rope.rotary_dim, (c.head_dim as f64 * prf) as usize);
     }
-    assert!(saw_causal_window && saw_noncausal, "need a causal+window<prompt draft and a non-causal draft");
+    assert!(
+        saw_causal_window && saw_noncausal,
+        "need a causal+window<prompt draft and a non-causal draft"
+    );
 }
 
 #[test]
@@ -119,26 +181,43 @@ fn pairing_errors_name_the_field() {
         if compatible {
             continue;
         }
-        let e = CpuDraft::load(d0, &t).err().expect("mismatched pair must fail").to_string();
+        let e = CpuDraft::load(d0, &t)
+            .err()
+            .expect("mismatched pair must fail")
+            .to_string();
         assert!(
-            e.contains("draft_vocab_size") || e.contains("hidden_size") || e.contains("target_layer_ids") || e.contains("num_target_layers"),
+            e.contains("draft_vocab_size")
+                || e.contains("hidden_size")
+                || e.contains("target_layer_ids")
+                || e.contains("num_target_layers"),
             "{e}"
         );
     }
     // Tap beyond the target's layers.
     let (d, t) = &ps[0];
     let target = laguna_engine::cpu::CpuModel::load(t).unwrap();
-    let mut raw: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
+    let mut raw: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(d.join("config.json")).unwrap()).unwrap();
     raw["dflash_config"]["target_layer_ids"] = serde_json::json!([0, target.cfg.num_layers]);
-    raw["dflash_config"].as_object_mut().unwrap().remove("num_target_layers");
+    raw["dflash_config"]
+        .as_object_mut()
+        .unwrap()
+        .remove("num_target_layers");
     let cfg = DraftConfig::from_value(raw.clone()).unwrap();
     let e = cfg.validate_target(&target.cfg).unwrap_err().to_string();
-    assert!(e.contains("dflash_config.target_layer_ids") && e.contains("beyond"), "{e}");
+    assert!(
+        e.contains("dflash_config.target_layer_ids") && e.contains("beyond"),
+        "{e}"
+    );
     // Vocab mismatch.
     raw["dflash_config"]["target_layer_ids"] = serde_json::json!([0]);
     raw["draft_vocab_size"] = serde_json::json!(target.cfg.vocab_size + 1);
     raw["vocab_size"] = serde_json::json!(target.cfg.vocab_size + 1);
-    let e = DraftConfig::from_value(raw).unwrap().validate_target(&target.cfg).unwrap_err().to_string();
+    let e = DraftConfig::from_value(raw)
+        .unwrap()
+        .validate_target(&target.cfg)
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("draft_vocab_size"), "{e}");
     // Missing tensor names the tensor.
     let dir = tempdir();
@@ -147,10 +226,16 @@ fn pairing_errors_name_the_field() {
     }
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let kept: Vec<(String, safetensors::tensor::TensorView)> =
-        st.tensors().into_iter().filter(|(n, _)| n != "layers.0.self_attn.g_proj.weight").collect();
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "layers.0.self_attn.g_proj.weight")
+        .collect();
     safetensors::serialize_to_file(kept, None, &dir.join("model.safetensors")).unwrap();
-    let e = CpuDraft::load(&dir, &target).err().expect("missing tensor").to_string();
+    let e = CpuDraft::load(&dir, &target)
+        .err()
+        .expect("missing tensor")
+        .to_string();
     assert!(e.contains("layers.0.self_attn.g_proj"), "{e}");
     let _ = std::fs::remove_dir_all(&dir);
 }

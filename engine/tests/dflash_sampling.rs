@@ -86,24 +86,45 @@ fn chi2_sf(x: f64, df: usize) -> f64 {
 #[test]
 fn chi2_survival_function_known_values() {
     // Table values: the 5% and 0.1% critical points.
-    for (x, df, p) in [(3.841458820694124, 1, 0.05), (18.307038053275146, 10, 0.05), (10.827566170662733, 1, 0.001), (59.70306, 30, 0.001)] {
+    for (x, df, p) in [
+        (3.841458820694124, 1, 0.05),
+        (18.307038053275146, 10, 0.05),
+        (10.827566170662733, 1, 0.001),
+        (59.70306, 30, 0.001),
+    ] {
         let got = chi2_sf(x, df);
-        assert!((got - p).abs() < 1e-6 * p.max(1e-3) * 10.0, "sf({x}, {df}) = {got}, expected {p}");
+        assert!(
+            (got - p).abs() < 1e-6 * p.max(1e-3) * 10.0,
+            "sf({x}, {df}) = {got}, expected {p}"
+        );
     }
     assert!((chi2_sf(2.0, 2) - (-1.0f64).exp()).abs() < 1e-12);
 }
 
 /// Two-sample chi-square homogeneity test on counts keyed by outcome; outcomes with a combined
 /// count below `min_cell` are pooled into one bin. Returns (statistic, df, p-value).
-fn homogeneity<K: std::hash::Hash + Eq + Clone>(a: &HashMap<K, usize>, b: &HashMap<K, usize>, min_cell: usize) -> (f64, usize, f64) {
+fn homogeneity<K: std::hash::Hash + Eq + Clone>(
+    a: &HashMap<K, usize>,
+    b: &HashMap<K, usize>,
+    min_cell: usize,
+) -> (f64, usize, f64) {
     let na: usize = a.values().sum();
     let nb: usize = b.values().sum();
-    let mut keys: Vec<K> = a.keys().chain(b.keys()).cloned().collect::<std::collections::HashSet<_>>().into_iter().collect();
+    let mut keys: Vec<K> = a
+        .keys()
+        .chain(b.keys())
+        .cloned()
+        .collect::<std::collections::HashSet<_>>()
+        .into_iter()
+        .collect();
     keys.sort_by_key(|k| std::cmp::Reverse(a.get(k).unwrap_or(&0) + b.get(k).unwrap_or(&0)));
     let mut bins: Vec<(f64, f64)> = vec![];
     let mut rare = (0f64, 0f64);
     for k in &keys {
-        let (x, y) = (*a.get(k).unwrap_or(&0) as f64, *b.get(k).unwrap_or(&0) as f64);
+        let (x, y) = (
+            *a.get(k).unwrap_or(&0) as f64,
+            *b.get(k).unwrap_or(&0) as f64,
+        );
         if (x + y) as usize >= min_cell {
             bins.push((x, y));
         } else {
@@ -140,7 +161,13 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
     let mut without: HashMap<Vec<u32>, usize> = HashMap::new();
     let greedy = generate(
         &mut t,
-        &GenerateRequest { prompt: prompt.to_vec(), max_tokens: 3 + k, sampling: SamplingParams::greedy(), ignore_eos: true, stop_token_ids: vec![] },
+        &GenerateRequest {
+            prompt: prompt.to_vec(),
+            max_tokens: 3 + k,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            stop_token_ids: vec![],
+        },
         false,
     )
     .unwrap()
@@ -151,7 +178,10 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
         let mut req = GenerateRequest {
             prompt: prompt.to_vec(),
             max_tokens: 3,
-            sampling: SamplingParams { seed: Some(1 + i as u64), ..params.clone() },
+            sampling: SamplingParams {
+                seed: Some(1 + i as u64),
+                ..params.clone()
+            },
             ignore_eos: true,
             stop_token_ids: vec![],
         };
@@ -183,25 +213,61 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
         o
     };
     let name = draft_dir.file_name().unwrap().to_string_lossy().to_string();
-    eprintln!("{name} {params:?} k={k}: {} / {} draft tokens accepted; {} distinct triples", accepted, drafted, with.len().max(without.len()));
+    eprintln!(
+        "{name} {params:?} k={k}: {} / {} draft tokens accepted; {} distinct triples",
+        accepted,
+        drafted,
+        with.len().max(without.len())
+    );
     let (x, df, p) = homogeneity(&with, &without, 10);
     eprintln!("  joint: chi2 {x:.2} df {df} p {p:.4}");
-    assert!(p > 0.001, "{name}: joint distribution of the first three tokens differs (chi2 {x}, df {df}, p {p})");
+    assert!(
+        p > 0.001,
+        "{name}: joint distribution of the first three tokens differs (chi2 {x}, df {df}, p {p})"
+    );
     for j in 0..3 {
         let (x, df, p) = homogeneity(&marginal(&with, j), &marginal(&without, j), 10);
         eprintln!("  token {j}: chi2 {x:.2} df {df} p {p:.4}");
-        assert!(p > 0.001, "{name}: token {j} distribution differs (chi2 {x}, df {df}, p {p})");
+        assert!(
+            p > 0.001,
+            "{name}: token {j} distribution differs (chi2 {x}, df {df}, p {p})"
+        );
     }
     // The test is only meaningful if drafts are both accepted and rejected sometimes.
-    assert!(accepted > 0 && accepted < drafted, "accepted {accepted} of {drafted}");
+    assert!(
+        accepted > 0 && accepted < drafted,
+        "accepted {accepted} of {drafted}"
+    );
 }
 
 #[test]
 fn temperature_sampling_matches_plain_sampling() {
-    run(SamplingParams { temperature: 0.8, top_k: 0, top_p: 1.0, seed: None }, 2000, 3, 0, 0.45);
+    run(
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        },
+        2000,
+        3,
+        0,
+        0.45,
+    );
 }
 
 #[test]
 fn temperature_top_k_top_p_sampling_matches_plain_sampling() {
-    run(SamplingParams { temperature: 0.8, top_k: 6, top_p: 0.9, seed: None }, 2000, 2, 1, 0.2);
+    run(
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 6,
+            top_p: 0.9,
+            seed: None,
+        },
+        2000,
+        2,
+        1,
+        0.2,
+    );
 }

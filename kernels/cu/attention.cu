@@ -1,16 +1,57 @@
 // Attention: per-head q/k RMSNorm + partial NeoX RoPE (YaRN folded into inv_freq/attention_factor)
-// + K/V write into the paged BF16 cache, and the attention itself (GQA, causal, sliding window,
-// optional sink logit, softplus output gate).
+// + K/V write into the cache, and the attention itself (GQA, causal, sliding window, optional sink
+// logit, softplus output gate).
 //
-// Cache layout per layer: [num_pages, page_size, nkv, hd] BF16 for K and for V. Each row m has a
-// position pos[m] and a block-table row bt + seqrow[m] * max_pages.
+// Cache layout per layer: [slots, nkv, hd] of BF16 or FP8 E4M3 (stored = value / scale; the K
+// scale is folded into the softmax scale, the V scale applied to the output). Row m at position
+// p reads its slot through a block-table row bt + seqrow[m] * max_pages: page
+// btr[(p / page_size) % max_pages], slot page * page_size + p % page_size. Full-attention layers
+// use the paged pool (positions never reach max_pages * page_size, so the modulo is a no-op);
+// sliding-window layers use a per-sequence ring of R = max_pages slots (page_size 1): position p
+// lives in slot p % R, so R >= window + speculative rows keeps every key a query can still see.
+
+// FP8 E4M3FN <-> BF16. Every E4M3 value is exact in BF16; stores round to nearest even and
+// saturate to +-448 (the cache never holds NaN).
+__device__ __forceinline__ u32 e4m3_bf16(u32 b) {
+    u32 em = b & 0x7fu;
+    u32 r = em >= 8u ? (em << 4) + (120u << 7) : (__float_as_uint((float)em * 0.001953125f) >> 16);
+    return ((b & 0x80u) << 8) | r;
+}
+__device__ __forceinline__ u32 e4m3x2_bf16x2(u32 w) { return e4m3_bf16(w & 0xffu) | (e4m3_bf16((w >> 8) & 0xffu) << 16); }
+__device__ __forceinline__ u8 f2e4m3(float x) {
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(x));
+    return (u8)(r & 0xffu);
+}
+template <typename KV> struct Kv;
+template <> struct Kv<bf16_t> {
+    // 8 / 4 consecutive elements as BF16 pairs (p aligned to 16 / 8 bytes).
+    static __device__ __forceinline__ uint4 ld8(const bf16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+    static __device__ __forceinline__ uint2 ld4(const bf16_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+    static __device__ __forceinline__ bf16_t cvt(float x) { return f2bf(x); }
+};
+template <> struct Kv<u8> {
+    static __device__ __forceinline__ uint4 ld8(const u8* p) {
+        uint2 r = __ldg(reinterpret_cast<const uint2*>(p));
+        return make_uint4(e4m3x2_bf16x2(r.x), e4m3x2_bf16x2(r.x >> 16), e4m3x2_bf16x2(r.y), e4m3x2_bf16x2(r.y >> 16));
+    }
+    static __device__ __forceinline__ uint2 ld4(const u8* p) {
+        u32 r = __ldg(reinterpret_cast<const unsigned*>(p));
+        return make_uint2(e4m3x2_bf16x2(r), e4m3x2_bf16x2(r >> 16));
+    }
+    static __device__ __forceinline__ u8 cvt(float x) { return f2e4m3(x); }
+};
 
 // grid (M, nh + nkv), block = round_up(hd, 32) threads.
-extern "C" __global__ void qk_norm_rope_kv(float* q, int ldq, const float* k, const float* v, int ldkv,
-                                           const float* qn_w, const float* kn_w, const float* inv_freq, int half,
-                                           float attn_factor, float eps, const int* pos, const int* seqrow,
-                                           const int* bt, int max_pages, int page_size, bf16_t* kc, bf16_t* vc,
-                                           int nh, int nkv, int hd) {
+// K/V go to the cache, or with `ks` set to the pass's stage ([rows, nkv, hd], for a ring layer
+// whose pass is longer than the ring's spare slots; ring_commit copies them after the attention).
+// kinv / vinv = 1 / scale (1 for BF16).
+template <typename KV>
+__device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float* k, const float* v, int ldkv,
+                                                  const float* qn_w, const float* kn_w, const float* inv_freq, int half,
+                                                  float attn_factor, float eps, const int* pos, const int* seqrow,
+                                                  const int* bt, int max_pages, int page_size, KV* kc, KV* vc,
+                                                  int nh, int nkv, int hd, KV* ks, KV* vs, float kinv, float vinv) {
     __shared__ float sh[32];
     __shared__ float buf[512];
     int m = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
@@ -41,10 +82,43 @@ extern "C" __global__ void qk_norm_rope_kv(float* q, int ldq, const float* k, co
     if (isq) {
         q[(size_t)m * ldq + h * hd + d] = y;
     } else {
-        int page = bt[(size_t)seqrow[m] * max_pages + p / page_size];
+        KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(v[(size_t)m * ldkv + kh * hd + d] * vinv);
+        if (ks) {
+            size_t so = ((size_t)m * nkv + kh) * hd + d;
+            ks[so] = kq;
+            vs[so] = vq;
+            return;
+        }
+        int page = bt[(size_t)seqrow[m] * max_pages + (p / page_size) % max_pages];
         size_t off = (((size_t)page * page_size + p % page_size) * nkv + kh) * hd + d;
-        kc[off] = f2bf(y);
-        vc[off] = f2bf(v[(size_t)m * ldkv + kh * hd + d]);
+        kc[off] = kq;
+        vc[off] = vq;
+    }
+}
+#define QK_PARAMS(KV)                                                                                              \
+    float *q, int ldq, const float *k, const float *v, int ldkv, const float *qn_w, const float *kn_w,            \
+        const float *inv_freq, int half, float attn_factor, float eps, const int *pos, const int *seqrow,         \
+        const int *bt, int max_pages, int page_size, KV *kc, KV *vc, int nh, int nkv, int hd, KV *ks, KV *vs,     \
+        float kinv, float vinv
+#define QK_ARGS q, ldq, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos, seqrow, bt, max_pages, page_size, kc, vc, nh, nkv, hd, ks, vs, kinv, vinv
+extern "C" __global__ void qk_norm_rope_kv(QK_PARAMS(bf16_t)) { qk_norm_rope_kv_t<bf16_t>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_kv_fp8(QK_PARAMS(u8)) { qk_norm_rope_kv_t<u8>(QK_ARGS); }
+
+// grid (M), block 64. After a staged pass: rows among the last R positions of their sequence in
+// the pass go from the stage into their ring slots (older rows would share a slot with a newer
+// one). rowb = bytes of one K (or V) row (nkv * hd * element size, a multiple of 8).
+extern "C" __global__ void ring_commit(const u8* ks, const u8* vs, const int* pos, const int* seqrow, const int* slast,
+                                       const int* bt, int ring, u8* kc, u8* vc, int rowb) {
+    int m = blockIdx.x, p = pos[m];
+    if (p <= pos[slast[m]] - ring) return;
+    size_t slot = (size_t)bt[(size_t)seqrow[m] * ring + p % ring];
+    const uint2* sk = reinterpret_cast<const uint2*>(ks + (size_t)m * rowb);
+    const uint2* sv = reinterpret_cast<const uint2*>(vs + (size_t)m * rowb);
+    uint2* dk = reinterpret_cast<uint2*>(kc + slot * rowb);
+    uint2* dv = reinterpret_cast<uint2*>(vc + slot * rowb);
+    for (int i = threadIdx.x; i < rowb / 8; i += blockDim.x) {
+        dk[i] = sk[i];
+        dv[i] = sv[i];
     }
 }
 
@@ -66,10 +140,13 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
 // hd <= blockDim <= 256.
 #define ATT_CHUNK 32
-extern "C" __global__ void attention(const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc,
-                                     const int* pos, const int* seqrow, const int* bt, int max_pages, int page_size,
-                                     int nh, int nkv, int hd, int window, const float* sink, const float* g, int ldg,
-                                     int gate_mode, float scale, int nsplit, float* part, const int* kend) {
+#define ATT_PARAMS(KV)                                                                                             \
+    const float *q, int ldq, float *out, int ldo, const KV *kc, const KV *vc, const int *pos, const int *seqrow,   \
+        const int *bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink,       \
+        const float *g, int ldg, int gate_mode, float scale, float vscale
+#define ATT_ARGS q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, gate_mode, scale, vscale
+template <typename KV>
+__device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
     __shared__ float qs[256];
     __shared__ float ps[256];
     __shared__ float red[1024];
@@ -103,17 +180,17 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
         float s = -INFINITY;
         if (tid < tn) {
             int t = t0 + tid;
-            int page = btr[t / page_size];
+            int page = btr[(t / page_size) % max_pages];
             unsigned ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
             koff[tid] = ko;
-            const uint4* kr = reinterpret_cast<const uint4*>(kc + ko);
+            const KV* kr = kc + ko;
             float a = 0.f;
             int nc = hd >> 3;
             for (int c0 = 0; c0 < nc; c0 += 8) {
                 uint4 ku[8];
 #pragma unroll
                 for (int c = 0; c < 8; c++)
-                    if (c0 + c < nc) ku[c] = __ldg(kr + c0 + c);
+                    if (c0 + c < nc) ku[c] = Kv<KV>::ld8(kr + (c0 + c) * 8);
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
                     if (c0 + c < nc) {
@@ -152,7 +229,7 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
         if (vact) {
 #pragma unroll 8
             for (int j = gi; j < tn; j += G) {
-                uint2 u = __ldg(reinterpret_cast<const uint2*>(vc + (size_t)koff[j] + dq * 4));
+                uint2 u = Kv<KV>::ld4(vc + (size_t)koff[j] + dq * 4);
                 float pj = ps[j];
                 acc0 = fmaf(pj, bflo(u.x), acc0);
                 acc1 = fmaf(pj, bfhi(u.x), acc1);
@@ -176,10 +253,16 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
         if (tid == 0) { pp[0] = run_max; pp[1] = run_sum; }
         return;
     }
-    float o = a / run_sum;
+    float o = (a / run_sum) * vscale;
     if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
+}
+extern "C" __global__ void attention(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+    attention_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+    attention_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
 // GQA-packed decode attention: one block per (row, KV head, split), one warp per query head of
@@ -190,10 +273,8 @@ extern "C" __global__ void attention(const float* q, int ldq, float* out, int ld
 // own length only), so a row's result is the same in any batch. Needs hd % 8 == 0, hd <= 128,
 // nh / nkv <= 16. Partials feed attention_merge unchanged.
 #define GQ_T 32
-extern "C" __global__ void attention_gqa(const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc,
-                                         const int* pos, const int* seqrow, const int* bt, int max_pages, int page_size,
-                                         int nh, int nkv, int hd, int window, const float* sink, const float* g, int ldg,
-                                         int gate_mode, float scale, int nsplit, float* part, const int* kend) {
+template <typename KV>
+__device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
     __shared__ __align__(16) float qs[16 * 128];
@@ -224,10 +305,10 @@ extern "C" __global__ void attention_gqa(const float* q, int ldq, float* out, in
         for (int i = threadIdx.x; i < tn * nc; i += blockDim.x) {
             int j = i / nc, c = i - j * nc;
             int t = t0 + j;
-            int page = btr[t / page_size];
+            int page = btr[(t / page_size) % max_pages];
             size_t off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
-            *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = __ldg(reinterpret_cast<const uint4*>(kc + off));
-            *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = __ldg(reinterpret_cast<const uint4*>(vc + off));
+            *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = Kv<KV>::ld8(kc + off);
+            *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
         }
         __syncthreads();
         if (w < G) {
@@ -277,18 +358,24 @@ extern "C" __global__ void attention_gqa(const float* q, int ldq, float* out, in
         if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
         return;
     }
-    float o[4] = {a0 / run_sum, a1 / run_sum, a2 / run_sum, a3 / run_sum};
+    float o[4] = {(a0 / run_sum) * vscale, (a1 / run_sum) * vscale, (a2 / run_sum) * vscale, (a3 / run_sum) * vscale};
     for (int i = 0; i < 4; i++) {
         if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
         else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
         out[(size_t)m * ldo + h * hd + d + i] = o[i];
     }
 }
+extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+    attention_gqa_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+    attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
+}
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                            const float* sink, const float* g, int ldg, int gate_mode,
-                                           const int* pos, int window, const int* kend) {
+                                           const int* pos, int window, const int* kend, float vscale) {
     __shared__ float sm[128], sl[128];
     int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
@@ -312,7 +399,7 @@ extern "C" __global__ void attention_merge(const float* part, int nsplit, float*
         l += sl[z] * c;
         a += (c == 0.f ? 0.f : pp[z * (hd + 2) + 2 + tid] * c);
     }
-    float o = a / l;
+    float o = (a / l) * vscale;
     if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
@@ -335,10 +422,11 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
-extern "C" __global__ __launch_bounds__(128) void attention_prefill(
-    const float* q, int ldq, float* out, int ldo, const bf16_t* kc, const bf16_t* vc, const int* pos, const int* seqrow,
-    const int* bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float* sink,
-    const float* g, int ldg, int gate_mode, float scale, const int* tiles) {
+// Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
+// this pass come from the stage (row sfirst + key - s0), older ones from the ring.
+template <typename KV>
+__device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* tiles, const KV* ks, const KV* vs,
+                                                    const int* sfirst) {
     __shared__ __align__(16) bf16_t Ks[64 * FA_LD];
     __shared__ __align__(16) bf16_t Vs[64 * FA_LD];
     __shared__ unsigned koff[64];
@@ -349,6 +437,8 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(
     int p0 = pos[r0];
     int plast = p0 + n - 1;
     const int* btr = bt + (size_t)seqrow[r0] * max_pages;
+    int srow = ks ? sfirst[r0] : 0;
+    int s0 = ks ? pos[srow] : 0x7fffffff;
     // Key blocks start at multiples of 64 (not at the tile's first key), so every row sees the same
     // blocks whatever tile it is in; blocks fully masked for a row leave its state bit-identical.
     int klo = (window > 0 ? max(0, p0 + 1 - window) : 0) & ~63;
@@ -390,8 +480,12 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(
             int t = kb + tid;
             unsigned ko = 0xffffffffu;
             if (t <= plast) {
-                int page = btr[t / page_size];
-                ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
+                if (t >= s0) {
+                    ko = 0x80000000u | (unsigned)(((size_t)(srow + t - s0) * nkv + kvh) * hd);
+                } else {
+                    int page = btr[(t / page_size) % max_pages];
+                    ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
+                }
             }
             koff[tid] = ko;
         }
@@ -401,8 +495,10 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(
             unsigned ko = koff[key];
             uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (ko != 0xffffffffu) {
-                kv = __ldg(reinterpret_cast<const uint4*>(kc + ko) + c);
-                vv = __ldg(reinterpret_cast<const uint4*>(vc + ko) + c);
+                bool st = (ko & 0x80000000u) != 0u;
+                size_t eo = (size_t)(ko & 0x7fffffffu) + c * 8;
+                kv = Kv<KV>::ld8((st ? ks : kc) + eo);
+                vv = Kv<KV>::ld8((st ? vs : vc) + eo);
             }
             *reinterpret_cast<uint4*>(&Ks[key * FA_LD + c * 8]) = kv;
             *reinterpret_cast<uint4*>(&Vs[key * FA_LD + c * 8]) = vv;
@@ -497,14 +593,14 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(
             for (int e = 0; e < 2; e++) {
                 int d = dn * 8 + 2 * t4 + e;
                 if (va) {
-                    float v = o[dn][e] * ia;
+                    float v = (o[dn][e] * ia) * vscale;
                     int m = r0 + ra;
                     if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
                     else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
                     out[(size_t)m * ldo + h * hd + d] = v;
                 }
                 if (vb) {
-                    float v = o[dn][2 + e] * ib;
+                    float v = (o[dn][2 + e] * ib) * vscale;
                     int m = r0 + rb;
                     if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
                     else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
@@ -513,4 +609,12 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(
             }
         }
     }
+}
+extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+                                                                    const bf16_t* vs, const int* sfirst) {
+    attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+                                                                        const u8* vs, const int* sfirst) {
+    attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst);
 }

@@ -22,12 +22,14 @@ __device__ __forceinline__ u32 pack_exact(float lo, float hi) { return __byte_pe
 // x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K).
 // grid (ceil(K/256), M), block 256.
 extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi) {
-    int k = blockIdx.x * blockDim.x + threadIdx.x, m = blockIdx.y;
+    int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= K) return;
-    float v = x[(size_t)m * ldx + k];
-    bf16_t h = f2bf(v);
-    hi[(size_t)m * K + k] = h;
-    hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {  // grid.y = min(M, 65535)
+        float v = x[(size_t)m * ldx + k];
+        bf16_t h = f2bf(v);
+        hi[(size_t)m * K + k] = h;
+        hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
+    }
 }
 
 __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {

@@ -170,10 +170,13 @@ extern "C" __global__ void linear_fp4_m16(const void* w, const u8* s, float inv_
     linear_m_impl<1, 2, 16>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
 // y[m, i] = silu(g[m, i]) * u[m, i]  (gate and up side by side: gu[m, 0..I) gate, gu[m, I..2I) up)
+// grid (ceil(I / blockDim), min(M, 65535)): rows beyond gridDim.y loop (expert slots of a long
+// prefill pass exceed the grid's y limit).
 extern "C" __global__ void silu_mul(const float* gu, float* y, int M, int I) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
-    int m = blockIdx.y;
     if (i >= I) return;
-    float g = gu[(size_t)m * 2 * I + i], u = gu[(size_t)m * 2 * I + I + i];
-    y[(size_t)m * I + i] = silu_f(g) * u;
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        float g = gu[(size_t)m * 2 * I + i], u = gu[(size_t)m * 2 * I + I + i];
+        y[(size_t)m * I + i] = silu_f(g) * u;
+    }
 }

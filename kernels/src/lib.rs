@@ -19,9 +19,42 @@ pub struct KernelModule {
 }
 
 pub const MODULES: &[KernelModule] = &[
-    KernelModule { name: "norm", source: include_str!("../cu/norm.cu"), entries: &["embed", "rmsnorm", "rmsnorm_taps", "copy_rows"] },
-    KernelModule { name: "linear", source: include_str!("../cu/linear.cu"), entries: &["linear_bf16", "linear_fp4", "linear_bf16_1", "linear_fp4_1", "linear_bf16_m8", "linear_fp4_m8", "linear_bf16_m16", "linear_fp4_m16", "silu_mul"] },
-    KernelModule { name: "attention", source: include_str!("../cu/attention.cu"), entries: &["qk_norm_rope_kv", "attention", "attention_gqa", "attention_merge", "attention_prefill"] },
+    KernelModule {
+        name: "norm",
+        source: include_str!("../cu/norm.cu"),
+        entries: &["embed", "rmsnorm", "rmsnorm_taps", "copy_rows"],
+    },
+    KernelModule {
+        name: "linear",
+        source: include_str!("../cu/linear.cu"),
+        entries: &[
+            "linear_bf16",
+            "linear_fp4",
+            "linear_bf16_1",
+            "linear_fp4_1",
+            "linear_bf16_m8",
+            "linear_fp4_m8",
+            "linear_bf16_m16",
+            "linear_fp4_m16",
+            "silu_mul",
+        ],
+    },
+    KernelModule {
+        name: "attention",
+        source: include_str!("../cu/attention.cu"),
+        entries: &[
+            "qk_norm_rope_kv",
+            "qk_norm_rope_kv_fp8",
+            "ring_commit",
+            "attention",
+            "attention_fp8",
+            "attention_gqa",
+            "attention_gqa_fp8",
+            "attention_merge",
+            "attention_prefill",
+            "attention_prefill_fp8",
+        ],
+    },
     KernelModule {
         name: "moe",
         source: include_str!("../cu/moe.cu"),
@@ -48,9 +81,24 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "gemm",
         source: include_str!("../cu/gemm.cu"),
-        entries: &["split_bf16", "gemm_bf16", "gemm_fp4", "gemm_bf16_x2", "gemm_fp4_x2", "moe_gemm_gate_up_bf16", "moe_gemm_gate_up_fp4", "moe_gemm_down_bf16", "moe_gemm_down_fp4", "linear_tc_bf16"],
+        entries: &[
+            "split_bf16",
+            "gemm_bf16",
+            "gemm_fp4",
+            "gemm_bf16_x2",
+            "gemm_fp4_x2",
+            "moe_gemm_gate_up_bf16",
+            "moe_gemm_gate_up_fp4",
+            "moe_gemm_down_bf16",
+            "moe_gemm_down_fp4",
+            "linear_tc_bf16",
+        ],
     },
-    KernelModule { name: "sample", source: include_str!("../cu/sample.cu"), entries: &["argmax_rows", "copy_u4", "spec_accept", "scatter_drafts"] },
+    KernelModule {
+        name: "sample",
+        source: include_str!("../cu/sample.cu"),
+        entries: &["argmax_rows", "copy_u4", "spec_accept", "scatter_drafts"],
+    },
 ];
 
 /// NVRTC options (besides `--gpu-architecture`). Part of the cache key.
@@ -59,7 +107,11 @@ pub const OPTIONS: &[&str] = &["-std=c++17", "-lineinfo", "--extra-device-vector
 #[derive(Debug)]
 pub enum KernelError {
     NoNvrtc(String),
-    Compile { module: String, arch: String, log: String },
+    Compile {
+        module: String,
+        arch: String,
+        log: String,
+    },
     Io(String),
 }
 
@@ -67,7 +119,10 @@ impl std::fmt::Display for KernelError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             KernelError::NoNvrtc(m) => write!(f, "{m}"),
-            KernelError::Compile { module, arch, log } => write!(f, "NVRTC failed to compile kernel module `{module}` for {arch}:\n{log}"),
+            KernelError::Compile { module, arch, log } => write!(
+                f,
+                "NVRTC failed to compile kernel module `{module}` for {arch}:\n{log}"
+            ),
             KernelError::Io(m) => write!(f, "{m}"),
         }
     }
@@ -141,7 +196,12 @@ pub fn cache_root() -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|s| !s.is_empty())
         .map(PathBuf::from)
-        .unwrap_or_else(|| std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")).join(".cache"));
+        .unwrap_or_else(|| {
+            std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| PathBuf::from("."))
+                .join(".cache")
+        });
     base.join("laguna").join("kernels")
 }
 
@@ -159,7 +219,13 @@ pub fn source_key(m: &KernelModule, arch: &str) -> String {
 }
 
 pub fn cubin_path(root: &Path, m: &KernelModule, arch: &str, ver: (i32, i32)) -> PathBuf {
-    root.join(arch).join(format!("{}-{}-nvrtc{}.{}.cubin", m.name, source_key(m, arch), ver.0, ver.1))
+    root.join(arch).join(format!(
+        "{}-{}-nvrtc{}.{}.cubin",
+        m.name,
+        source_key(m, arch),
+        ver.0,
+        ver.1
+    ))
 }
 
 /// A cached cubin for (module, arch) from any NVRTC version (used when NVRTC is absent).
@@ -170,7 +236,11 @@ pub fn find_cached_any(root: &Path, m: &KernelModule, arch: &str) -> Option<Path
         .ok()?
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".cubin")))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".cubin"))
+        })
         .collect();
     hits.sort();
     hits.pop()
@@ -207,19 +277,36 @@ pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelErro
     let optp: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
     unsafe {
         let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
-        let r = sys::nvrtcCreateProgram(&mut prog, src.as_ptr(), name.as_ptr(), 0, std::ptr::null(), std::ptr::null());
+        let r = sys::nvrtcCreateProgram(
+            &mut prog,
+            src.as_ptr(),
+            name.as_ptr(),
+            0,
+            std::ptr::null(),
+            std::ptr::null(),
+        );
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(KernelError::Compile { module: m.name.into(), arch: arch.into(), log: format!("nvrtcCreateProgram: {r:?}") });
+            return Err(KernelError::Compile {
+                module: m.name.into(),
+                arch: arch.into(),
+                log: format!("nvrtcCreateProgram: {r:?}"),
+            });
         }
         let r = sys::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr());
         let mut log_len = 0usize;
         sys::nvrtcGetProgramLogSize(prog, &mut log_len);
         let mut log = vec![0u8; log_len.max(1)];
         sys::nvrtcGetProgramLog(prog, log.as_mut_ptr() as *mut std::ffi::c_char);
-        let log = CStr::from_bytes_until_nul(&log).map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+        let log = CStr::from_bytes_until_nul(&log)
+            .map(|c| c.to_string_lossy().into_owned())
+            .unwrap_or_default();
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
             sys::nvrtcDestroyProgram(&mut prog);
-            return Err(KernelError::Compile { module: m.name.into(), arch: arch.into(), log: format!("{r:?}\n{log}") });
+            return Err(KernelError::Compile {
+                module: m.name.into(),
+                arch: arch.into(),
+                log: format!("{r:?}\n{log}"),
+            });
         }
         let mut n = 0usize;
         let r = sys::nvrtcGetCUBINSize(prog, &mut n);
@@ -240,7 +327,11 @@ pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelErro
 
 /// The cubin of a module for `arch`: from the cache, else compiled (when NVRTC is present) and
 /// written to the cache atomically. Returns (bytes, whether it was compiled now).
-pub fn get_cubin(root: &Path, m: &KernelModule, arch: &str) -> Result<(Vec<u8>, bool), KernelError> {
+pub fn get_cubin(
+    root: &Path,
+    m: &KernelModule,
+    arch: &str,
+) -> Result<(Vec<u8>, bool), KernelError> {
     match nvrtc_version() {
         Some(ver) => {
             let p = cubin_path(root, m, arch, ver);
@@ -249,14 +340,19 @@ pub fn get_cubin(root: &Path, m: &KernelModule, arch: &str) -> Result<(Vec<u8>, 
             }
             let bin = compile_cubin(m, arch)?;
             let dir = p.parent().unwrap();
-            std::fs::create_dir_all(dir).map_err(|e| KernelError::Io(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| KernelError::Io(format!("cannot create {}: {e}", dir.display())))?;
             let tmp = dir.join(format!(".{}.{}.tmp", m.name, std::process::id()));
-            std::fs::write(&tmp, &bin).map_err(|e| KernelError::Io(format!("cannot write {}: {e}", tmp.display())))?;
-            std::fs::rename(&tmp, &p).map_err(|e| KernelError::Io(format!("cannot write {}: {e}", p.display())))?;
+            std::fs::write(&tmp, &bin)
+                .map_err(|e| KernelError::Io(format!("cannot write {}: {e}", tmp.display())))?;
+            std::fs::rename(&tmp, &p)
+                .map_err(|e| KernelError::Io(format!("cannot write {}: {e}", p.display())))?;
             Ok((bin, true))
         }
         None => match find_cached_any(root, m, arch) {
-            Some(p) => std::fs::read(&p).map(|b| (b, false)).map_err(|e| KernelError::Io(format!("cannot read {}: {e}", p.display()))),
+            Some(p) => std::fs::read(&p)
+                .map(|b| (b, false))
+                .map_err(|e| KernelError::Io(format!("cannot read {}: {e}", p.display()))),
             None => Err(KernelError::NoNvrtc(format!(
                 "kernel module `{}` for {arch} is not in the cache ({}) and {NO_NVRTC_HELP}",
                 m.name,
@@ -277,17 +373,26 @@ pub struct WarmResult {
 }
 
 /// Compile (or find cached) every module for every arch, in parallel threads, with a progress bar.
-pub fn warmup(root: &Path, archs: &[String], progress: bool) -> Result<Vec<WarmResult>, KernelError> {
+pub fn warmup(
+    root: &Path,
+    archs: &[String],
+    progress: bool,
+) -> Result<Vec<WarmResult>, KernelError> {
     if !nvrtc_available() {
         return Err(KernelError::NoNvrtc(NO_NVRTC_HELP.into()));
     }
-    let jobs: Vec<(KernelModule, String)> = archs.iter().flat_map(|a| MODULES.iter().map(move |m| (*m, a.clone()))).collect();
+    let jobs: Vec<(KernelModule, String)> = archs
+        .iter()
+        .flat_map(|a| MODULES.iter().map(move |m| (*m, a.clone())))
+        .collect();
     let pb = if progress {
         let pb = indicatif::ProgressBar::new(jobs.len() as u64);
         pb.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} compiling kernels [{bar:30}] {pos}/{len} {msg}")
-                .unwrap()
-                .progress_chars("=> "),
+            indicatif::ProgressStyle::with_template(
+                "{spinner} compiling kernels [{bar:30}] {pos}/{len} {msg}",
+            )
+            .unwrap()
+            .progress_chars("=> "),
         );
         Some(pb)
     } else {
@@ -331,7 +436,11 @@ mod tests {
     fn registry_entries_exist_in_sources() {
         for m in MODULES {
             for e in m.entries {
-                assert!(m.source.contains(&format!("void {e}(")), "{}: entry {e} not found", m.name);
+                assert!(
+                    m.source.contains(&format!("void {e}(")),
+                    "{}: entry {e} not found",
+                    m.name
+                );
             }
         }
     }

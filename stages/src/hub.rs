@@ -13,11 +13,22 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
     #[error("{repo}@{revision} is not in the Hugging Face cache at {cache} and HF_HUB_OFFLINE=1 forbids downloading it; unset HF_HUB_OFFLINE (or run `laguna fetch` on a machine with network and copy the cache)")]
-    OfflineMissing { repo: String, revision: String, cache: PathBuf },
+    OfflineMissing {
+        repo: String,
+        revision: String,
+        cache: PathBuf,
+    },
     #[error("{repo}@{revision} is not in the Hugging Face cache at {cache}; run `laguna fetch` first (or set HF_HOME/HF_HUB_CACHE to the cache that has it)")]
-    NotCached { repo: String, revision: String, cache: PathBuf },
+    NotCached {
+        repo: String,
+        revision: String,
+        cache: PathBuf,
+    },
     #[error("{path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Connection and cache settings, read from the environment like `huggingface_hub` does.
@@ -32,25 +43,50 @@ pub struct HubEnv {
 }
 
 fn truthy(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on")
+    matches!(
+        v.trim().to_ascii_lowercase().as_str(),
+        "1" | "true" | "yes" | "on"
+    )
 }
 
 impl HubEnv {
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> HubEnv {
         let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
-        let home = get("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
-        let hf_home = get("HF_HOME")
+        let home = get("HOME")
             .map(PathBuf::from)
-            .unwrap_or_else(|| get("XDG_CACHE_HOME").map(PathBuf::from).unwrap_or_else(|| home.join(".cache")).join("huggingface"));
-        let cache_dir =
-            get("HF_HUB_CACHE").or_else(|| get("HUGGINGFACE_HUB_CACHE")).map(PathBuf::from).unwrap_or_else(|| hf_home.join("hub"));
-        let token = get("HF_TOKEN").or_else(|| get("HUGGING_FACE_HUB_TOKEN")).or_else(|| {
-            let path = get("HF_TOKEN_PATH").map(PathBuf::from).unwrap_or_else(|| hf_home.join("token"));
-            std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())
+            .unwrap_or_else(|| PathBuf::from("."));
+        let hf_home = get("HF_HOME").map(PathBuf::from).unwrap_or_else(|| {
+            get("XDG_CACHE_HOME")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".cache"))
+                .join("huggingface")
         });
-        let endpoint = get("HF_ENDPOINT").unwrap_or_else(|| DEFAULT_ENDPOINT.into()).trim_end_matches('/').to_string();
+        let cache_dir = get("HF_HUB_CACHE")
+            .or_else(|| get("HUGGINGFACE_HUB_CACHE"))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| hf_home.join("hub"));
+        let token = get("HF_TOKEN")
+            .or_else(|| get("HUGGING_FACE_HUB_TOKEN"))
+            .or_else(|| {
+                let path = get("HF_TOKEN_PATH")
+                    .map(PathBuf::from)
+                    .unwrap_or_else(|| hf_home.join("token"));
+                std::fs::read_to_string(path)
+                    .ok()
+                    .map(|s| s.trim().to_string())
+                    .filter(|s| !s.is_empty())
+            });
+        let endpoint = get("HF_ENDPOINT")
+            .unwrap_or_else(|| DEFAULT_ENDPOINT.into())
+            .trim_end_matches('/')
+            .to_string();
         let offline = get("HF_HUB_OFFLINE").is_some_and(|v| truthy(&v));
-        HubEnv { endpoint, token, cache_dir, offline }
+        HubEnv {
+            endpoint,
+            token,
+            cache_dir,
+            offline,
+        }
     }
 
     pub fn from_process_env() -> HubEnv {
@@ -66,10 +102,16 @@ impl HubEnv {
         let rc = self.repo(repo);
         match rc.resolve_commit(revision) {
             Some(commit) if rc.snapshot_dir(&commit).is_dir() => Ok(rc.snapshot_dir(&commit)),
-            _ if self.offline => {
-                Err(HubError::OfflineMissing { repo: repo.into(), revision: revision.into(), cache: self.cache_dir.clone() })
-            }
-            _ => Err(HubError::NotCached { repo: repo.into(), revision: revision.into(), cache: self.cache_dir.clone() }),
+            _ if self.offline => Err(HubError::OfflineMissing {
+                repo: repo.into(),
+                revision: revision.into(),
+                cache: self.cache_dir.clone(),
+            }),
+            _ => Err(HubError::NotCached {
+                repo: repo.into(),
+                revision: revision.into(),
+                cache: self.cache_dir.clone(),
+            }),
         }
     }
 }
@@ -95,20 +137,34 @@ mod tests {
 
     #[test]
     fn env_precedence() {
-        let m: HashMap<&str, &str> =
-            [("HOME", "/home/u"), ("HF_HOME", "/hf"), ("HF_ENDPOINT", "http://127.0.0.1:9/"), ("HF_HUB_OFFLINE", "1")].into();
+        let m: HashMap<&str, &str> = [
+            ("HOME", "/home/u"),
+            ("HF_HOME", "/hf"),
+            ("HF_ENDPOINT", "http://127.0.0.1:9/"),
+            ("HF_HUB_OFFLINE", "1"),
+        ]
+        .into();
         let e = HubEnv::from_env(&|k| m.get(k).map(|s| s.to_string()));
         assert_eq!(e.cache_dir, PathBuf::from("/hf/hub"));
         assert_eq!(e.endpoint, "http://127.0.0.1:9");
         assert!(e.offline);
-        let m: HashMap<&str, &str> = [("HOME", "/home/u"), ("HF_HOME", "/hf"), ("HF_HUB_CACHE", "/c"), ("HF_TOKEN", "t")].into();
+        let m: HashMap<&str, &str> = [
+            ("HOME", "/home/u"),
+            ("HF_HOME", "/hf"),
+            ("HF_HUB_CACHE", "/c"),
+            ("HF_TOKEN", "t"),
+        ]
+        .into();
         let e = HubEnv::from_env(&|k| m.get(k).map(|s| s.to_string()));
         assert_eq!(e.cache_dir, PathBuf::from("/c"));
         assert_eq!(e.token.as_deref(), Some("t"));
         assert_eq!(e.endpoint, DEFAULT_ENDPOINT);
         assert!(!e.offline);
         let m: HashMap<&str, &str> = [("HOME", "/home/u")].into();
-        assert_eq!(HubEnv::from_env(&|k| m.get(k).map(|s| s.to_string())).cache_dir, PathBuf::from("/home/u/.cache/huggingface/hub"));
+        assert_eq!(
+            HubEnv::from_env(&|k| m.get(k).map(|s| s.to_string())).cache_dir,
+            PathBuf::from("/home/u/.cache/huggingface/hub")
+        );
     }
 
     #[test]

@@ -87,7 +87,13 @@ pub struct KvPlan {
 }
 
 /// Activation workspace estimate (see the module docs for the formula).
-pub fn activation_bytes(cfg: &LagunaConfig, max_num_batched_tokens: usize, max_num_seqs: usize, spec_tokens: usize, taps: usize) -> u64 {
+pub fn activation_bytes(
+    cfg: &LagunaConfig,
+    max_num_batched_tokens: usize,
+    max_num_seqs: usize,
+    spec_tokens: usize,
+    taps: usize,
+) -> u64 {
     let t = max_num_batched_tokens as u64;
     let h = cfg.hidden_size as u64;
     let hd = cfg.head_dim as u64;
@@ -100,10 +106,22 @@ pub fn activation_bytes(cfg: &LagunaConfig, max_num_batched_tokens: usize, max_n
     }
     let has_dense = cfg.layers.iter().any(|l| l.mlp == MlpKind::Dense);
     let has_sparse = cfg.layers.iter().any(|l| l.mlp == MlpKind::Sparse);
-    let dense_m = if has_dense { cfg.intermediate_size as u64 } else { 0 };
-    let moe_m = if has_sparse { (cfg.top_k * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size) as u64 } else { 0 };
+    let dense_m = if has_dense {
+        cfg.intermediate_size as u64
+    } else {
+        0
+    };
+    let moe_m = if has_sparse {
+        (cfg.top_k * cfg.moe_intermediate_size + cfg.shared_expert_intermediate_size) as u64
+    } else {
+        0
+    };
     let m = dense_m.max(moe_m);
-    let router = if has_sparse { t * cfg.num_experts as u64 * 4 } else { 0 };
+    let router = if has_sparse {
+        t * cfg.num_experts as u64 * 4
+    } else {
+        0
+    };
     let logits = (max_num_seqs * (spec_tokens + 1)) as u64 * cfg.vocab_size as u64 * 4;
     t * (4 * h + qkvg + q + 2 * m) * 2 + router + logits + t * taps as u64 * h * 2
 }
@@ -124,33 +142,55 @@ impl KvPlan {
         let b = recipe.kv_cache_dtype.bytes();
         let k = recipe.num_speculative_tokens();
         let per_layer = |c: &LagunaConfig| 2 * c.num_kv_heads as u64 * c.head_dim as u64 * b;
-        let count = |c: &LagunaConfig, kind: AttnKind| c.layers.iter().filter(|l| l.attn == kind).count();
+        let count =
+            |c: &LagunaConfig, kind: AttnKind| c.layers.iter().filter(|l| l.attn == kind).count();
         let full_layers = count(cfg, AttnKind::Full);
         let sliding_layers = count(cfg, AttnKind::Sliding);
         let kv_bytes_per_token_layer = per_layer(cfg);
         let window = cfg.sliding_window.unwrap_or(0);
         let ring_slots = window + k;
-        let ring_bytes_per_seq = sliding_layers as u64 * ring_slots as u64 * kv_bytes_per_token_layer;
+        let ring_bytes_per_seq =
+            sliding_layers as u64 * ring_slots as u64 * kv_bytes_per_token_layer;
         let (draft_full, draft_ring) = match draft {
             Some(d) => {
                 let w = d.sliding_window.unwrap_or(0);
-                (count(d, AttnKind::Full) as u64 * per_layer(d), count(d, AttnKind::Sliding) as u64 * (w + k) as u64 * per_layer(d))
+                (
+                    count(d, AttnKind::Full) as u64 * per_layer(d),
+                    count(d, AttnKind::Sliding) as u64 * (w + k) as u64 * per_layer(d),
+                )
             }
             None => (0, 0),
         };
         let kv_bytes_per_token = full_layers as u64 * kv_bytes_per_token_layer + draft_full;
         let taps = draft.map_or(0, |d| crate::verify::draft::target_layer_ids(d).len());
-        let activations = activation_bytes(cfg, recipe.max_num_batched_tokens, recipe.max_num_seqs, k, taps);
-        let reserve = if recipe.device == Device::Cpu { 0 } else { CUDA_RESERVE };
+        let activations = activation_bytes(
+            cfg,
+            recipe.max_num_batched_tokens,
+            recipe.max_num_seqs,
+            k,
+            taps,
+        );
+        let reserve = if recipe.device == Device::Cpu {
+            0
+        } else {
+            CUDA_RESERVE
+        };
         let util_cap = (recipe.gpu_memory_utilization * memory.total as f64) as u64;
-        let cap = recipe.memory_cap_bytes.map_or(util_cap, |c| c.min(util_cap));
+        let cap = recipe
+            .memory_cap_bytes
+            .map_or(util_cap, |c| c.min(util_cap));
         let fixed = weights.target + weights.draft + activations + reserve;
         let (kv_budget, kv_budget_given) = match recipe.kv_cache_memory_bytes {
             Some(kv) => (kv, true),
             None => (cap.saturating_sub(fixed), false),
         };
         let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
-        let pool_tokens = (kv_bytes_per_token > 0).then(|| round_down(kv_budget.saturating_sub(rings) / kv_bytes_per_token, KV_BLOCK));
+        let pool_tokens = (kv_bytes_per_token > 0).then(|| {
+            round_down(
+                kv_budget.saturating_sub(rings) / kv_bytes_per_token,
+                KV_BLOCK,
+            )
+        });
         KvPlan {
             device: recipe.device,
             kv_dtype: recipe.kv_cache_dtype,
@@ -170,7 +210,13 @@ impl KvPlan {
             pool_tokens,
             max_model_len: recipe.max_model_len.unwrap_or(cfg.max_position_embeddings),
             max_position_embeddings: cfg.max_position_embeddings,
-            draft_block_size: draft.and_then(|d| d.raw.get("dflash_config")?.get("block_size")?.as_u64().map(|b| b as usize)),
+            draft_block_size: draft.and_then(|d| {
+                d.raw
+                    .get("dflash_config")?
+                    .get("block_size")?
+                    .as_u64()
+                    .map(|b| b as usize)
+            }),
             activations,
             reserve,
             total: fixed + kv_budget,
@@ -189,14 +235,21 @@ impl KvPlan {
 
     /// Pool tokens / max_model_len (`None` without full-attention layers).
     pub fn concurrency(&self) -> Option<f64> {
-        self.pool_tokens.map(|p| p as f64 / self.max_model_len as f64)
+        self.pool_tokens
+            .map(|p| p as f64 / self.max_model_len as f64)
     }
 
     /// `Err` naming the number that is too big and what to change.
     pub fn check(&self) -> Result<(), PlanError> {
         let cap_desc = match self.memory_cap_bytes {
-            Some(c) if c < (self.gpu_memory_utilization * self.memory.total as f64) as u64 => format!("memory_cap_bytes {}", human(c)),
-            _ => format!("gpu_memory_utilization {} x {} device memory", self.gpu_memory_utilization, human(self.memory.total)),
+            Some(c) if c < (self.gpu_memory_utilization * self.memory.total as f64) as u64 => {
+                format!("memory_cap_bytes {}", human(c))
+            }
+            _ => format!(
+                "gpu_memory_utilization {} x {} device memory",
+                self.gpu_memory_utilization,
+                human(self.memory.total)
+            ),
         };
         let fixed = self.weights.target + self.weights.draft + self.activations + self.reserve;
         if self.max_model_len > self.max_position_embeddings {
@@ -265,7 +318,11 @@ impl fmt::Display for KvPlan {
             WeightsSource::Headers => "from safetensors headers",
             WeightsSource::Config => "computed from config.json",
         };
-        writeln!(f, "plan for device {} (kv cache dtype {})", self.device, self.kv_dtype)?;
+        writeln!(
+            f,
+            "plan for device {} (kv cache dtype {})",
+            self.device, self.kv_dtype
+        )?;
         writeln!(
             f,
             "  weights:            {} target + {} draft = {} ({src})",
@@ -291,8 +348,17 @@ impl fmt::Display for KvPlan {
             commas(self.ring_bytes()),
             self.max_num_seqs
         )?;
-        let budget_src = if self.kv_budget_given { "kv_cache_memory_bytes" } else { "what the cap leaves" };
-        writeln!(f, "  KV budget:          {} ({}, {budget_src})", commas(self.kv_budget), human(self.kv_budget))?;
+        let budget_src = if self.kv_budget_given {
+            "kv_cache_memory_bytes"
+        } else {
+            "what the cap leaves"
+        };
+        writeln!(
+            f,
+            "  KV budget:          {} ({}, {budget_src})",
+            commas(self.kv_budget),
+            human(self.kv_budget)
+        )?;
         match (self.pool_tokens, self.concurrency()) {
             (Some(p), Some(c)) => writeln!(f, "  KV pool: {} tokens, {:.2}x of {}", commas(p), c, commas(self.max_model_len as u64))?,
             _ => writeln!(
@@ -301,28 +367,50 @@ impl fmt::Display for KvPlan {
                 commas(self.max_model_len as u64)
             )?,
         }
-        writeln!(f, "  activations:        {} ({} batched tokens)", human(self.activations), commas(self.max_num_batched_tokens as u64))?;
+        writeln!(
+            f,
+            "  activations:        {} ({} batched tokens)",
+            human(self.activations),
+            commas(self.max_num_batched_tokens as u64)
+        )?;
         if self.reserve > 0 {
             writeln!(f, "  runtime reserve:    {}", human(self.reserve))?;
         }
-        writeln!(f, "  total:              {} ({})", human(self.total), commas(self.total))?;
+        writeln!(
+            f,
+            "  total:              {} ({})",
+            human(self.total),
+            commas(self.total)
+        )?;
         writeln!(
             f,
             "  cap:                {} (gpu_memory_utilization {} of {}{})",
             human(self.cap),
             self.gpu_memory_utilization,
             human(self.memory.total),
-            self.memory_cap_bytes.map_or(String::new(), |c| format!(", memory_cap_bytes {}", human(c)))
+            self.memory_cap_bytes.map_or(String::new(), |c| format!(
+                ", memory_cap_bytes {}",
+                human(c)
+            ))
         )?;
-        write!(f, "  free now:           {} ({})", human(self.memory.free), self.memory.source)
+        write!(
+            f,
+            "  free now:           {} ({})",
+            human(self.memory.free),
+            self.memory.source
+        )
     }
 }
 
 /// Built-in copies of the published configs, for planning before `fetch`.
 fn builtin_config(repo: &str) -> Option<&'static str> {
     match repo {
-        "poolside/Laguna-XS-2.1-NVFP4" => Some(include_str!("../../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json")),
-        "poolside/Laguna-XS-2.1-DFlash" => Some(include_str!("../../tests/fixtures/reference/laguna-xs-2.1-dflash.config.json")),
+        "poolside/Laguna-XS-2.1-NVFP4" => Some(include_str!(
+            "../../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
+        )),
+        "poolside/Laguna-XS-2.1-DFlash" => Some(include_str!(
+            "../../tests/fixtures/reference/laguna-xs-2.1-dflash.config.json"
+        )),
         _ => None,
     }
 }
@@ -344,12 +432,21 @@ pub struct PlanOptions {
 }
 
 fn load_config(p: &Path) -> Result<LagunaConfig, PlanError> {
-    LagunaConfig::from_file(p).map_err(|e| PlanError::Config { path: p.to_path_buf(), msg: e.to_string() })
+    LagunaConfig::from_file(p).map_err(|e| PlanError::Config {
+        path: p.to_path_buf(),
+        msg: e.to_string(),
+    })
 }
 
 /// Config (and checkpoint folder, when present) of one recipe source.
-fn resolve_config(env: &HubEnv, src: &ModelSource, given: Option<&Path>) -> Result<(LagunaConfig, Option<PathBuf>, String), PlanError> {
-    let dir = crate::hub::local_dir(env, src).ok().filter(|d| d.join("config.json").is_file());
+fn resolve_config(
+    env: &HubEnv,
+    src: &ModelSource,
+    given: Option<&Path>,
+) -> Result<(LagunaConfig, Option<PathBuf>, String), PlanError> {
+    let dir = crate::hub::local_dir(env, src)
+        .ok()
+        .filter(|d| d.join("config.json").is_file());
     if let Some(p) = given {
         return Ok((load_config(p)?, dir, p.display().to_string()));
     }
@@ -359,20 +456,34 @@ fn resolve_config(env: &HubEnv, src: &ModelSource, given: Option<&Path>) -> Resu
     }
     if let ModelSource::Hub { repo, .. } = src {
         if let Some(text) = builtin_config(repo) {
-            let cfg = LagunaConfig::from_json_str(text).map_err(|e| PlanError::Config { path: repo.into(), msg: e.to_string() })?;
-            return Ok((cfg, None, format!("built-in copy of {repo} config.json (not fetched yet)")));
+            let cfg = LagunaConfig::from_json_str(text).map_err(|e| PlanError::Config {
+                path: repo.into(),
+                msg: e.to_string(),
+            })?;
+            return Ok((
+                cfg,
+                None,
+                format!("built-in copy of {repo} config.json (not fetched yet)"),
+            ));
         }
     }
     let why = match crate::hub::local_dir(env, src) {
         Err(e) => e.to_string(),
         Ok(d) => format!("{} has no config.json", d.display()),
     };
-    Err(PlanError::NoConfig { what: src.label(), why })
+    Err(PlanError::NoConfig {
+        what: src.label(),
+        why,
+    })
 }
 
 /// Build the plan of a recipe: configs from the checkpoints (or `--config`, or built-in copies),
 /// weights from headers when the checkpoint is present, memory from the probe (or `--device-memory`).
-pub fn plan_recipe(recipe: &Recipe, env: &HubEnv, opts: &PlanOptions) -> Result<(KvPlan, PlanSources), PlanError> {
+pub fn plan_recipe(
+    recipe: &Recipe,
+    env: &HubEnv,
+    opts: &PlanOptions,
+) -> Result<(KvPlan, PlanSources), PlanError> {
     let (cfg, dir, model_src) = resolve_config(env, &recipe.model, opts.config.as_deref())?;
     let draft = match &recipe.draft {
         Some(d) => Some(resolve_config(env, d, opts.draft_config.as_deref())?),
@@ -382,18 +493,44 @@ pub fn plan_recipe(recipe: &Recipe, env: &HubEnv, opts: &PlanOptions) -> Result<
     let target_h = from_headers(&dir);
     let draft_h = draft.as_ref().map(|(_, d, _)| from_headers(d));
     let weights = match (target_h, &draft_h) {
-        (Some(t), None) => WeightBytes { target: t, draft: 0, source: WeightsSource::Headers },
-        (Some(t), Some(Some(d))) => WeightBytes { target: t, draft: *d, source: WeightsSource::Headers },
+        (Some(t), None) => WeightBytes {
+            target: t,
+            draft: 0,
+            source: WeightsSource::Headers,
+        },
+        (Some(t), Some(Some(d))) => WeightBytes {
+            target: t,
+            draft: *d,
+            source: WeightsSource::Headers,
+        },
         _ => WeightBytes {
             target: target_h.unwrap_or_else(|| weights::target_from_config(&cfg)),
-            draft: draft.as_ref().map_or(0, |(dc, _, _)| weights::draft_from_config(dc, &cfg)),
+            draft: draft
+                .as_ref()
+                .map_or(0, |(dc, _, _)| weights::draft_from_config(dc, &cfg)),
             source: WeightsSource::Config,
         },
     };
     let memory = match opts.device_memory {
-        Some(b) => DeviceMemory { total: b, free: b, source: "--device-memory".into() },
+        Some(b) => DeviceMemory {
+            total: b,
+            free: b,
+            source: "--device-memory".into(),
+        },
         None => memory::probe(recipe.device).map_err(PlanError::Memory)?,
     };
-    let plan = KvPlan::compute(&cfg, draft.as_ref().map(|(c, _, _)| c), recipe, weights, memory);
-    Ok((plan, PlanSources { model_config: model_src, draft_config: draft.map(|(_, _, s)| s) }))
+    let plan = KvPlan::compute(
+        &cfg,
+        draft.as_ref().map(|(c, _, _)| c),
+        recipe,
+        weights,
+        memory,
+    );
+    Ok((
+        plan,
+        PlanSources {
+            model_config: model_src,
+            draft_config: draft.map(|(_, _, s)| s),
+        },
+    ))
 }

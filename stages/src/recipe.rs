@@ -18,12 +18,19 @@ pub const DEFAULT_REVISION: &str = "main";
 #[derive(Debug, thiserror::Error)]
 pub enum RecipeError {
     #[error("recipe {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// TOML syntax errors and unknown keys; the toml message carries the line, column and key.
     #[error("recipe {path}: {msg}")]
     Parse { path: PathBuf, msg: String },
     #[error("{origin}: `{field}` {msg}")]
-    Invalid { origin: String, field: String, msg: String },
+    Invalid {
+        origin: String,
+        field: String,
+        msg: String,
+    },
 }
 
 pub type Result<T> = std::result::Result<T, RecipeError>;
@@ -40,22 +47,36 @@ pub enum ModelSource {
 impl ModelSource {
     /// `repo` at `revision` (or `main`).
     pub fn hub(repo: &str, revision: Option<&str>) -> Self {
-        ModelSource::Hub { repo: repo.to_string(), revision: revision.unwrap_or(DEFAULT_REVISION).to_string() }
+        ModelSource::Hub {
+            repo: repo.to_string(),
+            revision: revision.unwrap_or(DEFAULT_REVISION).to_string(),
+        }
     }
 
     /// Interpret a flag/env value: an existing folder, or anything starting with `/`, `.` or `~`, is a
     /// local path (relative to `base`); otherwise `org/name` is a Hub repository.
-    pub fn parse_cli(value: &str, revision: Option<&str>, base: &Path) -> std::result::Result<Self, String> {
-        let looks_local = value.starts_with('/') || value.starts_with('.') || value.starts_with('~');
+    pub fn parse_cli(
+        value: &str,
+        revision: Option<&str>,
+        base: &Path,
+    ) -> std::result::Result<Self, String> {
+        let looks_local =
+            value.starts_with('/') || value.starts_with('.') || value.starts_with('~');
         let p = expand_home(value);
-        let resolved = if p.is_absolute() { p.clone() } else { base.join(&p) };
+        let resolved = if p.is_absolute() {
+            p.clone()
+        } else {
+            base.join(&p)
+        };
         if looks_local || resolved.is_dir() {
             return Ok(ModelSource::Local(resolved));
         }
         if is_repo_id(value) {
             return Ok(ModelSource::hub(value, revision));
         }
-        Err(format!("`{value}` is neither an existing folder nor a Hub repository id like `org/name`"))
+        Err(format!(
+            "`{value}` is neither an existing folder nor a Hub repository id like `org/name`"
+        ))
     }
 
     pub fn label(&self) -> String {
@@ -68,7 +89,12 @@ impl ModelSource {
 
 /// `org/name` with the characters the Hub allows.
 pub fn is_repo_id(s: &str) -> bool {
-    let ok = |part: &str| !part.is_empty() && part.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+    };
     matches!(s.split('/').collect::<Vec<_>>().as_slice(), [a, b] if ok(a) && ok(b))
 }
 
@@ -95,7 +121,9 @@ impl KvCacheDtype {
             "auto" => Ok(KvCacheDtype::Auto),
             "bf16" | "bfloat16" => Ok(KvCacheDtype::Bf16),
             "fp8" | "fp8_e4m3" => Ok(KvCacheDtype::Fp8),
-            _ => Err(format!("`{s}` is not a KV cache dtype (expected auto, bf16 or fp8)")),
+            _ => Err(format!(
+                "`{s}` is not a KV cache dtype (expected auto, bf16 or fp8)"
+            )),
         }
     }
     /// Bytes per stored K or V element. `auto` is BF16: Laguna's activations are BF16.
@@ -192,7 +220,11 @@ pub mod defaults {
 
 impl Recipe {
     /// Load `path` (if any), then apply `LAGUNA_*` variables from `env`, then the flags in `flags`.
-    pub fn resolve(path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>, flags: &Overrides) -> Result<Recipe> {
+    pub fn resolve(
+        path: Option<&Path>,
+        env: &dyn Fn(&str) -> Option<String>,
+        flags: &Overrides,
+    ) -> Result<Recipe> {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         let mut merged = match path {
             Some(p) => file::load(p)?,
@@ -219,13 +251,21 @@ impl Recipe {
 
     /// Speculative tokens per step (0 without a draft).
     pub fn num_speculative_tokens(&self) -> usize {
-        self.speculative.as_ref().map_or(0, |s| s.num_speculative_tokens)
+        self.speculative
+            .as_ref()
+            .map_or(0, |s| s.num_speculative_tokens)
     }
 }
 
 impl fmt::Display for Recipe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "recipe:            {}", self.path.as_ref().map_or("(none)".into(), |p| p.display().to_string()))?;
+        writeln!(
+            f,
+            "recipe:            {}",
+            self.path
+                .as_ref()
+                .map_or("(none)".into(), |p| p.display().to_string())
+        )?;
         writeln!(f, "model:             {}", self.model.label())?;
         if let Some(d) = &self.draft {
             writeln!(f, "draft:             {}", d.label())?;
@@ -238,7 +278,11 @@ impl fmt::Display for Recipe {
         }
         writeln!(f, "kv cache dtype:    {}", self.kv_cache_dtype)?;
         if let Some(s) = &self.speculative {
-            writeln!(f, "speculative:       {} x{}", s.method, s.num_speculative_tokens)?;
+            writeln!(
+                f,
+                "speculative:       {} x{}",
+                s.method, s.num_speculative_tokens
+            )?;
         }
         write!(f, "listen:            {}:{}", self.host, self.port)
     }

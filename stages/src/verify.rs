@@ -33,8 +33,14 @@ pub struct VerifyOptions {
 
 impl Default for VerifyOptions {
     fn default() -> Self {
-        let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2);
-        VerifyOptions { fast: false, progress: true, workers }
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2);
+        VerifyOptions {
+            fast: false,
+            progress: true,
+            workers,
+        }
     }
 }
 
@@ -91,7 +97,13 @@ impl Section {
         if let Some(i) = self.files.iter().position(|f| f.path == path) {
             return &mut self.files[i];
         }
-        self.files.push(FileLine { path: path.to_string(), size: None, hash: HashStatus::NotApplicable, problems: vec![], notes: vec![] });
+        self.files.push(FileLine {
+            path: path.to_string(),
+            size: None,
+            hash: HashStatus::NotApplicable,
+            problems: vec![],
+            notes: vec![],
+        });
         self.files.last_mut().unwrap()
     }
     fn problem(&mut self, file: Option<&str>, msg: String) {
@@ -130,7 +142,12 @@ impl Report {
     pub fn bad_files(&self) -> Vec<String> {
         self.sections
             .iter()
-            .flat_map(|s| s.files.iter().filter(|f| !f.problems.is_empty()).map(move |f| format!("{}/{}", s.role, f.path)))
+            .flat_map(|s| {
+                s.files
+                    .iter()
+                    .filter(|f| !f.problems.is_empty())
+                    .map(move |f| format!("{}/{}", s.role, f.path))
+            })
             .collect()
     }
 }
@@ -152,7 +169,11 @@ impl fmt::Display for Report {
                     HashStatus::Mismatch => "HASH MISMATCH".into(),
                     HashStatus::NotApplicable => String::new(),
                 };
-                let notes = if l.notes.is_empty() { String::new() } else { format!("; {}", l.notes.join("; ")) };
+                let notes = if l.notes.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", l.notes.join("; "))
+                };
                 if l.problems.is_empty() {
                     writeln!(f, "  ok    {}  {size}  {hash}{notes}", l.path)?;
                 } else {
@@ -163,7 +184,11 @@ impl fmt::Display for Report {
                 writeln!(f, "  FAIL  ({})  {g}", s.role)?;
             }
             if s.tensors_checked > 0 {
-                writeln!(f, "  {} expected tensors/linears checked against the config", commas(s.tensors_checked as u64))?;
+                writeln!(
+                    f,
+                    "  {} expected tensors/linears checked against the config",
+                    commas(s.tensors_checked as u64)
+                )?;
             }
         }
         let bad = self.bad_files();
@@ -175,8 +200,16 @@ impl fmt::Display for Report {
                 f,
                 "verify: FAILED, {} bad file(s) of {nfiles}{}{}",
                 bad.len(),
-                if bad.is_empty() { String::new() } else { format!(": {}", bad.join(", ")) },
-                if general > 0 { format!("; {general} other problem(s)") } else { String::new() }
+                if bad.is_empty() {
+                    String::new()
+                } else {
+                    format!(": {}", bad.join(", "))
+                },
+                if general > 0 {
+                    format!("; {general} other problem(s)")
+                } else {
+                    String::new()
+                }
             )
         }
     }
@@ -196,7 +229,11 @@ fn list_files(dir: &Path) -> Vec<String> {
         let Ok(rd) = std::fs::read_dir(d) else { return };
         for e in rd.flatten() {
             let p = e.path();
-            let rel = p.strip_prefix(base).unwrap_or(&p).to_string_lossy().replace('\\', "/");
+            let rel = p
+                .strip_prefix(base)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .replace('\\', "/");
             if rel == ".cache" || rel == ".git" {
                 continue;
             }
@@ -224,13 +261,25 @@ struct HashRef {
 fn hash_refs(dir: &Path, rel: &str, manifest: Option<&Manifest>) -> Vec<HashRef> {
     let mut v = vec![];
     if let Some(m) = manifest.and_then(|m| m.file(rel)) {
-        v.push(HashRef { kind: EtagKind::Sha256, want: m.sha256.to_ascii_lowercase(), from: "manifest" });
+        v.push(HashRef {
+            kind: EtagKind::Sha256,
+            want: m.sha256.to_ascii_lowercase(),
+            from: "manifest",
+        });
     }
     if let Ok(target) = std::fs::read_link(dir.join(rel)) {
         if let Some(name) = target.file_name().map(|n| n.to_string_lossy().into_owned()) {
             match etag_kind(&name) {
-                EtagKind::Sha256 => v.push(HashRef { kind: EtagKind::Sha256, want: name.to_ascii_lowercase(), from: "blob name" }),
-                EtagKind::GitSha1 => v.push(HashRef { kind: EtagKind::GitSha1, want: name.to_ascii_lowercase(), from: "blob name" }),
+                EtagKind::Sha256 => v.push(HashRef {
+                    kind: EtagKind::Sha256,
+                    want: name.to_ascii_lowercase(),
+                    from: "blob name",
+                }),
+                EtagKind::GitSha1 => v.push(HashRef {
+                    kind: EtagKind::GitSha1,
+                    want: name.to_ascii_lowercase(),
+                    from: "blob name",
+                }),
                 EtagKind::Opaque => {}
             }
         }
@@ -246,9 +295,18 @@ pub fn verify_dir(
     opts: &VerifyOptions,
     progress: &Progress,
 ) -> (Section, Option<LagunaConfig>) {
-    let mut s = Section { role, dir: dir.to_path_buf(), files: vec![], general: vec![], tensors_checked: 0 };
+    let mut s = Section {
+        role,
+        dir: dir.to_path_buf(),
+        files: vec![],
+        general: vec![],
+        tensors_checked: 0,
+    };
     if !dir.is_dir() {
-        s.general.push(format!("{} is not a folder; run `laguna fetch` or pass the folder that holds config.json", dir.display()));
+        s.general.push(format!(
+            "{} is not a folder; run `laguna fetch` or pass the folder that holds config.json",
+            dir.display()
+        ));
         return (s, None);
     }
     for rel in list_files(dir) {
@@ -256,24 +314,38 @@ pub fn verify_dir(
         let l = s.file(&rel);
         l.size = size;
         if size.is_none() {
-            l.problems.push("unreadable (a dangling link into the cache? re-run `laguna fetch`)".into());
+            l.problems
+                .push("unreadable (a dangling link into the cache? re-run `laguna fetch`)".into());
         }
         if rel.ends_with(".incomplete") {
-            l.problems.push("partial download left behind (*.incomplete); re-run `laguna fetch` to finish it".into());
+            l.problems.push(
+                "partial download left behind (*.incomplete); re-run `laguna fetch` to finish it"
+                    .into(),
+            );
         }
     }
     // Partial downloads outside the folder: cache blobs, or the local-dir download area.
     let canon = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let manifest_path = Manifest::path_for_dir(dir);
     let mut partial_dirs = vec![dir.join(".cache").join("laguna").join("download")];
-    if canon.parent().and_then(|p| p.file_name()).is_some_and(|n| n == "snapshots") {
+    if canon
+        .parent()
+        .and_then(|p| p.file_name())
+        .is_some_and(|n| n == "snapshots")
+    {
         if let Some(root) = canon.parent().and_then(Path::parent) {
             partial_dirs.push(root.join("blobs"));
         }
     }
     for pd in partial_dirs {
-        for p in list_files(&pd).into_iter().filter(|p| p.ends_with(".incomplete")) {
-            s.general.push(format!("partial download {} is left behind; re-run `laguna fetch` to finish it", pd.join(p).display()));
+        for p in list_files(&pd)
+            .into_iter()
+            .filter(|p| p.ends_with(".incomplete"))
+        {
+            s.general.push(format!(
+                "partial download {} is left behind; re-run `laguna fetch` to finish it",
+                pd.join(p).display()
+            ));
         }
     }
     // Manifest: every file present with its size.
@@ -290,30 +362,49 @@ pub fn verify_dir(
             let l = s.file(&mf.path);
             match l.size {
                 None if !l.problems.is_empty() => {}
-                None => l.problems.push(format!("missing: the fetch manifest lists it ({} bytes); re-run `laguna fetch`", commas(mf.size))),
-                Some(sz) if sz != mf.size => l.problems.push(format!(
+                None => l.problems.push(format!(
+                    "missing: the fetch manifest lists it ({} bytes); re-run `laguna fetch`",
+                    commas(mf.size)
+                )),
+                Some(sz) if sz != mf.size => {
+                    l.problems.push(format!(
                     "size is {} bytes, the Hub says {} ({}); delete it and re-run `laguna fetch`",
                     commas(sz),
                     commas(mf.size),
                     if sz < mf.size { "truncated" } else { "too long" }
-                )),
+                ))
+                }
                 _ => {}
             }
         }
     }
     // Hashes, in parallel, with one bar over all bytes.
-    let jobs: Vec<(String, Vec<HashRef>)> =
-        s.files.iter().filter(|l| l.size.is_some()).map(|l| (l.path.clone(), hash_refs(dir, &l.path, manifest.as_ref()))).collect();
+    let jobs: Vec<(String, Vec<HashRef>)> = s
+        .files
+        .iter()
+        .filter(|l| l.size.is_some())
+        .map(|l| (l.path.clone(), hash_refs(dir, &l.path, manifest.as_ref())))
+        .collect();
     if opts.fast {
         for (rel, refs) in &jobs {
-            s.file(rel).hash = if refs.is_empty() { HashStatus::NoReference } else { HashStatus::Skipped };
+            s.file(rel).hash = if refs.is_empty() {
+                HashStatus::NoReference
+            } else {
+                HashStatus::Skipped
+            };
         }
     } else {
-        let todo: Vec<&(String, Vec<HashRef>)> = jobs.iter().filter(|(_, r)| !r.is_empty()).collect();
-        let total: u64 = todo.iter().map(|(p, _)| std::fs::metadata(dir.join(p)).map(|m| m.len()).unwrap_or(0)).sum();
+        let todo: Vec<&(String, Vec<HashRef>)> =
+            jobs.iter().filter(|(_, r)| !r.is_empty()).collect();
+        let total: u64 = todo
+            .iter()
+            .map(|(p, _)| std::fs::metadata(dir.join(p)).map(|m| m.len()).unwrap_or(0))
+            .sum();
         let bar = progress.total("sha256", total);
         bar.set_message(format!("{role}"));
-        let results = parallel(&todo, opts.workers, |(rel, _)| hash_file(&dir.join(rel), &|n| bar.inc(n)));
+        let results = parallel(&todo, opts.workers, |(rel, _)| {
+            hash_file(&dir.join(rel), &|n| bar.inc(n))
+        });
         bar.finish_and_clear();
         for ((rel, refs), r) in todo.iter().zip(results) {
             let l = s.file(rel);
@@ -340,7 +431,11 @@ pub fn verify_dir(
                             ));
                         }
                     }
-                    l.hash = if bad { HashStatus::Mismatch } else { HashStatus::Ok(ok.join(", ")) };
+                    l.hash = if bad {
+                        HashStatus::Mismatch
+                    } else {
+                        HashStatus::Ok(ok.join(", "))
+                    };
                 }
             }
         }
@@ -354,7 +449,10 @@ pub fn verify_dir(
     // config.json
     let cfg_path = dir.join("config.json");
     let cfg = if !cfg_path.exists() {
-        s.problem(Some("config.json"), "missing; every Laguna checkpoint needs one".into());
+        s.problem(
+            Some("config.json"),
+            "missing; every Laguna checkpoint needs one".into(),
+        );
         None
     } else {
         match LagunaConfig::from_file(&cfg_path) {
@@ -384,25 +482,31 @@ pub fn verify_dir(
         store
     };
     match (&cfg, index_ok) {
-        (Some(c), true) => match open(dir) {
-            Err(e) => s.general.push(format!("cannot open the checkpoint: {e}")),
-            Ok(store) => {
-                let expected = match role {
-                    Role::Model => schema::inventory(c),
-                    Role::Draft => draft::inventory(c, target),
-                };
-                let r = inventory::check(&store, &expected);
-                s.tensors_checked = r.checked;
-                for (f, p) in r.problems {
-                    s.problem(f.as_deref(), p);
-                }
-                for (f, n) in r.foreign_files {
-                    s.file(&f).notes.push(format!("holds none of the model's tensors ({n} other tensors; not a weight shard)"));
+        (Some(c), true) => {
+            match open(dir) {
+                Err(e) => s.general.push(format!("cannot open the checkpoint: {e}")),
+                Ok(store) => {
+                    let expected = match role {
+                        Role::Model => schema::inventory(c),
+                        Role::Draft => draft::inventory(c, target),
+                    };
+                    let r = inventory::check(&store, &expected);
+                    s.tensors_checked = r.checked;
+                    for (f, p) in r.problems {
+                        s.problem(f.as_deref(), p);
+                    }
+                    for (f, n) in r.foreign_files {
+                        s.file(&f).notes.push(format!("holds none of the model's tensors ({n} other tensors; not a weight shard)"));
+                    }
                 }
             }
-        },
-        (None, _) => s.general.push("tensor inventory not checked: config.json is missing or invalid".into()),
-        (_, false) => s.general.push("tensor inventory not checked: fix the file problems above first".into()),
+        }
+        (None, _) => s
+            .general
+            .push("tensor inventory not checked: config.json is missing or invalid".into()),
+        (_, false) => s
+            .general
+            .push("tensor inventory not checked: fix the file problems above first".into()),
     }
     s.files.sort_by(|a, b| a.path.cmp(&b.path));
     (s, cfg)
@@ -419,7 +523,10 @@ fn check_headers(dir: &Path, s: &mut Section) -> bool {
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).map_err(|e| e.to_string()))
         {
             Err(e) => {
-                s.problem(Some(INDEX_FILE), format!("not valid JSON ({e}); re-run `laguna fetch`"));
+                s.problem(
+                    Some(INDEX_FILE),
+                    format!("not valid JSON ({e}); re-run `laguna fetch`"),
+                );
                 return false;
             }
             Ok(v) => match v.get("weight_map").and_then(|w| w.as_object()) {
@@ -427,23 +534,42 @@ fn check_headers(dir: &Path, s: &mut Section) -> bool {
                     s.problem(Some(INDEX_FILE), "has no `weight_map` object".into());
                     return false;
                 }
-                Some(wm) => index = Some(wm.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string())).collect()),
+                Some(wm) => {
+                    index = Some(
+                        wm.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or("").to_string()))
+                            .collect(),
+                    )
+                }
             },
         }
     }
     let shards: Vec<String> = match &index {
-        Some(ix) => ix.values().cloned().collect::<BTreeSet<_>>().into_iter().collect(),
-        None => list_files(dir).into_iter().filter(|f| f.ends_with(".safetensors") && !f.contains('/')).collect(),
+        Some(ix) => ix
+            .values()
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        None => list_files(dir)
+            .into_iter()
+            .filter(|f| f.ends_with(".safetensors") && !f.contains('/'))
+            .collect(),
     };
     if shards.is_empty() {
-        s.general.push(format!("no *.safetensors files and no {INDEX_FILE}; run `laguna fetch`"));
+        s.general.push(format!(
+            "no *.safetensors files and no {INDEX_FILE}; run `laguna fetch`"
+        ));
         return false;
     }
     let mut headers: BTreeMap<String, header::Header> = BTreeMap::new();
     for sh in &shards {
         let p = dir.join(sh);
         if !p.exists() {
-            s.problem(Some(sh), format!("missing: {INDEX_FILE} lists it; re-run `laguna fetch`"));
+            s.problem(
+                Some(sh),
+                format!("missing: {INDEX_FILE} lists it; re-run `laguna fetch`"),
+            );
             sound = false;
             continue;
         }
@@ -465,7 +591,12 @@ fn check_headers(dir: &Path, s: &mut Section) -> bool {
         for (tensor, shard) in ix {
             if let Some(h) = headers.get(shard) {
                 if !h.tensors.contains_key(tensor) {
-                    s.problem(Some(shard), format!("{INDEX_FILE} says it holds tensor `{tensor}`, but its header does not"));
+                    s.problem(
+                        Some(shard),
+                        format!(
+                            "{INDEX_FILE} says it holds tensor `{tensor}`, but its header does not"
+                        ),
+                    );
                     sound = false;
                 }
             }
@@ -475,20 +606,31 @@ fn check_headers(dir: &Path, s: &mut Section) -> bool {
                 match ix.get(t) {
                     Some(f) if f == shard => {}
                     Some(f) => {
-                        s.problem(Some(shard), format!("holds tensor `{t}`, which {INDEX_FILE} places in {f}"));
+                        s.problem(
+                            Some(shard),
+                            format!("holds tensor `{t}`, which {INDEX_FILE} places in {f}"),
+                        );
                         sound = false;
                     }
                     None => {
-                        s.problem(Some(shard), format!("holds tensor `{t}`, which {INDEX_FILE} does not list"));
+                        s.problem(
+                            Some(shard),
+                            format!("holds tensor `{t}`, which {INDEX_FILE} does not list"),
+                        );
                         sound = false;
                     }
                 }
             }
         }
         // Safetensors files the index does not mention.
-        for f in list_files(dir).into_iter().filter(|f| f.ends_with(".safetensors") && !f.contains('/')) {
+        for f in list_files(dir)
+            .into_iter()
+            .filter(|f| f.ends_with(".safetensors") && !f.contains('/'))
+        {
             if !shards.contains(&f) {
-                s.file(&f).notes.push(format!("not referenced by {INDEX_FILE} (ignored by the loader)"));
+                s.file(&f).notes.push(format!(
+                    "not referenced by {INDEX_FILE} (ignored by the loader)"
+                ));
             }
         }
     }
@@ -508,7 +650,11 @@ pub fn verify_dirs(model: &Path, draft: Option<&Path>, opts: &VerifyOptions) -> 
 }
 
 /// Verify the folders a recipe names (cache snapshots at the pinned revisions, or local paths).
-pub fn verify_recipe(recipe: &Recipe, env: &HubEnv, opts: &VerifyOptions) -> Result<Report, VerifyError> {
+pub fn verify_recipe(
+    recipe: &Recipe,
+    env: &HubEnv,
+    opts: &VerifyOptions,
+) -> Result<Report, VerifyError> {
     let model = crate::hub::local_dir(env, &recipe.model)?;
     let draft = match &recipe.draft {
         Some(d) => Some(crate::hub::local_dir(env, d)?),

@@ -5,7 +5,10 @@
 //! ignores Range (`max_ranges 0`). Bytes sent are counted from nginx's access log.
 mod common;
 
-use common::{fixture, free_port, git_sha1_hex, require_program, sha256_hex, wait_for_port, Server, TINY_FILES, TINY_FIXTURE};
+use common::{
+    fixture, free_port, git_sha1_hex, require_program, sha256_hex, wait_for_port, Server,
+    TINY_FILES, TINY_FIXTURE,
+};
 use laguna_stages::fetch::progress::Progress;
 use laguna_stages::fetch::{fetch_repo, Dest, FetchError, FetchOptions};
 use laguna_stages::hub::{HubEnv, RepoCache};
@@ -47,7 +50,10 @@ impl Nginx {
 }
 
 fn start_nginx() -> Option<Nginx> {
-    let bin = require_program(&["nginx", "/usr/sbin/nginx"], "nginx (apt-get install nginx-light)")?;
+    let bin = require_program(
+        &["nginx", "/usr/sbin/nginx"],
+        "nginx (apt-get install nginx-light)",
+    )?;
     let tmp = tempfile::tempdir().unwrap();
     let www = tmp.path().join("www");
     let src = fixture(TINY_FIXTURE);
@@ -60,7 +66,11 @@ fn start_nginx() -> Option<Nginx> {
         std::fs::write(&dst, &bytes).unwrap();
         // Like the Hub: LFS files carry X-Linked-Etag (sha256) + X-Linked-Size, git files an ETag (git sha1).
         let headers = if f.ends_with(".safetensors") {
-            format!("add_header X-Linked-Etag '\"{}\"'; add_header X-Linked-Size {};", sha256_hex(&bytes), bytes.len())
+            format!(
+                "add_header X-Linked-Etag '\"{}\"'; add_header X-Linked-Size {};",
+                sha256_hex(&bytes),
+                bytes.len()
+            )
         } else {
             format!("etag off; add_header ETag '\"{}\"';", git_sha1_hex(&bytes))
         };
@@ -76,7 +86,12 @@ fn start_nginx() -> Option<Nginx> {
     locations += "location = /api/models/org/private/revision/main { return 401; }\n";
     let (slow, fast, norange) = (free_port(), free_port(), free_port());
     let t = tmp.path().display();
-    let server = |port: u16, extra: &str| format!("server {{ listen 127.0.0.1:{port}; root {}; {extra}\n{locations} }}\n", www.display());
+    let server = |port: u16, extra: &str| {
+        format!(
+            "server {{ listen 127.0.0.1:{port}; root {}; {extra}\n{locations} }}\n",
+            www.display()
+        )
+    };
     let conf = format!(
         "daemon off;\nuser root;\nworker_processes 1;\npid {t}/nginx.pid;\nerror_log {t}/error.log;\nevents {{ worker_connections 64; }}\nhttp {{\n\
          log_format bytes '$server_port $request_method $uri $status $body_bytes_sent \"$http_range\"';\n\
@@ -110,11 +125,22 @@ fn start_nginx() -> Option<Nginx> {
             std::fs::read_to_string(tmp.path().join("error.log")).unwrap_or_default()
         );
     }
-    Some(Nginx { _server: server, tmp, slow, fast, norange })
+    Some(Nginx {
+        _server: server,
+        tmp,
+        slow,
+        fast,
+        norange,
+    })
 }
 
 fn env(port: u16, cache: &Path) -> HubEnv {
-    HubEnv { endpoint: format!("http://127.0.0.1:{port}"), token: None, cache_dir: cache.to_path_buf(), offline: false }
+    HubEnv {
+        endpoint: format!("http://127.0.0.1:{port}"),
+        token: None,
+        cache_dir: cache.to_path_buf(),
+        offline: false,
+    }
 }
 
 fn fetch(e: &HubEnv) -> Result<laguna_stages::fetch::RepoReport, FetchError> {
@@ -123,7 +149,11 @@ fn fetch(e: &HubEnv) -> Result<laguna_stages::fetch::RepoReport, FetchError> {
         REPO,
         "main",
         &Dest::Cache(e.repo(REPO)),
-        &FetchOptions { local_dir: None, max_workers: 4, progress: false },
+        &FetchOptions {
+            local_dir: None,
+            max_workers: 4,
+            progress: false,
+        },
         &Progress::new(false),
     )
 }
@@ -135,8 +165,18 @@ fn shard_sha(f: &str) -> String {
 /// Runs only as the child of `killed_fetch_resumes_without_refetching_bytes`.
 #[test]
 fn child_fetch_for_kill_test() {
-    let (Ok(endpoint), Ok(cache)) = (std::env::var("LAGUNA_TEST_CHILD_ENDPOINT"), std::env::var("LAGUNA_TEST_CHILD_CACHE")) else { return };
-    let e = HubEnv { endpoint, token: None, cache_dir: PathBuf::from(cache), offline: false };
+    let (Ok(endpoint), Ok(cache)) = (
+        std::env::var("LAGUNA_TEST_CHILD_ENDPOINT"),
+        std::env::var("LAGUNA_TEST_CHILD_CACHE"),
+    ) else {
+        return;
+    };
+    let e = HubEnv {
+        endpoint,
+        token: None,
+        cache_dir: PathBuf::from(cache),
+        offline: false,
+    };
     let _ = fetch(&e);
 }
 
@@ -147,20 +187,39 @@ fn killed_fetch_resumes_without_refetching_bytes() {
     let rc = RepoCache::new(cache.path(), REPO);
     // 1. A fetch against the throttled server, killed once some shard bytes are on disk.
     let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_fetch_for_kill_test", "--nocapture", "--test-threads", "1"])
-        .env("LAGUNA_TEST_CHILD_ENDPOINT", format!("http://127.0.0.1:{}", ng.slow))
+        .args([
+            "--exact",
+            "child_fetch_for_kill_test",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .env(
+            "LAGUNA_TEST_CHILD_ENDPOINT",
+            format!("http://127.0.0.1:{}", ng.slow),
+        )
         .env("LAGUNA_TEST_CHILD_CACHE", cache.path())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
     let t0 = Instant::now();
-    let partial_len = |f: &str| std::fs::metadata(rc.incomplete(&shard_sha(f))).map(|m| m.len()).unwrap_or(0);
+    let partial_len = |f: &str| {
+        std::fs::metadata(rc.incomplete(&shard_sha(f)))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
     loop {
         if partial_len(TINY_FILES[2]) >= 100_000 && partial_len(TINY_FILES[3]) >= 100_000 {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(60), "the throttled fetch did not progress");
-        assert!(child.try_wait().unwrap().is_none(), "the child fetch ended before it was killed");
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the throttled fetch did not progress"
+        );
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the child fetch ended before it was killed"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     child.kill().unwrap();
@@ -169,10 +228,15 @@ fn killed_fetch_resumes_without_refetching_bytes() {
     let mut partial = std::collections::HashMap::new();
     for f in &TINY_FILES[2..4] {
         let sha = shard_sha(f);
-        assert!(!rc.blob(&sha).exists(), "{f}: a partial download sits under its final blob name");
+        assert!(
+            !rc.blob(&sha).exists(),
+            "{f}: a partial download sits under its final blob name"
+        );
         assert!(!rc.snapshot_dir(COMMIT).join(f).exists());
         let len = partial_len(f);
-        let size = std::fs::metadata(fixture(TINY_FIXTURE).join(f)).unwrap().len();
+        let size = std::fs::metadata(fixture(TINY_FIXTURE).join(f))
+            .unwrap()
+            .len();
         assert!(len > 0 && len < size, "{f}: {len} of {size}");
         partial.insert(format!("/{REPO}/resolve/{COMMIT}/{f}"), (len, size));
     }
@@ -183,16 +247,32 @@ fn killed_fetch_resumes_without_refetching_bytes() {
     let resumed: u64 = partial.values().map(|(l, _)| l).sum();
     assert_eq!(r.resumed_bytes, resumed);
     std::thread::sleep(Duration::from_millis(300)); // nginx writes the log line after the response
-    let gets: Vec<_> = ng.log().into_iter().filter(|l| l.0 == ng.fast && l.1 == "GET" && partial.contains_key(&l.2)).collect();
+    let gets: Vec<_> = ng
+        .log()
+        .into_iter()
+        .filter(|l| l.0 == ng.fast && l.1 == "GET" && partial.contains_key(&l.2))
+        .collect();
     assert_eq!(gets.len(), 2, "{gets:?}");
     for (_, _, uri, status, sent, range) in &gets {
         let (len, size) = partial[uri];
         assert_eq!(*status, 206, "{uri}");
         assert_eq!(range, &format!("bytes={len}-"), "{uri}");
-        assert_eq!(*sent, size - len, "{uri}: the server sent {sent} bytes; {len} were already on disk");
+        assert_eq!(
+            *sent,
+            size - len,
+            "{uri}: the server sent {sent} bytes; {len} were already on disk"
+        );
     }
     assert!(rc.incomplete_blobs().is_empty());
-    let v = verify_dirs(&rc.snapshot_dir(COMMIT), None, &VerifyOptions { fast: false, progress: false, workers: 2 });
+    let v = verify_dirs(
+        &rc.snapshot_dir(COMMIT),
+        None,
+        &VerifyOptions {
+            fast: false,
+            progress: false,
+            workers: 2,
+        },
+    );
     assert!(v.ok(), "{:?}", v.problems());
 }
 
@@ -210,11 +290,21 @@ fn range_answered_with_200_starts_over() {
     std::fs::write(rc.incomplete(&shard_sha(f)), &stale).unwrap();
     let r = fetch(&env(ng.norange, cache.path())).unwrap();
     assert_eq!(r.resumed_bytes, 0);
-    assert_eq!(std::fs::read(rc.snapshot_dir(COMMIT).join(f)).unwrap(), bytes);
+    assert_eq!(
+        std::fs::read(rc.snapshot_dir(COMMIT).join(f)).unwrap(),
+        bytes
+    );
     std::thread::sleep(Duration::from_millis(300));
     let uri = format!("/{REPO}/resolve/{COMMIT}/{f}");
-    let get = ng.log().into_iter().find(|l| l.0 == ng.norange && l.1 == "GET" && l.2 == uri).unwrap();
-    assert_eq!((get.3, get.4, get.5.as_str()), (200, bytes.len() as u64, "bytes=50000-"));
+    let get = ng
+        .log()
+        .into_iter()
+        .find(|l| l.0 == ng.norange && l.1 == "GET" && l.2 == uri)
+        .unwrap();
+    assert_eq!(
+        (get.3, get.4, get.5.as_str()),
+        (200, bytes.len() as u64, "bytes=50000-")
+    );
 }
 
 #[test]
@@ -227,27 +317,48 @@ fn unauthorized_and_missing_files_say_what_to_do() {
         "org/private",
         "main",
         &Dest::Cache(e.repo("org/private")),
-        &FetchOptions { local_dir: None, max_workers: 2, progress: false },
+        &FetchOptions {
+            local_dir: None,
+            max_workers: 2,
+            progress: false,
+        },
         &Progress::new(false),
     )
     .unwrap_err()
     .to_string();
-    assert!(err.contains("401") && err.contains("HF_TOKEN") && err.contains("org/private"), "{err}");
+    assert!(
+        err.contains("401") && err.contains("HF_TOKEN") && err.contains("org/private"),
+        "{err}"
+    );
     // A repo the server does not know: 404 names it.
     let err = fetch_repo(
         &e,
         "org/none",
         "main",
         &Dest::Cache(e.repo("org/none")),
-        &FetchOptions { local_dir: None, max_workers: 2, progress: false },
+        &FetchOptions {
+            local_dir: None,
+            max_workers: 2,
+            progress: false,
+        },
         &Progress::new(false),
     )
     .unwrap_err();
     assert!(matches!(err, FetchError::RepoNotFound { .. }), "{err}");
     assert!(err.to_string().contains("org/none"), "{err}");
     // A file the listing names but the server does not have: 404 names the file.
-    let gone = ng.tmp.path().join("www").join(REPO).join("resolve").join(COMMIT).join("generation_config.json");
+    let gone = ng
+        .tmp
+        .path()
+        .join("www")
+        .join(REPO)
+        .join("resolve")
+        .join(COMMIT)
+        .join("generation_config.json");
     std::fs::remove_file(gone).unwrap();
     let err = fetch(&e).unwrap_err().to_string();
-    assert!(err.contains("generation_config.json") && err.contains(REPO), "{err}");
+    assert!(
+        err.contains("generation_config.json") && err.contains(REPO),
+        "{err}"
+    );
 }

@@ -4,7 +4,9 @@ mod common;
 
 use laguna_engine::config::LagunaConfig;
 use laguna_stages::hub::HubEnv;
-use laguna_stages::plan::{plan_recipe, DeviceMemory, KvPlan, PlanOptions, WeightBytes, WeightsSource};
+use laguna_stages::plan::{
+    plan_recipe, DeviceMemory, KvPlan, PlanOptions, WeightBytes, WeightsSource,
+};
 use laguna_stages::recipe::overrides::{ModelSpec, Overrides};
 use laguna_stages::recipe::{Device, KvCacheDtype, ModelSource, Recipe};
 use std::collections::HashMap;
@@ -31,9 +33,18 @@ fn xs_recipe_fields() {
     let r = xs_recipe();
     assert_eq!(
         r.model,
-        ModelSource::Hub { repo: "poolside/Laguna-XS-2.1-NVFP4".into(), revision: "d32afde8b09af1539b49ff96ff5551c674485f8e".into() }
+        ModelSource::Hub {
+            repo: "poolside/Laguna-XS-2.1-NVFP4".into(),
+            revision: "d32afde8b09af1539b49ff96ff5551c674485f8e".into()
+        }
     );
-    assert_eq!(r.draft, Some(ModelSource::Hub { repo: "poolside/Laguna-XS-2.1-DFlash".into(), revision: "main".into() }));
+    assert_eq!(
+        r.draft,
+        Some(ModelSource::Hub {
+            repo: "poolside/Laguna-XS-2.1-DFlash".into(),
+            revision: "main".into()
+        })
+    );
     assert_eq!(r.served_model_name, "laguna-nvfp4");
     assert_eq!(r.max_model_len, Some(262144));
     assert_eq!(r.gpu_memory_utilization, 0.5);
@@ -51,8 +62,13 @@ fn tiny_recipe_resolves_relative_path_against_recipe_folder() {
     let p = common::repo_root().join("recipes/tiny-cpu.toml");
     let r = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap();
     assert_eq!(r.device, Device::Cpu);
-    let ModelSource::Local(dir) = &r.model else { panic!("expected a local model, got {:?}", r.model) };
-    assert_eq!(std::fs::canonicalize(dir).unwrap(), std::fs::canonicalize(common::fixture("models/tiny-chat")).unwrap());
+    let ModelSource::Local(dir) = &r.model else {
+        panic!("expected a local model, got {:?}", r.model)
+    };
+    assert_eq!(
+        std::fs::canonicalize(dir).unwrap(),
+        std::fs::canonicalize(common::fixture("models/tiny-chat")).unwrap()
+    );
 }
 
 fn write_recipe(text: &str) -> (tempfile::TempDir, PathBuf) {
@@ -64,53 +80,107 @@ fn write_recipe(text: &str) -> (tempfile::TempDir, PathBuf) {
 
 #[test]
 fn unknown_key_is_named_with_its_line() {
-    let (_d, p) = write_recipe("max_model_len = 4096\n\nmax_model_length = 5\n[model]\nrepo = \"a/b\"\n");
-    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    let (_d, p) =
+        write_recipe("max_model_len = 4096\n\nmax_model_length = 5\n[model]\nrepo = \"a/b\"\n");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("max_model_length"), "{e}");
     assert!(e.contains("line 3"), "{e}");
     assert!(e.contains("r.toml"), "{e}");
     let (_d, p) = write_recipe("[model]\nrepo = \"a/b\"\nbranch = \"x\"\n");
-    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("branch") && e.contains("line 3"), "{e}");
 }
 
 #[test]
 fn precedence_flag_env_recipe_default() {
-    let (_d, p) = write_recipe("max_num_seqs = 3\nport = 7000\n[model]\nrepo = \"org/m\"\nrevision = \"v1\"\n");
-    let env: HashMap<&str, &str> = [("LAGUNA_PORT", "7100"), ("LAGUNA_MAX_MODEL_LEN", "1000")].into();
+    let (_d, p) = write_recipe(
+        "max_num_seqs = 3\nport = 7000\n[model]\nrepo = \"org/m\"\nrevision = \"v1\"\n",
+    );
+    let env: HashMap<&str, &str> =
+        [("LAGUNA_PORT", "7100"), ("LAGUNA_MAX_MODEL_LEN", "1000")].into();
     let getenv = |k: &str| env.get(k).map(|s| s.to_string());
-    let flags = Overrides { port: Some(7200), ..Default::default() };
+    let flags = Overrides {
+        port: Some(7200),
+        ..Default::default()
+    };
     let r = Recipe::resolve(Some(&p), &getenv, &flags).unwrap();
     assert_eq!(r.port, 7200, "flag beats env and recipe");
     assert_eq!(r.max_model_len, Some(1000), "env beats recipe/default");
     assert_eq!(r.max_num_seqs, 3, "recipe beats default");
     assert_eq!(r.host, "127.0.0.1", "default");
-    assert_eq!(r.model, ModelSource::Hub { repo: "org/m".into(), revision: "v1".into() });
+    assert_eq!(
+        r.model,
+        ModelSource::Hub {
+            repo: "org/m".into(),
+            revision: "v1".into()
+        }
+    );
     let r = Recipe::resolve(Some(&p), &getenv, &Overrides::default()).unwrap();
     assert_eq!(r.port, 7100, "env beats recipe");
     // Naming another repo drops the recipe's revision (it belonged to the other repo).
-    let flags = Overrides { model: Some(ModelSpec::Repo("org/other".into())), ..Default::default() };
+    let flags = Overrides {
+        model: Some(ModelSpec::Repo("org/other".into())),
+        ..Default::default()
+    };
     let r = Recipe::resolve(Some(&p), &no_env, &flags).unwrap();
-    assert_eq!(r.model, ModelSource::Hub { repo: "org/other".into(), revision: "main".into() });
+    assert_eq!(
+        r.model,
+        ModelSource::Hub {
+            repo: "org/other".into(),
+            revision: "main".into()
+        }
+    );
     // A revision alone keeps the repo.
     let env2: HashMap<&str, &str> = [("LAGUNA_MODEL_REVISION", "v2")].into();
-    let r = Recipe::resolve(Some(&p), &|k| env2.get(k).map(|s| s.to_string()), &Overrides::default()).unwrap();
-    assert_eq!(r.model, ModelSource::Hub { repo: "org/m".into(), revision: "v2".into() });
+    let r = Recipe::resolve(
+        Some(&p),
+        &|k| env2.get(k).map(|s| s.to_string()),
+        &Overrides::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        r.model,
+        ModelSource::Hub {
+            repo: "org/m".into(),
+            revision: "v2".into()
+        }
+    );
 }
 
 #[test]
 fn bad_values_name_their_source() {
     let env: HashMap<&str, &str> = [("LAGUNA_MAX_NUM_SEQS", "lots")].into();
-    let e =
-        Recipe::resolve(Some(&xs_recipe_path()), &|k| env.get(k).map(|s| s.to_string()), &Overrides::default()).unwrap_err().to_string();
-    assert!(e.contains("LAGUNA_MAX_NUM_SEQS") && e.contains("lots"), "{e}");
+    let e = Recipe::resolve(
+        Some(&xs_recipe_path()),
+        &|k| env.get(k).map(|s| s.to_string()),
+        &Overrides::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("LAGUNA_MAX_NUM_SEQS") && e.contains("lots"),
+        "{e}"
+    );
     let (_d, p) = write_recipe("gpu_memory_utilization = 1.5\n[model]\nrepo = \"a/b\"\n");
-    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
-    assert!(e.contains("gpu_memory_utilization") && e.contains("1.5"), "{e}");
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpu_memory_utilization") && e.contains("1.5"),
+        "{e}"
+    );
     let (_d, p) = write_recipe("kv_cache_dtype = \"int3\"\n[model]\nrepo = \"a/b\"\n");
-    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap_err().to_string();
+    let e = Recipe::resolve(Some(&p), &no_env, &Overrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("kv_cache_dtype") && e.contains("int3"), "{e}");
-    let e = Recipe::resolve(None, &no_env, &Overrides::default()).unwrap_err().to_string();
+    let e = Recipe::resolve(None, &no_env, &Overrides::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("model") && e.contains("--recipe"), "{e}");
 }
 
@@ -119,7 +189,11 @@ fn bad_values_name_their_source() {
 const GIB: u64 = 1 << 30;
 
 fn mem(total: u64) -> DeviceMemory {
-    DeviceMemory { total, free: total, source: "test".into() }
+    DeviceMemory {
+        total,
+        free: total,
+        source: "test".into(),
+    }
 }
 
 /// Weights of the NVFP4 build computed by hand (laguna-model.md §5.1): BF16 non-expert tensors
@@ -145,9 +219,16 @@ fn xs_weights_by_hand() -> (u64, u64) {
 #[test]
 fn xs21_plan_numbers() {
     let r = xs_recipe();
-    let (cfg, dcfg) = (reference("laguna-xs-2.1-nvfp4.config.json"), reference("laguna-xs-2.1-dflash.config.json"));
+    let (cfg, dcfg) = (
+        reference("laguna-xs-2.1-nvfp4.config.json"),
+        reference("laguna-xs-2.1-dflash.config.json"),
+    );
     let (wt, wd) = xs_weights_by_hand();
-    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    let w = WeightBytes {
+        target: wt,
+        draft: wd,
+        source: WeightsSource::Config,
+    };
     let p = KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(128 * GIB));
 
     // laguna-model.md §5.3: K+V = 2 x 8 x 128 values = 4096 B per token per layer in BF16,
@@ -167,7 +248,10 @@ fn xs21_plan_numbers() {
     // Activations: T = 8192; widest fused qkvg is a SWA layer: 64*128 + 2*8*128 + 64 gates = 10,304;
     // Q 8192; M = max(8192 dense, 8*512 + 512) = 8192; + router f32 [T, 256]; + logits f32 for
     // 2 seqs x 7 rows x 100,352; + 5 tap rows of 2048 BF16 per token.
-    let act: u64 = 8192 * (4 * 2048 + 10_304 + 8192 + 2 * 8192) * 2 + 8192 * 256 * 4 + 2 * 7 * 100_352 * 4 + 8192 * 5 * 2048 * 2;
+    let act: u64 = 8192 * (4 * 2048 + 10_304 + 8192 + 2 * 8192) * 2
+        + 8192 * 256 * 4
+        + 2 * 7 * 100_352 * 4
+        + 8192 * 5 * 2048 * 2;
     assert_eq!(act, 887_472_128);
     assert_eq!(p.activations, act);
     assert_eq!(p.reserve, GIB);
@@ -175,7 +259,10 @@ fn xs21_plan_numbers() {
     assert_eq!(p.cap, 64 * GIB);
     p.check().unwrap();
     let text = p.to_string();
-    assert!(text.contains("KV pool: 310,944 tokens, 1.19x of 262,144"), "{text}");
+    assert!(
+        text.contains("KV pool: 310,944 tokens, 1.19x of 262,144"),
+        "{text}"
+    );
     assert!(text.contains("40,960 B/token"), "{text}");
 
     // FP8 KV halves the per-token bytes and the rings.
@@ -183,16 +270,31 @@ fn xs21_plan_numbers() {
     r8.kv_cache_dtype = KvCacheDtype::Fp8;
     let p8 = KvPlan::compute(&cfg, Some(&dcfg), &r8, w, mem(128 * GIB));
     assert_eq!(p8.kv_bytes_per_token, 20_480);
-    assert_eq!(p8.pool_tokens, Some((12_884_901_888u64 - 2 * 35 * 518 * 2048) / 20_480 / 16 * 16));
+    assert_eq!(
+        p8.pool_tokens,
+        Some((12_884_901_888u64 - 2 * 35 * 518 * 2048) / 20_480 / 16 * 16)
+    );
 }
 
 #[test]
 fn xs21_plan_from_recipe_uses_builtin_config_before_fetch() {
     let cache = tempfile::tempdir().unwrap();
-    let env = HubEnv { endpoint: "http://127.0.0.1:9".into(), token: None, cache_dir: cache.path().into(), offline: true };
-    let opts = PlanOptions { device_memory: Some(128 * GIB), ..Default::default() };
+    let env = HubEnv {
+        endpoint: "http://127.0.0.1:9".into(),
+        token: None,
+        cache_dir: cache.path().into(),
+        offline: true,
+    };
+    let opts = PlanOptions {
+        device_memory: Some(128 * GIB),
+        ..Default::default()
+    };
     let (p, src) = plan_recipe(&xs_recipe(), &env, &opts).unwrap();
-    assert!(src.model_config.contains("built-in"), "{}", src.model_config);
+    assert!(
+        src.model_config.contains("built-in"),
+        "{}",
+        src.model_config
+    );
     let (wt, wd) = xs_weights_by_hand();
     assert_eq!((p.weights.target, p.weights.draft), (wt, wd));
     assert_eq!(p.pool_tokens, Some(310_944));
@@ -202,29 +304,67 @@ fn xs21_plan_from_recipe_uses_builtin_config_before_fetch() {
 #[test]
 fn plan_refuses_with_the_number_to_change() {
     let r = xs_recipe();
-    let (cfg, dcfg) = (reference("laguna-xs-2.1-nvfp4.config.json"), reference("laguna-xs-2.1-dflash.config.json"));
+    let (cfg, dcfg) = (
+        reference("laguna-xs-2.1-nvfp4.config.json"),
+        reference("laguna-xs-2.1-dflash.config.json"),
+    );
     let (wt, wd) = xs_weights_by_hand();
-    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    let w = WeightBytes {
+        target: wt,
+        draft: wd,
+        source: WeightsSource::Config,
+    };
     // 48 GiB device at 0.5: 24 GiB cap < ~35 GiB total.
-    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(48 * GIB)).check().unwrap_err().to_string();
-    assert!(e.contains("gpu_memory_utilization") && e.contains("cap"), "{e}");
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(48 * GIB))
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("gpu_memory_utilization") && e.contains("cap"),
+        "{e}"
+    );
     // KV budget too small for one max_model_len sequence.
     let mut small = r.clone();
     small.kv_cache_memory_bytes = Some(4 * GIB);
-    let e = KvPlan::compute(&cfg, Some(&dcfg), &small, w, mem(128 * GIB)).check().unwrap_err().to_string();
-    assert!(e.contains("kv_cache_memory_bytes") && e.contains("max_model_len"), "{e}");
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &small, w, mem(128 * GIB))
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("kv_cache_memory_bytes") && e.contains("max_model_len"),
+        "{e}"
+    );
     // Context longer than the model supports; more speculative tokens than the draft's block.
     let mut long = r.clone();
     long.max_model_len = Some(300_000);
-    let e = KvPlan::compute(&cfg, Some(&dcfg), &long, w, mem(128 * GIB)).check().unwrap_err().to_string();
-    assert!(e.contains("max_model_len") && e.contains("max_position_embeddings"), "{e}");
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &long, w, mem(128 * GIB))
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("max_model_len") && e.contains("max_position_embeddings"),
+        "{e}"
+    );
     let mut many = r.clone();
     many.speculative.as_mut().unwrap().num_speculative_tokens = 16;
-    let e = KvPlan::compute(&cfg, Some(&dcfg), &many, w, mem(128 * GIB)).check().unwrap_err().to_string();
-    assert!(e.contains("num_speculative_tokens") && e.contains("block_size 16"), "{e}");
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &many, w, mem(128 * GIB))
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("num_speculative_tokens") && e.contains("block_size 16"),
+        "{e}"
+    );
     // Not enough free memory right now.
-    let busy = DeviceMemory { total: 128 * GIB, free: 20 * GIB, source: "test".into() };
-    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, busy).check().unwrap_err().to_string();
+    let busy = DeviceMemory {
+        total: 128 * GIB,
+        free: 20 * GIB,
+        source: "test".into(),
+    };
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, busy)
+        .check()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("free"), "{e}");
 }
 
@@ -233,8 +373,21 @@ fn plan_reads_weights_from_headers_when_present() {
     let dir = common::fixture("models/tiny-chat");
     let p = common::repo_root().join("recipes/tiny-cpu.toml");
     let r = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap();
-    let env = HubEnv { endpoint: "http://127.0.0.1:9".into(), token: None, cache_dir: "/nonexistent".into(), offline: true };
-    let (plan, _) = plan_recipe(&r, &env, &PlanOptions { device_memory: Some(GIB), ..Default::default() }).unwrap();
+    let env = HubEnv {
+        endpoint: "http://127.0.0.1:9".into(),
+        token: None,
+        cache_dir: "/nonexistent".into(),
+        offline: true,
+    };
+    let (plan, _) = plan_recipe(
+        &r,
+        &env,
+        &PlanOptions {
+            device_memory: Some(GIB),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     assert_eq!(plan.weights.source, WeightsSource::Headers);
     // Independent: sum of (end - start) over the safetensors header of model.safetensors.
     let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
@@ -245,7 +398,9 @@ fn plan_reads_weights_from_headers_when_present() {
         .unwrap()
         .iter()
         .filter(|(k, _)| *k != "__metadata__")
-        .map(|(_, t)| t["data_offsets"][1].as_u64().unwrap() - t["data_offsets"][0].as_u64().unwrap())
+        .map(|(_, t)| {
+            t["data_offsets"][1].as_u64().unwrap() - t["data_offsets"][0].as_u64().unwrap()
+        })
         .sum();
     assert_eq!(plan.weights.target, data);
     assert_eq!(plan.reserve, 0, "no CUDA reserve on cpu");

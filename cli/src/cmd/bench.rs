@@ -24,6 +24,17 @@ pub struct Args {
     /// Rows per prefill pass.
     #[arg(long, default_value_t = 2048)]
     pub max_rows: usize,
+    /// K/V element type: bf16 or fp8 (E4M3 with the checkpoint's k_scale / v_scale, else 1.0).
+    #[arg(long, default_value = "bf16", value_parser = ["bf16", "fp8"])]
+    pub kv_cache_dtype: String,
+    /// Sequences with a sliding-window ring (their rings come out of the K/V pool first).
+    #[arg(long, default_value_t = 2)]
+    pub max_seqs: usize,
+    /// One cold run only: prefill the prompt (passes of --max-rows), then decode --gen tokens;
+    /// reports TTFT and decode speed at that context. For long prompts (e.g. 262000 with
+    /// --pool-gib 12); no warm-up, kernel A/B or breakdown.
+    #[arg(long)]
+    pub long_context: bool,
     /// Run decode steps eagerly instead of replaying a CUDA graph.
     #[arg(long)]
     pub no_graph: bool,
@@ -55,12 +66,32 @@ pub fn run(a: Args) -> Result<()> {
         max_rows: a.max_rows,
         graphs: !a.no_graph,
         progress: !a.json,
+        max_seqs: a.max_seqs,
+        kv_fp8: a.kv_cache_dtype == "fp8",
         ..Default::default()
     };
-    let mut m = CudaModel::load(&a.model, opts).with_context(|| format!("loading {}", a.model.display()))?;
+    let mut m = CudaModel::load(&a.model, opts)
+        .with_context(|| format!("loading {}", a.model.display()))?;
     let cfg = m.config().clone();
     let v = cfg.vocab_size;
-    eprintln!("loaded {:.2} GB of weights in {:.1}s on {} ({})", m.weight_bytes as f64 / 1e9, m.load_secs, m.device_name(), m.arch());
+    eprintln!(
+        "loaded {:.2} GB of weights in {:.1}s on {} ({})",
+        m.weight_bytes as f64 / 1e9,
+        m.load_secs,
+        m.device_name(),
+        m.arch()
+    );
+    let (pages, ps, pool_bytes) = m.kv_pool();
+    let (ring, ring_seqs, ring_bytes) = m.kv_rings();
+    eprintln!(
+        "K/V ({}): {} positions per sequence, pool {} pages x {ps} = {} positions ({:.2} GiB), rings {ring} slots x {ring_seqs} sequences ({:.3} GiB)",
+        a.kv_cache_dtype,
+        m.kv_capacity(),
+        pages,
+        pages * ps,
+        pool_bytes as f64 / (1u64 << 30) as f64,
+        ring_bytes as f64 / (1u64 << 30) as f64
+    );
     let bw = m.copy_bandwidth(2 << 30)?;
     // Deterministic pseudo-random prompt.
     let mut x = 0x2545F4914F6CDD1Du64;
@@ -72,6 +103,9 @@ pub fn run(a: Args) -> Result<()> {
             (x % (v as u64 - 16)) as u32 + 16
         })
         .collect();
+    if a.long_context {
+        return long_run(&mut m, &prompt, &a);
+    }
     let mut ttfts = vec![];
     let mut tps = vec![];
     let mut finite = true;
@@ -79,10 +113,25 @@ pub fn run(a: Args) -> Result<()> {
     for run in 0..a.runs + 1 {
         let s = m.new_seq()?;
         let t0 = std::time::Instant::now();
-        let out = m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?.remove(0);
+        let out = m
+            .forward(&[StepInput {
+                seq: s,
+                tokens: &prompt,
+                start_pos: 0,
+                logits: LogitRows::Last,
+            }])?
+            .remove(0);
         let ttft = t0.elapsed().as_secs_f64();
         finite &= out.logits.iter().all(|x| x.is_finite());
-        let mut tok = out.logits.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32;
+        let mut tok = out
+            .logits
+            .iter()
+            .enumerate()
+            .fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+            )
+            .0 as u32;
         let t1 = std::time::Instant::now();
         let mut toks = vec![tok];
         let mut none = None;
@@ -112,14 +161,26 @@ pub fn run(a: Args) -> Result<()> {
         use laguna_engine::cuda::KernelSet;
         let h = cfg.hidden_size;
         let s = m.new_seq()?;
-        m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::None }])?;
+        m.forward(&[StepInput {
+            seq: s,
+            tokens: &prompt,
+            start_pos: 0,
+            logits: LogitRows::None,
+        }])?;
         let p0 = prompt.len();
         let rows: Vec<u32> = prompt[..16].to_vec();
         let run = |m: &mut CudaModel, k: KernelSet| -> Result<(Vec<f32>, Vec<f32>)> {
             m.set_kernels(k);
             m.truncate(s, p0);
             m.set_taps(&[0, 1]);
-            let o = m.forward(&[StepInput { seq: s, tokens: &rows, start_pos: p0, logits: LogitRows::All }])?.remove(0);
+            let o = m
+                .forward(&[StepInput {
+                    seq: s,
+                    tokens: &rows,
+                    start_pos: p0,
+                    logits: LogitRows::All,
+                }])?
+                .remove(0);
             m.set_taps(&[]);
             Ok((o.taps, o.logits))
         };
@@ -136,7 +197,11 @@ pub fn run(a: Args) -> Result<()> {
             ("attn_gqa", |k| k.attn_gqa = true),
         ];
         let mut worst_default = 0f64;
-        for (name, f) in fams.iter().map(|(n, f)| (Some(*n), Some(*f))).chain(std::iter::once((None, None))) {
+        for (name, f) in fams
+            .iter()
+            .map(|(n, f)| (Some(*n), Some(*f)))
+            .chain(std::iter::once((None, None)))
+        {
             let k = match f {
                 Some(f) => {
                     let mut k = orig;
@@ -147,8 +212,16 @@ pub fn run(a: Args) -> Result<()> {
             };
             let (t, l) = run(&mut m, k)?;
             // taps rows are [layer 0 | layer 1] per token.
-            let pick = |x: &[f32], li: usize| -> Vec<f32> { x.chunks(2 * h).flat_map(|r| r[li * h..(li + 1) * h].to_vec()).collect() };
-            let (e0, e1, el) = (cmp(&pick(&t, 0), &pick(&bt, 0), h), cmp(&pick(&t, 1), &pick(&bt, 1), h), cmp(&l, &bl, v));
+            let pick = |x: &[f32], li: usize| -> Vec<f32> {
+                x.chunks(2 * h)
+                    .flat_map(|r| r[li * h..(li + 1) * h].to_vec())
+                    .collect()
+            };
+            let (e0, e1, el) = (
+                cmp(&pick(&t, 0), &pick(&bt, 0), h),
+                cmp(&pick(&t, 1), &pick(&bt, 1), h),
+                cmp(&l, &bl, v),
+            );
             let name = name.unwrap_or("default set");
             eprintln!("kernels {name} vs original, 16 rows at 2048: residual after layer 0 {e0:.2e}, after layer 1 (first MoE) {e1:.2e}; logits {el:.2e} (routing-chaotic, informative)");
             if f.is_none() {
@@ -167,19 +240,41 @@ pub fn run(a: Args) -> Result<()> {
                 Some(s) => super::bench_draft::parse_ks(s)?,
                 None => vec![a.num_speculative_tokens],
             };
-            Some(super::bench_draft::run(&mut m, dir, &ks, &prompt, a.gen, 1e3 / tok_s_plain)?)
+            Some(super::bench_draft::run(
+                &mut m,
+                dir,
+                &ks,
+                &prompt,
+                a.gen,
+                1e3 / tok_s_plain,
+            )?)
         }
         None => None,
     };
     // Finite check of decode logits: one more teacher-forced step through the Model trait.
     let s = m.new_seq()?;
-    m.forward(&[StepInput { seq: s, tokens: &prompt, start_pos: 0, logits: LogitRows::None }])?;
-    let o = m.forward(&[StepInput { seq: s, tokens: &tokens_out[..8.min(tokens_out.len())], start_pos: prompt.len(), logits: LogitRows::All }])?;
+    m.forward(&[StepInput {
+        seq: s,
+        tokens: &prompt,
+        start_pos: 0,
+        logits: LogitRows::None,
+    }])?;
+    let o = m.forward(&[StepInput {
+        seq: s,
+        tokens: &tokens_out[..8.min(tokens_out.len())],
+        start_pos: prompt.len(),
+        logits: LogitRows::All,
+    }])?;
     finite &= o[0].logits.iter().all(|x| x.is_finite());
     // Per-kernel breakdown of one prefill.
     m.set_profiling(true);
     let sp = m.new_seq()?;
-    m.forward(&[StepInput { seq: sp, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?;
+    m.forward(&[StepInput {
+        seq: sp,
+        tokens: &prompt,
+        start_pos: 0,
+        logits: LogitRows::Last,
+    }])?;
     let prefill_kernels = m.take_profile();
     m.set_profiling(false);
     m.free_seq(sp);
@@ -205,7 +300,7 @@ pub fn run(a: Args) -> Result<()> {
                 (AttnKind::Sliding, Some(w)) => ctx.min(w),
                 _ => ctx,
             };
-            n * kvw * 2 * 2
+            n * kvw * 2 * if m.kv_fp8() { 1 } else { 2 }
         })
         .sum();
     let bytes = m.decode_weight_bytes + kv_bytes;
@@ -229,23 +324,53 @@ pub fn run(a: Args) -> Result<()> {
         );
     } else {
         let ptot: f64 = prefill_kernels.iter().map(|b| b.1).sum();
-        println!("per-kernel time of one {}-token prefill (CUDA events):", a.prompt_len);
+        println!(
+            "per-kernel time of one {}-token prefill (CUDA events):",
+            a.prompt_len
+        );
         for (n, t, c) in &prefill_kernels {
-            println!("  {:<20} {:>9.3} ms  {:>5.1}%  {:>5} launches", n, t, 100.0 * t / ptot.max(1e-9), c);
+            println!(
+                "  {:<20} {:>9.3} ms  {:>5.1}%  {:>5} launches",
+                n,
+                t,
+                100.0 * t / ptot.max(1e-9),
+                c
+            );
         }
         println!("per-kernel time per decode step (eager, CUDA events):");
         for (n, t, c) in &breakdown {
-            println!("  {:<20} {:>8.3} ms  {:>5.1}%  {:>4} launches", n, t / steps as f64, 100.0 * t / kernel_total.max(1e-9), c / steps);
+            println!(
+                "  {:<20} {:>8.3} ms  {:>5.1}%  {:>4} launches",
+                n,
+                t / steps as f64,
+                100.0 * t / kernel_total.max(1e-9),
+                c / steps
+            );
         }
         println!("\n| metric | value |\n|---|---|");
         println!("| device | {} ({}) |", m.device_name(), m.arch());
-        println!("| load | {:.1} s ({:.2} GB) |", m.load_secs, m.weight_bytes as f64 / 1e9);
+        println!(
+            "| load | {:.1} s ({:.2} GB) |",
+            m.load_secs,
+            m.weight_bytes as f64 / 1e9
+        );
         println!("| TTFT ({} tokens) | {:.1} ms |", a.prompt_len, ttft * 1e3);
-        println!("| decode (median of {}, {} tokens, graphs {}) | {:.1} tok/s |", a.runs, a.gen, !a.no_graph, tok_s);
-        println!("| bytes per decode step | {:.3} GB (weights {:.3} + KV {:.3}) |", bytes as f64 / 1e9, m.decode_weight_bytes as f64 / 1e9, kv_bytes as f64 / 1e9);
+        println!(
+            "| decode (median of {}, {} tokens, graphs {}) | {:.1} tok/s |",
+            a.runs, a.gen, !a.no_graph, tok_s
+        );
+        println!(
+            "| bytes per decode step | {:.3} GB (weights {:.3} + KV {:.3}) |",
+            bytes as f64 / 1e9,
+            m.decode_weight_bytes as f64 / 1e9,
+            kv_bytes as f64 / 1e9
+        );
         println!("| copy bandwidth (read+write) | {:.2} TB/s |", bw / 1e12);
         println!("| roofline fraction | {:.1}% |", roofline * 100.0);
-        println!("| eager kernel time per step | {:.3} ms |", kernel_total / steps as f64);
+        println!(
+            "| eager kernel time per step | {:.3} ms |",
+            kernel_total / steps as f64
+        );
         println!("| finite | {finite} |");
         for (n, e0, e1, el) in &ab_rows {
             println!("| kernels {n} vs original (residual after layer 0 / layer 1 / logits) | {e0:.2e} / {e1:.2e} / {el:.2e} |");
@@ -259,6 +384,79 @@ pub fn run(a: Args) -> Result<()> {
     }
     if tc_err > 1e-3 {
         bail!("the default weight-streaming kernels disagree with the original ones after layer 0: max rel err {tc_err:.2e} > 1e-3");
+    }
+    Ok(())
+}
+
+/// `--long-context`: one cold prefill of the whole prompt, then `gen` greedy decode steps.
+fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
+    let n = prompt.len();
+    if n + a.gen > m.kv_capacity() {
+        bail!("a {n}-token prompt + {} tokens does not fit the K/V pool ({} positions); give a larger --pool-gib", a.gen, m.kv_capacity());
+    }
+    let s = m.new_seq()?;
+    let t0 = std::time::Instant::now();
+    let out = m
+        .forward(&[StepInput {
+            seq: s,
+            tokens: prompt,
+            start_pos: 0,
+            logits: LogitRows::Last,
+        }])?
+        .remove(0);
+    let ttft = t0.elapsed().as_secs_f64();
+    let mut finite = out.logits.iter().all(|x| x.is_finite());
+    let mut tok = laguna_engine::cpu::ops::argmax(&out.logits) as u32;
+    let mut none = None;
+    // First steps capture the graph; time the rest.
+    let warm = 4.min(a.gen);
+    for _ in 0..warm {
+        tok = m.decode_greedy(s, tok, &mut none)?;
+    }
+    let t1 = std::time::Instant::now();
+    for _ in warm..a.gen {
+        tok = m.decode_greedy(s, tok, &mut none)?;
+    }
+    let dt = t1.elapsed().as_secs_f64();
+    let steps = a.gen - warm;
+    let o = m.forward(&[StepInput {
+        seq: s,
+        tokens: &[tok],
+        start_pos: n + a.gen,
+        logits: LogitRows::All,
+    }])?;
+    finite &= o[0].logits.iter().all(|x| x.is_finite());
+    m.free_seq(s);
+    let tok_s = steps as f64 / dt.max(1e-9);
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({"device": m.device_name(), "prompt_len": n, "kv_cache_dtype": a.kv_cache_dtype, "kv_positions": m.kv_capacity(),
+                "ttft_s": ttft, "prefill_tok_s": n as f64 / ttft, "decode_steps": steps, "decode_tok_s": tok_s, "finite": finite})
+        );
+    } else {
+        println!("\n| metric | value |\n|---|---|");
+        println!("| device | {} ({}) |", m.device_name(), m.arch());
+        println!(
+            "| prompt | {n} tokens, K/V {} ({} positions per sequence) |",
+            a.kv_cache_dtype,
+            m.kv_capacity()
+        );
+        println!(
+            "| TTFT (cold, passes of {} rows) | {:.1} s ({:.0} tok/s) |",
+            a.max_rows,
+            ttft,
+            n as f64 / ttft
+        );
+        println!(
+            "| decode at {n}+ context ({steps} steps after {warm}) | {:.1} tok/s ({:.2} ms/step) |",
+            tok_s,
+            1e3 / tok_s
+        );
+        println!("| finite | {finite} |");
+    }
+    if !finite {
+        bail!("non-finite logits");
     }
     Ok(())
 }

@@ -33,22 +33,48 @@ pub fn parse_ks(s: &str) -> Result<Vec<usize>> {
     let s = s.trim();
     if let Some((a, b)) = s.split_once("..") {
         let a: usize = a.trim().parse().context("--sweep-k start")?;
-        let b: usize = b.trim_start_matches('=').trim().parse().context("--sweep-k end")?;
+        let b: usize = b
+            .trim_start_matches('=')
+            .trim()
+            .parse()
+            .context("--sweep-k end")?;
         if a == 0 || b < a {
             bail!("--sweep-k wants a range like 1..15 (inclusive), got {s}");
         }
         return Ok((a..=b).collect());
     }
-    s.split(',').map(|x| x.trim().parse::<usize>().with_context(|| format!("--sweep-k: `{x}` is not a number"))).collect()
+    s.split(',')
+        .map(|x| {
+            x.trim()
+                .parse::<usize>()
+                .with_context(|| format!("--sweep-k: `{x}` is not a number"))
+        })
+        .collect()
 }
 
-pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usize, decode_step_ms: f64) -> Result<Vec<KRow>> {
-    let mut d = CudaDraft::load(dir, m).with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
-    eprintln!("draft loaded: {:.2} GB read per propose (layers + fc + lm_head)", d.step_weight_bytes as f64 / 1e9);
+pub fn run(
+    m: &mut CudaModel,
+    dir: &Path,
+    ks: &[usize],
+    prompt: &[u32],
+    gen: usize,
+    decode_step_ms: f64,
+) -> Result<Vec<KRow>> {
+    let mut d = CudaDraft::load(dir, m)
+        .with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
+    eprintln!(
+        "draft loaded: {:.2} GB read per propose (layers + fc + lm_head)",
+        d.step_weight_bytes as f64 / 1e9
+    );
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: gen,
-        sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        },
         ignore_eos: true,
         stop_token_ids: vec![],
     };
@@ -57,7 +83,16 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
     for &k in ks {
         // Warm-up (graph capture), then a timed pass without events, then one with events.
         spec.timing = false;
-        spec.generate(m, &mut d, &GenerateRequest { max_tokens: 8.min(gen), ..req.clone() }, k, false)?;
+        spec.generate(
+            m,
+            &mut d,
+            &GenerateRequest {
+                max_tokens: 8.min(gen),
+                ..req.clone()
+            },
+            k,
+            false,
+        )?;
         let r = spec.generate(m, &mut d, &req, k, false)?;
         let steps = r.times.steps.max(1);
         let step_ms = r.times.wall_ms / steps as f64;
@@ -89,7 +124,16 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
         spec.use_graphs = false;
         spec.timing = false;
         spec.prof = Some(Default::default());
-        let r = spec.generate(m, &mut d, &GenerateRequest { max_tokens: 17, ..req.clone() }, k, false)?;
+        let r = spec.generate(
+            m,
+            &mut d,
+            &GenerateRequest {
+                max_tokens: 17,
+                ..req.clone()
+            },
+            k,
+            false,
+        )?;
         let steps = r.times.steps.max(1) as f64;
         if let Some(ps) = spec.prof.take() {
             for (name, mut p) in ["propose", "verify", "context"].into_iter().zip(ps) {
@@ -97,7 +141,12 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
                 let tot: f64 = v.iter().map(|x| x.1).sum();
                 eprintln!("k={k} {name} (eager, per step): {:.3} ms", tot / steps);
                 for (n, t, c) in v {
-                    eprintln!("    {:<22} {:>8.3} ms {:>6.1} launches", n, t / steps, c as f64 / steps);
+                    eprintln!(
+                        "    {:<22} {:>8.3} ms {:>6.1} launches",
+                        n,
+                        t / steps,
+                        c as f64 / steps
+                    );
                 }
             }
         }
@@ -109,7 +158,10 @@ pub fn run(m: &mut CudaModel, dir: &Path, ks: &[usize], prompt: &[u32], gen: usi
 }
 
 pub fn print_table(rows: &[KRow], decode_step_ms: f64) {
-    println!("\nDFlash steps (batch 1, greedy; no-draft decode step {:.3} ms in the same run):", decode_step_ms);
+    println!(
+        "\nDFlash steps (batch 1, greedy; no-draft decode step {:.3} ms in the same run):",
+        decode_step_ms
+    );
     println!("| k | step ms | x decode | draft ms | verify ms | context ms | host+other ms | accepted/step | tok/s measured | tok/s projected (a=4.03) |");
     println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in rows {

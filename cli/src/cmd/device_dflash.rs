@@ -31,13 +31,24 @@ pub struct DRow {
 }
 
 fn read_target(draft_dir: &Path) -> Result<String> {
-    let sum: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(draft_dir.parent().unwrap().join("SUMMARY.json"))?)?;
+    let sum: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        draft_dir.parent().unwrap().join("SUMMARY.json"),
+    )?)?;
     let name = draft_dir.file_name().unwrap().to_string_lossy().to_string();
-    sum[&name]["target"].as_str().map(|s| s.to_string()).with_context(|| format!("SUMMARY.json has no target for {name}"))
+    sum[&name]["target"]
+        .as_str()
+        .map(|s| s.to_string())
+        .with_context(|| format!("SUMMARY.json has no target for {name}"))
 }
 
 fn opts() -> CudaOptions {
-    CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, ..Default::default() }
+    CudaOptions {
+        progress: false,
+        max_rows: 64,
+        kv_pool_bytes: Some(64 << 20),
+        page_size: 16,
+        ..Default::default()
+    }
 }
 
 fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) -> Result<DRow> {
@@ -45,7 +56,12 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: gen,
-        sampling: SamplingParams { temperature: 0.0, top_k: 0, top_p: 1.0, seed: None },
+        sampling: SamplingParams {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        },
         ignore_eos: true,
         stop_token_ids: vec![],
     };
@@ -54,15 +70,37 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let plain = generate(&mut cu, &req, false)?.completion;
     // 1. Verify rows vs one-row decode, bitwise, for [t, plain continuation...].
     let s = cu.new_seq()?;
-    cu.forward(&[StepInput { seq: s, tokens: prompt, start_pos: 0, logits: LogitRows::None }])?;
+    cu.forward(&[StepInput {
+        seq: s,
+        tokens: prompt,
+        start_pos: 0,
+        logits: LogitRows::None,
+    }])?;
     // The first verify after the prompt: [t, d_1..d_k] at positions p0.. (here the greedy tokens).
     let rows: Vec<u32> = plain[..(k + 1).min(plain.len())].to_vec();
     let p0 = prompt.len();
-    let many = cu.forward(&[StepInput { seq: s, tokens: &rows, start_pos: p0, logits: LogitRows::All }])?.remove(0).logits;
+    let many = cu
+        .forward(&[StepInput {
+            seq: s,
+            tokens: &rows,
+            start_pos: p0,
+            logits: LogitRows::All,
+        }])?
+        .remove(0)
+        .logits;
     cu.truncate(s, p0);
     let mut one = vec![];
     for (i, &t) in rows.iter().enumerate() {
-        one.extend(cu.forward(&[StepInput { seq: s, tokens: &[t], start_pos: p0 + i, logits: LogitRows::All }])?.remove(0).logits);
+        one.extend(
+            cu.forward(&[StepInput {
+                seq: s,
+                tokens: &[t],
+                start_pos: p0 + i,
+                logits: LogitRows::All,
+            }])?
+            .remove(0)
+            .logits,
+        );
     }
     cu.free_seq(s);
     let verify_bitwise = many == one;
@@ -75,9 +113,21 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     // decode steps are fused into device steps (`DraftModel::fused_greedy_step`), and with
     // LAGUNA_NO_FUSED_SPEC every step takes the generic path (taps and logits through the host).
     cu.set_taps_on_device(false)?;
-    let (fused, fstats) = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true)?;
+    let (fused, fstats) = generate_spec(
+        &mut cu as &mut dyn Model,
+        &mut dr as &mut dyn DraftModel,
+        &req,
+        k,
+        true,
+    )?;
     std::env::set_var("LAGUNA_NO_FUSED_SPEC", "1");
-    let generic = generate_spec(&mut cu as &mut dyn Model, &mut dr as &mut dyn DraftModel, &req, k, true);
+    let generic = generate_spec(
+        &mut cu as &mut dyn Model,
+        &mut dr as &mut dyn DraftModel,
+        &req,
+        k,
+        true,
+    );
     std::env::remove_var("LAGUNA_NO_FUSED_SPEC");
     let (generic, gstats) = generic?;
     let generic_same = generic.completion == plain && fused.completion == plain;
@@ -87,23 +137,49 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let (_cres, cstats) = generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true)?;
     let mut agree = 0;
     let mut acc_same = true;
-    for ((pc, ac), (pg, ag)) in cstats.proposals.iter().zip(&cstats.acceptance_lengths).zip(fast.stats.proposals.iter().zip(&fast.stats.acceptance_lengths)) {
+    for ((pc, ac), (pg, ag)) in cstats.proposals.iter().zip(&cstats.acceptance_lengths).zip(
+        fast.stats
+            .proposals
+            .iter()
+            .zip(&fast.stats.acceptance_lengths),
+    ) {
         if pc != pg {
             break;
         }
         agree += 1;
         acc_same &= ac == ag;
     }
-    let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths && fstats.acceptance_lengths == gstats.acceptance_lengths;
+    let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths
+        && fstats.acceptance_lengths == gstats.acceptance_lengths;
     let accept_cmp = format!(
         "{agree}/{} steps same proposals as CPU{}{}",
         cstats.acceptance_lengths.len(),
-        if acc_same { ", same acceptance" } else { ", ACCEPTANCE DIFFERS" },
-        if fast_vs_generic { "" } else { "; device loop / fused / generic driver acceptance differ" }
+        if acc_same {
+            ", same acceptance"
+        } else {
+            ", ACCEPTANCE DIFFERS"
+        },
+        if fast_vs_generic {
+            ""
+        } else {
+            "; device loop / fused / generic driver acceptance differ"
+        }
     );
-    let accepted = format!("{}/{}", fast.stats.num_accepted_tokens, fast.stats.num_draft_tokens);
+    let accepted = format!(
+        "{}/{}",
+        fast.stats.num_accepted_tokens, fast.stats.num_draft_tokens
+    );
     let ok = verify_bitwise && fast_same && generic_same && acc_same && fast_vs_generic;
-    Ok(DRow { name, k, verify_bitwise, fast_same, generic_same, accept_cmp, accepted, ok })
+    Ok(DRow {
+        name,
+        k,
+        verify_bitwise,
+        fast_same,
+        generic_same,
+        accept_cmp,
+        accepted,
+        ok,
+    })
 }
 
 pub fn run_all(drafts: &Path, models: &Path) -> Result<Vec<DRow>> {
@@ -138,7 +214,16 @@ pub fn run_all(drafts: &Path, models: &Path) -> Result<Vec<DRow>> {
                 }
                 Err(e) => {
                     println!("{name} k={k}: ERROR {e:#}");
-                    out.push(DRow { name, k, verify_bitwise: false, fast_same: false, generic_same: false, accept_cmp: format!("{e:#}").chars().take(80).collect(), accepted: "-".into(), ok: false });
+                    out.push(DRow {
+                        name,
+                        k,
+                        verify_bitwise: false,
+                        fast_same: false,
+                        generic_same: false,
+                        accept_cmp: format!("{e:#}").chars().take(80).collect(),
+                        accepted: "-".into(),
+                        ok: false,
+                    });
                 }
             }
         }

@@ -33,8 +33,16 @@ pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
     let st = safetensors::SafeTensors::deserialize(&bytes)?;
     let t = st.tensor(name)?;
     Ok(match t.dtype() {
-        safetensors::Dtype::I64 => t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
-        safetensors::Dtype::I32 => t.data().chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32).collect(),
+        safetensors::Dtype::I64 => t
+            .data()
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect(),
+        safetensors::Dtype::I32 => t
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as u32)
+            .collect(),
         d => anyhow::bail!("{name}: unexpected dtype {d:?}"),
     })
 }
@@ -44,8 +52,17 @@ pub fn rel_err(a: &[f32], b: &[f32], v: usize) -> (f64, f64) {
     let mut worst = 0f64;
     let mut worst_abs = 0f64;
     for (ra, rb) in a.chunks(v).zip(b.chunks(v)) {
-        let mx = rb.iter().fold(0f64, |m, &x| m.max((x as f64).abs())).max(1e-30);
-        let d = ra.iter().zip(rb).fold(0f64, |m, (&x, &y)| if x.is_finite() { m.max((x as f64 - y as f64).abs()) } else { f64::INFINITY });
+        let mx = rb
+            .iter()
+            .fold(0f64, |m, &x| m.max((x as f64).abs()))
+            .max(1e-30);
+        let d = ra.iter().zip(rb).fold(0f64, |m, (&x, &y)| {
+            if x.is_finite() {
+                m.max((x as f64 - y as f64).abs())
+            } else {
+                f64::INFINITY
+            }
+        });
         worst = worst.max(d / mx);
         worst_abs = worst_abs.max(d);
     }
@@ -64,7 +81,11 @@ fn argmax(x: &[f32]) -> usize {
 
 fn top2_gap(x: &[f32]) -> f64 {
     let b = argmax(x);
-    let second = x.iter().enumerate().filter(|&(i, _)| i != b).fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
+    let second = x
+        .iter()
+        .enumerate()
+        .filter(|&(i, _)| i != b)
+        .fold(f32::NEG_INFINITY, |m, (_, &v)| m.max(v));
     (x[b] - second) as f64
 }
 
@@ -81,59 +102,209 @@ struct Row {
 
 /// Kernel regimes checked: every pass on the f32 weight-streaming kernels ("gemv"), and every pass
 /// (decode steps too) on the tensor-core GEMMs ("gemm"). Production mixes them by pass size
-/// (`CudaOptions::gemm_min_rows`); each regime is batch-invariant on its own.
-const MODES: &[(&str, usize)] = &[("gemv", usize::MAX), ("gemm", 1)];
+/// (`CudaOptions::gemm_min_rows`); each regime is batch-invariant on its own. "fp8": K/V stored
+/// as FP8 E4M3 with the production mix, against a CPU reference that rounds its K/V the same way.
+/// Third field: FP8 K/V.
+const MODES: &[(&str, usize, bool)] = &[
+    ("gemv", usize::MAX, false),
+    ("gemm", 1, false),
+    ("fp8", 32, true),
+];
 
-fn check_one(dir: &Path, tol: f64, mode: (&str, usize)) -> Result<Row> {
-    let name = format!("{} [{}]", dir.file_name().unwrap().to_string_lossy(), mode.0);
+fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
+    let name = format!(
+        "{} [{}]",
+        dir.file_name().unwrap().to_string_lossy(),
+        mode.0
+    );
     let reff = dir.join("reference.safetensors");
     let prompt = read_ids(&reff, "prompt_ids")?;
     let greedy = read_ids(&reff, "greedy_ids")?;
     let mut all = prompt.clone();
     all.extend_from_slice(&greedy[..greedy.len().saturating_sub(1)]);
     let mut cpu = CpuModel::load(dir).context("cpu load")?;
+    cpu.set_kv_fp8(mode.2);
     let v = cpu.config().vocab_size;
     let cs = cpu.new_seq()?;
-    let cref = cpu.forward(&[StepInput { seq: cs, tokens: &all, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+    let cref = cpu
+        .forward(&[StepInput {
+            seq: cs,
+            tokens: &all,
+            start_pos: 0,
+            logits: LogitRows::All,
+        }])?
+        .remove(0)
+        .logits;
 
-    let opts = CudaOptions { progress: false, max_rows: 64, kv_pool_bytes: Some(64 << 20), page_size: 16, gemm_min_rows: mode.1, ..Default::default() };
-    let mut cu = CudaModel::load(dir, opts).context("cuda load")?;
+    let opts = CudaOptions {
+        progress: false,
+        max_rows: 64,
+        kv_pool_bytes: Some(64 << 20),
+        page_size: 16,
+        gemm_min_rows: mode.1,
+        kv_fp8: mode.2,
+        ..Default::default()
+    };
+    let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
-    let a = cu.forward(&[StepInput { seq: s1, tokens: &all, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+    let a = cu
+        .forward(&[StepInput {
+            seq: s1,
+            tokens: &all,
+            start_pos: 0,
+            logits: LogitRows::All,
+        }])?
+        .remove(0)
+        .logits;
     let (err_pass, abs_pass) = rel_err(&a, &cref, v);
     // B: prefill the prompt, then one token at a time.
     let s2 = cu.new_seq()?;
-    let mut b = cu.forward(&[StepInput { seq: s2, tokens: &prompt, start_pos: 0, logits: LogitRows::All }])?.remove(0).logits;
+    let mut b = cu
+        .forward(&[StepInput {
+            seq: s2,
+            tokens: &prompt,
+            start_pos: 0,
+            logits: LogitRows::All,
+        }])?
+        .remove(0)
+        .logits;
     for (i, &t) in all[prompt.len()..].iter().enumerate() {
-        let o = cu.forward(&[StepInput { seq: s2, tokens: &[t], start_pos: prompt.len() + i, logits: LogitRows::Last }])?.remove(0);
+        let o = cu
+            .forward(&[StepInput {
+                seq: s2,
+                tokens: &[t],
+                start_pos: prompt.len() + i,
+                logits: LogitRows::Last,
+            }])?
+            .remove(0);
         b.extend(o.logits);
     }
     let (err_decode, abs_dec) = rel_err(&b, &cref, v);
+    // R: sliding-window rings against storing every position (rings off), in the gemm regime
+    // (every pass on attention_prefill, which reads a ring, the stage or the paged pool with the
+    // same arithmetic): identical logits bit for bit, one pass and prefill + 1-row steps. (In the
+    // other regimes a long pass takes attention_prefill with rings and the split-KV kernels
+    // without, so they agree only to rounding; the CPU comparison covers them.)
+    let ring_ok = if cu.ring_spare().is_some() && mode.1 == 1 {
+        let mut nr = CudaModel::load(
+            dir,
+            CudaOptions {
+                rings: false,
+                ..opts.clone()
+            },
+        )
+        .context("cuda load (no rings)")?;
+        let t1 = nr.new_seq()?;
+        let a2 = nr
+            .forward(&[StepInput {
+                seq: t1,
+                tokens: &all,
+                start_pos: 0,
+                logits: LogitRows::All,
+            }])?
+            .remove(0)
+            .logits;
+        let t2 = nr.new_seq()?;
+        let mut b2 = nr
+            .forward(&[StepInput {
+                seq: t2,
+                tokens: &prompt,
+                start_pos: 0,
+                logits: LogitRows::All,
+            }])?
+            .remove(0)
+            .logits;
+        for (i, &t) in all[prompt.len()..].iter().enumerate() {
+            b2.extend(
+                nr.forward(&[StepInput {
+                    seq: t2,
+                    tokens: &[t],
+                    start_pos: prompt.len() + i,
+                    logits: LogitRows::Last,
+                }])?
+                .remove(0)
+                .logits,
+            );
+        }
+        Some(a == a2 && b == b2)
+    } else {
+        None
+    };
     // C: batch invariance: the prompt rows computed in a batch with another sequence equal the
     // rows of pass A bit for bit.
     let s3 = cu.new_seq()?;
     let s4 = cu.new_seq()?;
     let half = &prompt[..prompt.len() / 2 + 1];
     let outs = cu.forward(&[
-        StepInput { seq: s4, tokens: half, start_pos: 0, logits: LogitRows::All },
-        StepInput { seq: s3, tokens: &prompt, start_pos: 0, logits: LogitRows::All },
+        StepInput {
+            seq: s4,
+            tokens: half,
+            start_pos: 0,
+            logits: LogitRows::All,
+        },
+        StepInput {
+            seq: s3,
+            tokens: &prompt,
+            start_pos: 0,
+            logits: LogitRows::All,
+        },
     ])?;
     let np = prompt.len() * v;
     let batch_inv = outs[1].logits[..] == a[..np] && outs[0].logits[..] == a[..half.len() * v];
-    // D: truncate and redo the continuation on s1: identical to A.
-    cu.truncate(s1, prompt.len());
-    let redo = cu.forward(&[StepInput { seq: s1, tokens: &all[prompt.len()..], start_pos: prompt.len(), logits: LogitRows::All }])?.remove(0).logits;
-    let trunc_ok = redo[..] == a[np..];
+    // D: rewind s2 (prefill + 1-row steps) and redo its tail the same way: identical to B. With
+    // sliding-window rings a sequence can be rewound by at most the ring's spare slots + 1 (what
+    // speculative decoding needs); F: rewinding further is refused with an error instead of
+    // reading overwritten keys.
+    let cont = all.len() - prompt.len();
+    let back = cu.ring_spare().map_or(cont, |s| cont.min(s + 1));
+    let keep = all.len() - back;
+    cu.truncate(s2, keep);
+    let mut redo = vec![];
+    for (i, &t) in all[keep..].iter().enumerate() {
+        redo.extend(
+            cu.forward(&[StepInput {
+                seq: s2,
+                tokens: &[t],
+                start_pos: keep + i,
+                logits: LogitRows::Last,
+            }])?
+            .remove(0)
+            .logits,
+        );
+    }
+    let mut trunc_ok = redo[..] == b[keep * v..];
+    if let Some(spare) = cu.ring_spare() {
+        if cont > spare + 1 {
+            cu.truncate(s1, prompt.len());
+            let r = cu.forward(&[StepInput {
+                seq: s1,
+                tokens: &all[prompt.len()..],
+                start_pos: prompt.len(),
+                logits: LogitRows::All,
+            }]);
+            trunc_ok &= r.is_err();
+        }
+    }
+    cu.free_seq(s1);
     // E: greedy through the on-device decode step (CUDA graph): compare with the CPU's greedy
     // picks where the CPU's top-2 gap exceeds the measured error.
     let measured = abs_pass.max(abs_dec);
     let s5 = cu.new_seq()?;
-    let first = cu.forward(&[StepInput { seq: s5, tokens: &prompt, start_pos: 0, logits: LogitRows::Last }])?.remove(0).logits;
+    let first = cu
+        .forward(&[StepInput {
+            seq: s5,
+            tokens: &prompt,
+            start_pos: 0,
+            logits: LogitRows::Last,
+        }])?
+        .remove(0)
+        .logits;
     let mut tok = argmax(&first) as u32;
     let mut mism = 0;
     let mut checked = 0;
     let mut diverged_at = None;
+    let mut left_ref = None;
     let mut none = None;
     for step in 0..greedy.len() {
         let crow = &cref[(prompt.len() - 1 + step) * v..(prompt.len() + step) * v];
@@ -146,17 +317,62 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize)) -> Result<Row> {
             break;
         }
         checked += 1;
+        // The CPU rows were teacher-forced on the reference continuation: once the CPU's own
+        // pick leaves it (possible with FP8 K/V, whose rounding the reference lacks), the rows no
+        // longer follow the path the GPU decodes; stop comparing there.
+        if cpu_tok != greedy[step] {
+            left_ref = Some(step);
+            break;
+        }
         if step + 1 < greedy.len() {
             tok = cu.decode_greedy(s5, tok, &mut none)?;
         }
     }
     let greedy_s = match diverged_at {
-        None => format!("{checked}/{} same", greedy.len()),
-        Some(s) => format!("{checked}/{} same, differs at {s}{}", greedy.len(), if mism > 0 { " (gap > error!)" } else { " (within error)" }),
+        None => match left_ref {
+            None => format!("{checked}/{} same", greedy.len()),
+            Some(s) => format!(
+                "{checked}/{} same (CPU greedy leaves the reference continuation after step {s})",
+                greedy.len()
+            ),
+        },
+        Some(s) => format!(
+            "{checked}/{} same, differs at {s}{}",
+            greedy.len(),
+            if mism > 0 {
+                " (gap > error!)"
+            } else {
+                " (within error)"
+            }
+        ),
     };
-    let ok = err_pass <= tol && err_decode <= tol && mism == 0 && trunc_ok && a.iter().all(|x| x.is_finite());
-    let note = format!("abs {abs_pass:.2e}/{abs_dec:.2e}{}", if trunc_ok { "" } else { " truncate-mismatch" });
-    Ok(Row { name, rows: all.len(), err_pass, err_decode, batch_inv, greedy: greedy_s, ok, note })
+    let ok = err_pass <= tol
+        && err_decode <= tol
+        && mism == 0
+        && trunc_ok
+        && ring_ok != Some(false)
+        && a.iter().all(|x| x.is_finite());
+    let note = format!(
+        "abs {abs_pass:.2e}/{abs_dec:.2e}{}{}",
+        match ring_ok {
+            None => String::new(),
+            Some(r) => format!(
+                " rings (spare {}) = no rings bitwise: {r}",
+                cu.ring_spare().unwrap_or(0)
+            ),
+        },
+        if trunc_ok { "" } else { " truncate-mismatch" }
+    );
+    Ok(Row {
+        name,
+        rows: all.len(),
+        err_pass,
+        err_decode,
+        batch_inv,
+        greedy: greedy_s,
+        ok,
+        note,
+    })
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -168,7 +384,9 @@ pub fn run(a: Args) -> Result<()> {
     if a.fixtures.join("reference.safetensors").exists() {
         dirs.push(a.fixtures.clone());
     } else {
-        for e in std::fs::read_dir(&a.fixtures).with_context(|| format!("reading {}", a.fixtures.display()))? {
+        for e in std::fs::read_dir(&a.fixtures)
+            .with_context(|| format!("reading {}", a.fixtures.display()))?
+        {
             let p = e?.path();
             if p.join("reference.safetensors").exists() && p.join("config.json").exists() {
                 dirs.push(p);
@@ -177,7 +395,11 @@ pub fn run(a: Args) -> Result<()> {
     }
     dirs.sort();
     let mut rows = vec![];
-    let dflash = if a.no_dflash { vec![] } else { super::device_dflash::run_all(&a.drafts, &a.fixtures)? };
+    let dflash = if a.no_dflash {
+        vec![]
+    } else {
+        super::device_dflash::run_all(&a.drafts, &a.fixtures)?
+    };
     let dfails = dflash.iter().filter(|r| !r.ok).count();
     if a.only_dflash {
         dirs.clear();
@@ -186,30 +408,72 @@ pub fn run(a: Args) -> Result<()> {
         let (d, mode) = d;
         match check_one(d, a.tol, mode) {
             Ok(r) => {
-                println!("{}: pass-err {:.3e} decode-err {:.3e} batch-invariant {} greedy {} {} -> {}", r.name, r.err_pass, r.err_decode, r.batch_inv, r.greedy, r.note, if r.ok { "OK" } else { "FAIL" });
+                println!(
+                    "{}: pass-err {:.3e} decode-err {:.3e} batch-invariant {} greedy {} {} -> {}",
+                    r.name,
+                    r.err_pass,
+                    r.err_decode,
+                    r.batch_inv,
+                    r.greedy,
+                    r.note,
+                    if r.ok { "OK" } else { "FAIL" }
+                );
                 rows.push(r)
             }
             Err(e) => {
                 println!("{}: ERROR {e:#}", d.display());
-                rows.push(Row { name: format!("{} [{}]", d.file_name().unwrap().to_string_lossy(), mode.0), rows: 0, err_pass: f64::NAN, err_decode: f64::NAN, batch_inv: false, greedy: "-".into(), ok: false, note: format!("{e:#}").chars().take(80).collect() });
+                rows.push(Row {
+                    name: format!("{} [{}]", d.file_name().unwrap().to_string_lossy(), mode.0),
+                    rows: 0,
+                    err_pass: f64::NAN,
+                    err_decode: f64::NAN,
+                    batch_inv: false,
+                    greedy: "-".into(),
+                    ok: false,
+                    note: format!("{e:#}").chars().take(80).collect(),
+                });
             }
         }
     }
     let fails = rows.iter().filter(|r| !r.ok).count() + dfails;
     if a.json {
         let items: Vec<_> = rows.iter().map(|r| serde_json::json!({"fixture": r.name, "rows": r.rows, "rel_err_pass": r.err_pass, "rel_err_decode": r.err_decode, "batch_invariant": r.batch_inv, "greedy": r.greedy, "ok": r.ok, "note": r.note})).collect();
-        println!("{}", serde_json::json!({"fixtures": items, "failures": fails}));
+        println!(
+            "{}",
+            serde_json::json!({"fixtures": items, "failures": fails})
+        );
     } else {
-        println!("\n| fixture | rows | rel err 1-pass | rel err decode | batch-inv | greedy | result |");
+        println!(
+            "\n| fixture | rows | rel err 1-pass | rel err decode | batch-inv | greedy | result |"
+        );
         println!("|---|---|---|---|---|---|---|");
         for r in &rows {
-            println!("| {} | {} | {:.2e} | {:.2e} | {} | {} | {} |", r.name, r.rows, r.err_pass, r.err_decode, r.batch_inv, r.greedy, if r.ok { "OK" } else { "FAIL" });
+            println!(
+                "| {} | {} | {:.2e} | {:.2e} | {} | {} | {} |",
+                r.name,
+                r.rows,
+                r.err_pass,
+                r.err_decode,
+                r.batch_inv,
+                r.greedy,
+                if r.ok { "OK" } else { "FAIL" }
+            );
         }
         if !dflash.is_empty() {
             println!("\n| draft pair | k | verify rows bitwise = 1-row decode | device loop = no-draft greedy | driver (fused / generic steps) = no-draft greedy | accepted | vs CPU engine | result |");
             println!("|---|---|---|---|---|---|---|---|");
             for r in &dflash {
-                println!("| {} | {} | {} | {} | {} | {} | {} | {} |", r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" });
+                println!(
+                    "| {} | {} | {} | {} | {} | {} | {} | {} |",
+                    r.name,
+                    r.k,
+                    r.verify_bitwise,
+                    r.fast_same,
+                    r.generic_same,
+                    r.accepted,
+                    r.accept_cmp,
+                    if r.ok { "OK" } else { "FAIL" }
+                );
             }
         }
     }

@@ -31,7 +31,11 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(c) = a.cache_dir {
         env.cache_dir = c;
     }
-    let opts = FetchOptions { local_dir: a.local_dir, max_workers: a.max_workers.max(1), progress: !a.quiet };
+    let opts = FetchOptions {
+        local_dir: a.local_dir,
+        max_workers: a.max_workers.max(1),
+        progress: !a.quiet,
+    };
     let reports = fetch_recipe(&recipe, &env, &opts)?;
     for r in &reports {
         println!("fetched {r}");

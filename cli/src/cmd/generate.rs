@@ -1,9 +1,9 @@
 use anyhow::{bail, Context, Result};
 use laguna_engine::cpu::CpuModel;
 use laguna_engine::generate::{generate, GenerateRequest, GenerateResult};
-use laguna_engine::spec::DraftModel;
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
+use laguna_engine::spec::DraftModel;
 use laguna_engine::spec::{generate_spec, CpuDraft};
 use laguna_engine::tokenizer::Tokenizer;
 use std::path::PathBuf;
@@ -62,7 +62,10 @@ pub fn run(a: Args) -> Result<()> {
             bail!("--device cuda: {e}; use --device cpu");
         }
     }
-    let load_cpu = || CpuModel::load(&a.model).with_context(|| format!("loading model from {}", a.model.display()));
+    let load_cpu = || {
+        CpuModel::load(&a.model)
+            .with_context(|| format!("loading model from {}", a.model.display()))
+    };
     let load_cuda = || {
         laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
             .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))
@@ -71,14 +74,22 @@ pub fn run(a: Args) -> Result<()> {
         (Some(ids), None) => ids.clone(),
         (None, Some(text)) => match &tok {
             Some(t) => t.encode(text, true)?,
-            None => bail!("{} has no tokenizer.json; pass --prompt-ids instead of --prompt", a.model.display()),
+            None => bail!(
+                "{} has no tokenizer.json; pass --prompt-ids instead of --prompt",
+                a.model.display()
+            ),
         },
         _ => bail!("give exactly one of --prompt-ids or --prompt"),
     };
     let req = GenerateRequest {
         prompt: prompt.clone(),
         max_tokens: a.max_tokens,
-        sampling: SamplingParams { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p, seed: a.seed },
+        sampling: SamplingParams {
+            temperature: a.temperature,
+            top_k: a.top_k,
+            top_p: a.top_p,
+            seed: a.seed,
+        },
         ignore_eos: a.ignore_eos,
         stop_token_ids: vec![],
     };
@@ -93,23 +104,38 @@ pub fn run(a: Args) -> Result<()> {
         }
         Some(dir) if a.device == "cuda" => {
             let mut model = load_cuda()?;
-            let mut draft = laguna_engine::cuda::draft::CudaDraft::load(dir, &model)
-                .with_context(|| format!("loading DFlash draft from {} onto the GPU", dir.display()))?;
-            let k = a.num_speculative_tokens.unwrap_or(draft.config().block_size - 1);
+            let mut draft =
+                laguna_engine::cuda::draft::CudaDraft::load(dir, &model).with_context(|| {
+                    format!("loading DFlash draft from {} onto the GPU", dir.display())
+                })?;
+            let k = a
+                .num_speculative_tokens
+                .unwrap_or(draft.config().block_size - 1);
             if a.temperature == 0.0 {
                 // Greedy: the device-resident loop (proposals, taps and verification stay on the GPU).
-                let r = laguna_engine::cuda::spec::CudaSpec::default().generate(&mut model, &mut draft, &req, k, true)?;
-                (GenerateResult { completion: r.completion, finish_reason: r.finish, step_logits: vec![] }, Some((k, r.stats)))
+                let r = laguna_engine::cuda::spec::CudaSpec::default()
+                    .generate(&mut model, &mut draft, &req, k, true)?;
+                (
+                    GenerateResult {
+                        completion: r.completion,
+                        finish_reason: r.finish,
+                        step_logits: vec![],
+                    },
+                    Some((k, r.stats)),
+                )
             } else {
-                let (res, stats) = generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
+                let (res, stats) =
+                    generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
                 (res, Some((k, stats)))
             }
         }
         Some(dir) => {
             let mut model = load_cpu()?;
-            let mut draft = CpuDraft::load(dir, &model).with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
+            let mut draft = CpuDraft::load(dir, &model)
+                .with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
             let k = a.num_speculative_tokens.unwrap_or(draft.cfg.block_size - 1);
-            let (res, stats) = generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
+            let (res, stats) =
+                generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
             (res, Some((k, stats)))
         }
     };

@@ -30,8 +30,17 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(c) = a.cache_dir {
         env.cache_dir = c;
     }
-    let device_memory = a.device_memory.as_deref().map(parse_bytes).transpose().map_err(|m| anyhow::anyhow!("--device-memory {m}"))?;
-    let opts = PlanOptions { config: a.config, draft_config: a.draft_config, device_memory };
+    let device_memory = a
+        .device_memory
+        .as_deref()
+        .map(parse_bytes)
+        .transpose()
+        .map_err(|m| anyhow::anyhow!("--device-memory {m}"))?;
+    let opts = PlanOptions {
+        config: a.config,
+        draft_config: a.draft_config,
+        device_memory,
+    };
     let (plan, sources) = plan_recipe(&recipe, &env, &opts)?;
     println!("model config: {}", sources.model_config);
     if let Some(d) = &sources.draft_config {

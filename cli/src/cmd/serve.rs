@@ -10,7 +10,12 @@ pub struct Args {
     #[command(flatten)]
     pub recipe: RecipeArgs,
     /// Require `Authorization: Bearer KEY` on /v1 routes (like vLLM's --api-key). Env: LAGUNA_API_KEY.
-    #[arg(long, env = "LAGUNA_API_KEY", value_name = "KEY", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "LAGUNA_API_KEY",
+        value_name = "KEY",
+        hide_env_values = true
+    )]
     pub api_key: Option<String>,
     /// Requests allowed to wait for a free slot before new ones get 429 (0: no limit).
     #[arg(long, default_value_t = 0, value_name = "N")]
@@ -26,7 +31,8 @@ fn env(k: &str) -> Option<String> {
 
 pub fn run(a: Args) -> Result<()> {
     let r = &a.recipe;
-    let no_model = r.recipe_path(&env).is_none() && r.model.is_none() && env("LAGUNA_MODEL").is_none();
+    let no_model =
+        r.recipe_path(&env).is_none() && r.model.is_none() && env("LAGUNA_MODEL").is_none();
     let opts = if no_model {
         // No recipe and no model: the embedded tiny test model, on CPU.
         if let Some(d) = &r.device {
@@ -40,10 +46,18 @@ pub fn run(a: Args) -> Result<()> {
         let d = ServeOptions::default();
         ServeOptions {
             model: None,
-            host: r.host.clone().or_else(|| env("LAGUNA_HOST")).unwrap_or(d.host),
+            host: r
+                .host
+                .clone()
+                .or_else(|| env("LAGUNA_HOST"))
+                .unwrap_or(d.host),
             port: match r.port {
                 Some(p) => p,
-                None => env("LAGUNA_PORT").map(|p| p.parse()).transpose().context("LAGUNA_PORT")?.unwrap_or(d.port),
+                None => env("LAGUNA_PORT")
+                    .map(|p| p.parse())
+                    .transpose()
+                    .context("LAGUNA_PORT")?
+                    .unwrap_or(d.port),
             },
             served_model_name: r.served_model_name.clone().into_iter().collect(),
             max_model_len: r.max_model_len,
@@ -57,9 +71,16 @@ pub fn run(a: Args) -> Result<()> {
     } else {
         let mut recipe = r.resolve()?;
         let hub = HubEnv::from_process_env();
-        let model = local_dir(&hub, &recipe.model).with_context(|| format!("locating {} (run `laguna fetch` first?)", recipe.model.label()))?;
+        let model = local_dir(&hub, &recipe.model).with_context(|| {
+            format!(
+                "locating {} (run `laguna fetch` first?)",
+                recipe.model.label()
+            )
+        })?;
         let draft = match &recipe.draft {
-            Some(d) => Some(local_dir(&hub, d).with_context(|| format!("locating draft {} (run `laguna fetch` first?)", d.label()))?),
+            Some(d) => Some(local_dir(&hub, d).with_context(|| {
+                format!("locating draft {} (run `laguna fetch` first?)", d.label())
+            })?),
             None => None,
         };
         let explicit_device = r.device.is_some() || env("LAGUNA_DEVICE").is_some();
@@ -70,7 +91,9 @@ pub fn run(a: Args) -> Result<()> {
             Device::Cuda(_) => match laguna_engine::cuda::gpu_available() {
                 Ok(()) => recipe.device.to_string(),
                 Err(e) => {
-                    eprintln!("note: no usable GPU ({e}); serving on CPU (pass --device to choose)");
+                    eprintln!(
+                        "note: no usable GPU ({e}); serving on CPU (pass --device to choose)"
+                    );
                     recipe.device = Device::Cpu;
                     "cpu".to_string()
                 }
@@ -86,6 +109,7 @@ pub fn run(a: Args) -> Result<()> {
             num_speculative_tokens: recipe.num_speculative_tokens(),
             device,
             kv_cache_memory_bytes: recipe.kv_cache_memory_bytes.map(|b| b as usize),
+            kv_cache_fp8: recipe.kv_cache_dtype == laguna_stages::recipe::KvCacheDtype::Fp8,
             host: recipe.host.clone(),
             port: recipe.port,
             served_model_name: vec![recipe.served_model_name.clone()],

@@ -77,7 +77,11 @@ fn gen(t: &T, seed: u64, out: &mut Vec<u8>) {
     let unif = |x: u64| ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
     match t.fill {
         Fill::Bf16(a) | Fill::Bf16One(a) => {
-            let base = if let Fill::Bf16One(_) = t.fill { 1.0 } else { 0.0 };
+            let base = if let Fill::Bf16One(_) = t.fill {
+                1.0
+            } else {
+                0.0
+            };
             out.reserve(n * 2);
             for _ in 0..n {
                 let v = base + a * unif(r.next());
@@ -115,42 +119,88 @@ fn gen(t: &T, seed: u64, out: &mut Vec<u8>) {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let text = std::fs::read_to_string(&a.config).with_context(|| format!("reading {}", a.config.display()))?;
+    let text = std::fs::read_to_string(&a.config)
+        .with_context(|| format!("reading {}", a.config.display()))?;
     let cfg = LagunaConfig::from_json_str(&text)?;
     let quant = cfg.quantization.is_some();
     let mut ts: Vec<T> = vec![];
     // A DFlash draft (`DFlashLagunaForCausalLM`): the draft inventory (fc, aux norms, fused
     // qkv_proj, dense MLPs; embed_tokens and lm_head come from the target).
-    let is_draft = cfg.architectures.iter().any(|a| a == laguna_engine::spec::config::DRAFT_ARCH);
-    let inv = if is_draft { laguna_stages::verify::draft::inventory(&cfg, None) } else { inventory(&cfg) };
+    let is_draft = cfg
+        .architectures
+        .iter()
+        .any(|a| a == laguna_engine::spec::config::DRAFT_ARCH);
+    let inv = if is_draft {
+        laguna_stages::verify::draft::inventory(&cfg, None)
+    } else {
+        inventory(&cfg)
+    };
     for e in inv {
         match e {
             Expected::Linear { prefix, out, inp } => {
-                let expert = prefix.contains(".mlp.experts.") || prefix.contains(".mlp.shared_expert.");
+                let expert =
+                    prefix.contains(".mlp.experts.") || prefix.contains(".mlp.shared_expert.");
                 if quant && expert {
-                    ts.push(T { name: format!("{prefix}.weight_packed"), dtype: "U8", shape: vec![out, inp / 2], fill: Fill::Bytes });
-                    ts.push(T { name: format!("{prefix}.weight_scale"), dtype: "F8_E4M3", shape: vec![out, inp / 16], fill: Fill::Scales });
+                    ts.push(T {
+                        name: format!("{prefix}.weight_packed"),
+                        dtype: "U8",
+                        shape: vec![out, inp / 2],
+                        fill: Fill::Bytes,
+                    });
+                    ts.push(T {
+                        name: format!("{prefix}.weight_scale"),
+                        dtype: "F8_E4M3",
+                        shape: vec![out, inp / 16],
+                        fill: Fill::Scales,
+                    });
                     // |e2m1| ~ 2.3 on random codes, scales ~ 1.2: divide by ~2.8 sqrt(fan_in).
                     let gs = 2.8 * (inp as f32).sqrt();
-                    ts.push(T { name: format!("{prefix}.weight_global_scale"), dtype: "F32", shape: vec![1], fill: Fill::F32Const(gs) });
-                    ts.push(T { name: format!("{prefix}.input_global_scale"), dtype: "F32", shape: vec![1], fill: Fill::F32Const(1.0) });
+                    ts.push(T {
+                        name: format!("{prefix}.weight_global_scale"),
+                        dtype: "F32",
+                        shape: vec![1],
+                        fill: Fill::F32Const(gs),
+                    });
+                    ts.push(T {
+                        name: format!("{prefix}.input_global_scale"),
+                        dtype: "F32",
+                        shape: vec![1],
+                        fill: Fill::F32Const(1.0),
+                    });
                 } else {
                     let amp = (3.0 / inp as f32).sqrt();
-                    ts.push(T { name: format!("{prefix}.weight"), dtype: "BF16", shape: vec![out, inp], fill: Fill::Bf16(amp) });
+                    ts.push(T {
+                        name: format!("{prefix}.weight"),
+                        dtype: "BF16",
+                        shape: vec![out, inp],
+                        fill: Fill::Bf16(amp),
+                    });
                 }
             }
             Expected::Tensor { name, shape } => {
                 let fill = if name.ends_with("e_score_correction_bias") {
                     Fill::F32(0.01)
-                } else if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") || name.starts_with("aux_hidden_norms.") {
+                } else if name.ends_with("norm.weight")
+                    || name.ends_with("layernorm.weight")
+                    || name.starts_with("aux_hidden_norms.")
+                {
                     Fill::Bf16One(0.1)
                 } else if name.ends_with("embed_tokens.weight") {
                     Fill::Bf16(1.0)
                 } else {
                     Fill::Bf16(0.1)
                 };
-                let dtype = if let Fill::F32(_) = fill { "F32" } else { "BF16" };
-                ts.push(T { name, dtype, shape, fill });
+                let dtype = if let Fill::F32(_) = fill {
+                    "F32"
+                } else {
+                    "BF16"
+                };
+                ts.push(T {
+                    name,
+                    dtype,
+                    shape,
+                    fill,
+                });
             }
         }
     }
@@ -168,7 +218,9 @@ pub fn run(a: Args) -> Result<()> {
     std::fs::create_dir_all(&a.out)?;
     std::fs::write(a.out.join("config.json"), &text)?;
     let ns = shards.len();
-    let names: Vec<String> = (0..ns).map(|i| format!("model-{:05}-of-{:05}.safetensors", i + 1, ns)).collect();
+    let names: Vec<String> = (0..ns)
+        .map(|i| format!("model-{:05}-of-{:05}.safetensors", i + 1, ns))
+        .collect();
     let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
     let t0 = std::time::Instant::now();
     std::thread::scope(|s| -> Result<()> {
@@ -218,7 +270,10 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
         let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": wm});
-        std::fs::write(a.out.join("model.safetensors.index.json"), serde_json::to_vec_pretty(&idx)?)?;
+        std::fs::write(
+            a.out.join("model.safetensors.index.json"),
+            serde_json::to_vec_pretty(&idx)?,
+        )?;
     } else {
         std::fs::rename(a.out.join(&names[0]), a.out.join("model.safetensors"))?;
     }

@@ -28,13 +28,21 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(c) = &a.cache_dir {
         env.cache_dir = c.clone();
     }
-    let opts = VerifyOptions { fast: a.fast, progress: !a.quiet, ..Default::default() };
+    let opts = VerifyOptions {
+        fast: a.fast,
+        progress: !a.quiet,
+        ..Default::default()
+    };
     let recipe = a.recipe.resolve()?;
     let report = verify_recipe(&recipe, &env, &opts)?;
     println!("{report}");
     if !report.ok() {
         let problems = report.problems();
-        bail!("verify failed ({} problem(s)):\n  {}", problems.len(), problems.join("\n  "));
+        bail!(
+            "verify failed ({} problem(s)):\n  {}",
+            problems.len(),
+            problems.join("\n  ")
+        );
     }
     Ok(())
 }

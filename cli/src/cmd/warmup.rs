@@ -37,7 +37,10 @@ pub fn run(a: Args) -> Result<()> {
             bail!("--arch {ar}: expected a real architecture such as sm_90a or sm_121a");
         }
     }
-    let root = a.cache_dir.clone().unwrap_or_else(laguna_kernels::cache_root);
+    let root = a
+        .cache_dir
+        .clone()
+        .unwrap_or_else(laguna_kernels::cache_root);
     let t = std::time::Instant::now();
     let res = laguna_kernels::warmup(&root, &archs, !a.json)?;
     let compiled = res.iter().filter(|r| r.compiled).count();
@@ -53,7 +56,17 @@ pub fn run(a: Args) -> Result<()> {
         );
     } else {
         for r in &res {
-            println!("{:<10} {:<8} {:>8} bytes  {}", r.module, r.arch, r.bytes, if r.compiled { format!("compiled in {:.2}s", r.secs) } else { "cached".into() });
+            println!(
+                "{:<10} {:<8} {:>8} bytes  {}",
+                r.module,
+                r.arch,
+                r.bytes,
+                if r.compiled {
+                    format!("compiled in {:.2}s", r.secs)
+                } else {
+                    "cached".into()
+                }
+            );
         }
         println!(
             "{} kernel modules for {} ({} compiled, {} cached) with NVRTC {maj}.{min} in {:.2}s -> {}",

@@ -6,7 +6,7 @@ use crate::config::{AttnKind, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
 use crate::model::schema::layer_prefix;
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
-use crate::weights::linear::to_f32;
+use crate::weights::linear::{fp8_kv_round, kv_scales, to_f32};
 use crate::weights::store::WeightStore;
 use std::collections::HashMap;
 use std::path::Path;
@@ -20,7 +20,11 @@ pub struct Mat {
 
 impl Mat {
     pub fn load(store: &WeightStore, prefix: &str, out: usize, inp: usize) -> Result<Mat> {
-        Ok(Mat { w: store.linear(prefix, out, inp)?.to_f32()?, out, inp })
+        Ok(Mat {
+            w: store.linear(prefix, out, inp)?.to_f32()?,
+            out,
+            inp,
+        })
     }
     pub fn apply(&self, x: &[f32]) -> Vec<f32> {
         linear(&self.w, x, self.out)
@@ -89,7 +93,11 @@ pub struct SeqKv {
 
 impl SeqKv {
     pub fn with_layers(layers: usize) -> SeqKv {
-        SeqKv { k: vec![vec![]; layers], v: vec![vec![]; layers], len: 0 }
+        SeqKv {
+            k: vec![vec![]; layers],
+            v: vec![vec![]; layers],
+            len: 0,
+        }
     }
 
     /// Keep positions `[0, len)`; `row` is the width of one position's K (or V) row.
@@ -113,6 +121,10 @@ pub struct CpuModel {
     seqs: HashMap<SeqId, SeqKv>,
     next_id: SeqId,
     taps: Vec<usize>,
+    /// Per layer (k_scale, v_scale) from the checkpoint (1.0 when absent).
+    kv_scales: Vec<(f32, f32)>,
+    /// Round K/V as an FP8 E4M3 cache stores them (the reference for the GPU's FP8 K/V).
+    kv_fp8: bool,
 }
 
 impl CpuModel {
@@ -132,19 +144,44 @@ impl CpuModel {
             let p = layer_prefix(i);
             let qw = spec.num_heads * hd;
             let mlp = match spec.mlp {
-                MlpKind::Dense => Mlp::Dense(Ffn::load(store, &format!("{p}.mlp"), cfg.intermediate_size, h)?),
+                MlpKind::Dense => Mlp::Dense(Ffn::load(
+                    store,
+                    &format!("{p}.mlp"),
+                    cfg.intermediate_size,
+                    h,
+                )?),
                 MlpKind::Sparse => {
                     let router = Mat::load(store, &format!("{p}.mlp.gate"), cfg.num_experts, h)?;
-                    let bias = store.vector(&format!("{p}.mlp.experts.e_score_correction_bias"), cfg.num_experts)?;
+                    let bias = store.vector(
+                        &format!("{p}.mlp.experts.e_score_correction_bias"),
+                        cfg.num_experts,
+                    )?;
                     let experts = (0..cfg.num_experts)
-                        .map(|e| Ffn::load(store, &format!("{p}.mlp.experts.{e}"), cfg.moe_intermediate_size, h))
+                        .map(|e| {
+                            Ffn::load(
+                                store,
+                                &format!("{p}.mlp.experts.{e}"),
+                                cfg.moe_intermediate_size,
+                                h,
+                            )
+                        })
                         .collect::<Result<Vec<_>>>()?;
                     let shared = if cfg.shared_expert_intermediate_size > 0 {
-                        Some(Ffn::load(store, &format!("{p}.mlp.shared_expert"), cfg.shared_expert_intermediate_size, h)?)
+                        Some(Ffn::load(
+                            store,
+                            &format!("{p}.mlp.shared_expert"),
+                            cfg.shared_expert_intermediate_size,
+                            h,
+                        )?)
                     } else {
                         None
                     };
-                    Mlp::Moe(Moe { router, bias, experts, shared })
+                    Mlp::Moe(Moe {
+                        router,
+                        bias,
+                        experts,
+                        shared,
+                    })
                 }
             };
             let gw = cfg.gate_width(i);
@@ -155,25 +192,57 @@ impl CpuModel {
                 k: Mat::load(store, &format!("{p}.self_attn.k_proj"), kvw, h)?,
                 v: Mat::load(store, &format!("{p}.self_attn.v_proj"), kvw, h)?,
                 o: Mat::load(store, &format!("{p}.self_attn.o_proj"), h, qw)?,
-                g: if gw > 0 { Some(Mat::load(store, &format!("{p}.self_attn.g_proj"), gw, h)?) } else { None },
+                g: if gw > 0 {
+                    Some(Mat::load(store, &format!("{p}.self_attn.g_proj"), gw, h)?)
+                } else {
+                    None
+                },
                 q_norm: store.vector(&format!("{p}.self_attn.q_norm.weight"), hd)?,
                 k_norm: store.vector(&format!("{p}.self_attn.k_norm.weight"), hd)?,
-                sink: if spec.sinks { Some(store.vector(&format!("{p}.self_attn.sink"), spec.num_heads)?) } else { None },
+                sink: if spec.sinks {
+                    Some(store.vector(&format!("{p}.self_attn.sink"), spec.num_heads)?)
+                } else {
+                    None
+                },
                 mlp,
                 inv_freq: spec.rope.inv_freq(),
                 attention_factor: spec.rope.attention_factor as f32,
             });
         }
         let norm = store.vector("model.norm.weight", h)?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(Mat::load(store, "lm_head", cfg.vocab_size, h)?) };
-        Ok(CpuModel { cfg, embed, layers, norm, lm_head, seqs: HashMap::new(), next_id: 1, taps: vec![] })
+        let lm_head = if cfg.tie_word_embeddings {
+            None
+        } else {
+            Some(Mat::load(store, "lm_head", cfg.vocab_size, h)?)
+        };
+        let kv_scales = kv_scales(store, cfg.num_layers)?;
+        Ok(CpuModel {
+            cfg,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            seqs: HashMap::new(),
+            next_id: 1,
+            taps: vec![],
+            kv_scales,
+            kv_fp8: false,
+        })
+    }
+
+    /// Keep K/V as an FP8 E4M3 cache would (value / scale rounded to E4M3, times scale).
+    pub fn set_kv_fp8(&mut self, on: bool) {
+        self.kv_fp8 = on;
     }
 
     pub fn embed_row(&self, tok: u32) -> Result<Vec<f32>> {
         let h = self.cfg.hidden_size;
         let t = tok as usize;
         if t >= self.cfg.vocab_size {
-            return Err(EngineError::Request(format!("token id {tok} is outside the vocabulary (size {})", self.cfg.vocab_size)));
+            return Err(EngineError::Request(format!(
+                "token id {tok} is outside the vocabulary (size {})",
+                self.cfg.vocab_size
+            )));
         }
         Ok(self.embed[t * h..(t + 1) * h].to_vec())
     }
@@ -194,8 +263,16 @@ impl CpuModel {
 
     fn rope_tables(layer: &Layer, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;
-        let cos = layer.inv_freq.iter().map(|&f| (p * f).cos() * layer.attention_factor).collect();
-        let sin = layer.inv_freq.iter().map(|&f| (p * f).sin() * layer.attention_factor).collect();
+        let cos = layer
+            .inv_freq
+            .iter()
+            .map(|&f| (p * f).cos() * layer.attention_factor)
+            .collect();
+        let sin = layer
+            .inv_freq
+            .iter()
+            .map(|&f| (p * f).sin() * layer.attention_factor)
+            .collect();
         (cos, sin)
     }
 
@@ -212,7 +289,12 @@ impl CpuModel {
         let sel_scores: Vec<f32> = scores.iter().zip(&moe.bias).map(|(s, b)| s + b).collect();
         // top-k by biased score; ties go to the lower expert index.
         let mut idx: Vec<usize> = (0..cfg.num_experts).collect();
-        idx.sort_by(|&a, &b| sel_scores[b].partial_cmp(&sel_scores[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        idx.sort_by(|&a, &b| {
+            sel_scores[b]
+                .partial_cmp(&sel_scores[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
         let chosen = &idx[..cfg.top_k];
         let mut w: Vec<f64> = chosen.iter().map(|&e| scores[e] as f64).collect();
         if cfg.norm_topk_prob {
@@ -237,18 +319,29 @@ impl CpuModel {
     }
 
     /// Run `tokens` of one sequence at positions start..start+n; returns (final residual rows, taps).
-    fn run_seq(&self, kv: &mut SeqKv, tokens: &[u32], start: usize) -> Result<(Vec<Vec<f32>>, Vec<f32>)> {
+    fn run_seq(
+        &self,
+        kv: &mut SeqKv,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<(Vec<Vec<f32>>, Vec<f32>)> {
         let cfg = &self.cfg;
         let (h, hd, nkv) = (cfg.hidden_size, cfg.head_dim, cfg.num_kv_heads);
         let eps = cfg.rms_norm_eps;
         if start != kv.len {
-            return Err(EngineError::Other(format!("forward at position {start} but the sequence holds {} positions", kv.len)));
+            return Err(EngineError::Other(format!(
+                "forward at position {start} but the sequence holds {} positions",
+                kv.len
+            )));
         }
         if kv.k.is_empty() {
             kv.k = vec![vec![]; cfg.num_layers];
             kv.v = vec![vec![]; cfg.num_layers];
         }
-        let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| self.embed_row(t)).collect::<Result<_>>()?;
+        let mut xs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| self.embed_row(t))
+            .collect::<Result<_>>()?;
         let n = tokens.len();
         let ntaps = self.taps.len();
         let mut taps = vec![0f32; if ntaps > 0 { n * ntaps * h } else { 0 }];
@@ -272,8 +365,14 @@ impl CpuModel {
                 rope_heads(&mut k, hd, &cos, &sin);
                 kv.k[li].truncate((start + r) * nkv * hd);
                 kv.v[li].truncate((start + r) * nkv * hd);
-                kv.k[li].extend_from_slice(&k);
-                kv.v[li].extend_from_slice(&v);
+                if self.kv_fp8 {
+                    let (ks, vs) = self.kv_scales[li];
+                    kv.k[li].extend(k.iter().map(|&x| fp8_kv_round(x, ks)));
+                    kv.v[li].extend(v.iter().map(|&x| fp8_kv_round(x, vs)));
+                } else {
+                    kv.k[li].extend_from_slice(&k);
+                    kv.v[li].extend_from_slice(&v);
+                }
                 hs.push(hn);
                 qs.push(q);
             }
@@ -290,7 +389,15 @@ impl CpuModel {
                     let row = |j: usize| (j * nkv + kvh) * hd..(j * nkv + kvh + 1) * hd;
                     let (ks, vs) = (&kv.k[li], &kv.v[li]);
                     let sink = layer.sink.as_ref().map(|s| s[head] as f64);
-                    attend(q, pos + 1 - lo, |j| &ks[row(lo + j)], |j| &vs[row(lo + j)], scale, sink, &mut attn[head * hd..(head + 1) * hd]);
+                    attend(
+                        q,
+                        pos + 1 - lo,
+                        |j| &ks[row(lo + j)],
+                        |j| &vs[row(lo + j)],
+                        scale,
+                        sink,
+                        &mut attn[head * hd..(head + 1) * hd],
+                    );
                 }
                 if let Some(g) = &layer.g {
                     apply_gate(&mut attn, g.apply(&hs[r]), cfg.gating, hd);
@@ -365,7 +472,11 @@ impl Model for CpuModel {
             for x in &rows {
                 logits.extend(self.logits(x));
             }
-            outs.push(StepOutput { logits, rows: rows.len(), taps });
+            outs.push(StepOutput {
+                logits,
+                rows: rows.len(),
+                taps,
+            });
         }
         Ok(outs)
     }

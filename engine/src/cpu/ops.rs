@@ -36,7 +36,10 @@ pub fn linear(w: &[f32], x: &[f32], out: usize) -> Vec<f32> {
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
     let ms = x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / x.len() as f64;
     let r = 1.0 / (ms + eps).sqrt();
-    x.iter().zip(w).map(|(&v, &g)| (g as f64 * (v as f64 * r)) as f32).collect()
+    x.iter()
+        .zip(w)
+        .map(|(&v, &g)| (g as f64 * (v as f64 * r)) as f32)
+        .collect()
 }
 
 /// RMSNorm in place over consecutive chunks of `d` (per-head q/k norm).
@@ -101,7 +104,10 @@ pub fn attend<'a>(
     out: &mut [f32],
 ) {
     let scores: Vec<f64> = (0..n).map(|j| dot(q, key(j)) as f64 * scale).collect();
-    let m = scores.iter().copied().fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
+    let m = scores
+        .iter()
+        .copied()
+        .fold(sink.unwrap_or(f64::NEG_INFINITY), f64::max);
     let ps: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
     let denom = ps.iter().sum::<f64>() + sink.map_or(0.0, |s| (s - m).exp());
     let mut acc = vec![0f64; out.len()];
@@ -116,7 +122,12 @@ pub fn attend<'a>(
 }
 
 /// Multiply attention output by softplus(gate logits): one gate per head or per element.
-pub fn apply_gate(attn: &mut [f32], gate_logits: Vec<f32>, gating: crate::config::Gating, head_dim: usize) {
+pub fn apply_gate(
+    attn: &mut [f32],
+    gate_logits: Vec<f32>,
+    gating: crate::config::Gating,
+    head_dim: usize,
+) {
     let gate: Vec<f32> = gate_logits.into_iter().map(softplus).collect();
     match gating {
         crate::config::Gating::PerHead => {

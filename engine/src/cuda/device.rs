@@ -83,7 +83,10 @@ impl Prof {
                 let _ = result::event::destroy(b);
             }
         }
-        let mut v: Vec<(String, f64, usize)> = m.into_iter().map(|(k, (t, c))| (k.to_string(), t, c)).collect();
+        let mut v: Vec<(String, f64, usize)> = m
+            .into_iter()
+            .map(|(k, (t, c))| (k.to_string(), t, c))
+            .collect();
         v.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
         v
     }
@@ -148,15 +151,24 @@ impl Dev {
         let root = laguna_kernels::cache_root();
         let mut funcs = HashMap::new();
         for m in laguna_kernels::MODULES {
-            let (bin, _) = laguna_kernels::get_cubin(&root, m, &arch).map_err(|e| DevError(e.to_string()))?;
+            let (bin, _) =
+                laguna_kernels::get_cubin(&root, m, &arch).map_err(|e| DevError(e.to_string()))?;
             let module = ctx
                 .load_module(cudarc::nvrtc::Ptx::from_binary(bin))
-                .map_err(|e| DevError(format!("loading kernel module {} for {arch}: {e:?}", m.name)))?;
+                .map_err(|e| {
+                    DevError(format!(
+                        "loading kernel module {} for {arch}: {e:?}",
+                        m.name
+                    ))
+                })?;
             for &e in m.entries {
                 funcs.insert(e, module.load_function(e)?);
             }
         }
-        let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(132).max(1) as u32;
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(132)
+            .max(1) as u32;
         Ok(Dev {
             ctx,
             stream,
@@ -170,7 +182,8 @@ impl Dev {
 
     pub fn alloc(&self, bytes: usize) -> R<u64> {
         self.ctx.bind_to_thread()?;
-        let p = unsafe { result::malloc_sync(bytes) }.map_err(|e| DevError(format!("cuMemAlloc of {bytes} bytes: {e:?}")))?;
+        let p = unsafe { result::malloc_sync(bytes) }
+            .map_err(|e| DevError(format!("cuMemAlloc of {bytes} bytes: {e:?}")))?;
         self.allocs.lock().unwrap().push(p);
         Ok(p)
     }
@@ -251,13 +264,19 @@ impl Dev {
             block_dim: block,
             shared_mem_bytes: shmem,
         };
-        unsafe { b.launch(cfg) }.map_err(|e| DevError(format!("launching {name} grid {grid:?} block {block:?}: {e:?}")))?;
+        unsafe { b.launch(cfg) }.map_err(|e| {
+            DevError(format!(
+                "launching {name} grid {grid:?} block {block:?}: {e:?}"
+            ))
+        })?;
         if let (Some((ea, eb)), Some(p)) = (ev, prof.as_mut()) {
             unsafe { result::event::record(eb, self.stream.cu_stream()) }?;
             p.events.push((name, ea, eb));
         }
         if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
-            self.stream.synchronize().map_err(|e| DevError(format!("{name}: {e:?}")))?;
+            self.stream
+                .synchronize()
+                .map_err(|e| DevError(format!("{name}: {e:?}")))?;
         }
         Ok(())
     }

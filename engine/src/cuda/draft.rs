@@ -64,7 +64,11 @@ fn stack_config(d: &DraftConfig, t: &LagunaConfig) -> LagunaConfig {
     c.gating = d.gating;
     c.layers = (0..d.num_layers)
         .map(|l| LayerSpec {
-            attn: if d.window.is_some() { AttnKind::Sliding } else { AttnKind::Full },
+            attn: if d.window.is_some() {
+                AttnKind::Sliding
+            } else {
+                AttnKind::Full
+            },
             num_heads: d.num_heads[l],
             mlp: MlpKind::Dense,
             rope: d.rope.clone(),
@@ -75,8 +79,28 @@ fn stack_config(d: &DraftConfig, t: &LagunaConfig) -> LagunaConfig {
 }
 
 impl CudaDraft {
-    /// Load a draft folder onto the target's GPU. The draft's K/V pool holds as many positions as
-    /// the target's.
+    /// Bytes of the sliding-window rings a draft at `dir` takes next to a target loaded with
+    /// `opts` (the part of a K/V budget to keep for it); 0 for a draft without a window.
+    pub fn ring_bytes(dir: &Path, opts: &CudaOptions) -> Result<usize> {
+        let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
+        let elt = if opts.kv_fp8 { 1 } else { 2 };
+        Ok(match cfg.window {
+            Some(w) if w > 0 && opts.rings => {
+                cfg.num_layers
+                    * opts.max_seqs.max(1)
+                    * (w + opts.spec_k)
+                    * cfg.num_kv_heads
+                    * cfg.head_dim
+                    * 2
+                    * elt
+            }
+            _ => 0,
+        })
+    }
+
+    /// Load a draft folder onto the target's GPU: rings for the target's `max_seqs` sequences
+    /// (window + spec_k slots), or as many positions as the target's pool for a draft without a
+    /// window.
     pub fn load(dir: &Path, target: &CudaModel) -> Result<CudaDraft> {
         let t0 = std::time::Instant::now();
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
@@ -90,19 +114,36 @@ impl CudaDraft {
         }
         let hd = cfg.head_dim;
         if hd % 8 != 0 || hd > 256 {
-            return Err(EngineError::Other(format!("draft head_dim {hd} must be a multiple of 8 and <= 256 for the CUDA kernels")));
+            return Err(EngineError::Other(format!(
+                "draft head_dim {hd} must be a multiple of 8 and <= 256 for the CUDA kernels"
+            )));
         }
         let kvw = cfg.num_kv_heads * hd;
         let ntaps = cfg.num_taps();
         let scfg = stack_config(&cfg, tcfg);
-        for name in ["embed_tokens.weight", "model.embed_tokens.weight", "lm_head.weight"] {
+        for name in [
+            "embed_tokens.weight",
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+        ] {
             if store.contains(name) {
                 tracing::warn!("draft checkpoint carries `{name}`; Laguna DFlash ignores it and uses the target's");
             }
         }
         let dev = target.dev.clone();
-        let mut ld = Loader { dev: &dev, store: &store, pb: None, bytes: 0 };
-        let lin_bytes = |l: &Lin| if l.fp4 { l.n * l.k / 2 + l.n * l.k / 16 } else { l.n * l.k * 2 };
+        let mut ld = Loader {
+            dev: &dev,
+            store: &store,
+            pb: None,
+            bytes: 0,
+        };
+        let lin_bytes = |l: &Lin| {
+            if l.fp4 {
+                l.n * l.k / 2 + l.n * l.k / 16
+            } else {
+                l.n * l.k * 2
+            }
+        };
         let fc = ld.lin("fc", h, ntaps * th)?;
         let mut auxv: Vec<u8> = vec![];
         for i in 0..ntaps {
@@ -117,6 +158,7 @@ impl CudaDraft {
         let mut kv = vec![];
         for l in 0..cfg.num_layers {
             let p = format!("layers.{l}");
+            let kvs = kv_scale_pair(&store, &p)?;
             let nh = cfg.num_heads[l];
             let qw = nh * hd;
             let gw = cfg.gate_width(l);
@@ -127,13 +169,31 @@ impl CudaDraft {
             let qkvg = ld.lin_cat(&parts, h)?.ok_or_else(|| {
                 EngineError::Other(format!("{p}.self_attn: the CUDA draft needs BF16/F16/F32 attention projections (NVFP4 found)"))
             })?;
-            kv.push(Lin { fp4: false, w: qkvg.w + (qw * h * 2) as u64, s: 0, inv_gs: 1.0, n: 2 * kvw, k: h });
-            let dummy = |n: usize| Lin { fp4: false, w: 0, s: 0, inv_gs: 1.0, n, k: h };
+            kv.push(Lin {
+                fp4: false,
+                w: qkvg.w + (qw * h * 2) as u64,
+                s: 0,
+                inv_gs: 1.0,
+                n: 2 * kvw,
+                k: h,
+            });
+            let dummy = |n: usize| Lin {
+                fp4: false,
+                w: 0,
+                s: 0,
+                inv_gs: 1.0,
+                n,
+                k: h,
+            };
             let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
             let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
             let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
             let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
-            step_bytes += lin_bytes(&qkvg) + lin_bytes(&o) + lin_bytes(&gate) + lin_bytes(&up) + lin_bytes(&down);
+            step_bytes += lin_bytes(&qkvg)
+                + lin_bytes(&o)
+                + lin_bytes(&gate)
+                + lin_bytes(&up)
+                + lin_bytes(&down);
             let inv_freq = cfg.rope.inv_freq();
             let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
             layers.push(LayerW {
@@ -147,7 +207,11 @@ impl CudaDraft {
                 qkvg: Some(qkvg),
                 q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
                 k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
-                sink: if cfg.sinks { ld.vec_f32(&format!("{p}.self_attn.sink"), nh)? } else { 0 },
+                sink: if cfg.sinks {
+                    ld.vec_f32(&format!("{p}.self_attn.sink"), nh)?
+                } else {
+                    0
+                },
                 inv_freq: ld.upload(&ifb)?,
                 half: inv_freq.len(),
                 attn_factor: cfg.rope.attention_factor as f32,
@@ -156,14 +220,26 @@ impl CudaDraft {
                 mlp: MlpW::Dense { gate, up, down },
                 kc: 0,
                 vc: 0,
+                ring: false,
+                kscale: kvs.0,
+                vscale: kvs.1,
             });
         }
         let weight_bytes = ld.bytes;
         drop(ld);
+        // K/V: rings for as many sequences as the target (all draft layers share one window), or
+        // as many pages as the target's pool when the draft has no window.
         let (tpages, tps, _) = target.kv_pool();
-        let per_page = tps * kvw * 2 * 2 * cfg.num_layers;
+        let elt = if target.kv_fp8() { 1 } else { 2 };
+        let topts = &target.opts;
+        let pool = match cfg.window {
+            Some(w) if w > 0 && topts.rings => {
+                cfg.num_layers * topts.max_seqs.max(1) * (w + topts.spec_k) * kvw * 2 * elt
+            }
+            _ => tpages * tps * kvw * 2 * elt * cfg.num_layers,
+        };
         let opts = CudaOptions {
-            kv_pool_bytes: Some(tpages * per_page),
+            kv_pool_bytes: Some(pool),
             page_size: tps,
             progress: false,
             graphs: false,
@@ -206,15 +282,26 @@ impl CudaDraft {
         Ok(d)
     }
 
-    /// Rows per device pass.
+    /// Rows per context pass: the pass size, at most the ring's slots (rows of one context write
+    /// land in distinct ring slots; a newer row's slot is never written by an older row after it).
     pub fn max_rows(&self) -> usize {
-        self.m.sc.rows
+        if self.m.ring > 0 {
+            self.m.sc.rows.min(self.m.ring)
+        } else {
+            self.m.sc.rows
+        }
     }
 
     /// Context K/V for `n` rows whose taps are on the device at `taps` ([n, num_taps * target
     /// hidden], row stride `ldt` floats), at the positions already in `cpos`, for the sequence whose
     /// block-table row is already in the draft's `bt` (row 0). No host work: graph-capturable.
-    pub(super) fn context_pass(&self, prof: &mut Option<device::Prof>, taps: u64, ldt: usize, n: usize) -> Result<()> {
+    pub(super) fn context_pass(
+        &self,
+        prof: &mut Option<device::Prof>,
+        taps: u64,
+        ldt: usize,
+        n: usize,
+    ) -> Result<()> {
         let m = &self.m;
         let cfg = &self.cfg;
         let th = self.target_hidden;
@@ -230,47 +317,85 @@ impl CudaDraft {
         } else {
             m.dev
                 .launch_p(prof, "copy_rows", (n as u32, 1, 1), (256, 1, 1), 0, |b| {
-                    b.u64(taps).i32(ldt as i32).u64(self.tbuf).i32(w as i32).i32(w as i32);
+                    b.u64(taps)
+                        .i32(ldt as i32)
+                        .u64(self.tbuf)
+                        .i32(w as i32)
+                        .i32(w as i32);
                 })
                 .map_err(cerr)?;
             self.tbuf
         };
         let blk = (th.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
         m.dev
-            .launch_p(prof, "rmsnorm_taps", ((n * ntaps) as u32, 1, 1), (blk, 1, 1), 0, |b| {
-                b.u64(src).u64(self.aux).u64(self.tnorm).i32(th as i32).i32(ntaps as i32).f32(eps);
-            })
+            .launch_p(
+                prof,
+                "rmsnorm_taps",
+                ((n * ntaps) as u32, 1, 1),
+                (blk, 1, 1),
+                0,
+                |b| {
+                    b.u64(src)
+                        .u64(self.aux)
+                        .u64(self.tnorm)
+                        .i32(th as i32)
+                        .i32(ntaps as i32)
+                        .f32(eps);
+                },
+            )
             .map_err(cerr)?;
         m.linear(prof, "fc", &self.fc, self.tnorm, w, self.c, h, n, false)?;
         m.rmsnorm(prof, self.c, 0, self.hidden_norm, self.c2, n, h, eps)?;
         let rblk = (hd as u32).div_ceil(32) * 32;
         for (l, kv) in self.m.layers.iter().zip(&self.kv) {
             m.rmsnorm(prof, self.c2, 0, l.input_norm, m.sc.hn, n, h, eps)?;
-            m.linear(prof, "attn_proj", kv, m.sc.hn, h, self.kvbuf, 2 * kvw, n, false)?;
+            m.linear(
+                prof,
+                "attn_proj",
+                kv,
+                m.sc.hn,
+                h,
+                self.kvbuf,
+                2 * kvw,
+                n,
+                false,
+            )?;
+            let ka = m.kv_args(l);
             m.dev
-                .launch_p(prof, "qk_norm_rope_kv", (n as u32, nkv as u32, 1), (rblk, 1, 1), 0, |b| {
-                    b.u64(self.kvbuf)
-                        .i32((2 * kvw) as i32)
-                        .u64(self.kvbuf)
-                        .u64(self.kvbuf + (4 * kvw) as u64)
-                        .i32((2 * kvw) as i32)
-                        .u64(l.k_norm)
-                        .u64(l.k_norm)
-                        .u64(l.inv_freq)
-                        .i32(l.half as i32)
-                        .f32(l.attn_factor)
-                        .f32(eps)
-                        .u64(self.cpos)
-                        .u64(self.cseq)
-                        .u64(m.sc.bt)
-                        .i32(m.max_pages as i32)
-                        .i32(m.page_size as i32)
-                        .u64(l.kc)
-                        .u64(l.vc)
-                        .i32(0)
-                        .i32(nkv as i32)
-                        .i32(hd as i32);
-                })
+                .launch_p(
+                    prof,
+                    ka.qk_name,
+                    (n as u32, nkv as u32, 1),
+                    (rblk, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(self.kvbuf)
+                            .i32((2 * kvw) as i32)
+                            .u64(self.kvbuf)
+                            .u64(self.kvbuf + (4 * kvw) as u64)
+                            .i32((2 * kvw) as i32)
+                            .u64(l.k_norm)
+                            .u64(l.k_norm)
+                            .u64(l.inv_freq)
+                            .i32(l.half as i32)
+                            .f32(l.attn_factor)
+                            .f32(eps)
+                            .u64(self.cpos)
+                            .u64(self.cseq)
+                            .u64(ka.bt)
+                            .i32(ka.max_pages as i32)
+                            .i32(ka.page_size as i32)
+                            .u64(l.kc)
+                            .u64(l.vc)
+                            .i32(0)
+                            .i32(nkv as i32)
+                            .i32(hd as i32)
+                            .u64(0)
+                            .u64(0)
+                            .f32(1.0 / l.kscale)
+                            .f32(1.0 / l.vscale);
+                    },
+                )
                 .map_err(cerr)?;
         }
         Ok(())
@@ -308,23 +433,33 @@ impl DraftModel for CudaDraft {
         for item in batch {
             let n = item.rows(width, self.m.seqs.get(&item.seq).map(|s| s.len))?;
             self.m.truncate(item.seq, item.start_pos);
+            self.m.check_ring(item.seq, item.start_pos)?;
             self.m.ensure_pages(item.seq, item.start_pos + n)?;
-            let bt = self.m.bt_row(item.seq);
-            self.m.dev.htod(self.m.sc.bt, as_bytes(&bt)).map_err(cerr)?;
+            self.m.upload_tables(&[item.seq])?;
             let mut prof = self.m.fprof.take();
-            let rows = self.m.sc.rows;
+            let rows = self.max_rows();
             let mut r0 = 0;
             while r0 < n {
                 let cnt = (n - r0).min(rows);
                 let pos: Vec<i32> = (0..cnt).map(|i| (item.start_pos + r0 + i) as i32).collect();
                 self.m.dev.htod(self.cpos, as_bytes(&pos)).map_err(cerr)?;
-                self.m.dev.htod(self.cseq, as_bytes(&vec![0i32; cnt])).map_err(cerr)?;
-                self.m.dev.htod(self.tbuf, as_bytes(&item.taps[r0 * width..(r0 + cnt) * width])).map_err(cerr)?;
+                self.m
+                    .dev
+                    .htod(self.cseq, as_bytes(&vec![0i32; cnt]))
+                    .map_err(cerr)?;
+                self.m
+                    .dev
+                    .htod(
+                        self.tbuf,
+                        as_bytes(&item.taps[r0 * width..(r0 + cnt) * width]),
+                    )
+                    .map_err(cerr)?;
                 // Stream-ordered: the next chunk's uploads (which synchronise) follow this pass.
                 self.context_pass(&mut prof, self.tbuf, width, cnt)?;
                 r0 += cnt;
             }
             self.m.fprof = prof;
+            self.m.note_written(item.seq, item.start_pos + n);
             self.set_context_len(item.seq, item.start_pos + n);
         }
         Ok(())
@@ -332,10 +467,16 @@ impl DraftModel for CudaDraft {
     /// Greedy batches of a CUDA target run as one device step (`CudaSpec::step_batch`: proposals,
     /// verification, acceptance and context on the GPU, one CUDA graph per (k, batch), one
     /// read-back) when all rows fit one weight-streaming pass; the driver's generic step otherwise.
-    fn fused_greedy_step(&mut self, target: &mut dyn Model, states: &mut [&mut SpecState]) -> Option<Result<Vec<StepResult>>> {
+    fn fused_greedy_step(
+        &mut self,
+        target: &mut dyn Model,
+        states: &mut [&mut SpecState],
+    ) -> Option<Result<Vec<StepResult>>> {
         let t = target.as_any_mut()?.downcast_mut::<CudaModel>()?;
         let k = states.first()?.k;
-        if !super::spec::CudaSpec::fits(t, self, k, states.len()) || std::env::var_os("LAGUNA_NO_FUSED_SPEC").is_some() {
+        if !super::spec::CudaSpec::fits(t, self, k, states.len())
+            || std::env::var_os("LAGUNA_NO_FUSED_SPEC").is_some()
+        {
             return None;
         }
         let mut spec = std::mem::take(&mut self.spec);
@@ -343,14 +484,22 @@ impl DraftModel for CudaDraft {
             spec.prepare(t, self)?;
             let seqs: Vec<super::spec::SeqStep> = states
                 .iter()
-                .map(|s| super::spec::SeqStep { tseq: s.target_seq, dseq: s.draft_seq, t: *s.tokens.last().expect("prefilled"), tlen: s.tokens.len() })
+                .map(|s| super::spec::SeqStep {
+                    tseq: s.target_seq,
+                    dseq: s.draft_seq,
+                    t: *s.tokens.last().expect("prefilled"),
+                    tlen: s.tokens.len(),
+                })
                 .collect();
             let outs = spec.step_batch(t, self, &seqs, k, &mut Default::default());
             // Later prefill or sampling steps run the generic driver, which takes taps on the host.
             t.set_taps_on_device(false)?;
             let mut res = Vec::with_capacity(states.len());
             for (s, (a, emitted, d)) in states.iter_mut().zip(outs?) {
-                let st = StepStats { num_draft_tokens: k, num_accepted_tokens: a };
+                let st = StepStats {
+                    num_draft_tokens: k,
+                    num_accepted_tokens: a,
+                };
                 s.stats.observe(&st);
                 s.stats.num_emitted_tokens += emitted.len() as u64;
                 if s.keep_history {
@@ -358,7 +507,11 @@ impl DraftModel for CudaDraft {
                     s.stats.proposals.push(d.clone());
                 }
                 s.tokens.extend_from_slice(&emitted);
-                res.push(StepResult { tokens: emitted, proposals: d, stats: st });
+                res.push(StepResult {
+                    tokens: emitted,
+                    proposals: d,
+                    stats: st,
+                });
             }
             Ok(res)
         })();
@@ -368,8 +521,24 @@ impl DraftModel for CudaDraft {
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
         let inputs: Vec<StepInput> = batch
             .iter()
-            .map(|b| StepInput { seq: b.seq, tokens: b.tokens, start_pos: b.start_pos, logits: LogitRows::All })
+            .map(|b| StepInput {
+                seq: b.seq,
+                tokens: b.tokens,
+                start_pos: b.start_pos,
+                logits: LogitRows::All,
+            })
             .collect();
+        // Blocks write K/V at start_pos.. and are rolled back below: they must fit the rings'
+        // spare slots, or later context writes would find keys overwritten.
+        if let Some(spare) = self.m.ring_spare() {
+            if let Some(b) = batch.iter().find(|b| b.tokens.len() > spare + 1) {
+                return Err(EngineError::Other(format!(
+                    "a draft block of {} rows exceeds the sliding-window ring's {spare} spare slots; load the draft with spec_k >= {}",
+                    b.tokens.len(),
+                    b.tokens.len() - 1
+                )));
+            }
+        }
         let outs = self.m.forward(&inputs)?;
         for b in batch {
             self.m.seqs.get_mut(&b.seq).expect("forward checked it").len = b.start_pos;

@@ -18,7 +18,7 @@ use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
 use crate::model::schema::layer_prefix;
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
-use crate::weights::linear::LinearSource;
+use crate::weights::linear::{kv_scale_pair, LinearSource};
 use crate::weights::store::{TensorView, WeightStore};
 use safetensors::Dtype;
 use std::collections::HashMap;
@@ -44,6 +44,17 @@ pub struct CudaOptions {
     /// GEMMs (weights read once per 64-row tile, activations rounded to BF16); smaller passes use
     /// the f32 weight-streaming kernels. Rows are bitwise batch-invariant within each regime.
     pub gemm_min_rows: usize,
+    /// Sequences live at once: each owns a sliding-window ring per sliding layer (recipe
+    /// `max_num_seqs`; the draft's sequences are counted by the draft).
+    pub max_seqs: usize,
+    /// Rows a sequence may write past what the next step keeps (DFlash k): a ring has
+    /// window + spec_k slots, so rejected rows never overwrite a key that is still visible.
+    pub spec_k: usize,
+    /// K/V stored as FP8 E4M3 (value / scale, with the checkpoint's k_scale / v_scale, else 1.0).
+    pub kv_fp8: bool,
+    /// Sliding-window layers keep a ring per sequence (off: they store every position, like
+    /// full-attention layers; for A/B checks).
+    pub rings: bool,
 }
 
 impl Default for CudaOptions {
@@ -56,6 +67,10 @@ impl Default for CudaOptions {
             progress: true,
             graphs: true,
             gemm_min_rows: 32,
+            max_seqs: 8,
+            spec_k: 15,
+            kv_fp8: false,
+            rings: true,
         }
     }
 }
@@ -131,6 +146,11 @@ struct LayerW {
     mlp: MlpW,
     kc: u64,
     vc: u64,
+    /// K/V in a per-sequence ring (sliding-window layer with rings on; set by `finish`).
+    ring: bool,
+    /// FP8 K/V scales (1.0 for BF16 or when the checkpoint has none).
+    kscale: f32,
+    vscale: f32,
 }
 
 /// Device scratch for up to `rows` rows.
@@ -172,6 +192,16 @@ struct Scratch {
     seqrow: u64,
     bt: u64,
     bt_seqs: usize,
+    /// Ring tables ([bt_seqs, ring] slot ids) for the sliding-window layers.
+    bt_ring: u64,
+    /// K and V of a staged pass's rows ([rows, nkv, hd] each, cache element type).
+    kstage: u64,
+    vstage: u64,
+    /// Per row: first row of its sequence in the pass, then (after `rows` ints) its last row.
+    sspan: u64,
+    /// This pass writes ring layers through the stage (some sequence has more rows than the
+    /// ring's spare slots + 1): ring layers run attention_prefill, then ring_commit.
+    staged: std::cell::Cell<bool>,
     // logits path
     lrows: usize,
     sel: u64,
@@ -181,9 +211,24 @@ struct Scratch {
     part: u64,
 }
 
+/// See [`CudaModel::kv_args`].
+struct KvArgs {
+    bt: u64,
+    max_pages: usize,
+    page_size: usize,
+    qk_name: &'static str,
+    attn_name: &'static str,
+    gqa_name: &'static str,
+    prefill_name: &'static str,
+}
+
 struct SeqState {
     len: usize,
     pages: Vec<u32>,
+    /// Ring slot block (rings on).
+    ring: Option<u32>,
+    /// End of the highest position ever written: the ring holds [ring_hi - R, ring_hi).
+    ring_hi: usize,
 }
 
 /// Per-kernel-name timing, filled when profiling is on.
@@ -213,10 +258,20 @@ pub struct KernelSet {
 
 impl KernelSet {
     pub fn original() -> KernelSet {
-        KernelSet { tc_gemv: false, small_m: false, moe_s: false, attn_gqa: false }
+        KernelSet {
+            tc_gemv: false,
+            small_m: false,
+            moe_s: false,
+            attn_gqa: false,
+        }
     }
     pub fn default_set() -> KernelSet {
-        KernelSet { tc_gemv: true, small_m: true, moe_s: true, attn_gqa: true }
+        KernelSet {
+            tc_gemv: true,
+            small_m: true,
+            moe_s: true,
+            attn_gqa: true,
+        }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
     /// families prefixed with `-` (off) or `+`/nothing (on). Err names an unknown family.
@@ -276,6 +331,14 @@ pub struct CudaModel {
     num_pages: usize,
     max_pages: usize,
     free_pages: Vec<u32>,
+    /// Ring slots per sequence (window + spec_k; 0 when no layer has a ring) and the window.
+    ring: usize,
+    ring_window: usize,
+    free_rings: Vec<u32>,
+    /// Layers on the paged pool.
+    full_layers: usize,
+    /// Bytes per cached K (or V) element: 2 (BF16) or 1 (FP8).
+    kv_elt: usize,
     seqs: HashMap<SeqId, SeqState>,
     next_id: SeqId,
     taps: Vec<usize>,
@@ -310,12 +373,16 @@ fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
         Dtype::F16 => t
             .data
             .chunks_exact(2)
-            .flat_map(|c| half::bf16::from_f32(half::f16::from_le_bytes([c[0], c[1]]).to_f32()).to_le_bytes())
+            .flat_map(|c| {
+                half::bf16::from_f32(half::f16::from_le_bytes([c[0], c[1]]).to_f32()).to_le_bytes()
+            })
             .collect(),
         Dtype::F32 => t
             .data
             .chunks_exact(4)
-            .flat_map(|c| half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+            .flat_map(|c| {
+                half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
+            })
             .collect(),
         other => {
             return Err(EngineError::Other(format!(
@@ -328,7 +395,10 @@ fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
 
 fn check_scales(name: &str, s: &[u8]) -> Result<()> {
     if let Some(p) = s.iter().position(|&b| b & 0x7f == 0x7f) {
-        return Err(EngineError::Other(format!("{name}: block scale #{p} is NaN (0x{:02x})", s[p])));
+        return Err(EngineError::Other(format!(
+            "{name}: block scale #{p} is NaN (0x{:02x})",
+            s[p]
+        )));
     }
     if s.iter().any(|&b| b & 0x80 != 0) {
         return Err(EngineError::Other(format!(
@@ -433,12 +503,18 @@ impl<'a> Loader<'a> {
     /// Experts `{prefix}.{e}.{proj}` stacked into one buffer per part.
     fn stack(&mut self, prefixes: &[String], proj: &str, out: usize, inp: usize) -> Result<Stack> {
         let ne = prefixes.len();
-        let first = self.store.linear(&format!("{}.{proj}", prefixes[0]), out, inp)?;
+        let first = self
+            .store
+            .linear(&format!("{}.{proj}", prefixes[0]), out, inp)?;
         let fp4 = matches!(first, LinearSource::Nvfp4 { .. });
         let wsz = if fp4 { out * inp / 2 } else { out * inp * 2 };
         let ssz = if fp4 { out * inp / 16 } else { 0 };
         let w = self.dev.alloc(wsz * ne).map_err(cerr)?;
-        let s = if fp4 { self.dev.alloc(ssz * ne).map_err(cerr)? } else { 0 };
+        let s = if fp4 {
+            self.dev.alloc(ssz * ne).map_err(cerr)?
+        } else {
+            0
+        };
         let mut inv = vec![1f32; ne];
         for (e, iv) in inv.iter_mut().enumerate() {
             let name = format!("{}.{proj}", prefixes[e]);
@@ -455,8 +531,12 @@ impl<'a> Loader<'a> {
                     ..
                 } if fp4 => {
                     check_scales(&name, scale.data)?;
-                    self.dev.htod(w + (e * wsz) as u64, packed.data).map_err(cerr)?;
-                    self.dev.htod(s + (e * ssz) as u64, scale.data).map_err(cerr)?;
+                    self.dev
+                        .htod(w + (e * wsz) as u64, packed.data)
+                        .map_err(cerr)?;
+                    self.dev
+                        .htod(s + (e * ssz) as u64, scale.data)
+                        .map_err(cerr)?;
                     self.tick(packed.data.len() + scale.data.len());
                     *iv = (1.0f64 / global_scale as f64) as f32;
                 }
@@ -527,9 +607,11 @@ impl CudaModel {
         let pb = if opts.progress {
             let pb = indicatif::ProgressBar::new(store.data_bytes());
             pb.set_style(
-                indicatif::ProgressStyle::with_template("loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}")
-                    .unwrap()
-                    .progress_chars("=> "),
+                indicatif::ProgressStyle::with_template(
+                    "loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                )
+                .unwrap()
+                .progress_chars("=> "),
             );
             Some(pb)
         } else {
@@ -546,10 +628,17 @@ impl CudaModel {
         let embed = ld.upload(&eb)?;
         drop(eb);
         let mut decode_bytes = 0usize;
-        let lin_bytes = |l: &Lin| if l.fp4 { l.n * l.k / 2 + l.n * l.k / 16 } else { l.n * l.k * 2 };
+        let lin_bytes = |l: &Lin| {
+            if l.fp4 {
+                l.n * l.k / 2 + l.n * l.k / 16
+            } else {
+                l.n * l.k * 2
+            }
+        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (i, spec) in cfg.layers.iter().enumerate() {
             let p = layer_prefix(i);
+            let kvs = kv_scale_pair(store, &p)?;
             let nh = spec.num_heads;
             let qw = nh * hd;
             let gw = cfg.gate_width(i);
@@ -572,7 +661,12 @@ impl CudaModel {
             };
             let (q, k, v, g) = if let Some(f) = &qkvg {
                 decode_bytes += lin_bytes(f);
-                (dummy(qw), dummy(kvw), dummy(kvw), if gw > 0 { Some(dummy(gw)) } else { None })
+                (
+                    dummy(qw),
+                    dummy(kvw),
+                    dummy(kvw),
+                    if gw > 0 { Some(dummy(gw)) } else { None },
+                )
             } else {
                 let q = ld.lin(&format!("{p}.self_attn.q_proj"), qw, h)?;
                 let k = ld.lin(&format!("{p}.self_attn.k_proj"), kvw, h)?;
@@ -599,33 +693,52 @@ impl CudaModel {
                 }
                 MlpKind::Sparse => {
                     let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
-                    let bias = ld.vec_f32(&format!("{p}.mlp.experts.e_score_correction_bias"), cfg.num_experts)?;
+                    let bias = ld.vec_f32(
+                        &format!("{p}.mlp.experts.e_score_correction_bias"),
+                        cfg.num_experts,
+                    )?;
                     let im = cfg.moe_intermediate_size;
                     if im % 16 != 0 {
-                        return Err(EngineError::Other(format!("moe_intermediate_size {im} must be a multiple of 16")));
+                        return Err(EngineError::Other(format!(
+                            "moe_intermediate_size {im} must be a multiple of 16"
+                        )));
                     }
                     let ep = format!("{p}.mlp.experts");
                     let sp = format!("{p}.mlp.shared_expert");
                     // The shared expert rides along as expert E (one fixed extra slot per row) when
                     // it has the routed experts' shape and storage: 4 fewer launches per layer.
                     let is_fp4 = |name: String, o: usize, i: usize| -> Result<bool> {
-                        Ok(matches!(store.linear(&name, o, i)?, LinearSource::Nvfp4 { .. }))
+                        Ok(matches!(
+                            store.linear(&name, o, i)?,
+                            LinearSource::Nvfp4 { .. }
+                        ))
                     };
                     let folded = cfg.shared_expert_intermediate_size == im
                         && std::env::var_os("LAGUNA_NO_FOLD_SHARED").is_none()
-                        && is_fp4(format!("{ep}.0.gate_proj"), im, h)? == is_fp4(format!("{sp}.gate_proj"), im, h)?
-                        && is_fp4(format!("{ep}.0.up_proj"), im, h)? == is_fp4(format!("{sp}.up_proj"), im, h)?
-                        && is_fp4(format!("{ep}.0.down_proj"), h, im)? == is_fp4(format!("{sp}.down_proj"), h, im)?;
-                    let mut prefixes: Vec<String> = (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
+                        && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
+                            == is_fp4(format!("{sp}.gate_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.up_proj"), im, h)?
+                            == is_fp4(format!("{sp}.up_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.down_proj"), h, im)?
+                            == is_fp4(format!("{sp}.down_proj"), h, im)?;
+                    let mut prefixes: Vec<String> =
+                        (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
                     if folded {
                         prefixes.push(sp.clone());
                     }
                     let gate = ld.stack(&prefixes, "gate_proj", im, h)?;
                     let up = ld.stack(&prefixes, "up_proj", im, h)?;
                     let down = ld.stack(&prefixes, "down_proj", h, im)?;
-                    let per = |fp4: bool, n: usize, k: usize| if fp4 { n * k / 2 + n * k / 16 } else { n * k * 2 };
+                    let per = |fp4: bool, n: usize, k: usize| {
+                        if fp4 {
+                            n * k / 2 + n * k / 16
+                        } else {
+                            n * k * 2
+                        }
+                    };
                     decode_bytes += lin_bytes(&router)
-                        + (cfg.top_k + folded as usize) * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
+                        + (cfg.top_k + folded as usize)
+                            * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
                     let shared = if folded {
                         None
                     } else if cfg.shared_expert_intermediate_size > 0 {
@@ -679,6 +792,9 @@ impl CudaModel {
                 mlp,
                 kc: 0,
                 vc: 0,
+                ring: false,
+                kscale: kvs.0,
+                vscale: kvs.1,
             });
         }
         let final_norm = ld.vec_f32("model.norm.weight", h)?;
@@ -700,22 +816,57 @@ impl CudaModel {
             pb.finish_and_clear();
         }
         drop(ld);
-        let parts = Parts { embed, final_norm, lm_head, layers, weight_bytes, decode_bytes, min_in: 0 };
+        let parts = Parts {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            weight_bytes,
+            decode_bytes,
+            min_in: 0,
+        };
         Self::finish(cfg, Arc::new(dev), arch, opts, t0, parts)
     }
 
     /// Scratch, K/V pool and the model around loaded weights (target or draft stack).
-    fn finish(cfg: LagunaConfig, dev: Arc<Dev>, arch: String, opts: CudaOptions, t0: std::time::Instant, parts: Parts) -> Result<CudaModel> {
-        let Parts { embed, final_norm, lm_head, layers, weight_bytes, decode_bytes, min_in } = parts;
+    fn finish(
+        cfg: LagunaConfig,
+        dev: Arc<Dev>,
+        arch: String,
+        opts: CudaOptions,
+        t0: std::time::Instant,
+        parts: Parts,
+    ) -> Result<CudaModel> {
+        let Parts {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            weight_bytes,
+            decode_bytes,
+            min_in,
+        } = parts;
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let nkv = cfg.num_kv_heads;
         let kvw = nkv * hd;
         // Scratch.
         let r = opts.max_rows.max(1);
-        let max_qw = cfg.layers.iter().map(|l| l.num_heads * hd).max().unwrap_or(0);
-        let max_gw = (0..cfg.num_layers).map(|i| cfg.gate_width(i)).max().unwrap_or(0).max(1);
-        let inter = cfg.intermediate_size.max(cfg.shared_expert_intermediate_size).max(16);
+        let max_qw = cfg
+            .layers
+            .iter()
+            .map(|l| l.num_heads * hd)
+            .max()
+            .unwrap_or(0);
+        let max_gw = (0..cfg.num_layers)
+            .map(|i| cfg.gate_width(i))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let inter = cfg
+            .intermediate_size
+            .max(cfg.shared_expert_intermediate_size)
+            .max(16);
         let e = cfg.num_experts.max(1);
         let kk = cfg.top_k.max(1) + 1;
         let im = cfg.moe_intermediate_size.max(16);
@@ -724,15 +875,49 @@ impl CudaModel {
         let bt_seqs = r.min(64);
         let page_size = opts.page_size.max(1);
         let max_pages_pos = ceil_div(cfg.max_position_embeddings.max(1), page_size);
-        // KV pool.
-        let per_page = page_size * kvw * 2 * 2 * cfg.num_layers;
+        // K/V: rings for the sliding-window layers (window + spec_k slots per sequence, max_seqs
+        // sequences) come out of the budget first; the rest is pages for the full-attention layers.
+        let elt = if opts.kv_fp8 { 1 } else { 2 };
+        let mut layers = layers;
+        for l in layers.iter_mut() {
+            l.ring = opts.rings && l.window > 0;
+            if !opts.kv_fp8 {
+                (l.kscale, l.vscale) = (1.0, 1.0);
+            }
+        }
+        let ring_layers = layers.iter().filter(|l| l.ring).count();
+        let full_layers = layers.len() - ring_layers;
+        let ring_window = layers
+            .iter()
+            .filter(|l| l.ring)
+            .map(|l| l.window)
+            .max()
+            .unwrap_or(0);
+        let ring = if ring_layers > 0 {
+            ring_window + opts.spec_k
+        } else {
+            0
+        };
+        let max_seqs = opts.max_seqs.max(1);
+        let ring_bytes = ring_layers * max_seqs * ring * kvw * 2 * elt;
+        let per_page = page_size * kvw * 2 * elt * full_layers;
         let (free, _total) = dev.mem_info().map_err(cerr)?;
         let scratch_est =
-            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8) + lrows * (h + cfg.vocab_size) * 4;
+            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
+                + lrows * (h + cfg.vocab_size) * 4;
         let pool = opts
             .kv_pool_bytes
             .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
-        let num_pages = (pool / per_page).max(1);
+        if pool < ring_bytes {
+            return Err(EngineError::Other(format!(
+                "a K/V budget of {pool} bytes does not hold the sliding-window rings of {max_seqs} sequences ({ring_bytes} bytes: {ring_layers} layers x {ring} slots); raise kv_cache_memory_bytes or lower max_num_seqs"
+            )));
+        }
+        let num_pages = if full_layers == 0 {
+            1
+        } else {
+            ((pool - ring_bytes) / per_page).max(1)
+        };
         let max_pages = max_pages_pos.min(num_pages).max(1);
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let sc = Scratch {
@@ -769,24 +954,40 @@ impl CudaModel {
             seqrow: a(4 * r)?,
             bt: a(4 * bt_seqs * max_pages)?,
             bt_seqs,
+            bt_ring: a(4 * bt_seqs * ring)?,
+            kstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
+            vstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
+            sspan: a(8 * r)?,
+            staged: std::cell::Cell::new(false),
             lrows,
             sel: a(4 * lrows)?,
             hsel: a(f * lrows * h)?,
             logits: a(f * lrows * cfg.vocab_size)?,
             amax: a(4 * lrows)?,
-            part: a(f * SPLIT_ROWS.min(r) * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1) * NSPLIT * (hd + 2))?,
+            part: a(f
+                * SPLIT_ROWS.min(r)
+                * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
+                * NSPLIT
+                * (hd + 2))?,
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
-        let mut layers = layers;
-        let layer_kv = num_pages * page_size * kvw * 2;
-        if layer_kv / 2 >= u32::MAX as usize {
+        let page_elems = num_pages * page_size * kvw;
+        let ring_elems = max_seqs * ring * kvw;
+        if page_elems.max(ring_elems) >= 1 << 31 {
             return Err(EngineError::Other(format!(
-                "K/V pool of {num_pages} pages is too large for 32-bit offsets; give a smaller pool"
+                "K/V pool of {num_pages} pages is too large for 31-bit offsets; give a smaller pool"
             )));
         }
         for l in layers.iter_mut() {
-            l.kc = dev.alloc(layer_kv).map_err(cerr)?;
-            l.vc = dev.alloc(layer_kv).map_err(cerr)?;
+            let n = if l.ring {
+                ring_elems
+            } else if full_layers > 0 {
+                page_elems
+            } else {
+                0
+            };
+            l.kc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
+            l.vc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
         }
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
@@ -803,6 +1004,13 @@ impl CudaModel {
             num_pages,
             max_pages,
             free_pages,
+            ring,
+            ring_window,
+            free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
+                .rev()
+                .collect(),
+            full_layers,
+            kv_elt: elt,
             seqs: HashMap::new(),
             next_id: 1,
             taps: vec![],
@@ -823,7 +1031,11 @@ impl CudaModel {
 
     /// Time every kernel of later `forward` calls with CUDA events (slows them down a little).
     pub fn set_profiling(&mut self, on: bool) {
-        self.fprof = if on { Some(device::Prof::default()) } else { None };
+        self.fprof = if on {
+            Some(device::Prof::default())
+        } else {
+            None
+        };
     }
     /// (kernel, total ms, launches) accumulated since `set_profiling(true)`, largest first.
     pub fn take_profile(&mut self) -> Vec<(String, f64, usize)> {
@@ -836,20 +1048,61 @@ impl CudaModel {
     pub fn device_name(&self) -> String {
         self.dev.name.clone()
     }
-    /// K/V pool: (pages, positions per page, bytes).
+    /// K/V pool of the full-attention layers: (pages, positions per page, bytes).
     pub fn kv_pool(&self) -> (usize, usize, usize) {
         let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
         (
             self.num_pages,
             self.page_size,
-            self.num_pages * self.page_size * kvw * 4 * self.cfg.num_layers,
+            self.num_pages * self.page_size * kvw * 2 * self.kv_elt * self.full_layers,
         )
+    }
+    /// Sliding-window rings: (slots per sequence, sequences, bytes); slots 0 when none.
+    pub fn kv_rings(&self) -> (usize, usize, usize) {
+        let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
+        let n = self.layers.iter().filter(|l| l.ring).count();
+        let seqs = if self.ring > 0 {
+            self.opts.max_seqs.max(1)
+        } else {
+            0
+        };
+        (
+            self.ring,
+            seqs,
+            n * seqs * self.ring * kvw * 2 * self.kv_elt,
+        )
+    }
+    /// Positions one sequence can hold (the paged pool's, or the model's limit with no full layer).
+    pub fn kv_capacity(&self) -> usize {
+        if self.full_layers == 0 {
+            self.cfg.max_position_embeddings
+        } else {
+            self.max_pages * self.page_size
+        }
+    }
+    /// Rows a sequence may write beyond what it keeps without losing a visible key (rings), or
+    /// None when no layer has a ring (any rewind is safe).
+    pub fn ring_spare(&self) -> Option<usize> {
+        (self.ring > 0).then(|| self.ring - self.ring_window)
+    }
+    /// Whether K/V are stored as FP8 E4M3.
+    pub fn kv_fp8(&self) -> bool {
+        self.kv_elt == 1
     }
     pub fn dev(&self) -> &Dev {
         &self.dev
     }
 
     fn ensure_pages(&mut self, seq: SeqId, upto: usize) -> Result<()> {
+        if self.full_layers == 0 {
+            if upto > self.cfg.max_position_embeddings {
+                return Err(EngineError::Request(format!(
+                    "sequence needs {upto} positions but the model allows {}",
+                    self.cfg.max_position_embeddings
+                )));
+            }
+            return Ok(());
+        }
         let need = ceil_div(upto, self.page_size);
         if need > self.max_pages {
             return Err(EngineError::Request(format!(
@@ -933,29 +1186,47 @@ impl CudaModel {
                 (sc.q, sc.k, sc.v, sc.g, qw, kvw, gw.max(1))
             };
             let blk = (hd as u32).div_ceil(32) * 32;
-            d.launch_p(prof, "qk_norm_rope_kv", (m as u32, (nh + nkv) as u32, 1), (blk, 1, 1), 0, |b| {
-                b.u64(qp)
-                    .i32(ldq as i32)
-                    .u64(kp)
-                    .u64(vp)
-                    .i32(ldkv as i32)
-                    .u64(l.q_norm)
-                    .u64(l.k_norm)
-                    .u64(l.inv_freq)
-                    .i32(l.half as i32)
-                    .f32(l.attn_factor)
-                    .f32(eps)
-                    .u64(sc.pos)
-                    .u64(sc.seqrow)
-                    .u64(sc.bt)
-                    .i32(self.max_pages as i32)
-                    .i32(self.page_size as i32)
-                    .u64(l.kc)
-                    .u64(l.vc)
-                    .i32(nh as i32)
-                    .i32(nkv as i32)
-                    .i32(hd as i32);
-            })
+            let kv = self.kv_args(l);
+            let staged = l.ring && sc.staged.get();
+            let (ks, vs) = if staged {
+                (sc.kstage, sc.vstage)
+            } else {
+                (0, 0)
+            };
+            d.launch_p(
+                prof,
+                kv.qk_name,
+                (m as u32, (nh + nkv) as u32, 1),
+                (blk, 1, 1),
+                0,
+                |b| {
+                    b.u64(qp)
+                        .i32(ldq as i32)
+                        .u64(kp)
+                        .u64(vp)
+                        .i32(ldkv as i32)
+                        .u64(l.q_norm)
+                        .u64(l.k_norm)
+                        .u64(l.inv_freq)
+                        .i32(l.half as i32)
+                        .f32(l.attn_factor)
+                        .f32(eps)
+                        .u64(sc.pos)
+                        .u64(sc.seqrow)
+                        .u64(kv.bt)
+                        .i32(kv.max_pages as i32)
+                        .i32(kv.page_size as i32)
+                        .u64(l.kc)
+                        .u64(l.vc)
+                        .i32(nh as i32)
+                        .i32(nkv as i32)
+                        .i32(hd as i32)
+                        .u64(ks)
+                        .u64(vs)
+                        .f32(1.0 / l.kscale)
+                        .f32(1.0 / l.vscale);
+                },
+            )
             .map_err(cerr)?;
             let gate_mode = match (l.g.is_some(), cfg.gating) {
                 (false, _) | (_, Gating::None) => 0,
@@ -966,7 +1237,12 @@ impl CudaModel {
             // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
             // depends on its own length only.
             let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
-            let flash = m >= self.opts.gemm_min_rows && hd % 16 == 0 && hd <= 128 && nh % nkv == 0 && !self.noncausal;
+            let flash = staged
+                || (m >= self.opts.gemm_min_rows
+                    && hd % 16 == 0
+                    && hd <= 128
+                    && nh % nkv == 0
+                    && !self.noncausal);
             // Arguments shared by the prefill and the decode attention kernels.
             let common = |b: &mut device::Args| {
                 b.u64(qp)
@@ -977,9 +1253,9 @@ impl CudaModel {
                     .u64(l.vc)
                     .u64(sc.pos)
                     .u64(sc.seqrow)
-                    .u64(sc.bt)
-                    .i32(self.max_pages as i32)
-                    .i32(self.page_size as i32)
+                    .u64(kv.bt)
+                    .i32(kv.max_pages as i32)
+                    .i32(kv.page_size as i32)
                     .i32(nh as i32)
                     .i32(nkv as i32)
                     .i32(hd as i32)
@@ -988,43 +1264,83 @@ impl CudaModel {
                     .u64(gp)
                     .i32(ldg as i32)
                     .i32(gate_mode)
-                    .f32((1.0 / (hd as f64).sqrt()) as f32);
+                    // The K scale folds into the softmax scale; the V scale multiplies the output.
+                    .f32(((1.0 / (hd as f64).sqrt()) * l.kscale as f64) as f32)
+                    .f32(l.vscale);
             };
             if flash {
-                d.launch_p(prof, "attention_prefill", (sc.natiles.get() as u32, nh as u32, 1), (128, 1, 1), 0, |b| {
-                    common(b);
-                    b.u64(sc.atiles);
-                })
+                d.launch_p(
+                    prof,
+                    kv.prefill_name,
+                    (sc.natiles.get() as u32, nh as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    |b| {
+                        common(b);
+                        b.u64(sc.atiles).u64(ks).u64(vs).u64(sc.sspan);
+                    },
+                )
                 .map_err(cerr)?;
+                if staged {
+                    let rowb = kvw * self.kv_elt;
+                    d.launch_p(prof, "ring_commit", (m as u32, 1, 1), (64, 1, 1), 0, |b| {
+                        b.u64(ks)
+                            .u64(vs)
+                            .u64(sc.pos)
+                            .u64(sc.seqrow)
+                            .u64(sc.sspan + 4 * sc.rows as u64)
+                            .u64(kv.bt)
+                            .i32(kv.max_pages as i32)
+                            .u64(l.kc)
+                            .u64(l.vc)
+                            .i32(rowb as i32);
+                    })
+                    .map_err(cerr)?;
+                }
             } else {
                 let group = if nh % nkv == 0 { nh / nkv } else { 0 };
-                let gqa = self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+                let gqa =
+                    self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
                 let (aname, agrid, ablk) = if gqa {
-                    ("attention_gqa", (m as u32, nkv as u32, nsplit as u32), (32 * group) as u32)
+                    (
+                        kv.gqa_name,
+                        (m as u32, nkv as u32, nsplit as u32),
+                        (32 * group) as u32,
+                    )
                 } else {
-                    ("attention", (m as u32, nh as u32, nsplit as u32), ablk)
+                    (kv.attn_name, (m as u32, nh as u32, nsplit as u32), ablk)
                 };
                 d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
                     common(b);
-                    b.i32(nsplit as i32).u64(sc.part).u64(if self.noncausal { sc.kend } else { 0 });
+                    b.i32(nsplit as i32)
+                        .u64(sc.part)
+                        .u64(if self.noncausal { sc.kend } else { 0 });
                 })
                 .map_err(cerr)?;
                 if nsplit > 1 {
-                    d.launch_p(prof, "attention_merge", (m as u32, nh as u32, 1), (blk, 1, 1), 0, |b| {
-                        b.u64(sc.part)
-                            .i32(nsplit as i32)
-                            .u64(sc.attn)
-                            .i32(qw as i32)
-                            .i32(nh as i32)
-                            .i32(hd as i32)
-                            .u64(l.sink)
-                            .u64(gp)
-                            .i32(ldg as i32)
-                            .i32(gate_mode)
-                            .u64(sc.pos)
-                            .i32(l.window as i32)
-                            .u64(if self.noncausal { sc.kend } else { 0 });
-                    })
+                    d.launch_p(
+                        prof,
+                        "attention_merge",
+                        (m as u32, nh as u32, 1),
+                        (blk, 1, 1),
+                        0,
+                        |b| {
+                            b.u64(sc.part)
+                                .i32(nsplit as i32)
+                                .u64(sc.attn)
+                                .i32(qw as i32)
+                                .i32(nh as i32)
+                                .i32(hd as i32)
+                                .u64(l.sink)
+                                .u64(gp)
+                                .i32(ldg as i32)
+                                .i32(gate_mode)
+                                .u64(sc.pos)
+                                .i32(l.window as i32)
+                                .u64(if self.noncausal { sc.kend } else { 0 })
+                                .f32(l.vscale);
+                        },
+                    )
                     .map_err(cerr)?;
                 }
             }
@@ -1050,48 +1366,59 @@ impl CudaModel {
                     let direct = m == 1 && kk <= 32 && !gemm;
                     if self.fuse && direct && !router.fp4 && h * 4 <= 48 * 1024 {
                         // One launch: router GEMV + top-k + grouping (same arithmetic as the pair).
-                        d.launch_p(prof, "router_fused_1", (ceil_div(e, 16) as u32, 1, 1), (256, 1, 1), (h * 4) as u32, |b| {
-                            b.u64(router.w)
-                                .u64(sc.hn)
-                                .u64(sc.rlog)
-                                .i32(h as i32)
-                                .i32(e as i32)
-                                .u64(sc.rcount)
+                        d.launch_p(
+                            prof,
+                            "router_fused_1",
+                            (ceil_div(e, 16) as u32, 1, 1),
+                            (256, 1, 1),
+                            (h * 4) as u32,
+                            |b| {
+                                b.u64(router.w)
+                                    .u64(sc.hn)
+                                    .u64(sc.rlog)
+                                    .i32(h as i32)
+                                    .i32(e as i32)
+                                    .u64(sc.rcount)
+                                    .u64(*bias)
+                                    .i32(k as i32)
+                                    .f32(cfg.router_softcap as f32)
+                                    .i32(cfg.norm_topk_prob as i32)
+                                    .u64(sc.ids)
+                                    .u64(sc.wts)
+                                    .i32(*folded as i32)
+                                    .f32((1.0 / cfg.routed_scaling_factor) as f32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta);
+                            },
+                        )
+                        .map_err(cerr)?;
+                    } else {
+                        self.linear(prof, "router", router, sc.hn, h, sc.rlog, e, m, false)?;
+                        d.launch_p(prof, "router_topk", (m as u32, 1, 1), (32, 1, 1), 0, |b| {
+                            b.u64(sc.rlog)
                                 .u64(*bias)
+                                .i32(e as i32)
                                 .i32(k as i32)
                                 .f32(cfg.router_softcap as f32)
                                 .i32(cfg.norm_topk_prob as i32)
                                 .u64(sc.ids)
                                 .u64(sc.wts)
                                 .i32(*folded as i32)
-                                .f32((1.0 / cfg.routed_scaling_factor) as f32)
-                                .u64(sc.grp_e)
-                                .u64(sc.grp_s)
-                                .u64(sc.grp_c)
-                                .u64(sc.perm)
-                                .u64(sc.meta);
+                                .f32((1.0 / cfg.routed_scaling_factor) as f32);
+                            if direct {
+                                b.u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta);
+                            } else {
+                                b.u64(0).u64(0).u64(0).u64(0).u64(0);
+                            }
                         })
                         .map_err(cerr)?;
-                    } else {
-                    self.linear(prof, "router", router, sc.hn, h, sc.rlog, e, m, false)?;
-                    d.launch_p(prof, "router_topk", (m as u32, 1, 1), (32, 1, 1), 0, |b| {
-                        b.u64(sc.rlog)
-                            .u64(*bias)
-                            .i32(e as i32)
-                            .i32(k as i32)
-                            .f32(cfg.router_softcap as f32)
-                            .i32(cfg.norm_topk_prob as i32)
-                            .u64(sc.ids)
-                            .u64(sc.wts)
-                            .i32(*folded as i32)
-                            .f32((1.0 / cfg.routed_scaling_factor) as f32);
-                        if direct {
-                            b.u64(sc.grp_e).u64(sc.grp_s).u64(sc.grp_c).u64(sc.perm).u64(sc.meta);
-                        } else {
-                            b.u64(0).u64(0).u64(0).u64(0).u64(0);
-                        }
-                    })
-                    .map_err(cerr)?;
                     }
                     let s = m * kk;
                     if !direct {
@@ -1119,51 +1446,83 @@ impl CudaModel {
                     let im = cfg.moe_intermediate_size;
                     if gemm {
                         let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
-                        let gu_name = if experts.gate.fp4 { "moe_gemm_gate_up_fp4" } else { "moe_gemm_gate_up_bf16" };
+                        let gu_name = if experts.gate.fp4 {
+                            "moe_gemm_gate_up_fp4"
+                        } else {
+                            "moe_gemm_gate_up_bf16"
+                        };
                         self.split(prof, sc.hn, h, m, h)?;
-                        d.launch_p(prof, gu_name, (ceil_div(2 * im, 64) as u32, max_tiles, 1), (128, 1, 1), 0, |b| {
-                            b.u64(experts.gate.w)
-                                .u64(experts.gate.s)
-                                .u64(experts.gate.inv)
-                                .u64(experts.up.w)
-                                .u64(experts.up.s)
-                                .u64(experts.up.inv)
-                                .u64(sc.xs)
-                                .u64((m * h) as u64)
-                                .i32(h as i32)
-                                .i32(im as i32)
-                                .i32(kk as i32)
-                                .u64(sc.grp_e)
-                                .u64(sc.grp_s)
-                                .u64(sc.grp_c)
-                                .u64(sc.perm)
-                                .u64(sc.meta)
-                                .u64(sc.tiles)
-                                .u64(sc.moe_gu);
-                        })
+                        d.launch_p(
+                            prof,
+                            gu_name,
+                            (ceil_div(2 * im, 64) as u32, max_tiles, 1),
+                            (128, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(experts.gate.w)
+                                    .u64(experts.gate.s)
+                                    .u64(experts.gate.inv)
+                                    .u64(experts.up.w)
+                                    .u64(experts.up.s)
+                                    .u64(experts.up.inv)
+                                    .u64(sc.xs)
+                                    .u64((m * h) as u64)
+                                    .i32(h as i32)
+                                    .i32(im as i32)
+                                    .i32(kk as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta)
+                                    .u64(sc.tiles)
+                                    .u64(sc.moe_gu);
+                            },
+                        )
                         .map_err(cerr)?;
-                        d.launch_p(prof, "silu_mul", (ceil_div(im, 256) as u32, s as u32, 1), (256, 1, 1), 0, |b| {
-                            b.u64(sc.moe_gu).u64(sc.moe_act).i32(s as i32).i32(im as i32);
-                        })
+                        d.launch_p(
+                            prof,
+                            "silu_mul",
+                            (ceil_div(im, 256) as u32, s.min(65535) as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(sc.moe_gu)
+                                    .u64(sc.moe_act)
+                                    .i32(s as i32)
+                                    .i32(im as i32);
+                            },
+                        )
                         .map_err(cerr)?;
-                        let dn_name = if experts.down.fp4 { "moe_gemm_down_fp4" } else { "moe_gemm_down_bf16" };
+                        let dn_name = if experts.down.fp4 {
+                            "moe_gemm_down_fp4"
+                        } else {
+                            "moe_gemm_down_bf16"
+                        };
                         self.split(prof, sc.moe_act, im, s, im)?;
-                        d.launch_p(prof, dn_name, (ceil_div(h, 64) as u32, max_tiles, 1), (128, 1, 1), 0, |b| {
-                            b.u64(experts.down.w)
-                                .u64(experts.down.s)
-                                .u64(experts.down.inv)
-                                .u64(sc.xs)
-                                .u64((s * im) as u64)
-                                .i32(h as i32)
-                                .i32(im as i32)
-                                .u64(sc.grp_e)
-                                .u64(sc.grp_s)
-                                .u64(sc.grp_c)
-                                .u64(sc.perm)
-                                .u64(sc.meta)
-                                .u64(sc.tiles)
-                                .u64(sc.moe_out);
-                        })
+                        d.launch_p(
+                            prof,
+                            dn_name,
+                            (ceil_div(h, 64) as u32, max_tiles, 1),
+                            (128, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(experts.down.w)
+                                    .u64(experts.down.s)
+                                    .u64(experts.down.inv)
+                                    .u64(sc.xs)
+                                    .u64((s * im) as u64)
+                                    .i32(h as i32)
+                                    .i32(im as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta)
+                                    .u64(sc.tiles)
+                                    .u64(sc.moe_out);
+                            },
+                        )
                         .map_err(cerr)?;
                     } else {
                         // Weight-streaming regime (decode, DFlash verify, any pass below
@@ -1171,28 +1530,44 @@ impl CudaModel {
                         // per-slot arithmetic whatever the number of rows; otherwise one block row
                         // per group (`_1`: single-slot groups of a 1-row pass, activation staged).
                         // Both families take the same arguments.
-                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) = if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
-                            let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
-                            let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
-                            let (g, dn) = if experts.gate.fp4 { ("moe_gate_up_fp4_s", "moe_down_fp4_s") } else { ("moe_gate_up_bf16_s", "moe_down_bf16_s") };
-                            (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
-                        } else {
-                            let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
-                            let g = match (experts.gate.fp4, one) {
-                                (true, false) => "moe_gate_up_fp4",
-                                (false, false) => "moe_gate_up_bf16",
-                                (true, true) => "moe_gate_up_fp4_1",
-                                (false, true) => "moe_gate_up_bf16_1",
+                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) =
+                            if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
+                                let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
+                                let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
+                                let (g, dn) = if experts.gate.fp4 {
+                                    ("moe_gate_up_fp4_s", "moe_down_fp4_s")
+                                } else {
+                                    ("moe_gate_up_bf16_s", "moe_down_bf16_s")
+                                };
+                                (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
+                            } else {
+                                let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
+                                let g = match (experts.gate.fp4, one) {
+                                    (true, false) => "moe_gate_up_fp4",
+                                    (false, false) => "moe_gate_up_bf16",
+                                    (true, true) => "moe_gate_up_fp4_1",
+                                    (false, true) => "moe_gate_up_bf16_1",
+                                };
+                                let dn = match (experts.down.fp4, one) {
+                                    (true, false) => "moe_down_fp4",
+                                    (false, false) => "moe_down_bf16",
+                                    (true, true) => "moe_down_fp4_1",
+                                    (false, true) => "moe_down_bf16_1",
+                                };
+                                let (gs, ds) = if one {
+                                    ((h * 4) as u32, (im * 4) as u32)
+                                } else {
+                                    (0, 0)
+                                };
+                                (
+                                    g,
+                                    (ceil_div(im, 8) as u32, groups, 1),
+                                    gs,
+                                    dn,
+                                    (ceil_div(h, 8) as u32, groups, 1),
+                                    ds,
+                                )
                             };
-                            let dn = match (experts.down.fp4, one) {
-                                (true, false) => "moe_down_fp4",
-                                (false, false) => "moe_down_bf16",
-                                (true, true) => "moe_down_fp4_1",
-                                (false, true) => "moe_down_bf16_1",
-                            };
-                            let (gs, ds) = if one { ((h * 4) as u32, (im * 4) as u32) } else { (0, 0) };
-                            (g, (ceil_div(im, 8) as u32, groups, 1), gs, dn, (ceil_div(h, 8) as u32, groups, 1), ds)
-                        };
                         d.launch_p(prof, gu_name, gu_grid, (256, 1, 1), gu_shm, |b| {
                             b.u64(experts.gate.w)
                                 .u64(experts.gate.s)
@@ -1236,31 +1611,45 @@ impl CudaModel {
                     };
                     if let Some(next) = self.layers.get(li + 1).filter(|_| self.fuse) {
                         let blk = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
-                        d.launch_p(prof, "moe_combine_norm", (m as u32, 1, 1), (blk, 1, 1), 0, |b| {
-                            b.u64(sc.x)
-                                .u64(sc.moe_out)
-                                .u64(sc.wts)
-                                .u64(sh)
-                                .i32(h as i32)
-                                .i32(kk as i32)
-                                .f32(cfg.routed_scaling_factor as f32)
-                                .u64(next.input_norm)
-                                .u64(sc.hn)
-                                .f32(eps);
-                        })
+                        d.launch_p(
+                            prof,
+                            "moe_combine_norm",
+                            (m as u32, 1, 1),
+                            (blk, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(sc.x)
+                                    .u64(sc.moe_out)
+                                    .u64(sc.wts)
+                                    .u64(sh)
+                                    .i32(h as i32)
+                                    .i32(kk as i32)
+                                    .f32(cfg.routed_scaling_factor as f32)
+                                    .u64(next.input_norm)
+                                    .u64(sc.hn)
+                                    .f32(eps);
+                            },
+                        )
                         .map_err(cerr)?;
                         normed = true;
                     } else {
-                    d.launch_p(prof, "moe_combine", (ceil_div(h, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
-                        b.u64(sc.x)
-                            .u64(sc.moe_out)
-                            .u64(sc.wts)
-                            .u64(sh)
-                            .i32(h as i32)
-                            .i32(kk as i32)
-                            .f32(cfg.routed_scaling_factor as f32);
-                    })
-                    .map_err(cerr)?;
+                        d.launch_p(
+                            prof,
+                            "moe_combine",
+                            (ceil_div(h, 256) as u32, m as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(sc.x)
+                                    .u64(sc.moe_out)
+                                    .u64(sc.wts)
+                                    .u64(sh)
+                                    .i32(h as i32)
+                                    .i32(kk as i32)
+                                    .f32(cfg.routed_scaling_factor as f32);
+                            },
+                        )
+                        .map_err(cerr)?;
                     }
                 }
             }
@@ -1272,23 +1661,83 @@ impl CudaModel {
     }
 
     /// x (f32 [m, k], row stride ldx) -> sc.xs as BF16 hi [m, k] then lo [m, k].
-    fn split(&self, prof: &mut Option<device::Prof>, x: u64, ldx: usize, m: usize, k: usize) -> Result<()> {
+    /// Cache addressing and kernel names of a layer: its ring (page size 1, R slots per table
+    /// row) or the paged pool; BF16 or FP8 kernels.
+    fn kv_args(&self, l: &LayerW) -> KvArgs {
+        let fp8 = self.kv_elt == 1;
+        let (bt, max_pages, page_size) = if l.ring {
+            (self.sc.bt_ring, self.ring, 1)
+        } else {
+            (self.sc.bt, self.max_pages, self.page_size)
+        };
+        KvArgs {
+            bt,
+            max_pages,
+            page_size,
+            qk_name: if fp8 {
+                "qk_norm_rope_kv_fp8"
+            } else {
+                "qk_norm_rope_kv"
+            },
+            attn_name: if fp8 { "attention_fp8" } else { "attention" },
+            gqa_name: if fp8 {
+                "attention_gqa_fp8"
+            } else {
+                "attention_gqa"
+            },
+            prefill_name: if fp8 {
+                "attention_prefill_fp8"
+            } else {
+                "attention_prefill"
+            },
+        }
+    }
+
+    fn split(
+        &self,
+        prof: &mut Option<device::Prof>,
+        x: u64,
+        ldx: usize,
+        m: usize,
+        k: usize,
+    ) -> Result<()> {
         let xs = self.sc.xs;
         self.dev
-            .launch_p(prof, "split_bf16", (ceil_div(k, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
-                b.u64(x).i32(ldx as i32).i32(m as i32).i32(k as i32).u64(xs);
-            })
+            .launch_p(
+                prof,
+                "split_bf16",
+                (ceil_div(k, 256) as u32, m.min(65535) as u32, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(x).i32(ldx as i32).i32(m as i32).i32(k as i32).u64(xs);
+                },
+            )
             .map_err(cerr)
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn rmsnorm(&self, prof: &mut Option<device::Prof>, x: u64, rows: u64, w: u64, y: u64, m: usize, h: usize, eps: f32) -> Result<()> {
+    fn rmsnorm(
+        &self,
+        prof: &mut Option<device::Prof>,
+        x: u64,
+        rows: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<()> {
         self.dev
             .launch_p(
                 prof,
                 "rmsnorm",
                 (m as u32, 1, 1),
-                ((h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32, 1, 1),
+                (
+                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
+                    1,
+                    1,
+                ),
                 0,
                 |b| {
                     b.u64(x).u64(rows).u64(w).u64(y).i32(h as i32).f32(eps);
@@ -1343,19 +1792,26 @@ impl CudaModel {
             let sw = if l.n <= 4096 { 8u32 } else { 4 };
             return self
                 .dev
-                .launch_p(prof, "linear_tc_bf16", (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1), (32 * sw, 1, 1), 0, |b| {
-                    b.u64(l.w)
-                        .u64(l.s)
-                        .f32(l.inv_gs)
-                        .u64(x)
-                        .i32(ldx as i32)
-                        .u64(y)
-                        .i32(ldy as i32)
-                        .i32(m as i32)
-                        .i32(l.n as i32)
-                        .i32(l.k as i32)
-                        .i32(acc as i32);
-                })
+                .launch_p(
+                    prof,
+                    "linear_tc_bf16",
+                    (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(l.w)
+                            .u64(l.s)
+                            .f32(l.inv_gs)
+                            .u64(x)
+                            .i32(ldx as i32)
+                            .u64(y)
+                            .i32(ldy as i32)
+                            .i32(m as i32)
+                            .i32(l.n as i32)
+                            .i32(l.k as i32)
+                            .i32(acc as i32);
+                    },
+                )
                 .map_err(cerr);
         }
         let one = m == 1 && l.k * 4 <= 48 * 1024;
@@ -1376,7 +1832,14 @@ impl CudaModel {
         let (grid, shm) = if one {
             ((ceil_div(l.n, 16) as u32, 1, 1), (l.k * 4) as u32)
         } else if small {
-            ((ceil_div(l.n, 16) as u32, if m <= 8 { 1 } else { ceil_div(m, 16) as u32 }, 1), 0)
+            (
+                (
+                    ceil_div(l.n, 16) as u32,
+                    if m <= 8 { 1 } else { ceil_div(m, 16) as u32 },
+                    1,
+                ),
+                0,
+            )
         } else {
             ((ceil_div(l.n, 8) as u32, ceil_div(m, 8) as u32, 1), 0)
         };
@@ -1399,16 +1862,42 @@ impl CudaModel {
 
     /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`).
     #[allow(clippy::too_many_arguments)]
-    fn ffn(&self, prof: &mut Option<device::Prof>, gate: &Lin, up: &Lin, down: &Lin, m: usize, out: u64, acc: bool) -> Result<()> {
+    fn ffn(
+        &self,
+        prof: &mut Option<device::Prof>,
+        gate: &Lin,
+        up: &Lin,
+        down: &Lin,
+        m: usize,
+        out: u64,
+        acc: bool,
+    ) -> Result<()> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
         let i = gate.n;
         self.linear(prof, "mlp", gate, sc.hn, h, sc.gu, 2 * i, m, false)?;
-        self.linear(prof, "mlp", up, sc.hn, h, sc.gu + (4 * i) as u64, 2 * i, m, false)?;
+        self.linear(
+            prof,
+            "mlp",
+            up,
+            sc.hn,
+            h,
+            sc.gu + (4 * i) as u64,
+            2 * i,
+            m,
+            false,
+        )?;
         self.dev
-            .launch_p(prof, "silu_mul", (ceil_div(i, 256) as u32, m as u32, 1), (256, 1, 1), 0, |b| {
-                b.u64(sc.gu).u64(sc.act).i32(m as i32).i32(i as i32);
-            })
+            .launch_p(
+                prof,
+                "silu_mul",
+                (ceil_div(i, 256) as u32, m.min(65535) as u32, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(sc.gu).u64(sc.act).i32(m as i32).i32(i as i32);
+                },
+            )
             .map_err(cerr)?;
         self.linear(prof, "mlp", down, sc.act, i, out, h, m, acc)
     }
@@ -1441,9 +1930,111 @@ impl CudaModel {
         )
     }
 
-    /// Upload one pass's row metadata.
-    fn upload_meta(&self, tokens: &[i32], pos: &[i32], seqrow: &[i32], bt: &[i32]) -> Result<()> {
+    /// A sequence may continue at `start` only if its ring still holds every key the row at
+    /// `start` sees: rewinding further than the ring's spare slots loses them.
+    fn check_ring(&self, seq: SeqId, start: usize) -> Result<()> {
+        let Some(s) = self.seqs.get(&seq) else {
+            return Err(EngineError::Other(format!("unknown sequence {seq}")));
+        };
+        if self.ring == 0 {
+            return Ok(());
+        }
+        let oldest_needed = (start + 1).saturating_sub(self.ring_window);
+        let oldest_held = s.ring_hi.saturating_sub(self.ring);
+        if start > 0 && oldest_needed < oldest_held {
+            return Err(EngineError::Request(format!(
+                "sequence {seq} continues at position {start} after writing up to {}: a sliding-window ring keeps only {} positions beyond the window, so it cannot be rewound this far; prefill it again",
+                s.ring_hi,
+                self.ring - self.ring_window
+            )));
+        }
+        Ok(())
+    }
+
+    /// Record that positions up to `end` were written (ring bookkeeping).
+    pub(super) fn note_written(&mut self, seq: SeqId, end: usize) {
+        if let Some(s) = self.seqs.get_mut(&seq) {
+            s.ring_hi = s.ring_hi.max(end);
+        }
+    }
+
+    /// Block tables (paged pool) and ring tables of the pass's sequences, in pass order.
+    fn upload_tables(&self, seqs: &[SeqId]) -> Result<()> {
+        let mut bt = Vec::with_capacity(seqs.len() * self.max_pages);
+        let mut rt = Vec::with_capacity(seqs.len() * self.ring);
+        for &s in seqs {
+            bt.extend(self.bt_row(s));
+            rt.extend(self.ring_row(s));
+        }
+        self.dev.htod(self.sc.bt, as_bytes(&bt)).map_err(cerr)?;
+        if self.ring > 0 {
+            self.dev
+                .htod(self.sc.bt_ring, as_bytes(&rt))
+                .map_err(cerr)?;
+        }
+        Ok(())
+    }
+
+    /// Slot ids of a sequence's ring, in position order (position p uses entry p % R).
+    fn ring_row(&self, seq: SeqId) -> Vec<i32> {
+        let base = self.seqs.get(&seq).and_then(|s| s.ring).unwrap_or(0) as usize * self.ring;
+        (0..self.ring).map(|i| (base + i) as i32).collect()
+    }
+
+    /// Upload one pass's row metadata (rows of one sequence are contiguous, at consecutive
+    /// positions) and the tables of `seqs` (seqrow indexes them).
+    fn upload_meta(
+        &self,
+        tokens: &[i32],
+        pos: &[i32],
+        seqrow: &[i32],
+        seqs: &[SeqId],
+    ) -> Result<()> {
         let sc = &self.sc;
+        // Per row: first and last row of its sequence in the pass; staged when some sequence has
+        // more rows than the ring's spare slots + 1 (its later rows would overwrite keys its
+        // earlier rows still see).
+        let m = tokens.len();
+        // [first row per row | last row per row], the second half at offset sc.rows.
+        let mut span = vec![0i32; sc.rows + m];
+        let mut i = 0;
+        let mut longest = 0;
+        while i < m {
+            let mut j = i;
+            while j + 1 < m && seqrow[j + 1] == seqrow[i] {
+                j += 1;
+            }
+            for r in i..=j {
+                span[r] = i as i32;
+                span[sc.rows + r] = j as i32;
+            }
+            longest = longest.max(j + 1 - i);
+            i = j + 1;
+        }
+        let staged = self.ring > 0 && longest > self.ring - self.ring_window + 1;
+        if staged {
+            if self.noncausal {
+                return Err(EngineError::Other(format!(
+                    "a non-causal block of {longest} rows exceeds the sliding-window ring's {} spare slots (raise spec_k)",
+                    self.ring - self.ring_window
+                )));
+            }
+            let hd = self.cfg.head_dim;
+            if hd % 16 != 0
+                || hd > 128
+                || self
+                    .layers
+                    .iter()
+                    .any(|l| l.ring && l.nh % self.cfg.num_kv_heads != 0)
+            {
+                return Err(EngineError::Other(format!(
+                    "{longest} rows of one sequence in a pass need the staged ring path (attention_prefill: head_dim % 16 == 0, <= 128); use passes of at most {} rows",
+                    self.ring - self.ring_window + 1
+                )));
+            }
+            self.dev.htod(sc.sspan, as_bytes(&span)).map_err(cerr)?;
+        }
+        sc.staged.set(staged);
         self.dev.htod(sc.tokens, as_bytes(tokens)).map_err(cerr)?;
         self.dev.htod(sc.pos, as_bytes(pos)).map_err(cerr)?;
         self.dev.htod(sc.seqrow, as_bytes(seqrow)).map_err(cerr)?;
@@ -1464,7 +2055,7 @@ impl CudaModel {
         }
         self.dev.htod(sc.atiles, as_bytes(&tl)).map_err(cerr)?;
         sc.natiles.set(tl.len() / 2);
-        self.dev.htod(sc.bt, as_bytes(bt)).map_err(cerr)
+        self.upload_tables(seqs)
     }
 
     fn bt_row(&self, seq: SeqId) -> Vec<i32> {
@@ -1480,16 +2071,26 @@ impl CudaModel {
     /// One greedy decode step for one sequence entirely on the device: returns the argmax token.
     /// Replays a CUDA graph of the whole step when graphs are on (the step's only host syncs are
     /// the metadata upload and reading the sampled token).
-    pub fn decode_greedy(&mut self, seq: SeqId, token: u32, prof: &mut Option<device::Prof>) -> Result<u32> {
+    pub fn decode_greedy(
+        &mut self,
+        seq: SeqId,
+        token: u32,
+        prof: &mut Option<device::Prof>,
+    ) -> Result<u32> {
         let pos = self.seq_len(seq);
+        self.check_ring(seq, pos)?;
         self.ensure_pages(seq, pos + 1)?;
         if token as usize >= self.cfg.vocab_size {
-            return Err(EngineError::Request(format!("token id {token} is outside the vocabulary")));
+            return Err(EngineError::Request(format!(
+                "token id {token} is outside the vocabulary"
+            )));
         }
-        let bt = self.bt_row(seq);
-        self.upload_meta(&[token as i32], &[pos as i32], &[0], &bt)?;
-        self.dev.htod(self.sc.sel, as_bytes(&[0i32])).map_err(cerr)?;
-        let use_graph = self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
+        self.upload_meta(&[token as i32], &[pos as i32], &[0], &[seq])?;
+        self.dev
+            .htod(self.sc.sel, as_bytes(&[0i32]))
+            .map_err(cerr)?;
+        let use_graph =
+            self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
         if use_graph && self.graph.is_none() {
             match self.capture_decode() {
                 Ok(g) => self.graph = Some(g),
@@ -1505,7 +2106,10 @@ impl CudaModel {
             self.decode_body(prof)?;
         }
         let mut out = [0i32];
-        self.dev.dtoh(as_bytes_mut(&mut out), self.sc.amax).map_err(cerr)?;
+        self.dev
+            .dtoh(as_bytes_mut(&mut out), self.sc.amax)
+            .map_err(cerr)?;
+        self.note_written(seq, pos + 1);
         self.seqs.get_mut(&seq).unwrap().len = pos + 1;
         Ok(out[0] as u32)
     }
@@ -1514,11 +2118,32 @@ impl CudaModel {
         self.run_layers(1, prof)?;
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
-        self.rmsnorm(prof, sc.x, sc.sel, self.final_norm, sc.hsel, 1, h, self.cfg.rms_norm_eps as f32)?;
-        self.linear(prof, "lm_head", &self.lm_head, sc.hsel, h, sc.logits, self.cfg.vocab_size, 1, false)?;
+        self.rmsnorm(
+            prof,
+            sc.x,
+            sc.sel,
+            self.final_norm,
+            sc.hsel,
+            1,
+            h,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        self.linear(
+            prof,
+            "lm_head",
+            &self.lm_head,
+            sc.hsel,
+            h,
+            sc.logits,
+            self.cfg.vocab_size,
+            1,
+            false,
+        )?;
         self.dev
             .launch_p(prof, "argmax_rows", (1, 1, 1), (1024, 1, 1), 0, |b| {
-                b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(sc.amax);
+                b.u64(sc.logits)
+                    .i32(self.cfg.vocab_size as i32)
+                    .u64(sc.amax);
             })
             .map_err(cerr)
     }
@@ -1561,14 +2186,33 @@ impl Model for CudaModel {
         "cuda"
     }
     fn new_seq(&mut self) -> Result<SeqId> {
+        let ring = if self.ring > 0 {
+            Some(self.free_rings.pop().ok_or_else(|| {
+                EngineError::Request(format!(
+                    "all {} sequence slots are in use (each holds a sliding-window ring); finish or free a sequence, or raise max_num_seqs",
+                    self.opts.max_seqs.max(1)
+                ))
+            })?)
+        } else {
+            None
+        };
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, SeqState { len: 0, pages: vec![] });
+        self.seqs.insert(
+            id,
+            SeqState {
+                len: 0,
+                pages: vec![],
+                ring,
+                ring_hi: 0,
+            },
+        );
         Ok(id)
     }
     fn free_seq(&mut self, seq: SeqId) {
         if let Some(s) = self.seqs.remove(&seq) {
             self.free_pages.extend(s.pages);
+            self.free_rings.extend(s.ring);
         }
     }
     fn seq_len(&self, seq: SeqId) -> usize {
@@ -1610,11 +2254,16 @@ impl Model for CudaModel {
                 )));
             }
             if batch[..ii].iter().any(|o| o.seq == it.seq) {
-                return Err(EngineError::Other(format!("sequence {} appears twice in one batch", it.seq)));
+                return Err(EngineError::Other(format!(
+                    "sequence {} appears twice in one batch",
+                    it.seq
+                )));
             }
             for (r, &t) in it.tokens.iter().enumerate() {
                 if t as usize >= v {
-                    return Err(EngineError::Request(format!("token id {t} is outside the vocabulary (size {v})")));
+                    return Err(EngineError::Request(format!(
+                        "token id {t} is outside the vocabulary (size {v})"
+                    )));
                 }
                 let want = match it.logits {
                     LogitRows::None => false,
@@ -1632,6 +2281,7 @@ impl Model for CudaModel {
             }
         }
         for it in batch {
+            self.check_ring(it.seq, it.start_pos)?;
             self.ensure_pages(it.seq, it.start_pos + it.tokens.len())?;
         }
         let mut outs: Vec<StepOutput> = batch
@@ -1666,14 +2316,16 @@ impl Model for CudaModel {
             let m = pass.len();
             let tokens: Vec<i32> = pass.iter().map(|r| r.token as i32).collect();
             let pos: Vec<i32> = pass.iter().map(|r| r.pos as i32).collect();
-            let seqrow: Vec<i32> = pass.iter().map(|r| seqs.iter().position(|&s| s == r.seq).unwrap() as i32).collect();
-            let mut bt = Vec::with_capacity(seqs.len() * self.max_pages);
-            for &s in &seqs {
-                bt.extend(self.bt_row(s));
-            }
-            self.upload_meta(&tokens, &pos, &seqrow, &bt)?;
+            let seqrow: Vec<i32> = pass
+                .iter()
+                .map(|r| seqs.iter().position(|&s| s == r.seq).unwrap() as i32)
+                .collect();
+            self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
             if self.noncausal {
-                let ke: Vec<i32> = pass.iter().map(|r| (batch[r.item].start_pos + batch[r.item].tokens.len()) as i32).collect();
+                let ke: Vec<i32> = pass
+                    .iter()
+                    .map(|r| (batch[r.item].start_pos + batch[r.item].tokens.len()) as i32)
+                    .collect();
                 self.dev.htod(self.sc.kend, as_bytes(&ke)).map_err(cerr)?;
             }
             if ntaps == 0 {
@@ -1695,7 +2347,9 @@ impl Model for CudaModel {
                 let idx: Vec<i32> = chunk.iter().map(|&i| i as i32).collect();
                 self.logits_rows(&mut prof, &idx)?;
                 let mut buf = vec![0f32; chunk.len() * v];
-                self.dev.dtoh(as_bytes_mut(&mut buf), self.sc.logits).map_err(cerr)?;
+                self.dev
+                    .dtoh(as_bytes_mut(&mut buf), self.sc.logits)
+                    .map_err(cerr)?;
                 for (j, &i) in chunk.iter().enumerate() {
                     let o = &mut outs[pass[i].item];
                     o.logits.extend_from_slice(&buf[j * v..(j + 1) * v]);
@@ -1707,6 +2361,7 @@ impl Model for CudaModel {
         self.fprof = prof;
         self.dev.sync().map_err(cerr)?;
         for it in batch {
+            self.note_written(it.seq, it.start_pos + it.tokens.len());
             self.seqs.get_mut(&it.seq).unwrap().len = it.start_pos + it.tokens.len();
         }
         Ok(outs)
@@ -1743,9 +2398,20 @@ impl CudaModel {
         let mut inner: Option<device::Prof> = prof.take();
         let mut hook = |li: usize| -> Result<()> {
             if let Some(t) = taps.iter().position(|&l| l == li) {
-                dev.launch_p(&mut None, "copy_rows", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
-                    b.u64(x).i32(h as i32).u64(td + (4 * t * h) as u64).i32((ntaps * h) as i32).i32(h as i32);
-                })
+                dev.launch_p(
+                    &mut None,
+                    "copy_rows",
+                    (m as u32, 1, 1),
+                    (256, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(x)
+                            .i32(h as i32)
+                            .u64(td + (4 * t * h) as u64)
+                            .i32((ntaps * h) as i32)
+                            .i32(h as i32);
+                    },
+                )
                 .map_err(cerr)?;
             }
             Ok(())
@@ -1760,12 +2426,38 @@ impl CudaModel {
     fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
-        self.rmsnorm(prof, sc.x, sc.sel, self.final_norm, sc.hsel, n, h, self.cfg.rms_norm_eps as f32)?;
-        self.linear(prof, "lm_head", &self.lm_head, sc.hsel, h, sc.logits, self.cfg.vocab_size, n, false)?;
+        self.rmsnorm(
+            prof,
+            sc.x,
+            sc.sel,
+            self.final_norm,
+            sc.hsel,
+            n,
+            h,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        self.linear(
+            prof,
+            "lm_head",
+            &self.lm_head,
+            sc.hsel,
+            h,
+            sc.logits,
+            self.cfg.vocab_size,
+            n,
+            false,
+        )?;
         self.dev
-            .launch_p(prof, "argmax_rows", (n as u32, 1, 1), (1024, 1, 1), 0, |b| {
-                b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(out);
-            })
+            .launch_p(
+                prof,
+                "argmax_rows",
+                (n as u32, 1, 1),
+                (1024, 1, 1),
+                0,
+                |b| {
+                    b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(out);
+                },
+            )
             .map_err(cerr)
     }
 
@@ -1777,7 +2469,9 @@ impl CudaModel {
         let mut hook = |li: usize| -> Result<()> {
             if let Some(t) = self.taps.iter().position(|&l| l == li) {
                 let mut buf = vec![0f32; m * h];
-                self.dev.dtoh(as_bytes_mut(&mut buf), self.sc.x).map_err(cerr)?;
+                self.dev
+                    .dtoh(as_bytes_mut(&mut buf), self.sc.x)
+                    .map_err(cerr)?;
                 for (r, row) in pass.iter().enumerate() {
                     let off = (row.idx_in_item * ntaps + t) * h;
                     outs[row.item].taps[off..off + h].copy_from_slice(&buf[r * h..(r + 1) * h]);
@@ -1816,8 +2510,16 @@ mod tests {
         let k = KernelSet::parse("-tc_gemv, -attn_gqa").unwrap();
         assert!(!k.tc_gemv && !k.attn_gqa && k.small_m && k.moe_s);
         let k = KernelSet::parse("original,+moe_s").unwrap();
-        assert_eq!(k, KernelSet { moe_s: true, ..KernelSet::original() });
-        assert!(KernelSet::parse("-fast").unwrap_err().contains("unknown kernel family `fast`"));
+        assert_eq!(
+            k,
+            KernelSet {
+                moe_s: true,
+                ..KernelSet::original()
+            }
+        );
+        assert!(KernelSet::parse("-fast")
+            .unwrap_err()
+            .contains("unknown kernel family `fast`"));
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
@@ -1828,7 +2530,10 @@ mod tests {
             eprintln!("SKIP cuda_matches_cpu_on_a_fixture_or_skips: {e}");
             return;
         }
-        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/swa-yarn-perhead"));
+        let dir = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/swa-yarn-perhead"
+        ));
         if !dir.join("config.json").exists() {
             eprintln!("SKIP: fixture {} missing", dir.display());
             return;
@@ -1871,7 +2576,10 @@ mod tests {
         let v = cpu.config().vocab_size;
         for (ra, rb) in x[0].logits.chunks(v).zip(y[0].logits.chunks(v)) {
             let mx = rb.iter().fold(0f32, |m, &t| m.max(t.abs()));
-            let d = ra.iter().zip(rb).fold(0f32, |m, (&p, &q)| m.max((p - q).abs()));
+            let d = ra
+                .iter()
+                .zip(rb)
+                .fold(0f32, |m, (&p, &q)| m.max((p - q).abs()));
             assert!(d <= 2e-2 * mx, "max diff {d} vs max logit {mx}");
         }
     }

@@ -89,7 +89,13 @@ pub struct CudaSpec {
 
 impl Default for CudaSpec {
     fn default() -> Self {
-        CudaSpec { graphs: HashMap::new(), use_graphs: true, timing: false, prof: None, accept_buf: 0 }
+        CudaSpec {
+            graphs: HashMap::new(),
+            use_graphs: true,
+            timing: false,
+            prof: None,
+            accept_buf: 0,
+        }
     }
 }
 
@@ -98,14 +104,24 @@ impl CudaSpec {
         crate::spec::enable_taps(target, draft)?;
         target.set_taps_on_device(true)?;
         if self.accept_buf == 0 {
-            self.accept_buf = target.dev.alloc(4 * MAX_ROWS * (2 * MAX_ROWS + 2)).map_err(cerr)?;
+            self.accept_buf = target
+                .dev
+                .alloc(4 * MAX_ROWS * (2 * MAX_ROWS + 2))
+                .map_err(cerr)?;
         }
         Ok(())
     }
 
     /// Prompt through the target in passes (taps kept on the device) and each pass's rows into the
     /// draft context; returns the greedy first token.
-    fn prefill(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, tseq: SeqId, dseq: SeqId, prompt: &[u32]) -> Result<u32> {
+    fn prefill(
+        &mut self,
+        target: &mut CudaModel,
+        draft: &mut CudaDraft,
+        tseq: SeqId,
+        dseq: SeqId,
+        prompt: &[u32],
+    ) -> Result<u32> {
         let chunk = target.sc.rows.min(draft.max_rows());
         let w = draft.config().num_taps() * target.cfg.hidden_size;
         let mut start = 0;
@@ -117,18 +133,26 @@ impl CudaSpec {
                 seq: tseq,
                 tokens: &prompt[start..end],
                 start_pos: start,
-                logits: if last { LogitRows::Last } else { LogitRows::None },
+                logits: if last {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
             }])?;
             if last {
                 first = crate::cpu::ops::argmax(out[0].row(0)) as u32;
             }
             draft.m.ensure_pages(dseq, end)?;
-            let bt = draft.m.bt_row(dseq);
-            draft.m.dev.htod(draft.m.sc.bt, as_bytes(&bt)).map_err(cerr)?;
+            draft.m.upload_tables(&[dseq])?;
             let pos: Vec<i32> = (start..end).map(|p| p as i32).collect();
             draft.m.dev.htod(draft.cpos, as_bytes(&pos)).map_err(cerr)?;
-            draft.m.dev.htod(draft.cseq, as_bytes(&vec![0i32; end - start])).map_err(cerr)?;
+            draft
+                .m
+                .dev
+                .htod(draft.cseq, as_bytes(&vec![0i32; end - start]))
+                .map_err(cerr)?;
             draft.context_pass(&mut None, target.taps_dev, w, end - start)?;
+            draft.m.note_written(dseq, end);
             draft.set_context_len(dseq, end);
             start = end;
         }
@@ -138,7 +162,13 @@ impl CudaSpec {
     }
 
     // Rows of sequence b sit at b*(k+1) ..= b*(k+1)+k in both passes.
-    fn propose_body(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+    fn propose_body(
+        target: &CudaModel,
+        draft: &CudaDraft,
+        k: usize,
+        nb: usize,
+        prof: &mut Option<device::Prof>,
+    ) -> Result<()> {
         draft.m.run_layers(nb * (k + 1), prof)?;
         // Argmaxes of the mask rows (sel lists them) land in the draft's amax, then in the
         // target's token slots b*(k+1)+1.. .
@@ -146,27 +176,59 @@ impl CudaSpec {
         draft
             .m
             .dev
-            .launch_p(prof, "scatter_drafts", (1, 1, 1), ((nb * k).div_ceil(32) as u32 * 32, 1, 1), 0, |b| {
-                b.u64(draft.m.sc.amax).u64(target.sc.tokens).i32(nb as i32).i32(k as i32);
-            })
+            .launch_p(
+                prof,
+                "scatter_drafts",
+                (1, 1, 1),
+                ((nb * k).div_ceil(32) as u32 * 32, 1, 1),
+                0,
+                |b| {
+                    b.u64(draft.m.sc.amax)
+                        .u64(target.sc.tokens)
+                        .i32(nb as i32)
+                        .i32(k as i32);
+                },
+            )
             .map_err(cerr)
     }
-    fn verify_body(target: &CudaModel, k: usize, nb: usize, out: u64, prof: &mut Option<device::Prof>) -> Result<()> {
+    fn verify_body(
+        target: &CudaModel,
+        k: usize,
+        nb: usize,
+        out: u64,
+        prof: &mut Option<device::Prof>,
+    ) -> Result<()> {
         target.run_layers_taps_dev(nb * (k + 1), prof)?;
         target.greedy_rows(prof, nb * (k + 1), target.sc.amax)?;
         target
             .dev
             .launch_p(prof, "spec_accept", (1, 1, 1), (32, 1, 1), 0, |b| {
-                b.u64(target.sc.tokens).u64(target.sc.amax).i32(k as i32).i32(nb as i32).u64(out);
+                b.u64(target.sc.tokens)
+                    .u64(target.sc.amax)
+                    .i32(k as i32)
+                    .i32(nb as i32)
+                    .u64(out);
             })
             .map_err(cerr)
     }
-    fn ctx_body(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+    fn ctx_body(
+        target: &CudaModel,
+        draft: &CudaDraft,
+        k: usize,
+        nb: usize,
+        prof: &mut Option<device::Prof>,
+    ) -> Result<()> {
         let w = draft.config().num_taps() * target.cfg.hidden_size;
         draft.context_pass(prof, target.taps_dev, w, nb * (k + 1))
     }
 
-    fn capture(target: &CudaModel, draft: &CudaDraft, k: usize, nb: usize, out: u64) -> std::result::Result<Graphs, String> {
+    fn capture(
+        target: &CudaModel,
+        draft: &CudaDraft,
+        k: usize,
+        nb: usize,
+        out: u64,
+    ) -> std::result::Result<Graphs, String> {
         let dev = &target.dev;
         let one = |f: &dyn Fn() -> Result<()>| -> std::result::Result<device::Graph, String> {
             dev.begin_capture()?;
@@ -196,25 +258,41 @@ impl CudaSpec {
             && rows < target.opts.gemm_min_rows
             && rows <= target.sc.rows.min(draft.m.sc.rows).min(target.sc.lrows).min(draft.m.sc.lrows)
             && nb <= target.sc.bt_seqs.min(draft.m.sc.bt_seqs)
+            // k + 1 rows per sequence write K/V past the committed length: within the rings' spare slots.
+            && target.ring_spare().is_none_or(|s| k <= s)
+            && draft.m.ring_spare().is_none_or(|s| k <= s)
     }
 
     /// One propose + verify + accept + context step for `seqs` (k drafts each, all on the device,
     /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
     /// Callers check [`CudaSpec::fits`] and call [`CudaSpec::prepare`] (via `generate` or
     /// `fused_step`) first.
-    pub(super) fn step_batch(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, seqs: &[SeqStep], k: usize, times: &mut SpecTimes) -> Result<Vec<Accepted>> {
+    pub(super) fn step_batch(
+        &mut self,
+        target: &mut CudaModel,
+        draft: &mut CudaDraft,
+        seqs: &[SeqStep],
+        k: usize,
+        times: &mut SpecTimes,
+    ) -> Result<Vec<Accepted>> {
         let t0 = std::time::Instant::now();
         let nb = seqs.len();
         if !Self::fits(target, draft, k, nb) {
-            return Err(EngineError::Other(format!("{nb} sequences x {} rows do not fit one device DFlash step", k + 1)));
+            return Err(EngineError::Other(format!(
+                "{nb} sequences x {} rows do not fit one device DFlash step",
+                k + 1
+            )));
         }
         let mask = draft.config().mask_token_id as i32;
-        let (mut dt, mut tt, mut pos, mut seqrow, mut kend) = (vec![], vec![], vec![], vec![], vec![]);
-        let (mut dbt, mut tbt) = (vec![], vec![]);
+        let (mut dt, mut tt, mut pos, mut seqrow, mut kend) =
+            (vec![], vec![], vec![], vec![], vec![]);
+        let (mut dseqs, mut tseqs) = (vec![], vec![]);
         let (mut dsel, mut tsel) = (vec![], vec![]);
         for (b, q) in seqs.iter().enumerate() {
             // Committed positions 0..tlen-1 hold K/V; this sequence's rows sit at tlen-1 ..= tlen-1+k.
             let p0 = q.tlen - 1;
+            target.check_ring(q.tseq, p0)?;
+            draft.m.check_ring(q.dseq, p0)?;
             target.ensure_pages(q.tseq, p0 + k + 1)?;
             draft.m.ensure_pages(q.dseq, p0 + k + 1)?;
             for i in 0..=k {
@@ -228,8 +306,8 @@ impl CudaSpec {
                     dsel.push((b * (k + 1) + i) as i32);
                 }
             }
-            dbt.extend(draft.m.bt_row(q.dseq));
-            tbt.extend(target.bt_row(q.tseq));
+            dseqs.push(q.dseq);
+            tseqs.push(q.tseq);
         }
         let dm = &draft.m;
         let up = |dst: u64, v: &[i32]| dm.dev.htod(dst, as_bytes(v)).map_err(cerr);
@@ -238,7 +316,8 @@ impl CudaSpec {
         up(dm.sc.seqrow, &seqrow)?;
         up(draft.cpos, &pos)?;
         up(draft.cseq, &seqrow)?;
-        up(dm.sc.bt, &dbt)?;
+        dm.upload_tables(&dseqs)?;
+        dm.sc.staged.set(false);
         up(dm.sc.sel, &dsel)?;
         if dm.noncausal {
             up(dm.sc.kend, &kend)?;
@@ -246,7 +325,8 @@ impl CudaSpec {
         up(target.sc.tokens, &tt)?;
         up(target.sc.pos, &pos)?;
         up(target.sc.seqrow, &seqrow)?;
-        up(target.sc.bt, &tbt)?;
+        target.upload_tables(&tseqs)?;
+        target.sc.staged.set(false);
         up(target.sc.sel, &tsel)?;
 
         if self.use_graphs && !self.graphs.contains_key(&(k, nb)) {
@@ -255,12 +335,20 @@ impl CudaSpec {
                     self.graphs.insert((k, nb), g);
                 }
                 Err(e) => {
-                    tracing::warn!("CUDA graph capture of the DFlash step failed, running eagerly: {e}");
+                    tracing::warn!(
+                        "CUDA graph capture of the DFlash step failed, running eagerly: {e}"
+                    );
                     self.use_graphs = false;
                 }
             }
         }
-        let ev = |on: bool| -> Result<Option<device::Event>> { if on { target.dev.event().map(Some).map_err(cerr) } else { Ok(None) } };
+        let ev = |on: bool| -> Result<Option<device::Event>> {
+            if on {
+                target.dev.event().map(Some).map_err(cerr)
+            } else {
+                Ok(None)
+            }
+        };
         let e0 = ev(self.timing)?;
         match self.graphs.get(&(k, nb)).filter(|_| self.use_graphs) {
             Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
@@ -303,7 +391,10 @@ impl CudaSpec {
         // Per sequence [a, d_1..d_a, g_a, .., drafts at k + 2]: the only read-back of the step.
         let w = 2 * k + 2;
         let mut out = vec![0i32; nb * w];
-        target.dev.dtoh(as_bytes_mut(&mut out), self.accept_buf).map_err(cerr)?;
+        target
+            .dev
+            .dtoh(as_bytes_mut(&mut out), self.accept_buf)
+            .map_err(cerr)?;
         times.steps += 1;
         times.wall_ms += t0.elapsed().as_secs_f64() * 1e3;
         let mut res = Vec::with_capacity(nb);
@@ -311,21 +402,36 @@ impl CudaSpec {
             let o = &out[b * w..(b + 1) * w];
             let a = o[0] as usize;
             if a > k {
-                return Err(EngineError::Other(format!("device acceptance returned {a} > k = {k}")));
+                return Err(EngineError::Other(format!(
+                    "device acceptance returned {a} > k = {k}"
+                )));
             }
             // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
+            target.note_written(q.tseq, q.tlen + k);
+            draft.m.note_written(q.dseq, q.tlen + k);
             target.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
             target.truncate(q.tseq, q.tlen + a);
             draft.set_context_len(q.dseq, q.tlen + k);
             draft.truncate(q.dseq, q.tlen + a);
-            res.push((a, o[1..a + 2].iter().map(|&x| x as u32).collect(), o[k + 2..2 * k + 2].iter().map(|&x| x as u32).collect()));
+            res.push((
+                a,
+                o[1..a + 2].iter().map(|&x| x as u32).collect(),
+                o[k + 2..2 * k + 2].iter().map(|&x| x as u32).collect(),
+            ));
         }
         Ok(res)
     }
 
     /// Greedy speculative generation of one request on the device (`req.sampling` is ignored:
     /// greedy). Token-identical to greedy decoding without the draft.
-    pub fn generate(&mut self, target: &mut CudaModel, draft: &mut CudaDraft, req: &GenerateRequest, k: usize, keep_history: bool) -> Result<SpecRun> {
+    pub fn generate(
+        &mut self,
+        target: &mut CudaModel,
+        draft: &mut CudaDraft,
+        req: &GenerateRequest,
+        k: usize,
+        keep_history: bool,
+    ) -> Result<SpecRun> {
         draft.config().check_k(k)?;
         crate::generate::check_prompt(target, &req.prompt)?;
         self.prepare(target, draft)?;
@@ -364,7 +470,8 @@ impl CudaSpec {
         let mut times = SpecTimes::default();
         let mut finish = FinishReason::Length;
         let cfg = target.cfg.clone();
-        let stop = |tok: u32| (!req.ignore_eos && cfg.is_eos(tok)) || req.stop_token_ids.contains(&tok);
+        let stop =
+            |tok: u32| (!req.ignore_eos && cfg.is_eos(tok)) || req.stop_token_ids.contains(&tok);
         let mut push = |tok: u32, completion: &mut Vec<u32>, tokens: &mut Vec<u32>| -> bool {
             tokens.push(tok);
             completion.push(tok);
@@ -383,8 +490,24 @@ impl CudaSpec {
                 break;
             }
             let t = *tokens.last().expect("non-empty");
-            let (a, emitted, d) = self.step_batch(target, draft, &[SeqStep { tseq, dseq, t, tlen }], ke, &mut times)?.remove(0);
-            let st = StepStats { num_draft_tokens: ke, num_accepted_tokens: a };
+            let (a, emitted, d) = self
+                .step_batch(
+                    target,
+                    draft,
+                    &[SeqStep {
+                        tseq,
+                        dseq,
+                        t,
+                        tlen,
+                    }],
+                    ke,
+                    &mut times,
+                )?
+                .remove(0);
+            let st = StepStats {
+                num_draft_tokens: ke,
+                num_accepted_tokens: a,
+            };
             stats.observe(&st);
             stats.num_emitted_tokens += a as u64 + 1;
             if keep_history {
@@ -398,6 +521,12 @@ impl CudaSpec {
                 }
             }
         }
-        Ok(SpecRun { completion, finish, stats, times, prefill_ms })
+        Ok(SpecRun {
+            completion,
+            finish,
+            stats,
+            times,
+            prefill_ms,
+        })
     }
 }

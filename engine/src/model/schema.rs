@@ -5,7 +5,11 @@ use crate::config::{LagunaConfig, MlpKind};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Expected {
     /// A Linear `[out, in]`: `<prefix>.weight` (BF16/F16/F32) or the NVFP4 triplet.
-    Linear { prefix: String, out: usize, inp: usize },
+    Linear {
+        prefix: String,
+        out: usize,
+        inp: usize,
+    },
     /// A plain float tensor of this shape (norms, embeddings, router bias).
     Tensor { name: String, shape: Vec<usize> },
 }
@@ -27,11 +31,21 @@ pub fn layer_prefix(i: usize) -> String {
 pub fn inventory(cfg: &LagunaConfig) -> Vec<Expected> {
     let h = cfg.hidden_size;
     let hd = cfg.head_dim;
-    let mut v = vec![Expected::Tensor { name: "model.embed_tokens.weight".into(), shape: vec![cfg.vocab_size, h] }];
+    let mut v = vec![Expected::Tensor {
+        name: "model.embed_tokens.weight".into(),
+        shape: vec![cfg.vocab_size, h],
+    }];
     for (i, l) in cfg.layers.iter().enumerate() {
         let p = layer_prefix(i);
-        let lin = |name: &str, out: usize, inp: usize| Expected::Linear { prefix: format!("{p}.{name}"), out, inp };
-        let t = |name: &str, shape: Vec<usize>| Expected::Tensor { name: format!("{p}.{name}"), shape };
+        let lin = |name: &str, out: usize, inp: usize| Expected::Linear {
+            prefix: format!("{p}.{name}"),
+            out,
+            inp,
+        };
+        let t = |name: &str, shape: Vec<usize>| Expected::Tensor {
+            name: format!("{p}.{name}"),
+            shape,
+        };
         v.push(t("input_layernorm.weight", vec![h]));
         v.push(t("post_attention_layernorm.weight", vec![h]));
         v.push(lin("self_attn.q_proj", l.num_heads * hd, h));
@@ -55,7 +69,10 @@ pub fn inventory(cfg: &LagunaConfig) -> Vec<Expected> {
             MlpKind::Sparse => {
                 let m = cfg.moe_intermediate_size;
                 v.push(lin("mlp.gate", cfg.num_experts, h));
-                v.push(t("mlp.experts.e_score_correction_bias", vec![cfg.num_experts]));
+                v.push(t(
+                    "mlp.experts.e_score_correction_bias",
+                    vec![cfg.num_experts],
+                ));
                 for e in 0..cfg.num_experts {
                     v.push(lin(&format!("mlp.experts.{e}.gate_proj"), m, h));
                     v.push(lin(&format!("mlp.experts.{e}.up_proj"), m, h));
@@ -70,9 +87,16 @@ pub fn inventory(cfg: &LagunaConfig) -> Vec<Expected> {
             }
         }
     }
-    v.push(Expected::Tensor { name: "model.norm.weight".into(), shape: vec![h] });
+    v.push(Expected::Tensor {
+        name: "model.norm.weight".into(),
+        shape: vec![h],
+    });
     if !cfg.tie_word_embeddings {
-        v.push(Expected::Linear { prefix: "lm_head".into(), out: cfg.vocab_size, inp: h });
+        v.push(Expected::Linear {
+            prefix: "lm_head".into(),
+            out: cfg.vocab_size,
+            inp: h,
+        });
     }
     v
 }

@@ -13,13 +13,22 @@ pub struct Detokenizer {
 
 impl Detokenizer {
     pub fn new(skip_special: bool) -> Detokenizer {
-        Detokenizer { ids: vec![], prefix: 0, read: 0, skip_special }
+        Detokenizer {
+            ids: vec![],
+            prefix: 0,
+            read: 0,
+            skip_special,
+        }
     }
 
     pub fn push(&mut self, tok: &Tokenizer, new: &[u32]) -> String {
         self.ids.extend_from_slice(new);
-        let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special).unwrap_or_default();
-        let after = tok.decode(&self.ids[self.prefix..], self.skip_special).unwrap_or_default();
+        let before = tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special)
+            .unwrap_or_default();
+        let after = tok
+            .decode(&self.ids[self.prefix..], self.skip_special)
+            .unwrap_or_default();
         if after.len() > before.len() && !after.ends_with('\u{FFFD}') {
             let delta = match after.get(before.len()..) {
                 Some(d) if after.starts_with(&before) => d.to_string(),
@@ -39,8 +48,12 @@ impl Detokenizer {
         if self.read == self.ids.len() {
             return String::new();
         }
-        let before = tok.decode(&self.ids[self.prefix..self.read], self.skip_special).unwrap_or_default();
-        let after = tok.decode(&self.ids[self.prefix..], self.skip_special).unwrap_or_default();
+        let before = tok
+            .decode(&self.ids[self.prefix..self.read], self.skip_special)
+            .unwrap_or_default();
+        let after = tok
+            .decode(&self.ids[self.prefix..], self.skip_special)
+            .unwrap_or_default();
         self.prefix = self.read;
         self.read = self.ids.len();
         after.get(before.len()..).unwrap_or("").to_string()
@@ -62,7 +75,10 @@ pub enum StopCheck {
 
 impl StopMatcher {
     pub fn new(stops: Vec<String>) -> StopMatcher {
-        StopMatcher { stops: stops.into_iter().filter(|s| !s.is_empty()).collect(), pending: String::new() }
+        StopMatcher {
+            stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+            pending: String::new(),
+        }
     }
 
     pub fn push(&mut self, delta: &str) -> StopCheck {
@@ -71,7 +87,11 @@ impl StopMatcher {
         }
         self.pending.push_str(delta);
         // Earliest match wins.
-        let hit = self.stops.iter().filter_map(|s| self.pending.find(s.as_str()).map(|p| (p, s.clone()))).min_by_key(|(p, _)| *p);
+        let hit = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()).map(|p| (p, s.clone())))
+            .min_by_key(|(p, _)| *p);
         if let Some((p, s)) = hit {
             let before = self.pending[..p].to_string();
             self.pending.clear();
@@ -121,19 +141,29 @@ mod tests {
     /// Token-by-token deltas concatenate to the full decode, multi-byte characters included.
     #[test]
     fn incremental_decode_matches_full_decode() {
-        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny-chat"));
+        let dir = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/tiny-chat"
+        ));
         let Ok(Some(tok)) = Tokenizer::from_dir(dir) else {
             eprintln!("skipping: no tiny-chat tokenizer");
             return;
         };
-        for text in ["café 中国 😀\n\n\tx", "<think>hmm</think> Hello world!", "fn main() {\n    println!(\"é\");\n}"] {
+        for text in [
+            "café 中国 😀\n\n\tx",
+            "<think>hmm</think> Hello world!",
+            "fn main() {\n    println!(\"é\");\n}",
+        ] {
             let ids = tok.encode(text, false).unwrap();
             for skip in [true, false] {
                 let mut d = Detokenizer::new(skip);
                 let mut out = String::new();
                 for id in &ids {
                     let delta = d.push(&tok, &[*id]);
-                    assert!(!delta.contains('\u{FFFD}'), "{text:?}: partial character leaked: {delta:?}");
+                    assert!(
+                        !delta.contains('\u{FFFD}'),
+                        "{text:?}: partial character leaked: {delta:?}"
+                    );
                     out += &delta;
                 }
                 out += &d.flush(&tok);
@@ -144,10 +174,19 @@ mod tests {
 
     #[test]
     fn stop_strings_across_deltas() {
-        assert_eq!(run(&["END"], &["abc E", "N", "D tail"]), ("abc ".to_string(), Some("END".to_string())));
+        assert_eq!(
+            run(&["END"], &["abc E", "N", "D tail"]),
+            ("abc ".to_string(), Some("END".to_string()))
+        );
         assert_eq!(run(&["END"], &["abc E", "x"]), ("abc Ex".to_string(), None));
-        assert_eq!(run(&["\n\n", "stop"], &["a\n", "b s", "to", "p"]), ("a\nb ".to_string(), Some("stop".to_string())));
+        assert_eq!(
+            run(&["\n\n", "stop"], &["a\n", "b s", "to", "p"]),
+            ("a\nb ".to_string(), Some("stop".to_string()))
+        );
         assert_eq!(run(&[], &["a", "b"]), ("ab".to_string(), None));
-        assert_eq!(run(&["é!"], &["café", "!"]), ("caf".to_string(), Some("é!".to_string())));
+        assert_eq!(
+            run(&["é!"], &["café", "!"]),
+            ("caf".to_string(), Some("é!".to_string()))
+        );
     }
 }

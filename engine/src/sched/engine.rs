@@ -32,7 +32,12 @@ pub struct SchedConfig {
 
 impl Default for SchedConfig {
     fn default() -> Self {
-        SchedConfig { max_num_seqs: 32, max_num_batched_tokens: 2048, max_model_len: 4096, max_waiting: 0 }
+        SchedConfig {
+            max_num_seqs: 32,
+            max_num_batched_tokens: 2048,
+            max_model_len: 4096,
+            max_waiting: 0,
+        }
     }
 }
 
@@ -116,7 +121,16 @@ impl Engine {
         if let Some(s) = &spec {
             model.set_taps(&s.taps());
         }
-        Engine { cfg, model, spec, dflash, inbox, shared, waiting: VecDeque::new(), running: vec![] }
+        Engine {
+            cfg,
+            model,
+            spec,
+            dflash,
+            inbox,
+            shared,
+            waiting: VecDeque::new(),
+            running: vec![],
+        }
     }
 
     pub fn run(mut self) {
@@ -154,7 +168,9 @@ impl Engine {
 
     fn record_finish(&self, reason: FinishReason, arrival: Instant) {
         let mut m = self.shared.metrics.lock().unwrap();
-        *m.request_success.entry(reason.as_str().to_string()).or_insert(0) += 1;
+        *m.request_success
+            .entry(reason.as_str().to_string())
+            .or_insert(0) += 1;
         if matches!(reason, FinishReason::Stop | FinishReason::Length) {
             m.e2e_latency.observe(arrival.elapsed().as_secs_f64());
         }
@@ -179,7 +195,11 @@ impl Engine {
                 let r = self.running.swap_remove(i);
                 let arrival = r.sub.arrival;
                 self.free(r);
-                let reason = if c == STOPPED { FinishReason::Stop } else { FinishReason::Abort };
+                let reason = if c == STOPPED {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Abort
+                };
                 self.record_finish(reason, arrival);
             } else {
                 i += 1;
@@ -194,7 +214,9 @@ impl Engine {
             }
             live
         });
-        self.shared.queued.fetch_sub(before - self.waiting.len(), Ordering::AcqRel);
+        self.shared
+            .queued
+            .fetch_sub(before - self.waiting.len(), Ordering::AcqRel);
         for a in aborted {
             self.record_finish(FinishReason::Abort, a);
         }
@@ -202,26 +224,50 @@ impl Engine {
 
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_num_seqs {
-            let Some(sub) = self.waiting.pop_front() else { break };
+            let Some(sub) = self.waiting.pop_front() else {
+                break;
+            };
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             let started = match self.dflash.as_mut() {
-                Some(d) => SpecState::new(self.model.as_mut(), d.draft.as_mut(), &sub.req.prompt, d.k, sub.req.sampling.clone())
-                    .map(|st| (st.target_seq, Some(st))),
+                Some(d) => SpecState::new(
+                    self.model.as_mut(),
+                    d.draft.as_mut(),
+                    &sub.req.prompt,
+                    d.k,
+                    sub.req.sampling.clone(),
+                )
+                .map(|st| (st.target_seq, Some(st))),
                 None => self.model.new_seq().map(|s| (s, None)),
             };
             let (seq, spec) = match started {
                 Ok(x) => x,
                 Err(e) => {
-                    let _ = sub.tx.send(EngineEvent::Error(format!("could not start a sequence: {e}")));
+                    let _ = sub.tx.send(EngineEvent::Error(format!(
+                        "could not start a sequence: {e}"
+                    )));
                     self.record_finish(FinishReason::Error, sub.arrival);
                     continue;
                 }
             };
-            let rng = sub.req.sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+            let rng = sub
+                .req
+                .sampling
+                .seed
+                .map(Rng::new)
+                .unwrap_or_else(Rng::from_entropy);
             let tokens = sub.req.prompt.clone();
             let prompt_len = tokens.len();
             self.shared.metrics.lock().unwrap().prompt_tokens_total += prompt_len as u64;
-            self.running.push(Running { sub, seq, tokens, prompt_len, computed: 0, rng, first_token: None, spec });
+            self.running.push(Running {
+                sub,
+                seq,
+                tokens,
+                prompt_len,
+                computed: 0,
+                rng,
+                first_token: None,
+                spec,
+            });
         }
     }
 
@@ -249,8 +295,18 @@ impl Engine {
             let mut rows = vec![last];
             rows.extend_from_slice(&drafts);
             budget -= rows.len();
-            let logits = if drafts.is_empty() { LogitRows::Last } else { LogitRows::All };
-            plan.push(Planned { idx, rows, start: r.computed, logits, drafts });
+            let logits = if drafts.is_empty() {
+                LogitRows::Last
+            } else {
+                LogitRows::All
+            };
+            plan.push(Planned {
+                idx,
+                rows,
+                start: r.computed,
+                logits,
+                drafts,
+            });
         }
         // Then prefill chunks, oldest first.
         for (idx, r) in self.running.iter().enumerate() {
@@ -260,8 +316,18 @@ impl Engine {
             let n = (r.prompt_len - r.computed).min(budget);
             budget -= n;
             let end = r.computed + n;
-            let logits = if end == r.prompt_len { LogitRows::Last } else { LogitRows::None };
-            plan.push(Planned { idx, rows: r.tokens[r.computed..end].to_vec(), start: r.computed, logits, drafts: vec![] });
+            let logits = if end == r.prompt_len {
+                LogitRows::Last
+            } else {
+                LogitRows::None
+            };
+            plan.push(Planned {
+                idx,
+                rows: r.tokens[r.computed..end].to_vec(),
+                start: r.computed,
+                logits,
+                drafts: vec![],
+            });
         }
         plan
     }
@@ -276,7 +342,12 @@ impl Engine {
         }
         let inputs: Vec<StepInput> = plan
             .iter()
-            .map(|p| StepInput { seq: self.running[p.idx].seq, tokens: &p.rows, start_pos: p.start, logits: p.logits })
+            .map(|p| StepInput {
+                seq: self.running[p.idx].seq,
+                tokens: &p.rows,
+                start_pos: p.start,
+                logits: p.logits,
+            })
             .collect();
         let outs = self.model.forward(&inputs);
         {
@@ -308,7 +379,10 @@ impl Engine {
         idxs.sort_unstable_by(|a, b| b.cmp(a));
         for i in idxs {
             let r = self.running.swap_remove(i);
-            let _ = r.sub.tx.send(EngineEvent::Error(format!("forward failed: {e}")));
+            let _ = r
+                .sub
+                .tx
+                .send(EngineEvent::Error(format!("forward failed: {e}")));
             let arrival = r.sub.arrival;
             self.free(r);
             self.record_finish(FinishReason::Error, arrival);
@@ -445,7 +519,11 @@ impl Engine {
             v.tokens
         };
         if let Some(s) = self.spec.as_mut() {
-            let kept = if p.drafts.is_empty() { p.rows.len() } else { emitted.len() };
+            let kept = if p.drafts.is_empty() {
+                p.rows.len()
+            } else {
+                emitted.len()
+            };
             s.observe(r.seq, p.start, &out.taps, kept);
         }
         self.deliver(p.idx, emitted, lps)
@@ -480,15 +558,30 @@ impl Engine {
             let mut m = self.shared.metrics.lock().unwrap();
             m.generation_tokens_total += emitted.len() as u64;
             if r.first_token.is_none() {
-                m.time_to_first_token.observe((now - r.sub.arrival).as_secs_f64());
+                m.time_to_first_token
+                    .observe((now - r.sub.arrival).as_secs_f64());
             }
         }
         r.first_token.get_or_insert(now);
-        let sent = r.sub.tx.send(EngineEvent::Tokens { ids: emitted, logprobs: lps }).is_ok();
+        let sent = r
+            .sub
+            .tx
+            .send(EngineEvent::Tokens {
+                ids: emitted,
+                logprobs: lps,
+            })
+            .is_ok();
         let arrival = r.sub.arrival;
         if !sent || r.sub.cancel.load(Ordering::Acquire) != LIVE {
             let c = r.sub.cancel.load(Ordering::Acquire);
-            self.record_finish(if c == STOPPED { FinishReason::Stop } else { FinishReason::Abort }, arrival);
+            self.record_finish(
+                if c == STOPPED {
+                    FinishReason::Stop
+                } else {
+                    FinishReason::Abort
+                },
+                arrival,
+            );
             return true;
         }
         if let Some((reason, stop_token)) = finish {
@@ -507,10 +600,24 @@ pub fn logprob_of(logits: &[f32], chosen: u32, n: usize) -> TokenLogprob {
     if n > 0 {
         let mut idx: Vec<usize> = (0..lp.len()).collect();
         let n = n.min(idx.len());
-        idx.select_nth_unstable_by(n - 1, |&a, &b| lp[b].partial_cmp(&lp[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        idx.select_nth_unstable_by(n - 1, |&a, &b| {
+            lp[b]
+                .partial_cmp(&lp[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
         idx.truncate(n);
-        idx.sort_by(|&a, &b| lp[b].partial_cmp(&lp[a]).unwrap_or(std::cmp::Ordering::Equal).then(a.cmp(&b)));
+        idx.sort_by(|&a, &b| {
+            lp[b]
+                .partial_cmp(&lp[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(&b))
+        });
         top = idx.into_iter().map(|i| (i as u32, lp[i])).collect();
     }
-    TokenLogprob { id: chosen, logprob: lp[chosen as usize], top }
+    TokenLogprob {
+        id: chosen,
+        logprob: lp[chosen as usize],
+        top,
+    }
 }

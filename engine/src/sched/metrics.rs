@@ -3,13 +3,13 @@ use std::collections::BTreeMap;
 
 /// vLLM's buckets for `vllm:time_to_first_token_seconds`.
 pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
-    640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 /// vLLM's buckets for the request-latency histograms (`vllm:e2e_request_latency_seconds`).
 pub const LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0,
-    7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
 ];
 
 #[derive(Debug, Clone, PartialEq)]
@@ -24,10 +24,19 @@ pub struct Histogram {
 
 impl Histogram {
     pub fn new(bounds: &[f64]) -> Histogram {
-        Histogram { bounds: bounds.to_vec(), counts: vec![0; bounds.len() + 1], sum: 0.0, count: 0 }
+        Histogram {
+            bounds: bounds.to_vec(),
+            counts: vec![0; bounds.len() + 1],
+            sum: 0.0,
+            count: 0,
+        }
     }
     pub fn observe(&mut self, v: f64) {
-        let i = self.bounds.iter().position(|&b| v <= b).unwrap_or(self.bounds.len());
+        let i = self
+            .bounds
+            .iter()
+            .position(|&b| v <= b)
+            .unwrap_or(self.bounds.len());
         self.counts[i] += 1;
         self.sum += v;
         self.count += 1;
@@ -35,10 +44,13 @@ impl Histogram {
     /// Cumulative counts per bound, then `+Inf` (what Prometheus `_bucket` lines show).
     pub fn cumulative(&self) -> Vec<u64> {
         let mut acc = 0;
-        self.counts.iter().map(|c| {
-            acc += c;
-            acc
-        }).collect()
+        self.counts
+            .iter()
+            .map(|c| {
+                acc += c;
+                acc
+            })
+            .collect()
     }
 }
 

@@ -20,7 +20,9 @@ pub use engine::{logprob_of, Dflash, SchedConfig};
 pub use metrics::{Histogram, MetricsSnapshot};
 pub use spec_hook::SpecDriver;
 pub use stream::RequestStream;
-pub use types::{Event, FinishReason, GenRequest, Health, StopReason, SubmitError, TokenLogprob, Usage};
+pub use types::{
+    Event, FinishReason, GenRequest, Health, StopReason, SubmitError, TokenLogprob, Usage,
+};
 
 use crate::error::Result;
 use crate::model::Model;
@@ -55,7 +57,11 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn plain(model: Box<dyn Model>) -> Loaded {
-        Loaded { model, spec: None, dflash: None }
+        Loaded {
+            model,
+            spec: None,
+            dflash: None,
+        }
     }
 }
 
@@ -63,7 +69,11 @@ pub type ModelLoader = Box<dyn FnOnce() -> Result<Loaded> + Send>;
 
 impl Scheduler {
     /// Start the engine thread with a model that is already loaded.
-    pub fn start(cfg: SchedConfig, loaded: Loaded, tokenizer: Option<Arc<Tokenizer>>) -> Result<Scheduler> {
+    pub fn start(
+        cfg: SchedConfig,
+        loaded: Loaded,
+        tokenizer: Option<Arc<Tokenizer>>,
+    ) -> Result<Scheduler> {
         let s = Self::start_loading(cfg, Box::new(move || Ok(loaded)), tokenizer)?;
         // The "loader" only moves the model; wait the moment it takes so `submit` works at once.
         while s.health() == Health::Loading {
@@ -73,9 +83,15 @@ impl Scheduler {
     }
 
     /// Start the engine thread, which first runs `loader` (health is `Loading` meanwhile).
-    pub fn start_loading(cfg: SchedConfig, loader: ModelLoader, tokenizer: Option<Arc<Tokenizer>>) -> Result<Scheduler> {
+    pub fn start_loading(
+        cfg: SchedConfig,
+        loader: ModelLoader,
+        tokenizer: Option<Arc<Tokenizer>>,
+    ) -> Result<Scheduler> {
         if cfg.max_num_seqs == 0 || cfg.max_num_batched_tokens == 0 || cfg.max_model_len == 0 {
-            return Err(crate::EngineError::Other("max_num_seqs, max_num_batched_tokens and max_model_len must be at least 1".into()));
+            return Err(crate::EngineError::Other(
+                "max_num_seqs, max_num_batched_tokens and max_model_len must be at least 1".into(),
+            ));
         }
         if cfg.max_num_batched_tokens < cfg.max_num_seqs {
             return Err(crate::EngineError::Other(format!(
@@ -96,23 +112,37 @@ impl Scheduler {
             .name("laguna-engine".into())
             .spawn(move || match loader() {
                 Ok(l) => {
-                    sh.vocab_size.store(l.model.config().vocab_size, Ordering::Release);
+                    sh.vocab_size
+                        .store(l.model.config().vocab_size, Ordering::Release);
                     *sh.health.lock().unwrap_or_else(|e| e.into_inner()) = Health::Ready;
                     let sh2 = sh.clone();
-                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || Engine::new(c, l.model, l.spec, l.dflash, rx, sh).run()));
+                    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+                        Engine::new(c, l.model, l.spec, l.dflash, rx, sh).run()
+                    }));
                     if run.is_err() {
                         // Requests in flight see their streams end with an error; /health turns 503.
-                        tracing::error!("the engine thread panicked; the server stays up but cannot generate");
-                        *sh2.health.lock().unwrap_or_else(|e| e.into_inner()) = Health::Failed("the engine thread panicked".into());
+                        tracing::error!(
+                            "the engine thread panicked; the server stays up but cannot generate"
+                        );
+                        *sh2.health.lock().unwrap_or_else(|e| e.into_inner()) =
+                            Health::Failed("the engine thread panicked".into());
                     }
                 }
                 Err(e) => {
                     tracing::error!("model failed to load: {e}");
-                    *sh.health.lock().unwrap_or_else(|e| e.into_inner()) = Health::Failed(e.to_string());
+                    *sh.health.lock().unwrap_or_else(|e| e.into_inner()) =
+                        Health::Failed(e.to_string());
                 }
             })
-            .map_err(|e| crate::EngineError::Other(format!("could not start the engine thread: {e}")))?;
-        Ok(Scheduler { tx: Mutex::new(tx), shared, cfg, tokenizer })
+            .map_err(|e| {
+                crate::EngineError::Other(format!("could not start the engine thread: {e}"))
+            })?;
+        Ok(Scheduler {
+            tx: Mutex::new(tx),
+            shared,
+            cfg,
+            tokenizer,
+        })
     }
 
     pub fn config(&self) -> &SchedConfig {
@@ -121,14 +151,18 @@ impl Scheduler {
 
     fn check(&self, req: &GenRequest) -> std::result::Result<(), SubmitError> {
         if req.prompt.is_empty() {
-            return Err(SubmitError::Invalid("the prompt is empty: give at least one token".into()));
+            return Err(SubmitError::Invalid(
+                "the prompt is empty: give at least one token".into(),
+            ));
         }
         if req.max_tokens == 0 {
             return Err(SubmitError::Invalid("max_tokens must be at least 1".into()));
         }
         let v = self.shared.vocab_size.load(Ordering::Acquire) as u32;
         if let Some(t) = req.prompt.iter().find(|&&t| t >= v) {
-            return Err(SubmitError::Invalid(format!("prompt token id {t} is outside the vocabulary (size {v})")));
+            return Err(SubmitError::Invalid(format!(
+                "prompt token id {t} is outside the vocabulary (size {v})"
+            )));
         }
         let total = req.prompt.len() + req.max_tokens;
         if total > self.cfg.max_model_len {
@@ -151,7 +185,9 @@ impl Backend for Scheduler {
             Health::Ready => {}
         }
         self.check(&req)?;
-        if self.cfg.max_waiting > 0 && self.shared.queued.load(Ordering::Acquire) >= self.cfg.max_waiting {
+        if self.cfg.max_waiting > 0
+            && self.shared.queued.load(Ordering::Acquire) >= self.cfg.max_waiting
+        {
             return Err(SubmitError::Overloaded(self.cfg.max_waiting));
         }
         let (etx, erx) = tokio::sync::mpsc::unbounded_channel();
@@ -159,7 +195,12 @@ impl Backend for Scheduler {
         let prompt_tokens = req.prompt.len();
         let skip = req.skip_special_tokens;
         let stop = req.stop.clone();
-        let sub = Submission { req, tx: etx, cancel: cancel.clone(), arrival: Instant::now() };
+        let sub = Submission {
+            req,
+            tx: etx,
+            cancel: cancel.clone(),
+            arrival: Instant::now(),
+        };
         let inbox = self.tx.lock().unwrap_or_else(|e| e.into_inner()).clone();
         self.shared.queued.fetch_add(1, Ordering::AcqRel);
         if inbox.send(Msg::Submit(Box::new(sub))).is_err() {
@@ -170,18 +211,36 @@ impl Backend for Scheduler {
         let guard = stream::CancelGuard {
             flag: cancel,
             wake: Box::new(move || {
-                let _ = waker.lock().unwrap_or_else(|e| e.into_inner()).send(Msg::Wake);
+                let _ = waker
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .send(Msg::Wake);
             }),
         };
-        Ok(RequestStream::new(erx, guard, self.tokenizer.clone(), prompt_tokens, skip, stop))
+        Ok(RequestStream::new(
+            erx,
+            guard,
+            self.tokenizer.clone(),
+            prompt_tokens,
+            skip,
+            stop,
+        ))
     }
 
     fn health(&self) -> Health {
-        self.shared.health.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared
+            .health
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn metrics(&self) -> MetricsSnapshot {
-        self.shared.metrics.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared
+            .metrics
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 

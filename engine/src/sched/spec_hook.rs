@@ -56,9 +56,33 @@ mod tests {
     #[test]
     fn verify_accepts_matching_prefix() {
         let target = [5, 6, 7, 8];
-        assert_eq!(verify(&[5, 6, 9], |i| target[i]), Verified { tokens: vec![5, 6, 7], accepted: 2 });
-        assert_eq!(verify(&[5, 6, 7], |i| target[i]), Verified { tokens: vec![5, 6, 7, 8], accepted: 3 });
-        assert_eq!(verify(&[1], |i| target[i]), Verified { tokens: vec![5], accepted: 0 });
-        assert_eq!(verify(&[], |i| target[i]), Verified { tokens: vec![5], accepted: 0 });
+        assert_eq!(
+            verify(&[5, 6, 9], |i| target[i]),
+            Verified {
+                tokens: vec![5, 6, 7],
+                accepted: 2
+            }
+        );
+        assert_eq!(
+            verify(&[5, 6, 7], |i| target[i]),
+            Verified {
+                tokens: vec![5, 6, 7, 8],
+                accepted: 3
+            }
+        );
+        assert_eq!(
+            verify(&[1], |i| target[i]),
+            Verified {
+                tokens: vec![5],
+                accepted: 0
+            }
+        );
+        assert_eq!(
+            verify(&[], |i| target[i]),
+            Verified {
+                tokens: vec![5],
+                accepted: 0
+            }
+        );
     }
 }

@@ -23,7 +23,11 @@ pub(crate) struct CancelGuard {
 
 impl CancelGuard {
     fn set(&self, v: u8) {
-        if self.flag.compare_exchange(LIVE, v, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        if self
+            .flag
+            .compare_exchange(LIVE, v, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             (self.wake)();
         }
     }
@@ -61,7 +65,10 @@ impl RequestStream {
             tokenizer,
             detok: Detokenizer::new(skip_special),
             stops: StopMatcher::new(stop),
-            usage: Usage { prompt_tokens, completion_tokens: 0 },
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens: 0,
+            },
             out: VecDeque::new(),
             done: false,
         }
@@ -91,7 +98,9 @@ impl RequestStream {
                 Some(ev) => self.translate(ev),
                 None => {
                     self.done = true;
-                    return Some(Event::Error("the engine stopped while serving this request".into()));
+                    return Some(Event::Error(
+                        "the engine stopped while serving this request".into(),
+                    ));
                 }
             }
         }
@@ -106,12 +115,20 @@ impl RequestStream {
                     None => String::new(),
                 };
                 match self.stops.push(&delta) {
-                    StopCheck::Emit(text) => self.out.push_back(Event::Delta { ids, text, logprobs }),
+                    StopCheck::Emit(text) => self.out.push_back(Event::Delta {
+                        ids,
+                        text,
+                        logprobs,
+                    }),
                     StopCheck::Stopped(text, s) => {
                         // The engine stops this sequence at its next step and reports nothing more.
                         self.guard.set(STOPPED);
                         self.done = true;
-                        self.out.push_back(Event::Delta { ids, text, logprobs });
+                        self.out.push_back(Event::Delta {
+                            ids,
+                            text,
+                            logprobs,
+                        });
                         self.out.push_back(Event::Finished {
                             reason: FinishReason::Stop,
                             stop_reason: Some(StopReason::Text(s)),
@@ -122,19 +139,36 @@ impl RequestStream {
             }
             EngineEvent::Finished { reason, stop_token } => {
                 self.done = true;
-                let _ = self.guard.flag.compare_exchange(LIVE, DONE, Ordering::AcqRel, Ordering::Acquire);
+                let _ = self.guard.flag.compare_exchange(
+                    LIVE,
+                    DONE,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
                 let tail = match &self.tokenizer {
                     Some(t) => self.detok.flush(t),
                     None => String::new(),
                 };
                 let (text, reason, stop_reason) = match self.stops.push(&tail) {
-                    StopCheck::Emit(t) => (t + &self.stops.flush(), reason, stop_token.map(StopReason::TokenId)),
+                    StopCheck::Emit(t) => (
+                        t + &self.stops.flush(),
+                        reason,
+                        stop_token.map(StopReason::TokenId),
+                    ),
                     StopCheck::Stopped(t, s) => (t, FinishReason::Stop, Some(StopReason::Text(s))),
                 };
                 if !text.is_empty() {
-                    self.out.push_back(Event::Delta { ids: vec![], text, logprobs: vec![] });
+                    self.out.push_back(Event::Delta {
+                        ids: vec![],
+                        text,
+                        logprobs: vec![],
+                    });
                 }
-                self.out.push_back(Event::Finished { reason, stop_reason, usage: self.usage });
+                self.out.push_back(Event::Finished {
+                    reason,
+                    stop_reason,
+                    usage: self.usage,
+                });
             }
             EngineEvent::Error(e) => {
                 self.done = true;

@@ -22,12 +22,25 @@ struct Toy {
 }
 
 fn toy_cfg() -> LagunaConfig {
-    LagunaConfig::from_json_str(&format!(r#"{{"model_type":"laguna","num_hidden_layers":1,"vocab_size":{VOCAB},"eos_token_id":[2]}}"#)).unwrap()
+    LagunaConfig::from_json_str(&format!(
+        r#"{{"model_type":"laguna","num_hidden_layers":1,"vocab_size":{VOCAB},"eos_token_id":[2]}}"#
+    ))
+    .unwrap()
 }
 
 fn toy() -> (Toy, Arc<AtomicUsize>) {
     let live = Arc::new(AtomicUsize::new(0));
-    (Toy { cfg: toy_cfg(), max_rows: usize::MAX, panic_on: None, seqs: HashMap::new(), next: 1, live: live.clone() }, live)
+    (
+        Toy {
+            cfg: toy_cfg(),
+            max_rows: usize::MAX,
+            panic_on: None,
+            seqs: HashMap::new(),
+            next: 1,
+            live: live.clone(),
+        },
+        live,
+    )
 }
 
 fn logits_for(prefix: &[u32]) -> Vec<f32> {
@@ -37,7 +50,8 @@ fn logits_for(prefix: &[u32]) -> Vec<f32> {
     }
     (0..VOCAB)
         .map(|v| {
-            let x = (h ^ (v as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15)).wrapping_mul(0xBF58476D1CE4E5B9);
+            let x = (h ^ (v as u64 + 1).wrapping_mul(0x9E3779B97F4A7C15))
+                .wrapping_mul(0xBF58476D1CE4E5B9);
             let x = x ^ (x >> 31);
             // Token 2 (EOS) is unlikely so sequences run a while.
             (x >> 40) as f32 / (1u64 << 24) as f32 * 8.0 - if v == 2 { 6.0 } else { 0.0 }
@@ -78,9 +92,16 @@ impl Model for Toy {
         std::thread::sleep(Duration::from_micros(300));
         let rows: usize = batch.iter().map(|b| b.tokens.len()).sum();
         if let Some(p) = self.panic_on {
-            assert!(!batch.iter().any(|b| b.tokens.contains(&p)), "fake model failure");
+            assert!(
+                !batch.iter().any(|b| b.tokens.contains(&p)),
+                "fake model failure"
+            );
         }
-        assert!(rows <= self.max_rows, "a step carried {rows} rows, over the budget {}", self.max_rows);
+        assert!(
+            rows <= self.max_rows,
+            "a step carried {rows} rows, over the budget {}",
+            self.max_rows
+        );
         let mut outs = vec![];
         for b in batch {
             let kv = self.seqs.get_mut(&b.seq).expect("unknown seq");
@@ -99,7 +120,11 @@ impl Model for Toy {
                 }
             }
             let rows = logits.len() / VOCAB;
-            outs.push(StepOutput { logits, rows, taps: vec![] });
+            outs.push(StepOutput {
+                logits,
+                rows,
+                taps: vec![],
+            });
         }
         Ok(outs)
     }
@@ -107,7 +132,13 @@ impl Model for Toy {
 
 fn alone(prompt: &[u32], max_tokens: usize, sampling: SamplingParams) -> Vec<u32> {
     let (mut m, _) = toy();
-    let req = GenerateRequest { prompt: prompt.to_vec(), max_tokens, sampling, ignore_eos: false, stop_token_ids: vec![] };
+    let req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
+        sampling,
+        ignore_eos: false,
+        stop_token_ids: vec![],
+    };
     generate(&mut m, &req, false).unwrap().completion
 }
 
@@ -116,7 +147,11 @@ async fn collect(mut s: RequestStream) -> (Vec<u32>, FinishReason, Option<StopRe
     while let Some(ev) = s.next().await {
         match ev {
             Event::Delta { ids: d, .. } => ids.extend(d),
-            Event::Finished { reason, stop_reason, usage } => return (ids, reason, stop_reason, usage),
+            Event::Finished {
+                reason,
+                stop_reason,
+                usage,
+            } => return (ids, reason, stop_reason, usage),
             Event::Error(e) => panic!("{e}"),
         }
     }
@@ -124,11 +159,22 @@ async fn collect(mut s: RequestStream) -> (Vec<u32>, FinishReason, Option<StopRe
 }
 
 fn cfg(seqs: usize, tokens: usize) -> SchedConfig {
-    SchedConfig { max_num_seqs: seqs, max_num_batched_tokens: tokens, max_model_len: 256, max_waiting: 0 }
+    SchedConfig {
+        max_num_seqs: seqs,
+        max_num_batched_tokens: tokens,
+        max_model_len: 256,
+        max_waiting: 0,
+    }
 }
 
 fn prompts(n: usize) -> Vec<Vec<u32>> {
-    (0..n).map(|i| (0..(3 + i * 5 % 17)).map(|j| ((i * 7 + j * 3) % 60 + 3) as u32).collect()).collect()
+    (0..n)
+        .map(|i| {
+            (0..(3 + i * 5 % 17))
+                .map(|j| ((i * 7 + j * 3) % 60 + 3) as u32)
+                .collect()
+        })
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -139,7 +185,16 @@ async fn batched_outputs_equal_alone_greedy_and_seeded() {
     let ps = prompts(10);
     let mut tasks = vec![];
     for (i, p) in ps.iter().enumerate() {
-        let sampling = if i % 2 == 0 { SamplingParams::greedy() } else { SamplingParams { temperature: 0.9, top_k: 20, top_p: 0.9, seed: Some(i as u64) } };
+        let sampling = if i % 2 == 0 {
+            SamplingParams::greedy()
+        } else {
+            SamplingParams {
+                temperature: 0.9,
+                top_k: 20,
+                top_p: 0.9,
+                seed: Some(i as u64),
+            }
+        };
         let mut req = GenRequest::greedy(p.clone(), 12);
         req.sampling = sampling.clone();
         let stream = s.submit(req).unwrap();
@@ -151,14 +206,28 @@ async fn batched_outputs_equal_alone_greedy_and_seeded() {
         assert_eq!(ids, want, "prompt {p:?}");
         assert_eq!(usage.prompt_tokens, p.len());
         assert_eq!(usage.completion_tokens, ids.len());
-        assert_eq!(reason, if ids.len() == 12 && *ids.last().unwrap() != 2 { FinishReason::Length } else { FinishReason::Stop });
+        assert_eq!(
+            reason,
+            if ids.len() == 12 && *ids.last().unwrap() != 2 {
+                FinishReason::Length
+            } else {
+                FinishReason::Stop
+            }
+        );
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
     let m = s.metrics();
     assert_eq!(m.num_running, 0);
     assert_eq!(m.num_waiting, 0);
-    assert!(m.max_batch_seqs_seen > 1 && m.max_batch_seqs_seen <= 3, "{}", m.max_batch_seqs_seen);
-    assert_eq!(m.prompt_tokens_total as usize, ps.iter().map(|p| p.len()).sum::<usize>());
+    assert!(
+        m.max_batch_seqs_seen > 1 && m.max_batch_seqs_seen <= 3,
+        "{}",
+        m.max_batch_seqs_seen
+    );
+    assert_eq!(
+        m.prompt_tokens_total as usize,
+        ps.iter().map(|p| p.len()).sum::<usize>()
+    );
     assert_eq!(live.load(Ordering::SeqCst), 0, "all KV freed");
 }
 
@@ -201,9 +270,18 @@ async fn stop_token_ids_and_limits() {
     assert_eq!(reason, FinishReason::Stop);
     assert_eq!(sr, Some(StopReason::TokenId(stop)));
     let e = s.submit(GenRequest::greedy(p.clone(), 254)).err().unwrap();
-    assert!(matches!(e, SubmitError::Invalid(ref m) if m.contains("max_model_len")), "{e:?}");
-    assert!(matches!(s.submit(GenRequest::greedy(vec![], 2)), Err(SubmitError::Invalid(_))));
-    assert!(matches!(s.submit(GenRequest::greedy(vec![1000], 2)), Err(SubmitError::Invalid(_))));
+    assert!(
+        matches!(e, SubmitError::Invalid(ref m) if m.contains("max_model_len")),
+        "{e:?}"
+    );
+    assert!(matches!(
+        s.submit(GenRequest::greedy(vec![], 2)),
+        Err(SubmitError::Invalid(_))
+    ));
+    assert!(matches!(
+        s.submit(GenRequest::greedy(vec![1000], 2)),
+        Err(SubmitError::Invalid(_))
+    ));
 }
 
 /// Proposes the true greedy continuation, except every third draft is wrong.
@@ -222,7 +300,11 @@ impl SpecDriver for Oracle {
         for j in 0..self.k {
             self.calls += 1;
             let t = crate::cpu::ops::argmax(&logits_for(&ctx)) as u32;
-            let t = if (self.calls + j).is_multiple_of(3) { (t + 1) % VOCAB as u32 } else { t };
+            let t = if (self.calls + j).is_multiple_of(3) {
+                (t + 1) % VOCAB as u32
+            } else {
+                t
+            };
             out.push(t);
             ctx.push(t);
         }
@@ -235,11 +317,25 @@ impl SpecDriver for Oracle {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spec_driver_emits_several_tokens_per_step_with_identical_output() {
     let (m, live) = toy();
-    let s = Scheduler::start(cfg(4, 64), Loaded { model: Box::new(m), spec: Some(Box::new(Oracle { k: 3, calls: 0 })), dflash: None }, None).unwrap();
+    let s = Scheduler::start(
+        cfg(4, 64),
+        Loaded {
+            model: Box::new(m),
+            spec: Some(Box::new(Oracle { k: 3, calls: 0 })),
+            dflash: None,
+        },
+        None,
+    )
+    .unwrap();
     let ps = prompts(4);
     let mut tasks = vec![];
     for p in &ps {
-        tasks.push((p.clone(), tokio::spawn(collect(s.submit(GenRequest::greedy(p.clone(), 15)).unwrap()))));
+        tasks.push((
+            p.clone(),
+            tokio::spawn(collect(
+                s.submit(GenRequest::greedy(p.clone(), 15)).unwrap(),
+            )),
+        ));
     }
     for (p, t) in tasks {
         let (ids, _, _, usage) = t.await.unwrap();
@@ -250,8 +346,14 @@ async fn spec_driver_emits_several_tokens_per_step_with_identical_output() {
     let m = s.metrics();
     assert!(m.spec_num_drafts > 0);
     assert!(m.spec_num_accepted_tokens > 0 && m.spec_num_accepted_tokens < m.spec_num_draft_tokens);
-    assert_eq!(m.spec_accepted_per_pos.iter().sum::<u64>(), m.spec_num_accepted_tokens);
-    assert!(m.generation_tokens_total > m.num_steps, "several tokens per step");
+    assert_eq!(
+        m.spec_accepted_per_pos.iter().sum::<u64>(),
+        m.spec_num_accepted_tokens
+    );
+    assert!(
+        m.generation_tokens_total > m.num_steps,
+        "several tokens per step"
+    );
     assert_eq!(live.load(Ordering::SeqCst), 0);
 }
 
@@ -262,7 +364,10 @@ async fn dflash_batched_equals_plain_greedy() {
     use crate::cpu::CpuModel;
     use crate::spec::CpuDraft;
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"));
-    let (tdir, ddir) = (root.join("models/swa-yarn-perhead"), root.join("drafts/swa-yarn-perhead-causal-w8"));
+    let (tdir, ddir) = (
+        root.join("models/swa-yarn-perhead"),
+        root.join("drafts/swa-yarn-perhead-causal-w8"),
+    );
     if !tdir.join("config.json").exists() || !ddir.join("config.json").exists() {
         eprintln!("skipping: DFlash fixtures missing");
         return;
@@ -272,10 +377,28 @@ async fn dflash_batched_equals_plain_greedy() {
     let vocab = target.cfg.vocab_size as u32;
     let mut plain = CpuModel::load(&tdir).unwrap();
     let k = 3;
-    let cfg = SchedConfig { max_num_seqs: 3, max_num_batched_tokens: 12, max_model_len: 256, max_waiting: 0 };
-    let loaded = Loaded { model: Box::new(target), spec: None, dflash: Some(Dflash { draft: Box::new(draft), k }) };
+    let cfg = SchedConfig {
+        max_num_seqs: 3,
+        max_num_batched_tokens: 12,
+        max_model_len: 256,
+        max_waiting: 0,
+    };
+    let loaded = Loaded {
+        model: Box::new(target),
+        spec: None,
+        dflash: Some(Dflash {
+            draft: Box::new(draft),
+            k,
+        }),
+    };
     let s = Scheduler::start(cfg, loaded, None).unwrap();
-    let prompts: Vec<Vec<u32>> = (0..5).map(|i| (0..(6 + 3 * i)).map(|j| ((i * 31 + j * 7 + 3) as u32) % vocab).collect()).collect();
+    let prompts: Vec<Vec<u32>> = (0..5)
+        .map(|i| {
+            (0..(6 + 3 * i))
+                .map(|j| ((i * 31 + j * 7 + 3) as u32) % vocab)
+                .collect()
+        })
+        .collect();
     let mut tasks = vec![];
     for p in &prompts {
         let mut req = GenRequest::greedy(p.clone(), 20);
@@ -284,17 +407,35 @@ async fn dflash_batched_equals_plain_greedy() {
     }
     for (p, t) in tasks {
         let (ids, reason, _, usage) = t.await.unwrap();
-        let req = GenerateRequest { prompt: p.clone(), max_tokens: 20, sampling: SamplingParams::greedy(), ignore_eos: true, stop_token_ids: vec![] };
+        let req = GenerateRequest {
+            prompt: p.clone(),
+            max_tokens: 20,
+            sampling: SamplingParams::greedy(),
+            ignore_eos: true,
+            stop_token_ids: vec![],
+        };
         let want = generate(&mut plain, &req, false).unwrap().completion;
         assert_eq!(ids, want, "prompt {p:?}");
-        assert_eq!((reason, usage.completion_tokens), (FinishReason::Length, 20));
+        assert_eq!(
+            (reason, usage.completion_tokens),
+            (FinishReason::Length, 20)
+        );
     }
     tokio::time::sleep(Duration::from_millis(10)).await;
     let m = s.metrics();
-    assert!(m.spec_num_drafts > 0 && m.spec_num_draft_tokens > 0, "{m:?}");
-    assert_eq!(m.spec_accepted_per_pos.iter().sum::<u64>(), m.spec_num_accepted_tokens);
+    assert!(
+        m.spec_num_drafts > 0 && m.spec_num_draft_tokens > 0,
+        "{m:?}"
+    );
+    assert_eq!(
+        m.spec_accepted_per_pos.iter().sum::<u64>(),
+        m.spec_num_accepted_tokens
+    );
     assert_eq!(m.num_running, 0);
-    eprintln!("dflash: {} steps for {} tokens, accepted {}/{}", m.num_steps, m.generation_tokens_total, m.spec_num_accepted_tokens, m.spec_num_draft_tokens);
+    eprintln!(
+        "dflash: {} steps for {} tokens, accepted {}/{}",
+        m.num_steps, m.generation_tokens_total, m.spec_num_accepted_tokens, m.spec_num_draft_tokens
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -311,6 +452,9 @@ async fn engine_panic_fails_requests_and_health() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     assert!(matches!(s.health(), Health::Failed(_)));
-    assert!(matches!(s.submit(GenRequest::greedy(vec![5], 2)), Err(SubmitError::Dead(_))));
+    assert!(matches!(
+        s.submit(GenRequest::greedy(vec![5], 2)),
+        Err(SubmitError::Dead(_))
+    ));
     let _ = s.metrics(); // not poisoned
 }

@@ -81,8 +81,14 @@ pub struct TokenLogprob {
 #[derive(Debug, Clone)]
 pub(crate) enum EngineEvent {
     /// One or more tokens (several per step with speculative decoding).
-    Tokens { ids: Vec<u32>, logprobs: Vec<TokenLogprob> },
-    Finished { reason: FinishReason, stop_token: Option<u32> },
+    Tokens {
+        ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Finished {
+        reason: FinishReason,
+        stop_token: Option<u32>,
+    },
     Error(String),
 }
 
@@ -91,9 +97,17 @@ pub(crate) enum EngineEvent {
 pub enum Event {
     /// New tokens and the text they completed (may be empty while a multi-byte char or a
     /// possible stop string is pending).
-    Delta { ids: Vec<u32>, text: String, logprobs: Vec<TokenLogprob> },
+    Delta {
+        ids: Vec<u32>,
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     /// Always the last event of a stream.
-    Finished { reason: FinishReason, stop_reason: Option<StopReason>, usage: Usage },
+    Finished {
+        reason: FinishReason,
+        stop_reason: Option<StopReason>,
+        usage: Usage,
+    },
     /// The request failed inside the engine; no `Finished` follows.
     Error(String),
 }

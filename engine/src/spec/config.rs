@@ -51,41 +51,72 @@ fn err(key: &str, msg: impl Into<String>) -> EngineError {
 impl DraftConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).map_err(|e| EngineError::io(path, e))?;
-        let raw: Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::Config { path: path.display().to_string(), msg: format!("not valid JSON: {e}") })?;
+        let raw: Value = serde_json::from_str(&text).map_err(|e| EngineError::Config {
+            path: path.display().to_string(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
         Self::from_value(raw).map_err(|e| match e {
-            EngineError::ConfigKey { key, msg } => {
-                EngineError::Config { path: path.display().to_string(), msg: format!("key `{key}`: {msg}") }
-            }
+            EngineError::ConfigKey { key, msg } => EngineError::Config {
+                path: path.display().to_string(),
+                msg: format!("key `{key}`: {msg}"),
+            },
             other => other,
         })
     }
 
     pub fn from_json_str(text: &str) -> Result<Self> {
-        let raw: Value = serde_json::from_str(text)
-            .map_err(|e| EngineError::Config { path: "config.json".into(), msg: format!("not valid JSON: {e}") })?;
+        let raw: Value = serde_json::from_str(text).map_err(|e| EngineError::Config {
+            path: "config.json".into(),
+            msg: format!("not valid JSON: {e}"),
+        })?;
         Self::from_value(raw)
     }
 
     pub fn from_value(raw: Value) -> Result<Self> {
-        let map = raw.as_object().ok_or_else(|| err("<root>", "config.json must be a JSON object"))?;
+        let map = raw
+            .as_object()
+            .ok_or_else(|| err("<root>", "config.json must be a JSON object"))?;
         if let Some(a) = map.get("architectures").and_then(Value::as_array) {
             if !a.iter().any(|v| v.as_str() == Some(DRAFT_ARCH)) {
-                return Err(err("architectures", format!("expected [\"{DRAFT_ARCH}\"] for a DFlash draft, found {}", Value::Array(a.clone()))));
+                return Err(err(
+                    "architectures",
+                    format!(
+                        "expected [\"{DRAFT_ARCH}\"] for a DFlash draft, found {}",
+                        Value::Array(a.clone())
+                    ),
+                ));
             }
         }
         // vLLM requires explicit, uniform layer types.
-        let layer_types: Vec<String> = match map.get("layer_types") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| v.as_str().map(str::to_string).ok_or_else(|| err("layer_types", format!("expected strings, found {v}"))))
-                .collect::<Result<_>>()?,
-            Some(v) => return Err(err("layer_types", format!("expected a list of strings, found {v}"))),
-            None => return Err(err("layer_types", "a Laguna DFlash draft config requires `layer_types` (vLLM raises without it)")),
-        };
+        let layer_types: Vec<String> =
+            match map.get("layer_types") {
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(|v| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            err("layer_types", format!("expected strings, found {v}"))
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+                Some(v) => {
+                    return Err(err(
+                        "layer_types",
+                        format!("expected a list of strings, found {v}"),
+                    ))
+                }
+                None => return Err(err(
+                    "layer_types",
+                    "a Laguna DFlash draft config requires `layer_types` (vLLM raises without it)",
+                )),
+            };
         if let Some(first) = layer_types.first() {
             if layer_types.iter().any(|t| t != first) {
-                return Err(err("layer_types", format!("a Laguna DFlash draft needs uniform layer types, found {layer_types:?}")));
+                return Err(err(
+                    "layer_types",
+                    format!(
+                        "a Laguna DFlash draft needs uniform layer types, found {layer_types:?}"
+                    ),
+                ));
             }
         }
         // vLLM's own LagunaConfig defaults rope_theta to 500000 (flat); transformers' default is a
@@ -93,7 +124,10 @@ impl DraftConfig {
         let mut fixed = map.clone();
         // The draft's own model_type spelling does not matter (vLLM picks the class by architecture).
         fixed.remove("model_type");
-        if !fixed.contains_key("rope_parameters") && !fixed.contains_key("rope_scaling") && !fixed.contains_key("rope_theta") {
+        if !fixed.contains_key("rope_parameters")
+            && !fixed.contains_key("rope_scaling")
+            && !fixed.contains_key("rope_theta")
+        {
             fixed.insert("rope_theta".into(), Value::from(500000.0));
         }
         let base = LagunaConfig::from_value(Value::Object(fixed))?;
@@ -106,7 +140,10 @@ impl DraftConfig {
         let first = &base.layers[0];
         // vLLM's LagunaConfig has no default window (transformers' 512 does not apply): sliding
         // layers without `sliding_window` attend without a window.
-        let window = match (first.attn, map.get("sliding_window").filter(|v| !v.is_null())) {
+        let window = match (
+            first.attn,
+            map.get("sliding_window").filter(|v| !v.is_null()),
+        ) {
             (AttnKind::Sliding, Some(_)) => base.sliding_window,
             _ => None,
         };
@@ -118,58 +155,110 @@ impl DraftConfig {
         let get_usize = |key: &str| -> Result<Option<usize>> {
             match dflash.get(key).filter(|v| !v.is_null()) {
                 None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .map(|x| Some(x as usize))
-                    .ok_or_else(|| err(&format!("dflash_config.{key}"), format!("expected a non-negative integer, found {v}"))),
+                Some(v) => v.as_u64().map(|x| Some(x as usize)).ok_or_else(|| {
+                    err(
+                        &format!("dflash_config.{key}"),
+                        format!("expected a non-negative integer, found {v}"),
+                    )
+                }),
             }
         };
         let block_size = match get_usize("block_size")? {
             Some(b) => b,
             None => match map.get("block_size").and_then(Value::as_u64) {
                 Some(b) => b as usize,
-                None => return Err(err("dflash_config.block_size", "required (the trained block length, e.g. 16)")),
+                None => {
+                    return Err(err(
+                        "dflash_config.block_size",
+                        "required (the trained block length, e.g. 16)",
+                    ))
+                }
             },
         };
         if block_size < 2 {
-            return Err(err("dflash_config.block_size", format!("must be at least 2, found {block_size}")));
+            return Err(err(
+                "dflash_config.block_size",
+                format!("must be at least 2, found {block_size}"),
+            ));
         }
-        let mask_token_id = get_usize("mask_token_id")?.ok_or_else(|| err("dflash_config.mask_token_id", "required"))? as u32;
+        let mask_token_id = get_usize("mask_token_id")?
+            .ok_or_else(|| err("dflash_config.mask_token_id", "required"))?
+            as u32;
         let mut target_layer_ids: Vec<usize> = match dflash.get("target_layer_ids") {
             Some(Value::Array(a)) => a
                 .iter()
                 .map(|v| {
-                    v.as_u64()
-                        .map(|x| x as usize)
-                        .ok_or_else(|| err("dflash_config.target_layer_ids", format!("expected integers, found {v}")))
+                    v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                        err(
+                            "dflash_config.target_layer_ids",
+                            format!("expected integers, found {v}"),
+                        )
+                    })
                 })
                 .collect::<Result<_>>()?,
-            Some(v) => return Err(err("dflash_config.target_layer_ids", format!("expected a list of integers, found {v}"))),
-            None => return Err(err("dflash_config.target_layer_ids", "required (0-based target layers to tap)")),
+            Some(v) => {
+                return Err(err(
+                    "dflash_config.target_layer_ids",
+                    format!("expected a list of integers, found {v}"),
+                ))
+            }
+            None => {
+                return Err(err(
+                    "dflash_config.target_layer_ids",
+                    "required (0-based target layers to tap)",
+                ))
+            }
         };
         if target_layer_ids.is_empty() {
-            return Err(err("dflash_config.target_layer_ids", "must not be empty (vLLM raises)"));
+            return Err(err(
+                "dflash_config.target_layer_ids",
+                "must not be empty (vLLM raises)",
+            ));
         }
         // vLLM collects aux hidden states as the target's forward reaches each layer, so the
         // concatenation (and aux_hidden_norms.i) follows ascending layer order whatever the list order.
         target_layer_ids.sort_unstable();
         if target_layer_ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(err("dflash_config.target_layer_ids", format!("lists a layer twice: {target_layer_ids:?}")));
+            return Err(err(
+                "dflash_config.target_layer_ids",
+                format!("lists a layer twice: {target_layer_ids:?}"),
+            ));
         }
         let causal = match dflash.get("causal").filter(|v| !v.is_null()) {
             None => false,
             Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(err("dflash_config.causal", format!("expected true or false, found {v}"))),
+            Some(v) => {
+                return Err(err(
+                    "dflash_config.causal",
+                    format!("expected true or false, found {v}"),
+                ))
+            }
         };
         let vocab_size = match map.get("draft_vocab_size").filter(|v| !v.is_null()) {
-            Some(v) => v.as_u64().ok_or_else(|| err("draft_vocab_size", format!("expected a positive integer, found {v}")))? as usize,
-            None => return Err(err("draft_vocab_size", "required: the draft shares the target lm_head (vLLM raises without it)")),
+            Some(v) => v.as_u64().ok_or_else(|| {
+                err(
+                    "draft_vocab_size",
+                    format!("expected a positive integer, found {v}"),
+                )
+            })? as usize,
+            None => {
+                return Err(err(
+                    "draft_vocab_size",
+                    "required: the draft shares the target lm_head (vLLM raises without it)",
+                ))
+            }
         };
         if vocab_size != base.vocab_size {
-            return Err(err("draft_vocab_size", format!("{vocab_size} differs from vocab_size {}", base.vocab_size)));
+            return Err(err(
+                "draft_vocab_size",
+                format!("{vocab_size} differs from vocab_size {}", base.vocab_size),
+            ));
         }
         if (mask_token_id as usize) >= vocab_size {
-            return Err(err("dflash_config.mask_token_id", format!("{mask_token_id} is outside the vocabulary (size {vocab_size})")));
+            return Err(err(
+                "dflash_config.mask_token_id",
+                format!("{mask_token_id} is outside the vocabulary (size {vocab_size})"),
+            ));
         }
         let heads: Vec<usize> = base.layers.iter().map(|l| l.num_heads).collect();
         Ok(DraftConfig {
@@ -208,17 +297,28 @@ impl DraftConfig {
                 format!("draft hidden_size {} differs from the target's {} (the draft embeds with the target's embed_tokens)", self.hidden_size, target.hidden_size),
             ));
         }
-        if let Some(&l) = self.target_layer_ids.iter().find(|&&l| l >= target.num_layers) {
+        if let Some(&l) = self
+            .target_layer_ids
+            .iter()
+            .find(|&&l| l >= target.num_layers)
+        {
             return Err(err(
                 "dflash_config.target_layer_ids",
-                format!("tap layer {l} is beyond the target's {} layers (valid: 0..={})", target.num_layers, target.num_layers - 1),
+                format!(
+                    "tap layer {l} is beyond the target's {} layers (valid: 0..={})",
+                    target.num_layers,
+                    target.num_layers - 1
+                ),
             ));
         }
         if let Some(n) = self.num_target_layers {
             if n != target.num_layers {
                 return Err(err(
                     "dflash_config.num_target_layers",
-                    format!("the draft was built for a {n}-layer target but the target has {} layers", target.num_layers),
+                    format!(
+                        "the draft was built for a {n}-layer target but the target has {} layers",
+                        target.num_layers
+                    ),
                 ));
             }
         }
@@ -320,9 +420,15 @@ mod tests {
         assert!(e.contains("target_layer_ids"), "{e}");
         let mut v = base.clone();
         v["dflash_config"]["target_layer_ids"] = serde_json::json!([39, 1, 25, 13, 33]);
-        assert_eq!(DraftConfig::from_value(v).unwrap().target_layer_ids, vec![1, 13, 25, 33, 39]);
+        assert_eq!(
+            DraftConfig::from_value(v).unwrap().target_layer_ids,
+            vec![1, 13, 25, 33, 39]
+        );
         let e = with(&|m| {
-            m["dflash_config"].as_object_mut().unwrap().remove("mask_token_id");
+            m["dflash_config"]
+                .as_object_mut()
+                .unwrap()
+                .remove("mask_token_id");
         });
         assert!(e.contains("mask_token_id"), "{e}");
         let e = with(&|m| {
@@ -330,7 +436,10 @@ mod tests {
         });
         assert!(e.contains("block_size"), "{e}");
         let e = with(&|m| {
-            m.insert("mlp_layer_types".into(), serde_json::json!(["dense", "sparse", "dense", "dense", "dense"]));
+            m.insert(
+                "mlp_layer_types".into(),
+                serde_json::json!(["dense", "sparse", "dense", "dense", "dense"]),
+            );
         });
         assert!(e.contains("mlp_layer_types"), "{e}");
 
@@ -343,11 +452,20 @@ mod tests {
             .unwrap()
         };
         assert!(c.validate_target(&tgt(40, 100352, 2048)).is_ok());
-        let e = c.validate_target(&tgt(39, 100352, 2048)).unwrap_err().to_string();
+        let e = c
+            .validate_target(&tgt(39, 100352, 2048))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("target_layer_ids") && e.contains("39"), "{e}");
-        let e = c.validate_target(&tgt(40, 1000, 2048)).unwrap_err().to_string();
+        let e = c
+            .validate_target(&tgt(40, 1000, 2048))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("draft_vocab_size"), "{e}");
-        let e = c.validate_target(&tgt(40, 100352, 1024)).unwrap_err().to_string();
+        let e = c
+            .validate_target(&tgt(40, 100352, 1024))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("hidden_size"), "{e}");
     }
 
@@ -370,7 +488,9 @@ mod tests {
         let c = DraftConfig::from_value(v).unwrap();
         assert_eq!((c.rope.theta, c.rope.rotary_dim), (500000.0, 128));
         let mut v = base;
-        v.as_object_mut().unwrap().insert("partial_rotary_factor".into(), Value::from(0.5));
+        v.as_object_mut()
+            .unwrap()
+            .insert("partial_rotary_factor".into(), Value::from(0.5));
         let c = DraftConfig::from_value(v).unwrap();
         assert_eq!(c.rope.rotary_dim, 64);
     }

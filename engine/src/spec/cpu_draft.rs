@@ -60,7 +60,11 @@ pub struct CpuDraft {
 }
 
 fn clone_mat(m: &Mat) -> Mat {
-    Mat { w: m.w.clone(), out: m.out, inp: m.inp }
+    Mat {
+        w: m.w.clone(),
+        out: m.out,
+        inp: m.inp,
+    }
 }
 
 impl CpuDraft {
@@ -69,7 +73,13 @@ impl CpuDraft {
     pub fn load(dir: &Path, target: &CpuModel) -> Result<CpuDraft> {
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
         let store = WeightStore::open(dir)?;
-        Self::from_store(cfg, &store, &target.cfg, target.embed.clone(), target.lm_head.as_ref().map(clone_mat))
+        Self::from_store(
+            cfg,
+            &store,
+            &target.cfg,
+            target.embed.clone(),
+            target.lm_head.as_ref().map(clone_mat),
+        )
     }
 
     /// Build from a draft checkpoint and the target's shared embedding and (untied) lm_head.
@@ -86,16 +96,27 @@ impl CpuDraft {
         let hd = cfg.head_dim;
         let nkv = cfg.num_kv_heads;
         if embed.len() != cfg.vocab_size * h {
-            return Err(EngineError::Other(format!("shared embed_tokens has {} values, expected {}x{}", embed.len(), cfg.vocab_size, h)));
+            return Err(EngineError::Other(format!(
+                "shared embed_tokens has {} values, expected {}x{}",
+                embed.len(),
+                cfg.vocab_size,
+                h
+            )));
         }
-        for name in ["embed_tokens.weight", "model.embed_tokens.weight", "lm_head.weight"] {
+        for name in [
+            "embed_tokens.weight",
+            "model.embed_tokens.weight",
+            "lm_head.weight",
+        ] {
             if store.contains(name) {
                 tracing::warn!("draft checkpoint carries `{name}`; Laguna DFlash ignores it and uses the target's");
             }
         }
         let ntaps = cfg.num_taps();
         let fc = Mat::load(store, "fc", h, ntaps * th)?;
-        let aux_norms = (0..ntaps).map(|i| store.vector(&format!("aux_hidden_norms.{i}.weight"), th)).collect::<Result<Vec<_>>>()?;
+        let aux_norms = (0..ntaps)
+            .map(|i| store.vector(&format!("aux_hidden_norms.{i}.weight"), th))
+            .collect::<Result<Vec<_>>>()?;
         let hidden_norm = store.vector("hidden_norm.weight", h)?;
         let norm = store.vector("norm.weight", h)?;
         let mut layers = Vec::with_capacity(cfg.num_layers);
@@ -104,8 +125,14 @@ impl CpuDraft {
             let nh = cfg.num_heads[l];
             let qw = nh * hd;
             let kvw = nkv * hd;
-            let qkv = store.linear(&format!("{p}.self_attn.qkv_proj"), qw + 2 * kvw, h)?.to_f32()?;
-            let split = |a: usize, b: usize| Mat { w: qkv[a * h..b * h].to_vec(), out: b - a, inp: h };
+            let qkv = store
+                .linear(&format!("{p}.self_attn.qkv_proj"), qw + 2 * kvw, h)?
+                .to_f32()?;
+            let split = |a: usize, b: usize| Mat {
+                w: qkv[a * h..b * h].to_vec(),
+                out: b - a,
+                inp: h,
+            };
             let gw = cfg.gate_width(l);
             layers.push(DraftLayer {
                 input_norm: store.vector(&format!("{p}.input_layernorm.weight"), h)?,
@@ -114,17 +141,28 @@ impl CpuDraft {
                 k: split(qw, qw + kvw),
                 v: split(qw + kvw, qw + 2 * kvw),
                 o: Mat::load(store, &format!("{p}.self_attn.o_proj"), h, qw)?,
-                g: if gw > 0 { Some(Mat::load(store, &format!("{p}.self_attn.g_proj"), gw, h)?) } else { None },
+                g: if gw > 0 {
+                    Some(Mat::load(store, &format!("{p}.self_attn.g_proj"), gw, h)?)
+                } else {
+                    None
+                },
                 q_norm: store.vector(&format!("{p}.self_attn.q_norm.weight"), hd)?,
                 k_norm: store.vector(&format!("{p}.self_attn.k_norm.weight"), hd)?,
-                sink: if cfg.sinks { Some(store.vector(&format!("{p}.self_attn.sink"), nh)?) } else { None },
+                sink: if cfg.sinks {
+                    Some(store.vector(&format!("{p}.self_attn.sink"), nh)?)
+                } else {
+                    None
+                },
                 mlp: Ffn::load(store, &format!("{p}.mlp"), cfg.intermediate_size, h)?,
                 num_heads: nh,
             });
         }
         if let Some(m) = &lm_head {
             if m.out != cfg.vocab_size || m.inp != h {
-                return Err(EngineError::Other(format!("shared lm_head is [{}, {}], expected [{}, {h}]", m.out, m.inp, cfg.vocab_size)));
+                return Err(EngineError::Other(format!(
+                    "shared lm_head is [{}, {}], expected [{}, {h}]",
+                    m.out, m.inp, cfg.vocab_size
+                )));
             }
         }
         Ok(CpuDraft {
@@ -146,8 +184,16 @@ impl CpuDraft {
 
     fn rope_tables(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;
-        let cos = self.inv_freq.iter().map(|&f| (p * f).cos() * self.attention_factor).collect();
-        let sin = self.inv_freq.iter().map(|&f| (p * f).sin() * self.attention_factor).collect();
+        let cos = self
+            .inv_freq
+            .iter()
+            .map(|&f| (p * f).cos() * self.attention_factor)
+            .collect();
+        let sin = self
+            .inv_freq
+            .iter()
+            .map(|&f| (p * f).sin() * self.attention_factor)
+            .collect();
         (cos, sin)
     }
 
@@ -196,22 +242,37 @@ impl CpuDraft {
         let h = self.cfg.hidden_size;
         let t = tok as usize;
         if t >= self.cfg.vocab_size {
-            return Err(EngineError::Request(format!("token id {tok} is outside the vocabulary (size {})", self.cfg.vocab_size)));
+            return Err(EngineError::Request(format!(
+                "token id {tok} is outside the vocabulary (size {})",
+                self.cfg.vocab_size
+            )));
         }
         Ok(self.embed[t * h..(t + 1) * h].to_vec())
     }
 
     /// The block forward against a sequence's context cache; returns logits rows.
-    pub fn block_forward(&self, kv: &DraftKv, tokens: &[u32], start: usize) -> Result<Vec<Vec<f32>>> {
+    pub fn block_forward(
+        &self,
+        kv: &DraftKv,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<Vec<f32>>> {
         let cfg = &self.cfg;
         let (hd, nkv, eps) = (cfg.head_dim, cfg.num_kv_heads, cfg.rms_norm_eps);
         if start != kv.len {
-            return Err(EngineError::Other(format!("draft block at position {start} but the draft context holds {} positions", kv.len)));
+            return Err(EngineError::Other(format!(
+                "draft block at position {start} but the draft context holds {} positions",
+                kv.len
+            )));
         }
         let n = tokens.len();
-        let mut xs: Vec<Vec<f32>> = tokens.iter().map(|&t| self.embed_row(t)).collect::<Result<_>>()?;
+        let mut xs: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| self.embed_row(t))
+            .collect::<Result<_>>()?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..n).map(|r| self.rope_tables(start + r)).collect();
+        let tables: Vec<(Vec<f32>, Vec<f32>)> =
+            (0..n).map(|r| self.rope_tables(start + r)).collect();
         for (li, layer) in self.layers.iter().enumerate() {
             let nh = layer.num_heads;
             let group = nh / nkv;
@@ -267,7 +328,15 @@ impl CpuDraft {
                         }
                     };
                     let sink = layer.sink.as_ref().map(|s| s[head] as f64);
-                    attend(q, keys.len(), |j| krow(keys[j]), |j| vrow(keys[j]), scale, sink, &mut attn[head * hd..(head + 1) * hd]);
+                    attend(
+                        q,
+                        keys.len(),
+                        |j| krow(keys[j]),
+                        |j| vrow(keys[j]),
+                        scale,
+                        sink,
+                        &mut attn[head * hd..(head + 1) * hd],
+                    );
                 }
                 if let Some(g) = &layer.g {
                     apply_gate(&mut attn, g.apply(&hs[r]), cfg.gating, hd);
@@ -283,7 +352,10 @@ impl CpuDraft {
                 }
             }
         }
-        Ok(xs.iter().map(|x| self.lm_head_apply(&rmsnorm(x, &self.norm, eps))).collect())
+        Ok(xs
+            .iter()
+            .map(|x| self.lm_head_apply(&rmsnorm(x, &self.norm, eps)))
+            .collect())
     }
 }
 
@@ -340,9 +412,15 @@ impl DraftModel for CpuDraft {
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
         let mut outs = Vec::with_capacity(batch.len());
         for item in batch {
-            let kv = self.seqs.get(&item.seq).ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", item.seq)))?;
+            let kv = self.seqs.get(&item.seq).ok_or_else(|| {
+                EngineError::Other(format!("unknown draft sequence {}", item.seq))
+            })?;
             let rows = self.block_forward(kv, item.tokens, item.start_pos)?;
-            outs.push(StepOutput { rows: rows.len(), logits: rows.concat(), taps: vec![] });
+            outs.push(StepOutput {
+                rows: rows.len(),
+                logits: rows.concat(),
+                taps: vec![],
+            });
         }
         Ok(outs)
     }

@@ -3,8 +3,8 @@
 //! transient. The CPU implementation ([`super::cpu_draft::CpuDraft`]) is the reference; a CUDA draft
 //! implements the same trait and is driven by the same [`super::driver`].
 use super::config::DraftConfig;
-use crate::error::{EngineError, Result};
 use super::driver::{SpecState, StepResult};
+use crate::error::{EngineError, Result};
 use crate::model::{Model, SeqId, StepOutput};
 
 /// Context rows of one sequence: target taps for committed tokens at positions
@@ -29,7 +29,8 @@ impl ContextInput<'_> {
                 self.taps.len()
             )));
         }
-        let len = len.ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", self.seq)))?;
+        let len =
+            len.ok_or_else(|| EngineError::Other(format!("unknown draft sequence {}", self.seq)))?;
         if self.start_pos > len {
             return Err(EngineError::Other(format!(
                 "draft context write at position {} leaves a gap (the context holds {len} positions)",
@@ -68,7 +69,11 @@ pub trait DraftModel: Send {
     /// on the backend's own device, with the same semantics as [`super::driver::step`]: commit the
     /// emitted tokens into each state and return what `step` would. None when this draft cannot
     /// for this target or batch (the driver then runs the generic step). Default: None.
-    fn fused_greedy_step(&mut self, _target: &mut dyn Model, _states: &mut [&mut SpecState]) -> Option<Result<Vec<StepResult>>> {
+    fn fused_greedy_step(
+        &mut self,
+        _target: &mut dyn Model,
+        _states: &mut [&mut SpecState],
+    ) -> Option<Result<Vec<StepResult>>> {
         None
     }
 }

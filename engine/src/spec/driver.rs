@@ -83,7 +83,10 @@ impl SpecState {
         draft.config().check_k(k)?;
         check_prompt(target, prompt)?;
         enable_taps(target, draft)?;
-        let rng = sampling.seed.map(Rng::new).unwrap_or_else(Rng::from_entropy);
+        let rng = sampling
+            .seed
+            .map(Rng::new)
+            .unwrap_or_else(Rng::from_entropy);
         let target_seq = target.new_seq()?;
         let draft_seq = match draft.new_seq() {
             Ok(s) => s,
@@ -146,14 +149,24 @@ impl SpecState {
 
 /// Advance every state by one step: prefill for new states, propose + verify otherwise.
 /// One draft forward, one target forward and one context write are issued for the whole batch.
-pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&mut SpecState]) -> Result<Vec<StepResult>> {
+pub fn step(
+    target: &mut dyn Model,
+    draft: &mut dyn DraftModel,
+    states: &mut [&mut SpecState],
+) -> Result<Vec<StepResult>> {
     let max_pos = target.config().max_position_embeddings;
     let mask = draft.config().mask_token_id;
 
     // A backend that runs whole greedy steps on its device (the CUDA draft with a CUDA target)
     // takes batches where every state is decoding greedily with its full k.
     let fusable = !states.is_empty()
-        && states.iter().all(|s| s.prefilled && s.forced.is_none() && s.sampling.is_greedy() && s.k == states[0].k && s.k_eff(max_pos) == s.k);
+        && states.iter().all(|s| {
+            s.prefilled
+                && s.forced.is_none()
+                && s.sampling.is_greedy()
+                && s.k == states[0].k
+                && s.k_eff(max_pos) == s.k
+        });
     if fusable {
         if let Some(r) = draft.fused_greedy_step(target, states) {
             return r;
@@ -177,7 +190,11 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
             let batch: Vec<BlockInput> = who
                 .iter()
                 .zip(&blocks)
-                .map(|(&i, b)| BlockInput { seq: states[i].draft_seq, tokens: b, start_pos: states[i].tokens.len() - 1 })
+                .map(|(&i, b)| BlockInput {
+                    seq: states[i].draft_seq,
+                    tokens: b,
+                    start_pos: states[i].tokens.len() - 1,
+                })
                 .collect();
             let outs = draft.propose(&batch)?;
             for (&i, out) in who.iter().zip(&outs) {
@@ -185,7 +202,11 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
                 let mut d: Vec<u32> = (1..=s.k).map(|j| argmax(out.row(j)) as u32).collect();
                 if let Some(f) = s.forced.take() {
                     if f.len() != s.k {
-                        return Err(EngineError::Other(format!("forced drafts have {} tokens, expected k = {}", f.len(), s.k)));
+                        return Err(EngineError::Other(format!(
+                            "forced drafts have {} tokens, expected k = {}",
+                            f.len(),
+                            s.k
+                        )));
                     }
                     d = f;
                 }
@@ -215,7 +236,11 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
         .map(|(s, inp)| StepInput {
             seq: s.target_seq,
             tokens: inp,
-            start_pos: if s.prefilled { s.tokens.len() - 1 } else { s.prefill_pos },
+            start_pos: if s.prefilled {
+                s.tokens.len() - 1
+            } else {
+                s.prefill_pos
+            },
             logits: if s.prefilled {
                 LogitRows::All
             } else if s.prefill_end() == s.tokens.len() {
@@ -251,7 +276,11 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
             s.tokens.push(tok);
             s.prefilled = true;
             s.stats.num_emitted_tokens += 1;
-            results.push(StepResult { tokens: vec![tok], proposals: vec![], stats: StepStats::default() });
+            results.push(StepResult {
+                tokens: vec![tok],
+                proposals: vec![],
+                stats: StepStats::default(),
+            });
             continue;
         }
         let rows: Vec<&[f32]> = (0..=d.len()).map(|i| out.row(i)).collect();
@@ -259,20 +288,38 @@ pub fn step(target: &mut dyn Model, draft: &mut dyn DraftModel, states: &mut [&m
         let t_len = s.tokens.len();
         // Positions T-1 ..= T-1+a are now committed with K/V; drop the rejected rows.
         target.truncate(s.target_seq, t_len + v.accepted);
-        ctx.push((s.draft_seq, t_len - 1, out.taps[..(v.accepted + 1) * ntaps_w].to_vec()));
+        ctx.push((
+            s.draft_seq,
+            t_len - 1,
+            out.taps[..(v.accepted + 1) * ntaps_w].to_vec(),
+        ));
         s.tokens.extend_from_slice(&v.tokens);
-        let st = StepStats { num_draft_tokens: d.len(), num_accepted_tokens: v.accepted };
+        let st = StepStats {
+            num_draft_tokens: d.len(),
+            num_accepted_tokens: v.accepted,
+        };
         s.stats.observe(&st);
         s.stats.num_emitted_tokens += v.tokens.len() as u64;
         if s.keep_history {
             s.stats.acceptance_lengths.push(v.accepted);
             s.stats.proposals.push(d.clone());
         }
-        results.push(StepResult { tokens: v.tokens, proposals: d, stats: st });
+        results.push(StepResult {
+            tokens: v.tokens,
+            proposals: d,
+            stats: st,
+        });
     }
 
     // 4. Draft context for the committed rows.
-    let cbatch: Vec<ContextInput> = ctx.iter().map(|(seq, start, taps)| ContextInput { seq: *seq, start_pos: *start, taps }).collect();
+    let cbatch: Vec<ContextInput> = ctx
+        .iter()
+        .map(|(seq, start, taps)| ContextInput {
+            seq: *seq,
+            start_pos: *start,
+            taps,
+        })
+        .collect();
     draft.write_context(&cbatch)?;
     Ok(results)
 }
@@ -292,7 +339,9 @@ pub fn generate_spec(
         let mut completion = vec![];
         let mut finish = FinishReason::Length;
         'outer: while completion.len() < req.max_tokens {
-            let r = step(target, draft, &mut [&mut st])?.pop().expect("one result");
+            let r = step(target, draft, &mut [&mut st])?
+                .pop()
+                .expect("one result");
             for tok in r.tokens {
                 completion.push(tok);
                 if is_stop(target, req, tok) {
@@ -304,7 +353,11 @@ pub fn generate_spec(
                 }
             }
         }
-        Ok(GenerateResult { completion, finish_reason: finish, step_logits: vec![] })
+        Ok(GenerateResult {
+            completion,
+            finish_reason: finish,
+            step_logits: vec![],
+        })
     })();
     st.free(target, draft);
     res.map(|r| (r, st.stats.clone()))

@@ -40,7 +40,10 @@ pub struct SpecStats {
 
 impl SpecStats {
     pub fn with_k(k: usize) -> Self {
-        SpecStats { num_accepted_tokens_per_pos: vec![0; k], ..Default::default() }
+        SpecStats {
+            num_accepted_tokens_per_pos: vec![0; k],
+            ..Default::default()
+        }
     }
 
     /// Record one verification step.
@@ -51,9 +54,14 @@ impl SpecStats {
             self.num_draft_tokens += s.num_draft_tokens as u64;
             self.num_accepted_tokens += s.num_accepted_tokens as u64;
             if self.num_accepted_tokens_per_pos.len() < s.num_draft_tokens {
-                self.num_accepted_tokens_per_pos.resize(s.num_draft_tokens, 0);
+                self.num_accepted_tokens_per_pos
+                    .resize(s.num_draft_tokens, 0);
             }
-            for c in self.num_accepted_tokens_per_pos.iter_mut().take(s.num_accepted_tokens) {
+            for c in self
+                .num_accepted_tokens_per_pos
+                .iter_mut()
+                .take(s.num_accepted_tokens)
+            {
                 *c += 1;
             }
         }
@@ -65,14 +73,20 @@ impl SpecStats {
         self.num_draft_tokens += o.num_draft_tokens;
         self.num_accepted_tokens += o.num_accepted_tokens;
         if self.num_accepted_tokens_per_pos.len() < o.num_accepted_tokens_per_pos.len() {
-            self.num_accepted_tokens_per_pos.resize(o.num_accepted_tokens_per_pos.len(), 0);
+            self.num_accepted_tokens_per_pos
+                .resize(o.num_accepted_tokens_per_pos.len(), 0);
         }
-        for (a, b) in self.num_accepted_tokens_per_pos.iter_mut().zip(&o.num_accepted_tokens_per_pos) {
+        for (a, b) in self
+            .num_accepted_tokens_per_pos
+            .iter_mut()
+            .zip(&o.num_accepted_tokens_per_pos)
+        {
             *a += b;
         }
         self.num_emitted_tokens += o.num_emitted_tokens;
         self.num_steps += o.num_steps;
-        self.acceptance_lengths.extend_from_slice(&o.acceptance_lengths);
+        self.acceptance_lengths
+            .extend_from_slice(&o.acceptance_lengths);
         self.proposals.extend(o.proposals.iter().cloned());
     }
 
@@ -98,7 +112,13 @@ impl SpecStats {
     pub fn per_position_rates(&self) -> Vec<f64> {
         self.num_accepted_tokens_per_pos
             .iter()
-            .map(|&c| if self.num_drafts == 0 { 0.0 } else { c as f64 / self.num_drafts as f64 })
+            .map(|&c| {
+                if self.num_drafts == 0 {
+                    0.0
+                } else {
+                    c as f64 / self.num_drafts as f64
+                }
+            })
             .collect()
     }
 
@@ -116,7 +136,11 @@ impl SpecStats {
 
     /// One human line, in the spirit of vLLM's `SpecDecoding metrics:` log line.
     pub fn summary(&self) -> String {
-        let rates: Vec<String> = self.per_position_rates().iter().map(|r| format!("{r:.3}")).collect();
+        let rates: Vec<String> = self
+            .per_position_rates()
+            .iter()
+            .map(|r| format!("{r:.3}"))
+            .collect();
         format!(
             "SpecDecoding metrics: Mean acceptance length: {:.2}, Accepted: {} tokens, Drafted: {} tokens, Drafts: {}, Per-position acceptance rate: [{}], Avg Draft acceptance rate: {:.1}%",
             self.mean_acceptance_length(),

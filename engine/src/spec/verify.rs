@@ -21,7 +21,11 @@ pub struct Verdict {
 
 /// `rows[i]` are the target logits at verify row i (k+1 rows for k drafts).
 pub fn verify(drafts: &[u32], rows: &[&[f32]], params: &SamplingParams, rng: &mut Rng) -> Verdict {
-    assert_eq!(rows.len(), drafts.len() + 1, "verify needs k+1 target rows for k drafts");
+    assert_eq!(
+        rows.len(),
+        drafts.len() + 1,
+        "verify needs k+1 target rows for k drafts"
+    );
     if params.is_greedy() {
         return verify_greedy(drafts, rows);
     }
@@ -46,11 +50,17 @@ pub fn verify(drafts: &[u32], rows: &[&[f32]], params: &SamplingParams, rng: &mu
             }
         }
         tokens.push(draw(&q, rng) as u32);
-        return Verdict { accepted: i, tokens };
+        return Verdict {
+            accepted: i,
+            tokens,
+        };
     }
     let p = probs(rows[drafts.len()], params);
     tokens.push(draw(&p, rng) as u32);
-    Verdict { accepted: drafts.len(), tokens }
+    Verdict {
+        accepted: drafts.len(),
+        tokens,
+    }
 }
 
 pub fn verify_greedy(drafts: &[u32], rows: &[&[f32]]) -> Verdict {
@@ -59,12 +69,18 @@ pub fn verify_greedy(drafts: &[u32], rows: &[&[f32]]) -> Verdict {
         let g = argmax(rows[i]) as u32;
         if g != d {
             tokens.push(g);
-            return Verdict { accepted: i, tokens };
+            return Verdict {
+                accepted: i,
+                tokens,
+            };
         }
         tokens.push(d);
     }
     tokens.push(argmax(rows[drafts.len()]) as u32);
-    Verdict { accepted: drafts.len(), tokens }
+    Verdict {
+        accepted: drafts.len(),
+        tokens,
+    }
 }
 
 #[cfg(test)]
@@ -77,16 +93,39 @@ mod tests {
         let r1 = [2.0f32, 1.0, 0.0];
         let r2 = [0.0f32, 0.0, 3.0];
         let rows: Vec<&[f32]> = vec![&r0, &r1, &r2];
-        assert_eq!(verify_greedy(&[1, 0], &rows), Verdict { accepted: 2, tokens: vec![1, 0, 2] });
-        assert_eq!(verify_greedy(&[1, 2], &rows), Verdict { accepted: 1, tokens: vec![1, 0] });
-        assert_eq!(verify_greedy(&[2, 0], &rows), Verdict { accepted: 0, tokens: vec![1] });
+        assert_eq!(
+            verify_greedy(&[1, 0], &rows),
+            Verdict {
+                accepted: 2,
+                tokens: vec![1, 0, 2]
+            }
+        );
+        assert_eq!(
+            verify_greedy(&[1, 2], &rows),
+            Verdict {
+                accepted: 1,
+                tokens: vec![1, 0]
+            }
+        );
+        assert_eq!(
+            verify_greedy(&[2, 0], &rows),
+            Verdict {
+                accepted: 0,
+                tokens: vec![1]
+            }
+        );
     }
 
     #[test]
     fn one_hot_rejection_preserves_the_target_distribution() {
         // Single position: emitted token must be distributed as p whatever the draft is.
         let logits = [0.5f32, 1.5, -0.3, 0.9];
-        let params = SamplingParams { temperature: 0.8, top_k: 3, top_p: 0.95, seed: None };
+        let params = SamplingParams {
+            temperature: 0.8,
+            top_k: 3,
+            top_p: 0.95,
+            seed: None,
+        };
         let p = probs(&logits, &params);
         let mut rng = Rng::new(11);
         let n = 200_000;
@@ -98,7 +137,11 @@ mod tests {
             }
             for i in 0..4 {
                 let f = c[i] as f64 / n as f64;
-                assert!((f - p[i]).abs() < 0.005, "draft {d}: token {i} freq {f} vs p {}", p[i]);
+                assert!(
+                    (f - p[i]).abs() < 0.005,
+                    "draft {d}: token {i} freq {f} vs p {}",
+                    p[i]
+                );
             }
         }
     }

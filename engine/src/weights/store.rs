@@ -46,16 +46,25 @@ pub fn checkpoint_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<Str
     let index = dir.join(INDEX_FILE);
     if index.exists() {
         let text = std::fs::read_to_string(&index).map_err(|e| EngineError::io(&index, e))?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| EngineError::Safetensors { path: index.clone(), msg: format!("index is not valid JSON: {e}") })?;
-        let wm = v.get("weight_map").and_then(|w| w.as_object()).ok_or_else(|| EngineError::Safetensors {
-            path: index.clone(),
-            msg: "index has no `weight_map` object".into(),
-        })?;
+        let v: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| EngineError::Safetensors {
+                path: index.clone(),
+                msg: format!("index is not valid JSON: {e}"),
+            })?;
+        let wm = v
+            .get("weight_map")
+            .and_then(|w| w.as_object())
+            .ok_or_else(|| EngineError::Safetensors {
+                path: index.clone(),
+                msg: "index has no `weight_map` object".into(),
+            })?;
         let mut map = BTreeMap::new();
         let mut files: Vec<PathBuf> = vec![];
         for (name, f) in wm {
-            let f = f.as_str().ok_or_else(|| EngineError::Safetensors { path: index.clone(), msg: format!("weight_map[{name}] is not a file name") })?;
+            let f = f.as_str().ok_or_else(|| EngineError::Safetensors {
+                path: index.clone(),
+                msg: format!("weight_map[{name}] is not a file name"),
+            })?;
             map.insert(name.clone(), f.to_string());
             let p = dir.join(f);
             if !files.contains(&p) {
@@ -72,7 +81,10 @@ pub fn checkpoint_files(dir: &Path) -> Result<(Vec<PathBuf>, Option<BTreeMap<Str
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(EngineError::Other(format!("{}: no *.safetensors files and no {INDEX_FILE}", dir.display())));
+        return Err(EngineError::Other(format!(
+            "{}: no *.safetensors files and no {INDEX_FILE}",
+            dir.display()
+        )));
     }
     Ok((files, None))
 }
@@ -84,19 +96,29 @@ impl WeightStore {
         let mut tensors = HashMap::new();
         for (fi, path) in files.iter().enumerate() {
             let file = File::open(path).map_err(|e| {
-                EngineError::Other(format!("{}: cannot open shard ({e}); re-run `laguna fetch` or check the index", path.display()))
+                EngineError::Other(format!(
+                    "{}: cannot open shard ({e}); re-run `laguna fetch` or check the index",
+                    path.display()
+                ))
             })?;
             // SAFETY: the file is opened read-only; callers must not modify checkpoints while serving.
             let map = unsafe { Mmap::map(&file) }.map_err(|e| EngineError::io(path, e))?;
-            let (header_len, meta) = SafeTensors::read_metadata(&map)
-                .map_err(|e| EngineError::Safetensors { path: path.clone(), msg: format!("{e:?}") })?;
+            let (header_len, meta) =
+                SafeTensors::read_metadata(&map).map_err(|e| EngineError::Safetensors {
+                    path: path.clone(),
+                    msg: format!("{e:?}"),
+                })?;
             let base = 8 + header_len;
             for (name, info) in meta.tensors() {
                 let (s, e) = info.data_offsets;
                 if base + e > map.len() {
                     return Err(EngineError::Safetensors {
                         path: path.clone(),
-                        msg: format!("tensor `{name}` ends at byte {} but the file has {} (truncated?)", base + e, map.len()),
+                        msg: format!(
+                            "tensor `{name}` ends at byte {} but the file has {} (truncated?)",
+                            base + e,
+                            map.len()
+                        ),
                     });
                 }
                 if let Some(idx) = &index {
@@ -118,7 +140,13 @@ impl WeightStore {
                 }
                 tensors.insert(
                     name.clone(),
-                    TensorInfo { dtype: info.dtype, shape: info.shape.clone(), file: fi, start: base + s, end: base + e },
+                    TensorInfo {
+                        dtype: info.dtype,
+                        shape: info.shape.clone(),
+                        file: fi,
+                        start: base + s,
+                        end: base + e,
+                    },
                 );
             }
             maps.push(map);
@@ -133,7 +161,12 @@ impl WeightStore {
                 }
             }
         }
-        Ok(WeightStore { dir: dir.to_path_buf(), files, maps, tensors })
+        Ok(WeightStore {
+            dir: dir.to_path_buf(),
+            files,
+            maps,
+            tensors,
+        })
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -149,24 +182,39 @@ impl WeightStore {
     }
 
     pub fn get(&self, name: &str) -> Result<TensorView<'_>> {
-        let (key, info) = self
-            .tensors
-            .get_key_value(name)
-            .ok_or_else(|| EngineError::MissingTensor { name: name.to_string(), hint: String::new() })?;
-        Ok(TensorView { name: key, dtype: info.dtype, shape: &info.shape, data: &self.maps[info.file][info.start..info.end] })
+        let (key, info) =
+            self.tensors
+                .get_key_value(name)
+                .ok_or_else(|| EngineError::MissingTensor {
+                    name: name.to_string(),
+                    hint: String::new(),
+                })?;
+        Ok(TensorView {
+            name: key,
+            dtype: info.dtype,
+            shape: &info.shape,
+            data: &self.maps[info.file][info.start..info.end],
+        })
     }
 
     /// A tensor that must have `shape`.
     pub fn expect(&self, name: &str, shape: &[usize]) -> Result<TensorView<'_>> {
         let t = self.get(name)?;
         if t.shape != shape {
-            return Err(EngineError::Shape { name: name.into(), expected: shape.to_vec(), found: t.shape.to_vec() });
+            return Err(EngineError::Shape {
+                name: name.into(),
+                expected: shape.to_vec(),
+                found: t.shape.to_vec(),
+            });
         }
         Ok(t)
     }
 
     /// Total bytes of tensor data.
     pub fn data_bytes(&self) -> u64 {
-        self.tensors.values().map(|t| (t.end - t.start) as u64).sum()
+        self.tensors
+            .values()
+            .map(|t| (t.end - t.start) as u64)
+            .sum()
     }
 }

@@ -15,7 +15,10 @@ pub fn reference_fixtures() -> Vec<PathBuf> {
         .filter(|p| p.join("reference.safetensors").exists())
         .collect();
     v.sort();
-    assert!(!v.is_empty(), "no fixtures with reference.safetensors found");
+    assert!(
+        !v.is_empty(),
+        "no fixtures with reference.safetensors found"
+    );
     v
 }
 
@@ -27,17 +30,28 @@ pub struct Reference {
 }
 
 fn f64_rows(st: &SafeTensors, name: &str) -> Vec<Vec<f64>> {
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("reference lacks {name}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("reference lacks {name}"));
     assert_eq!(t.dtype(), Dtype::F64, "{name}");
     let cols = t.shape()[1];
-    let vals: Vec<f64> = t.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
+    let vals: Vec<f64> = t
+        .data()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     vals.chunks(cols).map(|c| c.to_vec()).collect()
 }
 
 fn ids(st: &SafeTensors, name: &str) -> Vec<u32> {
-    let t = st.tensor(name).unwrap_or_else(|_| panic!("reference lacks {name}"));
+    let t = st
+        .tensor(name)
+        .unwrap_or_else(|_| panic!("reference lacks {name}"));
     assert_eq!(t.dtype(), Dtype::I64, "{name}");
-    t.data().chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32).collect()
+    t.data()
+        .chunks_exact(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as u32)
+        .collect()
 }
 
 pub fn load_reference(dir: &Path) -> Reference {
@@ -55,7 +69,10 @@ pub fn load_reference(dir: &Path) -> Reference {
 pub fn rel_err(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let d = a.iter().zip(b).fold(0f64, |m, (x, y)| m.max((*x as f64 - y).abs()));
+    let d = a
+        .iter()
+        .zip(b)
+        .fold(0f64, |m, (x, y)| m.max((*x as f64 - y).abs()));
     d / scale
 }
 

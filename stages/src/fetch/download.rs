@@ -19,12 +19,22 @@ pub struct Outcome {
 }
 
 fn io(path: &Path, e: std::io::Error) -> FetchError {
-    FetchError::Io { path: path.to_path_buf(), source: e }
+    FetchError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
 }
 
 /// `bytes 100-199/200` → 100.
 fn content_range_start(v: &str) -> Option<u64> {
-    v.trim().strip_prefix("bytes")?.trim().split('-').next()?.trim().parse().ok()
+    v.trim()
+        .strip_prefix("bytes")?
+        .trim()
+        .split('-')
+        .next()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 pub struct Target<'a> {
@@ -37,7 +47,12 @@ pub struct Target<'a> {
 }
 
 /// Download `t` into `part`. `on_bytes` is called for every chunk written (progress).
-pub fn download(http: &Http, t: &Target, part: &Path, on_bytes: &dyn Fn(u64)) -> Result<Outcome, FetchError> {
+pub fn download(
+    http: &Http,
+    t: &Target,
+    part: &Path,
+    on_bytes: &dyn Fn(u64),
+) -> Result<Outcome, FetchError> {
     if let Some(d) = part.parent() {
         std::fs::create_dir_all(d).map_err(|e| io(d, e))?;
     }
@@ -72,9 +87,27 @@ pub fn download(http: &Http, t: &Target, part: &Path, on_bytes: &dyn Fn(u64)) ->
                 std::fs::remove_file(part).map_err(|e| io(part, e))?;
                 return download(http, t, part, on_bytes);
             }
-            401 | 403 => return Err(FetchError::Unauthorized { repo: t.repo.into(), url, status }),
-            404 => return Err(FetchError::FileNotFound { repo: t.repo.into(), revision: t.revision.into(), file: t.file.into() }),
-            _ => return Err(FetchError::Http { url, status, msg: format!("while downloading {}", t.file) }),
+            401 | 403 => {
+                return Err(FetchError::Unauthorized {
+                    repo: t.repo.into(),
+                    url,
+                    status,
+                })
+            }
+            404 => {
+                return Err(FetchError::FileNotFound {
+                    repo: t.repo.into(),
+                    revision: t.revision.into(),
+                    file: t.file.into(),
+                })
+            }
+            _ => {
+                return Err(FetchError::Http {
+                    url,
+                    status,
+                    msg: format!("while downloading {}", t.file),
+                })
+            }
         };
         if !append && have > 0 {
             restarted = true;
@@ -84,7 +117,10 @@ pub fn download(http: &Http, t: &Target, part: &Path, on_bytes: &dyn Fn(u64)) ->
             // Hash what is already on disk, then append.
             let existing = std::fs::File::open(part).map_err(|e| io(part, e))?;
             hash_reader(existing.take(have), &mut hasher, &|_| {}).map_err(|e| io(part, e))?;
-            OpenOptions::new().append(true).open(part).map_err(|e| io(part, e))?
+            OpenOptions::new()
+                .append(true)
+                .open(part)
+                .map_err(|e| io(part, e))?
         } else {
             have = 0;
             std::fs::File::create(part).map_err(|e| io(part, e))?
@@ -101,13 +137,22 @@ pub fn download(http: &Http, t: &Target, part: &Path, on_bytes: &dyn Fn(u64)) ->
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                 Err(e) => {
                     let _ = f.flush();
-                    return Err(FetchError::Interrupted { file: t.file.into(), have: have + downloaded, size: t.size, msg: e.to_string() });
+                    return Err(FetchError::Interrupted {
+                        file: t.file.into(),
+                        have: have + downloaded,
+                        size: t.size,
+                        msg: e.to_string(),
+                    });
                 }
             };
             if have + downloaded + n as u64 > t.size {
                 drop(f);
                 let _ = std::fs::remove_file(part);
-                return Err(FetchError::SizeMismatch { file: t.file.into(), expected: t.size, got: have + downloaded + n as u64 });
+                return Err(FetchError::SizeMismatch {
+                    file: t.file.into(),
+                    expected: t.size,
+                    got: have + downloaded + n as u64,
+                });
             }
             f.write_all(&buf[..n]).map_err(|e| io(part, e))?;
             hasher.update(&buf[..n]);
@@ -141,7 +186,12 @@ pub fn download(http: &Http, t: &Target, part: &Path, on_bytes: &dyn Fn(u64)) ->
             },
         });
     }
-    Ok(Outcome { sha256, downloaded, resumed_from: if restarted { 0 } else { resumed_from }, restarted })
+    Ok(Outcome {
+        sha256,
+        downloaded,
+        resumed_from: if restarted { 0 } else { resumed_from },
+        restarted,
+    })
 }
 
 #[cfg(test)]

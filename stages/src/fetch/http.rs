@@ -43,10 +43,18 @@ impl Http {
             .timeout_connect(Some(Duration::from_secs(20)))
             .timeout_recv_response(Some(Duration::from_secs(60)))
             .timeout_per_read(Some(Duration::from_secs(60)))
-            .user_agent(concat!("laguna/", env!("CARGO_PKG_VERSION"), "; hf_hub/rust"))
+            .user_agent(concat!(
+                "laguna/",
+                env!("CARGO_PKG_VERSION"),
+                "; hf_hub/rust"
+            ))
             .build()
             .into();
-        Http { agent, endpoint: endpoint.to_string(), token }
+        Http {
+            agent,
+            endpoint: endpoint.to_string(),
+            token,
+        }
     }
 
     pub fn has_token(&self) -> bool {
@@ -58,7 +66,11 @@ impl Http {
     }
 
     fn network(&self, url: &str, e: ureq::Error) -> FetchError {
-        FetchError::Network { url: url.to_string(), endpoint: self.endpoint.clone(), msg: e.to_string() }
+        FetchError::Network {
+            url: url.to_string(),
+            endpoint: self.endpoint.clone(),
+            msg: e.to_string(),
+        }
     }
 
     /// Whether the token may be sent to `url` (only to the endpoint's own host).
@@ -68,7 +80,12 @@ impl Http {
     }
 
     /// One request, redirects not followed.
-    fn send(&self, method: &str, url: &str, range_from: Option<u64>) -> Result<Response, FetchError> {
+    fn send(
+        &self,
+        method: &str,
+        url: &str,
+        range_from: Option<u64>,
+    ) -> Result<Response, FetchError> {
         let mut req = match method {
             "HEAD" => self.agent.head(url),
             _ => self.agent.get(url),
@@ -95,11 +112,19 @@ impl Http {
             }
             return Ok((url, r));
         }
-        Err(FetchError::Http { url, status: 310, msg: "too many redirects".into() })
+        Err(FetchError::Http {
+            url,
+            status: 310,
+            msg: "too many redirects".into(),
+        })
     }
 
     /// GET, following redirects (token kept only on the endpoint's host), with `Range: bytes=N-`.
-    pub fn get(&self, url: &str, range_from: Option<u64>) -> Result<(String, Response), FetchError> {
+    pub fn get(
+        &self,
+        url: &str,
+        range_from: Option<u64>,
+    ) -> Result<(String, Response), FetchError> {
         let mut url = url.to_string();
         for _ in 0..10 {
             let r = self.send("GET", &url, range_from)?;
@@ -111,14 +136,21 @@ impl Http {
             }
             return Ok((url, r));
         }
-        Err(FetchError::Http { url, status: 310, msg: "too many redirects".into() })
+        Err(FetchError::Http {
+            url,
+            status: 310,
+            msg: "too many redirects".into(),
+        })
     }
 
     /// GET a small JSON document.
     pub fn get_json(&self, url: &str) -> Result<(u16, serde_json::Value, Response), FetchError> {
         let (url, mut r) = self.get(url, None)?;
         let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().map_err(|e| self.network(&url, e))?;
+        let text = r
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| self.network(&url, e))?;
         let v = if (200..300).contains(&status) {
             serde_json::from_str(&text).map_err(|e| FetchError::Http {
                 url: url.clone(),
@@ -139,7 +171,10 @@ mod tests {
     #[test]
     fn locations() {
         assert_eq!(join_location("http://a:1/x/y", "/z"), "http://a:1/z");
-        assert_eq!(join_location("http://a:1/x/y", "https://cdn/z"), "https://cdn/z");
+        assert_eq!(
+            join_location("http://a:1/x/y", "https://cdn/z"),
+            "https://cdn/z"
+        );
         assert_eq!(join_location("http://a:1/x/y", "z"), "http://a:1/x/z");
         assert_eq!(host_of("https://huggingface.co/api/x"), "huggingface.co");
     }

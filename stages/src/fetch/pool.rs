@@ -2,7 +2,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-pub fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+pub fn parallel<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
     let next = AtomicUsize::new(0);
     let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
     let workers = workers.clamp(1, items.len().max(1));
@@ -18,7 +22,11 @@ pub fn parallel<T: Sync, R: Send>(items: &[T], workers: usize, f: impl Fn(&T) ->
             });
         }
     });
-    out.into_inner().unwrap().into_iter().map(|r| r.expect("every item ran")).collect()
+    out.into_inner()
+        .unwrap()
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -26,6 +34,9 @@ mod tests {
     #[test]
     fn order_kept() {
         let v: Vec<u32> = (0..100).collect();
-        assert_eq!(super::parallel(&v, 7, |x| x * 2), v.iter().map(|x| x * 2).collect::<Vec<_>>());
+        assert_eq!(
+            super::parallel(&v, 7, |x| x * 2),
+            v.iter().map(|x| x * 2).collect::<Vec<_>>()
+        );
     }
 }

@@ -8,14 +8,22 @@ pub struct Progress {
 }
 
 fn style(template: &str) -> ProgressStyle {
-    ProgressStyle::with_template(template).expect("valid template").progress_chars("=> ")
+    ProgressStyle::with_template(template)
+        .expect("valid template")
+        .progress_chars("=> ")
 }
 
 impl Progress {
     /// `enabled = false` hides every bar (e.g. `--quiet` or tests).
     pub fn new(enabled: bool) -> Progress {
-        let target = if enabled { ProgressDrawTarget::stderr() } else { ProgressDrawTarget::hidden() };
-        Progress { mp: MultiProgress::with_draw_target(target) }
+        let target = if enabled {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        };
+        Progress {
+            mp: MultiProgress::with_draw_target(target),
+        }
     }
 
     pub fn total(&self, label: &str, bytes: u64) -> ProgressBar {
@@ -35,7 +43,9 @@ impl Progress {
 
     pub fn spinner(&self, msg: &str) -> ProgressBar {
         let b = self.mp.add(ProgressBar::new_spinner());
-        b.set_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"));
+        b.set_style(
+            ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("valid template"),
+        );
         b.set_message(msg.to_string());
         b.enable_steady_tick(std::time::Duration::from_millis(120));
         b

@@ -20,12 +20,18 @@ pub struct RepoCache {
 }
 
 fn io(path: &Path, e: std::io::Error) -> HubError {
-    HubError::Io { path: path.to_path_buf(), source: e }
+    HubError::Io {
+        path: path.to_path_buf(),
+        source: e,
+    }
 }
 
 impl RepoCache {
     pub fn new(cache_dir: &Path, repo: &str) -> Self {
-        RepoCache { repo: repo.to_string(), root: cache_dir.join(repo_folder_name(repo)) }
+        RepoCache {
+            repo: repo.to_string(),
+            root: cache_dir.join(repo_folder_name(repo)),
+        }
     }
     pub fn blobs_dir(&self) -> PathBuf {
         self.root.join("blobs")
@@ -49,7 +55,10 @@ impl RepoCache {
         if is_commit(revision) {
             return Some(revision.to_string());
         }
-        std::fs::read_to_string(self.ref_file(revision)).ok().map(|s| s.trim().to_string()).filter(|s| is_commit(s))
+        std::fs::read_to_string(self.ref_file(revision))
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| is_commit(s))
     }
 
     pub fn write_ref(&self, revision: &str, commit: &str) -> Result<(), HubError> {
@@ -84,15 +93,21 @@ impl RepoCache {
         #[cfg(unix)]
         std::os::unix::fs::symlink(&target, &dst).map_err(|e| io(&dst, e))?;
         #[cfg(not(unix))]
-        std::fs::copy(self.blob(etag), &dst).map(|_| ()).map_err(|e| io(&dst, e))?;
+        std::fs::copy(self.blob(etag), &dst)
+            .map(|_| ())
+            .map_err(|e| io(&dst, e))?;
         Ok(dst)
     }
 
     /// Leftover `blobs/*.incomplete` files.
     pub fn incomplete_blobs(&self) -> Vec<PathBuf> {
-        let Ok(rd) = std::fs::read_dir(self.blobs_dir()) else { return vec![] };
-        let mut v: Vec<PathBuf> =
-            rd.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "incomplete")).collect();
+        let Ok(rd) = std::fs::read_dir(self.blobs_dir()) else {
+            return vec![];
+        };
+        let mut v: Vec<PathBuf> = rd
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "incomplete"))
+            .collect();
         v.sort();
         v
     }
@@ -105,12 +120,19 @@ mod tests {
     #[test]
     fn layout() {
         let rc = RepoCache::new(Path::new("/c"), "poolside/Laguna-XS-2.1-NVFP4");
-        assert_eq!(rc.root, PathBuf::from("/c/models--poolside--Laguna-XS-2.1-NVFP4"));
-        assert_eq!(rc.incomplete("ab"), PathBuf::from("/c/models--poolside--Laguna-XS-2.1-NVFP4/blobs/ab.incomplete"));
+        assert_eq!(
+            rc.root,
+            PathBuf::from("/c/models--poolside--Laguna-XS-2.1-NVFP4")
+        );
+        assert_eq!(
+            rc.incomplete("ab"),
+            PathBuf::from("/c/models--poolside--Laguna-XS-2.1-NVFP4/blobs/ab.incomplete")
+        );
         assert!(is_commit("d32afde8b09af1539b49ff96ff5551c674485f8e"));
         assert!(!is_commit("main"));
         assert_eq!(
-            rc.resolve_commit("d32afde8b09af1539b49ff96ff5551c674485f8e").as_deref(),
+            rc.resolve_commit("d32afde8b09af1539b49ff96ff5551c674485f8e")
+                .as_deref(),
             Some("d32afde8b09af1539b49ff96ff5551c674485f8e")
         );
     }

@@ -56,7 +56,12 @@ impl Manifest {
 
     pub fn load(path: &Path) -> Option<std::result::Result<Manifest, String>> {
         let text = std::fs::read_to_string(path).ok()?;
-        Some(serde_json::from_str(&text).map_err(|e| format!("{}: not a laguna manifest ({e}); re-run `laguna fetch`", path.display())))
+        Some(serde_json::from_str(&text).map_err(|e| {
+            format!(
+                "{}: not a laguna manifest ({e}); re-run `laguna fetch`",
+                path.display()
+            )
+        }))
     }
 
     pub fn save(&self, path: &Path) -> std::io::Result<()> {
@@ -64,7 +69,10 @@ impl Manifest {
             std::fs::create_dir_all(d)?;
         }
         let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, serde_json::to_string_pretty(self).expect("manifest serializes") + "\n")?;
+        std::fs::write(
+            &tmp,
+            serde_json::to_string_pretty(self).expect("manifest serializes") + "\n",
+        )?;
         std::fs::rename(&tmp, path)
     }
 

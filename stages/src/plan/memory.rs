@@ -37,16 +37,25 @@ pub fn parse_meminfo(text: &str) -> Option<(u64, u64)> {
 pub fn host_memory() -> Option<DeviceMemory> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let (total, free) = parse_meminfo(&text)?;
-    Some(DeviceMemory { total, free, source: "host RAM (/proc/meminfo MemTotal/MemAvailable)".into() })
+    Some(DeviceMemory {
+        total,
+        free,
+        source: "host RAM (/proc/meminfo MemTotal/MemAvailable)".into(),
+    })
 }
 
 pub fn probe(device: Device) -> Result<DeviceMemory, String> {
     match device {
-        Device::Cpu => host_memory().ok_or_else(|| "cannot read /proc/meminfo; pass --device-memory BYTES".to_string()),
+        Device::Cpu => host_memory()
+            .ok_or_else(|| "cannot read /proc/meminfo; pass --device-memory BYTES".to_string()),
         Device::Cuda(i) => {
             if let Some(p) = CUDA_PROBE.get() {
                 if let Some((total, free)) = p(i) {
-                    return Ok(DeviceMemory { total, free, source: format!("CUDA device {i} (driver cuMemGetInfo)") });
+                    return Ok(DeviceMemory {
+                        total,
+                        free,
+                        source: format!("CUDA device {i} (driver cuMemGetInfo)"),
+                    });
                 }
             }
             host_memory()
@@ -66,7 +75,11 @@ pub fn probe(device: Device) -> Result<DeviceMemory, String> {
 mod tests {
     #[test]
     fn meminfo() {
-        let t = "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   23000000 kB\n";
-        assert_eq!(super::parse_meminfo(t), Some((24000000 * 1024, 23000000 * 1024)));
+        let t =
+            "MemTotal:       24000000 kB\nMemFree:         1000 kB\nMemAvailable:   23000000 kB\n";
+        assert_eq!(
+            super::parse_meminfo(t),
+            Some((24000000 * 1024, 23000000 * 1024))
+        );
     }
 }

@@ -20,7 +20,10 @@ pub enum WeightsSource {
 pub fn from_headers(dir: &Path) -> Result<u64, String> {
     let (mut files, index) = checkpoint_files(dir).map_err(|e| e.to_string())?;
     if index.is_none() {
-        let is_model = |p: &std::path::PathBuf| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("model"));
+        let is_model = |p: &std::path::PathBuf| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("model"))
+        };
         if files.iter().any(is_model) {
             files.retain(is_model);
         }
@@ -35,7 +38,9 @@ pub fn from_headers(dir: &Path) -> Result<u64, String> {
 
 /// Whether the config declares compressed-tensors NVFP4 weights.
 pub fn is_nvfp4(cfg: &LagunaConfig) -> bool {
-    cfg.quantization.as_ref().is_some_and(|q| q.get("format").and_then(|f| f.as_str()) == Some("nvfp4-pack-quantized"))
+    cfg.quantization
+        .as_ref()
+        .is_some_and(|q| q.get("format").and_then(|f| f.as_str()) == Some("nvfp4-pack-quantized"))
 }
 
 /// Bytes of one NVFP4 Linear: packed codes, E4M3 block scales, weight and input global scales (F32).
@@ -53,7 +58,9 @@ pub fn target_from_config(cfg: &LagunaConfig) -> u64 {
     inventory(cfg)
         .iter()
         .map(|e| match e {
-            Expected::Linear { prefix, out, inp } if nvfp4 && expert_linear(prefix) => nvfp4_linear_bytes(*out, *inp),
+            Expected::Linear { prefix, out, inp } if nvfp4 && expert_linear(prefix) => {
+                nvfp4_linear_bytes(*out, *inp)
+            }
             Expected::Linear { out, inp, .. } => (out * inp * 2) as u64,
             Expected::Tensor { shape, .. } => shape.iter().product::<usize>() as u64 * 2,
         })

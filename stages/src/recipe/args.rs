@@ -63,7 +63,11 @@ pub struct RecipeArgs {
 }
 
 fn invalid(flag: &str, msg: String) -> RecipeError {
-    RecipeError::Invalid { origin: "command line".into(), field: flag.into(), msg }
+    RecipeError::Invalid {
+        origin: "command line".into(),
+        field: flag.into(),
+        msg,
+    }
 }
 
 impl RecipeArgs {
@@ -86,17 +90,20 @@ impl RecipeArgs {
         o.max_model_len = self.max_model_len;
         o.gpu_memory_utilization = self.gpu_memory_utilization;
         if let Some(b) = &self.kv_cache_memory_bytes {
-            o.kv_cache_memory_bytes = Some(parse_bytes(b).map_err(|m| invalid("--kv-cache-memory-bytes", m))?);
+            o.kv_cache_memory_bytes =
+                Some(parse_bytes(b).map_err(|m| invalid("--kv-cache-memory-bytes", m))?);
         }
         if let Some(d) = &self.kv_cache_dtype {
-            o.kv_cache_dtype = Some(KvCacheDtype::parse(d).map_err(|m| invalid("--kv-cache-dtype", m))?);
+            o.kv_cache_dtype =
+                Some(KvCacheDtype::parse(d).map_err(|m| invalid("--kv-cache-dtype", m))?);
         }
         o.max_num_seqs = self.max_num_seqs;
         o.max_num_batched_tokens = self.max_num_batched_tokens;
         o.speculative_method = self.speculative_method.clone();
         o.num_speculative_tokens = self.num_speculative_tokens;
         if let Some(b) = &self.memory_cap_bytes {
-            o.memory_cap_bytes = Some(parse_bytes(b).map_err(|m| invalid("--memory-cap-bytes", m))?);
+            o.memory_cap_bytes =
+                Some(parse_bytes(b).map_err(|m| invalid("--memory-cap-bytes", m))?);
         }
         o.host = self.host.clone();
         o.port = self.port;
@@ -105,7 +112,11 @@ impl RecipeArgs {
 
     /// The recipe file: `--recipe`, else `LAGUNA_RECIPE`.
     pub fn recipe_path(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-        self.recipe.clone().or_else(|| env("LAGUNA_RECIPE").filter(|s| !s.is_empty()).map(PathBuf::from))
+        self.recipe.clone().or_else(|| {
+            env("LAGUNA_RECIPE")
+                .filter(|s| !s.is_empty())
+                .map(PathBuf::from)
+        })
     }
 
     /// Resolve the final recipe with the process environment.

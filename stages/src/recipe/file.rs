@@ -48,25 +48,54 @@ enum Bytes {
 }
 
 fn invalid(path: &Path, field: &str, msg: impl Into<String>) -> RecipeError {
-    RecipeError::Invalid { origin: format!("recipe {}", path.display()), field: field.into(), msg: msg.into() }
+    RecipeError::Invalid {
+        origin: format!("recipe {}", path.display()),
+        field: field.into(),
+        msg: msg.into(),
+    }
 }
 
-fn model_table(t: ModelTable, table: &str, base: &Path, file: &Path) -> Result<(ModelSpec, Option<String>)> {
+fn model_table(
+    t: ModelTable,
+    table: &str,
+    base: &Path,
+    file: &Path,
+) -> Result<(ModelSpec, Option<String>)> {
     match (t.repo, t.path) {
-        (Some(_), Some(_)) => Err(invalid(file, table, "sets both `repo` and `path`; keep one")),
-        (None, None) => Err(invalid(file, table, "needs `repo = \"org/name\"` or `path = \"folder\"`")),
+        (Some(_), Some(_)) => Err(invalid(
+            file,
+            table,
+            "sets both `repo` and `path`; keep one",
+        )),
+        (None, None) => Err(invalid(
+            file,
+            table,
+            "needs `repo = \"org/name\"` or `path = \"folder\"`",
+        )),
         (Some(repo), None) => {
             if !super::is_repo_id(&repo) {
-                return Err(invalid(file, &format!("{table}.repo"), format!("`{repo}` is not a Hub repository id like `org/name`")));
+                return Err(invalid(
+                    file,
+                    &format!("{table}.repo"),
+                    format!("`{repo}` is not a Hub repository id like `org/name`"),
+                ));
             }
             Ok((ModelSpec::Repo(repo), t.revision))
         }
         (None, Some(p)) => {
             if t.revision.is_some() {
-                return Err(invalid(file, &format!("{table}.revision"), "only applies to `repo`, not to a local `path`"));
+                return Err(invalid(
+                    file,
+                    &format!("{table}.revision"),
+                    "only applies to `repo`, not to a local `path`",
+                ));
             }
             let full = super::expand_home(&p);
-            let full = if full.is_absolute() { full } else { base.join(full) };
+            let full = if full.is_absolute() {
+                full
+            } else {
+                base.join(full)
+            };
             Ok((ModelSpec::Path(full), None))
         }
     }
@@ -74,17 +103,27 @@ fn model_table(t: ModelTable, table: &str, base: &Path, file: &Path) -> Result<(
 
 /// Parse a recipe file into one override layer.
 pub fn load(path: &Path) -> Result<Overrides> {
-    let text = std::fs::read_to_string(path).map_err(|e| RecipeError::Read { path: path.to_path_buf(), source: e })?;
+    let text = std::fs::read_to_string(path).map_err(|e| RecipeError::Read {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
     parse(&text, path)
 }
 
 pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
     let f: RecipeFile = toml::from_str(text).map_err(|e| RecipeError::Parse {
         path: path.to_path_buf(),
-        msg: format!("{}\n(the recipe keys are listed in recipes/README.md)", e.to_string().trim_end()),
+        msg: format!(
+            "{}\n(the recipe keys are listed in recipes/README.md)",
+            e.to_string().trim_end()
+        ),
     })?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
-    let base = if base.as_os_str().is_empty() { std::path::PathBuf::from(".") } else { base };
+    let base = if base.as_os_str().is_empty() {
+        std::path::PathBuf::from(".")
+    } else {
+        base
+    };
     let mut o = Overrides::default();
     if let Some(m) = f.model {
         let (spec, rev) = model_table(m, "model", &base, path)?;
@@ -106,13 +145,16 @@ pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
         match b {
             None => Ok(None),
             Some(Bytes::Int(n)) => Ok(Some(n)),
-            Some(Bytes::Text(s)) => parse_bytes(&s).map(Some).map_err(|m| invalid(path, field, m)),
+            Some(Bytes::Text(s)) => parse_bytes(&s)
+                .map(Some)
+                .map_err(|m| invalid(path, field, m)),
         }
     };
     o.kv_cache_memory_bytes = bytes(f.kv_cache_memory_bytes, "kv_cache_memory_bytes")?;
     o.memory_cap_bytes = bytes(f.memory_cap_bytes, "memory_cap_bytes")?;
     if let Some(d) = f.kv_cache_dtype {
-        o.kv_cache_dtype = Some(KvCacheDtype::parse(&d).map_err(|m| invalid(path, "kv_cache_dtype", m))?);
+        o.kv_cache_dtype =
+            Some(KvCacheDtype::parse(&d).map_err(|m| invalid(path, "kv_cache_dtype", m))?);
     }
     o.max_num_seqs = f.max_num_seqs;
     o.max_num_batched_tokens = f.max_num_batched_tokens;

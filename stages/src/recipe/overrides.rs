@@ -1,6 +1,9 @@
 //! One layer of recipe values (file, environment or flags), each field optional, and the merge
 //! that turns the stacked layers into a [`Recipe`].
-use super::{defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, Speculative, DEFAULT_REVISION};
+use super::{
+    defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, Speculative,
+    DEFAULT_REVISION,
+};
 use std::path::{Path, PathBuf};
 
 /// A model named by a layer: a Hub repo id or a local folder (already resolved to a full path).
@@ -37,7 +40,10 @@ pub struct Overrides {
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("LAGUNA_MODEL", "model.repo / model.path"),
     ("LAGUNA_MODEL_REVISION", "model.revision"),
-    ("LAGUNA_DRAFT", "draft.repo / draft.path (`none` disables the draft)"),
+    (
+        "LAGUNA_DRAFT",
+        "draft.repo / draft.path (`none` disables the draft)",
+    ),
     ("LAGUNA_DRAFT_REVISION", "draft.revision"),
     ("LAGUNA_SERVED_MODEL_NAME", "served_model_name"),
     ("LAGUNA_DEVICE", "device"),
@@ -48,7 +54,10 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("LAGUNA_MAX_NUM_SEQS", "max_num_seqs"),
     ("LAGUNA_MAX_NUM_BATCHED_TOKENS", "max_num_batched_tokens"),
     ("LAGUNA_SPECULATIVE_METHOD", "speculative.method"),
-    ("LAGUNA_NUM_SPECULATIVE_TOKENS", "speculative.num_speculative_tokens"),
+    (
+        "LAGUNA_NUM_SPECULATIVE_TOKENS",
+        "speculative.num_speculative_tokens",
+    ),
     ("LAGUNA_MEMORY_CAP_BYTES", "memory_cap_bytes"),
     ("LAGUNA_HOST", "host"),
     ("LAGUNA_PORT", "port"),
@@ -57,26 +66,37 @@ pub const ENV_VARS: &[(&str, &str)] = &[
 /// `123`, `12GiB`, `512MiB`, `1.5GB`, ... (binary suffixes are powers of 1024, decimal of 1000).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim().replace('_', "");
-    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1.0,
-        "k" | "kib" => 1024.0,
-        "m" | "mib" => 1024f64.powi(2),
-        "g" | "gib" => 1024f64.powi(3),
-        "t" | "tib" => 1024f64.powi(4),
-        "kb" => 1e3,
-        "mb" => 1e6,
-        "gb" => 1e9,
-        "tb" => 1e12,
-        other => return Err(format!("`{s}`: unknown unit `{other}` (use bytes, KiB, MiB, GiB, TiB, KB, MB, GB or TB)")),
-    };
-    let n: f64 = num.parse().map_err(|_| format!("`{s}` is not a byte count (e.g. 12884901888 or 12GiB)"))?;
+    let mult: f64 =
+        match unit.trim().to_ascii_lowercase().as_str() {
+            "" | "b" => 1.0,
+            "k" | "kib" => 1024.0,
+            "m" | "mib" => 1024f64.powi(2),
+            "g" | "gib" => 1024f64.powi(3),
+            "t" | "tib" => 1024f64.powi(4),
+            "kb" => 1e3,
+            "mb" => 1e6,
+            "gb" => 1e9,
+            "tb" => 1e12,
+            other => return Err(format!(
+                "`{s}`: unknown unit `{other}` (use bytes, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
+            )),
+        };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{s}` is not a byte count (e.g. 12884901888 or 12GiB)"))?;
     Ok((n * mult).round() as u64)
 }
 
 fn invalid(origin: &str, field: &str, msg: impl Into<String>) -> RecipeError {
-    RecipeError::Invalid { origin: origin.to_string(), field: field.to_string(), msg: msg.into() }
+    RecipeError::Invalid {
+        origin: origin.to_string(),
+        field: field.to_string(),
+        msg: msg.into(),
+    }
 }
 
 /// `org/name`, `none`, or a local folder (relative to `base`).
@@ -97,7 +117,9 @@ impl Overrides {
         let mut o = Overrides::default();
         let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
         fn num<T: std::str::FromStr>(k: &str, v: String, what: &str) -> Result<T> {
-            v.trim().parse().map_err(|_| invalid("environment", k, format!("= `{v}` is not {what}")))
+            v.trim()
+                .parse()
+                .map_err(|_| invalid("environment", k, format!("= `{v}` is not {what}")))
         }
         if let Some(v) = get("LAGUNA_MODEL") {
             o.model = Some(model_spec(&v, cwd, "environment", "LAGUNA_MODEL")?);
@@ -109,32 +131,54 @@ impl Overrides {
         o.draft_revision = get("LAGUNA_DRAFT_REVISION");
         o.served_model_name = get("LAGUNA_SERVED_MODEL_NAME");
         if let Some(v) = get("LAGUNA_DEVICE") {
-            o.device = Some(Device::parse(&v).map_err(|m| invalid("environment", "LAGUNA_DEVICE", m))?);
+            o.device =
+                Some(Device::parse(&v).map_err(|m| invalid("environment", "LAGUNA_DEVICE", m))?);
         }
         if let Some(v) = get("LAGUNA_MAX_MODEL_LEN") {
             o.max_model_len = Some(num("LAGUNA_MAX_MODEL_LEN", v, "a token count")?);
         }
         if let Some(v) = get("LAGUNA_GPU_MEMORY_UTILIZATION") {
-            o.gpu_memory_utilization = Some(num("LAGUNA_GPU_MEMORY_UTILIZATION", v, "a fraction like 0.5")?);
+            o.gpu_memory_utilization = Some(num(
+                "LAGUNA_GPU_MEMORY_UTILIZATION",
+                v,
+                "a fraction like 0.5",
+            )?);
         }
         if let Some(v) = get("LAGUNA_KV_CACHE_MEMORY_BYTES") {
-            o.kv_cache_memory_bytes = Some(parse_bytes(&v).map_err(|m| invalid("environment", "LAGUNA_KV_CACHE_MEMORY_BYTES", m))?);
+            o.kv_cache_memory_bytes = Some(
+                parse_bytes(&v)
+                    .map_err(|m| invalid("environment", "LAGUNA_KV_CACHE_MEMORY_BYTES", m))?,
+            );
         }
         if let Some(v) = get("LAGUNA_KV_CACHE_DTYPE") {
-            o.kv_cache_dtype = Some(KvCacheDtype::parse(&v).map_err(|m| invalid("environment", "LAGUNA_KV_CACHE_DTYPE", m))?);
+            o.kv_cache_dtype = Some(
+                KvCacheDtype::parse(&v)
+                    .map_err(|m| invalid("environment", "LAGUNA_KV_CACHE_DTYPE", m))?,
+            );
         }
         if let Some(v) = get("LAGUNA_MAX_NUM_SEQS") {
             o.max_num_seqs = Some(num("LAGUNA_MAX_NUM_SEQS", v, "a positive integer")?);
         }
         if let Some(v) = get("LAGUNA_MAX_NUM_BATCHED_TOKENS") {
-            o.max_num_batched_tokens = Some(num("LAGUNA_MAX_NUM_BATCHED_TOKENS", v, "a positive integer")?);
+            o.max_num_batched_tokens = Some(num(
+                "LAGUNA_MAX_NUM_BATCHED_TOKENS",
+                v,
+                "a positive integer",
+            )?);
         }
         o.speculative_method = get("LAGUNA_SPECULATIVE_METHOD");
         if let Some(v) = get("LAGUNA_NUM_SPECULATIVE_TOKENS") {
-            o.num_speculative_tokens = Some(num("LAGUNA_NUM_SPECULATIVE_TOKENS", v, "a positive integer")?);
+            o.num_speculative_tokens = Some(num(
+                "LAGUNA_NUM_SPECULATIVE_TOKENS",
+                v,
+                "a positive integer",
+            )?);
         }
         if let Some(v) = get("LAGUNA_MEMORY_CAP_BYTES") {
-            o.memory_cap_bytes = Some(parse_bytes(&v).map_err(|m| invalid("environment", "LAGUNA_MEMORY_CAP_BYTES", m))?);
+            o.memory_cap_bytes = Some(
+                parse_bytes(&v)
+                    .map_err(|m| invalid("environment", "LAGUNA_MEMORY_CAP_BYTES", m))?,
+            );
         }
         o.host = get("LAGUNA_HOST");
         if let Some(v) = get("LAGUNA_PORT") {
@@ -185,7 +229,10 @@ impl Overrides {
             None => "command line".to_string(),
         };
         let source = |spec: ModelSpec, rev: Option<String>| match spec {
-            ModelSpec::Repo(r) => Some(ModelSource::Hub { repo: r, revision: rev.unwrap_or_else(|| DEFAULT_REVISION.into()) }),
+            ModelSpec::Repo(r) => Some(ModelSource::Hub {
+                repo: r,
+                revision: rev.unwrap_or_else(|| DEFAULT_REVISION.into()),
+            }),
             ModelSpec::Path(p) => Some(ModelSource::Local(p)),
             ModelSpec::Disabled => None,
         };
@@ -204,24 +251,41 @@ impl Overrides {
         let served_model_name = match self.served_model_name {
             Some(n) => n,
             None => match &model {
-                ModelSource::Hub { repo, .. } => repo.rsplit('/').next().unwrap_or(repo).to_string(),
-                ModelSource::Local(p) => p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "laguna".into()),
+                ModelSource::Hub { repo, .. } => {
+                    repo.rsplit('/').next().unwrap_or(repo).to_string()
+                }
+                ModelSource::Local(p) => p
+                    .file_name()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "laguna".into()),
             },
         };
         if served_model_name.trim().is_empty() {
             return Err(invalid(&origin, "served_model_name", "must not be empty"));
         }
-        let gpu_memory_utilization = self.gpu_memory_utilization.unwrap_or(defaults::GPU_MEMORY_UTILIZATION);
+        let gpu_memory_utilization = self
+            .gpu_memory_utilization
+            .unwrap_or(defaults::GPU_MEMORY_UTILIZATION);
         if !(gpu_memory_utilization > 0.0 && gpu_memory_utilization <= 1.0) {
-            return Err(invalid(&origin, "gpu_memory_utilization", format!("is {gpu_memory_utilization}; it must be in (0, 1], e.g. 0.5")));
+            return Err(invalid(
+                &origin,
+                "gpu_memory_utilization",
+                format!("is {gpu_memory_utilization}; it must be in (0, 1], e.g. 0.5"),
+            ));
         }
         let max_num_seqs = self.max_num_seqs.unwrap_or(defaults::MAX_NUM_SEQS);
         if max_num_seqs == 0 {
             return Err(invalid(&origin, "max_num_seqs", "must be at least 1"));
         }
-        let max_num_batched_tokens = self.max_num_batched_tokens.unwrap_or(defaults::MAX_NUM_BATCHED_TOKENS);
+        let max_num_batched_tokens = self
+            .max_num_batched_tokens
+            .unwrap_or(defaults::MAX_NUM_BATCHED_TOKENS);
         if max_num_batched_tokens == 0 {
-            return Err(invalid(&origin, "max_num_batched_tokens", "must be at least 1"));
+            return Err(invalid(
+                &origin,
+                "max_num_batched_tokens",
+                "must be at least 1",
+            ));
         }
         if self.max_model_len == Some(0) {
             return Err(invalid(&origin, "max_model_len", "must be at least 1"));
@@ -292,6 +356,8 @@ mod tests {
         assert_eq!(parse_bytes("12GiB").unwrap(), 12884901888);
         assert_eq!(parse_bytes("1.5 GB").unwrap(), 1_500_000_000);
         assert_eq!(parse_bytes("512MiB").unwrap(), 512 << 20);
-        assert!(parse_bytes("12 parsecs").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("12 parsecs")
+            .unwrap_err()
+            .contains("unknown unit"));
     }
 }

@@ -1,7 +1,10 @@
 //! `POST /v1/chat/completions`: messages → template → tokens → scheduler → reasoning/tool parsing.
 use super::chat_template::RenderArgs;
 use super::errors::ApiError;
-use super::openai::{now_secs, parse_body, random_id, usage_json, validate_common, ChatMessage, ChatRequest, MessageContent};
+use super::openai::{
+    now_secs, parse_body, random_id, usage_json, validate_common, ChatMessage, ChatRequest,
+    MessageContent,
+};
 use super::reasoning::ReasoningSplitter;
 use super::sse;
 use super::state::AppState;
@@ -14,7 +17,10 @@ use warp::Reply;
 /// Messages as the template sees them (OpenAI shapes normalised the way vLLM does).
 pub fn template_messages(msgs: &[ChatMessage]) -> Result<Vec<Json>, ApiError> {
     if msgs.is_empty() {
-        return Err(ApiError::bad_request("`messages` must contain at least one message.").with_param("messages"));
+        return Err(
+            ApiError::bad_request("`messages` must contain at least one message.")
+                .with_param("messages"),
+        );
     }
     let mut out = Vec::with_capacity(msgs.len());
     for (i, m) in msgs.iter().enumerate() {
@@ -59,7 +65,8 @@ pub fn template_messages(msgs: &[ChatMessage]) -> Result<Vec<Json>, ApiError> {
                 .map(|c| {
                     // Clients send arguments back as a JSON string; templates want a mapping.
                     let args = match &c.function.arguments {
-                        Some(Json::String(s)) => serde_json::from_str::<Json>(s).unwrap_or_else(|_| Json::String(s.clone())),
+                        Some(Json::String(s)) => serde_json::from_str::<Json>(s)
+                            .unwrap_or_else(|_| Json::String(s.clone())),
                         Some(v) => v.clone(),
                         None => json!({}),
                     };
@@ -83,8 +90,14 @@ pub fn template_messages(msgs: &[ChatMessage]) -> Result<Vec<Json>, ApiError> {
 
 fn validate_tools(tools: &[Json]) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
-        let ok = t.get("type").and_then(Json::as_str).is_none_or(|k| k == "function")
-            && t.get("function").and_then(|f| f.get("name")).and_then(Json::as_str).is_some();
+        let ok = t
+            .get("type")
+            .and_then(Json::as_str)
+            .is_none_or(|k| k == "function")
+            && t.get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Json::as_str)
+                .is_some();
         if !ok {
             return Err(ApiError::bad_request(format!("tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ..., \"parameters\": ...}}}}.")).with_param("tools"));
         }
@@ -118,7 +131,14 @@ pub struct Piece {
 
 impl Assembler {
     fn split(&mut self, (r, c): (String, String), last: bool) -> Piece {
-        let mut p = Piece { reasoning: if self.include_reasoning { r } else { String::new() }, ..Default::default() };
+        let mut p = Piece {
+            reasoning: if self.include_reasoning {
+                r
+            } else {
+                String::new()
+            },
+            ..Default::default()
+        };
         match self.tools.as_mut() {
             None => p.content = c,
             Some(t) => {
@@ -168,10 +188,16 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
     let want_logprobs = req.logprobs.unwrap_or(false);
     let top = match req.top_logprobs {
         Some(t) if !(0..=20).contains(&t) => {
-            return Err(ApiError::bad_request(format!("top_logprobs must be between 0 and 20, got {t}.")).with_param("top_logprobs"))
+            return Err(ApiError::bad_request(format!(
+                "top_logprobs must be between 0 and 20, got {t}."
+            ))
+            .with_param("top_logprobs"))
         }
         Some(t) if t > 0 && !want_logprobs => {
-            return Err(ApiError::bad_request("`top_logprobs` needs `logprobs` set to true.").with_param("top_logprobs"))
+            return Err(
+                ApiError::bad_request("`top_logprobs` needs `logprobs` set to true.")
+                    .with_param("top_logprobs"),
+            )
         }
         t => t.unwrap_or(0) as usize,
     };
@@ -184,16 +210,23 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
     if let Some(tc) = &req.tool_choice {
         let ok = match tc {
             Json::String(s) => matches!(s.as_str(), "none" | "auto" | "required"),
-            Json::Object(o) => o.get("function").and_then(|f| f.get("name")).and_then(Json::as_str).is_some(),
+            Json::Object(o) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Json::as_str)
+                .is_some(),
             Json::Null => true,
             _ => false,
         };
         if !ok {
             return Err(ApiError::bad_request("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}.").with_param("tool_choice"));
         }
-        let demands_a_tool = matches!(tc, Json::Object(_)) || matches!(tc, Json::String(s) if s == "required");
+        let demands_a_tool =
+            matches!(tc, Json::Object(_)) || matches!(tc, Json::String(s) if s == "required");
         if demands_a_tool && tools.is_none() {
-            return Err(ApiError::bad_request("tool_choice needs `tools`.").with_param("tool_choice"));
+            return Err(
+                ApiError::bad_request("tool_choice needs `tools`.").with_param("tool_choice")
+            );
         }
     }
     let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
@@ -293,15 +326,33 @@ async fn complete(state: &AppState, mut p: Prepared) -> Result<Json, ApiError> {
                 lps.extend(logprobs.iter().map(|l| state.chat_logprob(l)));
             }
             Event::Error(e) => return Err(ApiError::internal(e)),
-            Event::Finished { reason, stop_reason, usage } => {
+            Event::Finished {
+                reason,
+                stop_reason,
+                usage,
+            } => {
                 let piece = p.assembler.finish();
                 reasoning += &piece.reasoning;
                 content += &piece.content;
-                let calls = p.assembler.tools.as_ref().map(|t| t.calls()).unwrap_or_default();
-                let has_reasoning = p.assembler.reasoning.has_reasoning() && p.assembler.include_reasoning;
+                let calls = p
+                    .assembler
+                    .tools
+                    .as_ref()
+                    .map(|t| t.calls())
+                    .unwrap_or_default();
+                let has_reasoning =
+                    p.assembler.reasoning.has_reasoning() && p.assembler.include_reasoning;
                 let mut msg = json!({"role": "assistant"});
-                msg["content"] = if content.is_empty() && (!calls.is_empty() || has_reasoning) { Json::Null } else { json!(content) };
-                let r = if has_reasoning { json!(reasoning) } else { Json::Null };
+                msg["content"] = if content.is_empty() && (!calls.is_empty() || has_reasoning) {
+                    Json::Null
+                } else {
+                    json!(content)
+                };
+                let r = if has_reasoning {
+                    json!(reasoning)
+                } else {
+                    Json::Null
+                };
                 msg["reasoning"] = r.clone();
                 msg["reasoning_content"] = r;
                 if !calls.is_empty() {
@@ -310,7 +361,11 @@ async fn complete(state: &AppState, mut p: Prepared) -> Result<Json, ApiError> {
                         .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
                         .collect();
                 }
-                let logprobs = if p.logprobs { json!({"content": lps}) } else { Json::Null };
+                let logprobs = if p.logprobs {
+                    json!({"content": lps})
+                } else {
+                    Json::Null
+                };
                 return Ok(json!({
                     "id": p.id,
                     "object": "chat.completion",
@@ -372,7 +427,8 @@ fn piece_deltas(piece: Piece) -> Vec<Json> {
 
 fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Response {
     let (tx, resp) = sse::channel();
-    let (id, created, model, include_usage) = (p.id.clone(), p.created, p.model.clone(), p.include_usage);
+    let (id, created, model, include_usage) =
+        (p.id.clone(), p.created, p.model.clone(), p.include_usage);
     tokio::spawn(async move {
         let chunk = |delta: Json, logprobs: Json, finish: Json, extra: Option<(&str, Json)>| {
             let mut c = json!({
@@ -387,7 +443,15 @@ fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Respon
             }
             c
         };
-        if !tx.data(&chunk(json!({"role": "assistant", "content": ""}), Json::Null, Json::Null, None)).await {
+        if !tx
+            .data(&chunk(
+                json!({"role": "assistant", "content": ""}),
+                Json::Null,
+                Json::Null,
+                None,
+            ))
+            .await
+        {
             return;
         }
         loop {
@@ -414,7 +478,10 @@ fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Respon
                     }
                     let mut lp = Some(lp);
                     for d in deltas {
-                        if !tx.data(&chunk(d, lp.take().unwrap_or(Json::Null), Json::Null, None)).await {
+                        if !tx
+                            .data(&chunk(d, lp.take().unwrap_or(Json::Null), Json::Null, None))
+                            .await
+                        {
                             return;
                         }
                     }
@@ -425,14 +492,23 @@ fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Respon
                     let _ = tx.done().await;
                     return;
                 }
-                Event::Finished { reason, stop_reason, usage } => {
+                Event::Finished {
+                    reason,
+                    stop_reason,
+                    usage,
+                } => {
                     for d in piece_deltas(p.assembler.finish()) {
                         if !tx.data(&chunk(d, Json::Null, Json::Null, None)).await {
                             return;
                         }
                     }
                     let fr = finish_reason(reason, p.assembler.called_tools());
-                    let last = chunk(json!({}), Json::Null, json!(fr), Some(("stop_reason", stop_reason_json(&stop_reason))));
+                    let last = chunk(
+                        json!({}),
+                        Json::Null,
+                        json!(fr),
+                        Some(("stop_reason", stop_reason_json(&stop_reason))),
+                    );
                     if !tx.data(&last).await {
                         return;
                     }

@@ -46,7 +46,8 @@ fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, JinjaError> {
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     let _: Option<Value> = kwargs.get("separators")?;
     kwargs.assert_all_used()?;
-    let mut j = serde_json::to_value(value).map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let mut j = serde_json::to_value(value)
+        .map_err(|e| JinjaError::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
     if sort_keys == Some(true) {
         j = sort_json(j);
     }
@@ -128,9 +129,18 @@ pub fn neutralise_generation_tags(src: &str) -> String {
             return out;
         };
         let tag = &tail[..j + 2];
-        let inner = tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
-        let lead = if tag[2..].starts_with('-') { "{%-" } else { "{%" };
-        let trail = if tag[..tag.len() - 2].ends_with('-') { "-%}" } else { "%}" };
+        let inner =
+            tag[2..tag.len() - 2].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let lead = if tag[2..].starts_with('-') {
+            "{%-"
+        } else {
+            "{%"
+        };
+        let trail = if tag[..tag.len() - 2].ends_with('-') {
+            "-%}"
+        } else {
+            "%}"
+        };
         match inner {
             "generation" => out.push_str(&format!("{lead} if true {trail}")),
             "endgeneration" => out.push_str(&format!("{lead} endif {trail}")),
@@ -143,7 +153,12 @@ pub fn neutralise_generation_tags(src: &str) -> String {
 }
 
 impl ChatTemplate {
-    pub fn new(source_text: &str, bos_token: String, eos_token: String, source: String) -> Result<ChatTemplate, TemplateError> {
+    pub fn new(
+        source_text: &str,
+        bos_token: String,
+        eos_token: String,
+        source: String,
+    ) -> Result<ChatTemplate, TemplateError> {
         let mut env = Environment::new();
         env.set_syntax(
             minijinja::syntax::SyntaxConfig::builder()
@@ -156,16 +171,27 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", |fmt: String| -> String {
             // Enough for templates that print today's date; UTC, no chrono dependency.
-            let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0);
             let days = secs / 86400;
             let (y, m, d) = civil_from_days(days as i64);
-            fmt.replace("%Y", &format!("{y:04}")).replace("%m", &format!("{m:02}")).replace("%d", &format!("{d:02}"))
+            fmt.replace("%Y", &format!("{y:04}"))
+                .replace("%m", &format!("{m:02}"))
+                .replace("%d", &format!("{d:02}"))
         });
         env.add_filter("tojson", tojson);
         // Python slicing `[::-1]` is fine in minijinja; `|reverse` too.
         let text = neutralise_generation_tags(source_text);
-        env.add_template_owned("chat", text).map_err(|e| TemplateError::Load(source.clone(), format!("{e:#}")))?;
-        Ok(ChatTemplate { env, bos_token, eos_token, source })
+        env.add_template_owned("chat", text)
+            .map_err(|e| TemplateError::Load(source.clone(), format!("{e:#}")))?;
+        Ok(ChatTemplate {
+            env,
+            bos_token,
+            eos_token,
+            source,
+        })
     }
 
     /// The template of a model folder: `chat_template.jinja`, else `tokenizer_config.json`'s
@@ -173,13 +199,22 @@ impl ChatTemplate {
     pub fn from_dir(dir: &Path) -> Result<ChatTemplate, TemplateError> {
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Json = match std::fs::read_to_string(&cfg_path) {
-            Ok(t) => serde_json::from_str(&t).map_err(|e| TemplateError::Load(cfg_path.display().to_string(), format!("not valid JSON: {e}")))?,
+            Ok(t) => serde_json::from_str(&t).map_err(|e| {
+                TemplateError::Load(
+                    cfg_path.display().to_string(),
+                    format!("not valid JSON: {e}"),
+                )
+            })?,
             Err(_) => Json::Null,
         };
         let tok_str = |key: &str, default: &str| -> String {
             match cfg.get(key) {
                 Some(Json::String(s)) => s.clone(),
-                Some(Json::Object(o)) => o.get("content").and_then(Json::as_str).unwrap_or(default).to_string(),
+                Some(Json::Object(o)) => o
+                    .get("content")
+                    .and_then(Json::as_str)
+                    .unwrap_or(default)
+                    .to_string(),
                 _ => default.to_string(),
             }
         };
@@ -204,18 +239,34 @@ impl ChatTemplate {
             }
             _ => {}
         }
-        Self::new(BUILTIN_LAGUNA_TEMPLATE, bos, eos, "built-in Laguna XS-2.1 format".into())
+        Self::new(
+            BUILTIN_LAGUNA_TEMPLATE,
+            bos,
+            eos,
+            "built-in Laguna XS-2.1 format".into(),
+        )
     }
 
     pub fn render(&self, a: &RenderArgs) -> Result<String, TemplateError> {
-        let tmpl = self.env.get_template("chat").map_err(|e| TemplateError::Render(e.to_string()))?;
+        let tmpl = self
+            .env
+            .get_template("chat")
+            .map_err(|e| TemplateError::Render(e.to_string()))?;
         let mut ctx = serde_json::Map::new();
         for (k, v) in a.kwargs {
             ctx.insert(k.clone(), v.clone());
         }
         ctx.insert("messages".into(), Json::Array(a.messages.to_vec()));
-        ctx.insert("tools".into(), a.tools.map(|t| Json::Array(t.to_vec())).unwrap_or(Json::Null));
-        ctx.insert("add_generation_prompt".into(), Json::Bool(a.add_generation_prompt));
+        ctx.insert(
+            "tools".into(),
+            a.tools
+                .map(|t| Json::Array(t.to_vec()))
+                .unwrap_or(Json::Null),
+        );
+        ctx.insert(
+            "add_generation_prompt".into(),
+            Json::Bool(a.add_generation_prompt),
+        );
         ctx.insert("bos_token".into(), Json::String(self.bos_token.clone()));
         ctx.insert("eos_token".into(), Json::String(self.eos_token.clone()));
         let ctx = Value::from(minijinja::value::Serde(Json::Object(ctx)));
@@ -249,49 +300,99 @@ mod tests {
 
     #[test]
     fn generation_tags_become_ifs() {
-        assert_eq!(neutralise_generation_tags("a{%- generation -%}b{% endgeneration %}c"), "a{%- if true -%}b{% endif %}c");
-        assert_eq!(neutralise_generation_tags("{{ x }}{% if y %}{% endif %}"), "{{ x }}{% if y %}{% endif %}");
+        assert_eq!(
+            neutralise_generation_tags("a{%- generation -%}b{% endgeneration %}c"),
+            "a{%- if true -%}b{% endif %}c"
+        );
+        assert_eq!(
+            neutralise_generation_tags("{{ x }}{% if y %}{% endif %}"),
+            "{{ x }}{% if y %}{% endif %}"
+        );
     }
 
     #[test]
     fn json_dumps_like_python() {
-        let v: Json = serde_json::from_str(r#"{"a": [1, 2.5, "x<y> & 'z' é"], "b": {}, "c": [], "d": null, "e": true, "f": 1.0}"#).unwrap();
-        assert_eq!(python_json_dumps(&v, None), r#"{"a": [1, 2.5, "x<y> & 'z' é"], "b": {}, "c": [], "d": null, "e": true, "f": 1.0}"#);
-        assert_eq!(python_json_dumps(&serde_json::json!({"a": [1]}), Some(2)), "{\n  \"a\": [\n    1\n  ]\n}");
+        let v: Json = serde_json::from_str(
+            r#"{"a": [1, 2.5, "x<y> & 'z' é"], "b": {}, "c": [], "d": null, "e": true, "f": 1.0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            python_json_dumps(&v, None),
+            r#"{"a": [1, 2.5, "x<y> & 'z' é"], "b": {}, "c": [], "d": null, "e": true, "f": 1.0}"#
+        );
+        assert_eq!(
+            python_json_dumps(&serde_json::json!({"a": [1]}), Some(2)),
+            "{\n  \"a\": [\n    1\n  ]\n}"
+        );
     }
 
     #[test]
     fn builtin_template_renders_the_spec_format() {
-        let t = ChatTemplate::new(BUILTIN_LAGUNA_TEMPLATE, "〈|EOS|〉".into(), "〈|EOS|〉".into(), "builtin".into()).unwrap();
+        let t = ChatTemplate::new(
+            BUILTIN_LAGUNA_TEMPLATE,
+            "〈|EOS|〉".into(),
+            "〈|EOS|〉".into(),
+            "builtin".into(),
+        )
+        .unwrap();
         let msgs = vec![serde_json::json!({"role": "user", "content": "hi"})];
         let kw = serde_json::Map::new();
-        let s = t.render(&RenderArgs { messages: &msgs, tools: None, add_generation_prompt: true, kwargs: &kw }).unwrap();
+        let s = t
+            .render(&RenderArgs {
+                messages: &msgs,
+                tools: None,
+                add_generation_prompt: true,
+                kwargs: &kw,
+            })
+            .unwrap();
         assert_eq!(s, "〈|EOS|〉<system>You are a helpful, conversationally-fluent assistant made by Poolside. You are here to be helpful to users through natural language conversations.</system>\n<user>hi</user>\n<assistant></think>");
         let mut kw = serde_json::Map::new();
         kw.insert("enable_thinking".into(), Json::Bool(true));
-        let msgs = vec![serde_json::json!({"role": "system", "content": ""}), serde_json::json!({"role": "user", "content": "hi"})];
-        let s = t.render(&RenderArgs { messages: &msgs, tools: None, add_generation_prompt: true, kwargs: &kw }).unwrap();
+        let msgs = vec![
+            serde_json::json!({"role": "system", "content": ""}),
+            serde_json::json!({"role": "user", "content": "hi"}),
+        ];
+        let s = t
+            .render(&RenderArgs {
+                messages: &msgs,
+                tools: None,
+                add_generation_prompt: true,
+                kwargs: &kw,
+            })
+            .unwrap();
         assert!(s.ends_with("<user>hi</user>\n<assistant><think>"), "{s}");
     }
 
     /// Rendered strings and token ids from Python transformers (tests/fixtures/models/tiny-chat).
     #[test]
     fn matches_transformers_reference_chat() {
-        let dir = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny-chat"));
+        let dir = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/tiny-chat"
+        ));
         let Ok(text) = std::fs::read_to_string(dir.join("reference_chat.json")) else {
             eprintln!("skipping: {} has no reference_chat.json", dir.display());
             return;
         };
         let refj: Json = serde_json::from_str(&text).unwrap();
         let t = ChatTemplate::from_dir(dir).unwrap();
-        let builtin = ChatTemplate::new(BUILTIN_LAGUNA_TEMPLATE, t.bos_token.clone(), t.eos_token.clone(), "builtin".into()).unwrap();
-        let tok = laguna_engine::tokenizer::Tokenizer::from_dir(dir).unwrap().unwrap();
+        let builtin = ChatTemplate::new(
+            BUILTIN_LAGUNA_TEMPLATE,
+            t.bos_token.clone(),
+            t.eos_token.clone(),
+            "builtin".into(),
+        )
+        .unwrap();
+        let tok = laguna_engine::tokenizer::Tokenizer::from_dir(dir)
+            .unwrap()
+            .unwrap();
         let cases = refj["cases"].as_array().unwrap();
         assert!(cases.len() >= 10);
         for case in cases {
             let name = case["name"].as_str().unwrap();
             // Through the same conversion the HTTP handler uses.
-            let msgs: Vec<crate::serve::openai::ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+            let msgs: Vec<crate::serve::openai::ChatMessage> =
+                serde_json::from_value(case["messages"].clone()).unwrap();
             let msgs = crate::serve::chat::template_messages(&msgs).unwrap();
             let mut kw = serde_json::Map::new();
             kw.insert("enable_thinking".into(), case["enable_thinking"].clone());
@@ -304,17 +405,43 @@ mod tests {
             };
             let want = case["rendered"].as_str().unwrap();
             assert_eq!(t.render(&args).unwrap(), want, "case {name}");
-            assert_eq!(builtin.render(&args).unwrap(), want, "built-in template, case {name}");
-            let ids: Vec<u32> = case["token_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
-            assert_eq!(tok.encode(want, false).unwrap(), ids, "token ids, case {name}");
+            assert_eq!(
+                builtin.render(&args).unwrap(),
+                want,
+                "built-in template, case {name}"
+            );
+            let ids: Vec<u32> = case["token_ids"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap() as u32)
+                .collect();
+            assert_eq!(
+                tok.encode(want, false).unwrap(),
+                ids,
+                "token ids, case {name}"
+            );
         }
     }
 
     #[test]
     fn raise_exception_is_an_error() {
-        let t = ChatTemplate::new("{{ raise_exception('nope') }}", String::new(), String::new(), "t".into()).unwrap();
+        let t = ChatTemplate::new(
+            "{{ raise_exception('nope') }}",
+            String::new(),
+            String::new(),
+            "t".into(),
+        )
+        .unwrap();
         let kw = serde_json::Map::new();
-        let e = t.render(&RenderArgs { messages: &[], tools: None, add_generation_prompt: true, kwargs: &kw }).unwrap_err();
+        let e = t
+            .render(&RenderArgs {
+                messages: &[],
+                tools: None,
+                add_generation_prompt: true,
+                kwargs: &kw,
+            })
+            .unwrap_err();
         assert!(e.to_string().contains("nope"), "{e}");
     }
 }

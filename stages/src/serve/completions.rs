@@ -1,6 +1,8 @@
 //! `POST /v1/completions`: raw prompts (text, list of texts, token ids, lists of token ids).
 use super::errors::ApiError;
-use super::openai::{now_secs, parse_body, random_id, usage_json, validate_common, CompletionRequest, PromptField};
+use super::openai::{
+    now_secs, parse_body, random_id, usage_json, validate_common, CompletionRequest, PromptField,
+};
 use super::sse;
 use super::state::{clamp, AppState};
 use laguna_engine::sched::{Event, FinishReason, GenRequest, RequestStream, TokenLogprob};
@@ -57,34 +59,50 @@ impl LegacyLogprobs {
     }
 }
 
-fn prepare(state: &AppState, body: &[u8]) -> Result<(Vec<Choice>, bool, bool, Option<usize>), ApiError> {
+fn prepare(
+    state: &AppState,
+    body: &[u8],
+) -> Result<(Vec<Choice>, bool, bool, Option<usize>), ApiError> {
     let req: CompletionRequest = parse_body(body)?;
     state.check_model(req.common.model.as_deref())?;
     state.check_ready()?;
     let v = validate_common(&req.common, req.common.max_tokens, &state.defaults)?;
     let logprobs = match req.logprobs {
         Some(n) if !(0..=20).contains(&n) => {
-            return Err(ApiError::bad_request(format!("logprobs must be between 0 and 20, got {n}.")).with_param("logprobs"))
+            return Err(ApiError::bad_request(format!(
+                "logprobs must be between 0 and 20, got {n}."
+            ))
+            .with_param("logprobs"))
         }
         n => n.map(|n| n as usize),
     };
     let echo = req.echo.unwrap_or(false);
     let prompts: Vec<(Vec<u32>, String)> = match &req.prompt {
         PromptField::Text(t) => vec![(state.encode(t, true)?, t.clone())],
-        PromptField::Texts(ts) => ts.iter().map(|t| Ok((state.encode(t, true)?, t.clone()))).collect::<Result<_, ApiError>>()?,
+        PromptField::Texts(ts) => ts
+            .iter()
+            .map(|t| Ok((state.encode(t, true)?, t.clone())))
+            .collect::<Result<_, ApiError>>()?,
         PromptField::Ids(ids) => vec![(ids.clone(), String::new())],
         PromptField::IdLists(l) => l.iter().map(|ids| (ids.clone(), String::new())).collect(),
     };
     if prompts.is_empty() || prompts.iter().any(|(p, _)| p.is_empty()) {
-        return Err(ApiError::bad_request("The prompt is empty: give text or at least one token id.").with_param("prompt"));
+        return Err(ApiError::bad_request(
+            "The prompt is empty: give text or at least one token id.",
+        )
+        .with_param("prompt"));
     }
     let vocab = state.tokenizer.vocab_size() as u32;
     let mut choices = vec![];
     for (ids, text) in prompts {
         if let Some(t) = ids.iter().find(|&&t| t >= vocab) {
-            return Err(ApiError::bad_request(format!("Token id {t} is out of vocabulary (size {vocab}).")).with_param("prompt"));
+            return Err(ApiError::bad_request(format!(
+                "Token id {t} is out of vocabulary (size {vocab})."
+            ))
+            .with_param("prompt"));
         }
-        let max_tokens = state.resolve_max_tokens(Some(v.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), ids.len())?;
+        let max_tokens = state
+            .resolve_max_tokens(Some(v.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), ids.len())?;
         let echo_text = if !echo {
             String::new()
         } else if text.is_empty() {
@@ -102,7 +120,10 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Vec<Choice>, bool, bool, Op
             logprobs,
             skip_special_tokens: req.common.skip_special_tokens.unwrap_or(true),
         };
-        choices.push(Choice { stream: state.submit(gen)?, echo: echo_text });
+        choices.push(Choice {
+            stream: state.submit(gen)?,
+            echo: echo_text,
+        });
     }
     Ok((choices, v.stream, v.include_usage, logprobs))
 }
@@ -116,7 +137,15 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
     let created = now_secs();
     let model = state.model_name().to_string();
     if stream {
-        return stream_response(state, choices, id, created, model, include_usage, logprobs.is_some());
+        return stream_response(
+            state,
+            choices,
+            id,
+            created,
+            model,
+            include_usage,
+            logprobs.is_some(),
+        );
     }
     let (mut total_p, mut total_c) = (0, 0);
     let mut out = vec![];
@@ -125,11 +154,19 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
         let mut lp = LegacyLogprobs::default();
         loop {
             match c.stream.next().await {
-                Some(Event::Delta { text: t, logprobs: l, .. }) => {
+                Some(Event::Delta {
+                    text: t,
+                    logprobs: l,
+                    ..
+                }) => {
                     text += &t;
                     lp.add(&state, &l);
                 }
-                Some(Event::Finished { reason, stop_reason, usage }) => {
+                Some(Event::Finished {
+                    reason,
+                    stop_reason,
+                    usage,
+                }) => {
                     total_p += usage.prompt_tokens;
                     total_c += usage.completion_tokens;
                     out.push(json!({"index": i, "text": text, "logprobs": if logprobs.is_some() { lp.take() } else { Json::Null },
@@ -137,7 +174,9 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
                     break;
                 }
                 Some(Event::Error(e)) => return ApiError::internal(e).into_response(),
-                None => return ApiError::internal("the request ended without a result").into_response(),
+                None => {
+                    return ApiError::internal("the request ended without a result").into_response()
+                }
             }
         }
     }
@@ -192,7 +231,11 @@ fn stream_response(
             c
         };
         for (i, e) in echoes.iter().enumerate() {
-            if !e.is_empty() && !tx.data(&chunk(i, e.clone(), Json::Null, Json::Null, Json::Null)).await {
+            if !e.is_empty()
+                && !tx
+                    .data(&chunk(i, e.clone(), Json::Null, Json::Null, Json::Null))
+                    .await
+            {
                 return;
             }
         }
@@ -222,11 +265,22 @@ fn stream_response(
                         tx.data(&chunk(i, text, lp, Json::Null, Json::Null)).await
                     }
                 }
-                Event::Finished { reason, stop_reason, usage } => {
+                Event::Finished {
+                    reason,
+                    stop_reason,
+                    usage,
+                } => {
                     finished += 1;
                     total_p += usage.prompt_tokens;
                     total_c += usage.completion_tokens;
-                    tx.data(&chunk(i, String::new(), Json::Null, json!(finish_str(reason)), stop_reason_json(&stop_reason))).await
+                    tx.data(&chunk(
+                        i,
+                        String::new(),
+                        Json::Null,
+                        json!(finish_str(reason)),
+                        stop_reason_json(&stop_reason),
+                    ))
+                    .await
                 }
                 Event::Error(e) => {
                     let _ = tx.data(&ApiError::internal(e).body()).await;

@@ -7,7 +7,14 @@ pub const NAME: &str = "laguna-tiny-chat";
 
 macro_rules! fixture {
     ($f:literal) => {
-        ($f, include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny-chat/", $f)) as &[u8])
+        (
+            $f,
+            include_bytes!(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/../tests/fixtures/models/tiny-chat/",
+                $f
+            )) as &[u8],
+        )
     };
 }
 
@@ -50,8 +57,14 @@ fn cache_root() -> PathBuf {
 
 /// Unpack (once) and return the folder.
 pub fn extract() -> std::io::Result<PathBuf> {
-    let dir = cache_root().join("embedded").join(format!("tiny-chat-{:016x}", digest()));
-    if FILES.iter().all(|(n, b)| std::fs::metadata(dir.join(n)).map(|m| m.len() == b.len() as u64).unwrap_or(false)) {
+    let dir = cache_root()
+        .join("embedded")
+        .join(format!("tiny-chat-{:016x}", digest()));
+    if FILES.iter().all(|(n, b)| {
+        std::fs::metadata(dir.join(n))
+            .map(|m| m.len() == b.len() as u64)
+            .unwrap_or(false)
+    }) {
         return Ok(dir);
     }
     std::fs::create_dir_all(&dir)?;

@@ -12,7 +12,12 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None }
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+        }
     }
     pub fn bad_request(message: impl Into<String>) -> ApiError {
         Self::new(StatusCode::BAD_REQUEST, "BadRequestError", message)
@@ -28,23 +33,43 @@ impl ApiError {
         Self::not_found(format!("The model `{model}` does not exist.")).with_param("model")
     }
     pub fn unauthorized() -> ApiError {
-        Self::new(StatusCode::UNAUTHORIZED, "AuthenticationError", "Unauthorized: pass the server's API key as `Authorization: Bearer <key>`.")
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "AuthenticationError",
+            "Unauthorized: pass the server's API key as `Authorization: Bearer <key>`.",
+        )
     }
     pub fn unavailable(message: impl Into<String>) -> ApiError {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "ServiceUnavailableError", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "ServiceUnavailableError",
+            message,
+        )
     }
     pub fn overloaded(message: impl Into<String>) -> ApiError {
         Self::new(StatusCode::TOO_MANY_REQUESTS, "RateLimitError", message)
     }
     pub fn internal(message: impl Into<String>) -> ApiError {
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError", message)
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalServerError",
+            message,
+        )
     }
     pub fn method_not_allowed() -> ApiError {
-        Self::new(StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed", "Method Not Allowed")
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "MethodNotAllowed",
+            "Method Not Allowed",
+        )
     }
 
     /// vLLM's wording for prompt + max_tokens over the context window.
-    pub fn context_length(max_model_len: usize, max_tokens: usize, prompt_tokens: usize) -> ApiError {
+    pub fn context_length(
+        max_model_len: usize,
+        max_tokens: usize,
+        prompt_tokens: usize,
+    ) -> ApiError {
         let total = max_tokens + prompt_tokens;
         let mut e = Self::bad_request(format!(
             "This model's maximum context length is {max_model_len} tokens. However, you requested {max_tokens} output tokens and your prompt contains at least {prompt_tokens} input tokens, for a total of at least {total} tokens. Please reduce the length of the input prompt or the number of requested output tokens. (parameter=input_tokens, value={prompt_tokens})"

@@ -53,8 +53,11 @@ pub struct ServeOptions {
     pub num_speculative_tokens: usize,
     /// cpu, cuda or cuda:N.
     pub device: String,
-    /// K/V pool size on CUDA (None: the backend's default).
+    /// K/V budget on CUDA: the target's pages and rings plus the draft's rings (None: the
+    /// backend's default).
     pub kv_cache_memory_bytes: Option<usize>,
+    /// K/V stored as FP8 E4M3 on CUDA (the checkpoint's k_scale / v_scale, else 1.0).
+    pub kv_cache_fp8: bool,
     pub host: String,
     pub port: u16,
     /// Names clients may use in `model`; the first is reported. Default: the folder path.
@@ -79,6 +82,7 @@ impl Default for ServeOptions {
             num_speculative_tokens: 6,
             device: "cpu".into(),
             kv_cache_memory_bytes: None,
+            kv_cache_fp8: false,
             host: "127.0.0.1".into(),
             port: 8000,
             served_model_name: vec![],
@@ -94,13 +98,21 @@ impl Default for ServeOptions {
 
 /// Log to stderr (RUST_LOG overrides the `info` default). Safe to call twice.
 pub fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }
 
 fn sampling_defaults(dir: &Path) -> SamplingDefaults {
-    let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else { return SamplingDefaults::default() };
-    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else { return SamplingDefaults::default() };
+    let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) else {
+        return SamplingDefaults::default();
+    };
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) else {
+        return SamplingDefaults::default();
+    };
     SamplingDefaults {
         temperature: v.get("temperature").and_then(|x| x.as_f64()),
         top_p: v.get("top_p").and_then(|x| x.as_f64()),
@@ -114,31 +126,65 @@ fn model_loader(
     draft: Option<PathBuf>,
     k: usize,
     device: &str,
-    kv_pool_bytes: Option<usize>,
+    o: &ServeOptions,
 ) -> Result<laguna_engine::sched::ModelLoader, ServeError> {
+    let (kv_pool_bytes, kv_fp8, max_seqs) =
+        (o.kv_cache_memory_bytes, o.kv_cache_fp8, o.max_num_seqs);
     match device {
         "cpu" => Ok(Box::new(move || {
             let t = std::time::Instant::now();
-            let m = CpuModel::load(&dir)?;
-            tracing::info!("model loaded from {} in {:.1}s", dir.display(), t.elapsed().as_secs_f64());
+            let mut m = CpuModel::load(&dir)?;
+            m.set_kv_fp8(kv_fp8);
+            tracing::info!(
+                "model loaded from {} in {:.1}s",
+                dir.display(),
+                t.elapsed().as_secs_f64()
+            );
             let dflash = match &draft {
                 Some(d) => {
                     let dm = CpuDraft::load(d, &m)?;
                     tracing::info!("DFlash draft loaded from {} (k = {k})", d.display());
-                    Some(Dflash { draft: Box::new(dm), k })
+                    Some(Dflash {
+                        draft: Box::new(dm),
+                        k,
+                    })
                 }
                 None => None,
             };
-            Ok(Loaded { model: Box::new(m) as Box<dyn Model>, spec: None, dflash })
+            Ok(Loaded {
+                model: Box::new(m) as Box<dyn Model>,
+                spec: None,
+                dflash,
+            })
         })),
         d if d == "cuda" || d.starts_with("cuda:") => {
             let ordinal: usize = match d.strip_prefix("cuda:") {
-                Some(n) => n.parse().map_err(|_| ServeError::Config(format!("--device {d}: expected cuda or cuda:N")))?,
+                Some(n) => n.parse().map_err(|_| {
+                    ServeError::Config(format!("--device {d}: expected cuda or cuda:N"))
+                })?,
                 None => 0,
             };
-            laguna_engine::cuda::gpu_available().map_err(|e| ServeError::Config(format!("--device {d}: no usable GPU ({e}); use --device cpu")))?;
+            laguna_engine::cuda::gpu_available().map_err(|e| {
+                ServeError::Config(format!(
+                    "--device {d}: no usable GPU ({e}); use --device cpu"
+                ))
+            })?;
             Ok(Box::new(move || {
-                let opts = laguna_engine::cuda::CudaOptions { device: ordinal, kv_pool_bytes, progress: false, ..Default::default() };
+                let mut opts = laguna_engine::cuda::CudaOptions {
+                    device: ordinal,
+                    kv_pool_bytes,
+                    progress: false,
+                    max_seqs,
+                    spec_k: if draft.is_some() { k } else { 0 },
+                    kv_fp8,
+                    ..Default::default()
+                };
+                // The budget covers the draft's rings too (as `laguna plan` counts them).
+                if let (Some(d), Some(b)) = (&draft, kv_pool_bytes) {
+                    opts.kv_pool_bytes = Some(b.saturating_sub(
+                        laguna_engine::cuda::draft::CudaDraft::ring_bytes(d, &opts)?,
+                    ));
+                }
                 let m = laguna_engine::cuda::CudaModel::load(&dir, opts)?;
                 tracing::info!("model loaded on cuda:{ordinal} from {}", dir.display());
                 match &draft {
@@ -146,14 +192,26 @@ fn model_loader(
                     // the scheduler drives it through the same DraftModel seam as the CPU draft.
                     Some(d) => {
                         let dm = laguna_engine::cuda::draft::CudaDraft::load(d, &m)?;
-                        tracing::info!("DFlash draft loaded on cuda:{ordinal} from {} (k = {k})", d.display());
-                        Ok(Loaded { model: Box::new(m) as Box<dyn Model>, spec: None, dflash: Some(Dflash { draft: Box::new(dm), k }) })
+                        tracing::info!(
+                            "DFlash draft loaded on cuda:{ordinal} from {} (k = {k})",
+                            d.display()
+                        );
+                        Ok(Loaded {
+                            model: Box::new(m) as Box<dyn Model>,
+                            spec: None,
+                            dflash: Some(Dflash {
+                                draft: Box::new(dm),
+                                k,
+                            }),
+                        })
                     }
                     None => Ok(Loaded::plain(Box::new(m))),
                 }
             }))
         }
-        other => Err(ServeError::Config(format!("unknown --device `{other}` (use cpu, cuda or cuda:N)"))),
+        other => Err(ServeError::Config(format!(
+            "unknown --device `{other}` (use cpu, cuda or cuda:N)"
+        ))),
     }
 }
 
@@ -163,7 +221,12 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
     init_logging();
     let (dir, embedded) = match &opts.model {
         Some(d) => (d.clone(), false),
-        None => (embedded::extract().map_err(|e| ServeError::Io(format!("could not unpack the embedded test model: {e}")))?, true),
+        None => (
+            embedded::extract().map_err(|e| {
+                ServeError::Io(format!("could not unpack the embedded test model: {e}"))
+            })?,
+            true,
+        ),
     };
     if embedded {
         tracing::warn!(
@@ -173,11 +236,18 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
         );
     }
     if !dir.join("config.json").is_file() {
-        return Err(ServeError::Config(format!("{} has no config.json; pass --model with a Laguna model folder", dir.display())));
+        return Err(ServeError::Config(format!(
+            "{} has no config.json; pass --model with a Laguna model folder",
+            dir.display()
+        )));
     }
     let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
-    let tokenizer = Tokenizer::from_dir(&dir)?
-        .ok_or_else(|| ServeError::Config(format!("{} has no tokenizer.json; the server needs it to read prompts", dir.display())))?;
+    let tokenizer = Tokenizer::from_dir(&dir)?.ok_or_else(|| {
+        ServeError::Config(format!(
+            "{} has no tokenizer.json; the server needs it to read prompts",
+            dir.display()
+        ))
+    })?;
     let tokenizer = Arc::new(tokenizer);
     let template = chat_template::ChatTemplate::from_dir(&dir)?;
     let max_model_len = opts.max_model_len.unwrap_or(cfg.max_position_embeddings);
@@ -189,26 +259,46 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
     }
     if let Some(d) = &opts.draft {
         if !d.join("config.json").is_file() {
-            return Err(ServeError::Config(format!("draft folder {} has no config.json", d.display())));
+            return Err(ServeError::Config(format!(
+                "draft folder {} has no config.json",
+                d.display()
+            )));
         }
         if opts.num_speculative_tokens == 0 {
-            return Err(ServeError::Config("num_speculative_tokens must be at least 1 with a draft".into()));
+            return Err(ServeError::Config(
+                "num_speculative_tokens must be at least 1 with a draft".into(),
+            ));
         }
     }
     let sched_cfg = SchedConfig {
         max_num_seqs: opts.max_num_seqs,
-        max_num_batched_tokens: opts.max_num_batched_tokens.unwrap_or(2048.max(opts.max_num_seqs)),
+        max_num_batched_tokens: opts
+            .max_num_batched_tokens
+            .unwrap_or(2048.max(opts.max_num_seqs)),
         max_model_len,
         max_waiting: opts.max_waiting,
     };
     let served_names = if opts.served_model_name.is_empty() {
-        vec![if embedded { embedded::NAME.to_string() } else { dir.display().to_string() }]
+        vec![if embedded {
+            embedded::NAME.to_string()
+        } else {
+            dir.display().to_string()
+        }]
     } else {
         opts.served_model_name.clone()
     };
-    let loader = model_loader(dir.clone(), opts.draft.clone(), opts.num_speculative_tokens, &opts.device, opts.kv_cache_memory_bytes)?;
+    let loader = model_loader(
+        dir.clone(),
+        opts.draft.clone(),
+        opts.num_speculative_tokens,
+        &opts.device,
+        &opts,
+    )?;
 
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(|e| ServeError::Io(e.to_string()))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Io(e.to_string()))?;
     rt.block_on(async move {
         let addr = format!("{}:{}", opts.host, opts.port);
         let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| ServeError::Bind {

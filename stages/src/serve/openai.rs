@@ -122,11 +122,16 @@ pub struct CompletionRequest {
 /// Parse a JSON body: malformed JSON and wrong types are 400s with serde's message.
 pub fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::bad_request("The request body is empty; send a JSON object."));
+        return Err(ApiError::bad_request(
+            "The request body is empty; send a JSON object.",
+        ));
     }
-    let v: Json = serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
+    let v: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("The request body is not valid JSON: {e}")))?;
     if !v.is_object() {
-        return Err(ApiError::bad_request("The request body must be a JSON object."));
+        return Err(ApiError::bad_request(
+            "The request body must be a JSON object.",
+        ));
     }
     // serde's flatten loses field paths; still names the problem ("invalid type: string \"x\", expected f64").
     serde_json::from_value(v).map_err(|e| ApiError::bad_request(format!("Invalid request: {e}")))
@@ -151,38 +156,64 @@ pub struct SamplingDefaults {
     pub top_k: Option<i64>,
 }
 
-pub fn validate_common(c: &CommonParams, max_tokens: Option<i64>, defaults: &SamplingDefaults) -> Result<Validated, ApiError> {
+pub fn validate_common(
+    c: &CommonParams,
+    max_tokens: Option<i64>,
+    defaults: &SamplingDefaults,
+) -> Result<Validated, ApiError> {
     if let Some(n) = c.n {
         if n != 1 {
-            return Err(ApiError::bad_request(format!("n must be 1: laguna returns one choice per request (got n={n}).")).with_param("n"));
+            return Err(ApiError::bad_request(format!(
+                "n must be 1: laguna returns one choice per request (got n={n})."
+            ))
+            .with_param("n"));
         }
     }
     let max_tokens = match max_tokens {
         Some(m) if m < 1 => {
-            return Err(ApiError::bad_request(format!("max_tokens must be at least 1, got {m}.")).with_param("max_tokens"));
+            return Err(
+                ApiError::bad_request(format!("max_tokens must be at least 1, got {m}."))
+                    .with_param("max_tokens"),
+            );
         }
         Some(m) => Some(m as usize),
         None => None,
     };
     let temperature = c.temperature.or(defaults.temperature).unwrap_or(1.0);
     if temperature.is_nan() || temperature < 0.0 || !temperature.is_finite() {
-        return Err(ApiError::bad_request(format!("temperature must be non-negative, got {temperature}.")).with_param("temperature"));
+        return Err(ApiError::bad_request(format!(
+            "temperature must be non-negative, got {temperature}."
+        ))
+        .with_param("temperature"));
     }
     let top_p = c.top_p.or(defaults.top_p).unwrap_or(1.0);
     if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}.")).with_param("top_p"));
+        return Err(
+            ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}."))
+                .with_param("top_p"),
+        );
     }
     let top_k = c.top_k.or(defaults.top_k).unwrap_or(0);
     if top_k < -1 {
-        return Err(ApiError::bad_request(format!("top_k must be -1 (disable), or at least 1, got {top_k}.")).with_param("top_k"));
+        return Err(ApiError::bad_request(format!(
+            "top_k must be -1 (disable), or at least 1, got {top_k}."
+        ))
+        .with_param("top_k"));
     }
     let stop = c.stop.clone().map(StopField::into_vec).unwrap_or_default();
     let stream = c.stream.unwrap_or(false);
     if c.stream_options.is_some() && !stream {
-        return Err(ApiError::bad_request("Stream options can only be defined when `stream=True`.").with_param("stream_options"));
+        return Err(ApiError::bad_request(
+            "Stream options can only be defined when `stream=True`.",
+        )
+        .with_param("stream_options"));
     }
     // vLLM: sending stream_options turns include_usage on unless it says false.
-    let include_usage = c.stream_options.as_ref().map(|o| o.include_usage.unwrap_or(true)).unwrap_or(false);
+    let include_usage = c
+        .stream_options
+        .as_ref()
+        .map(|o| o.include_usage.unwrap_or(true))
+        .unwrap_or(false);
     Ok(Validated {
         sampling: SamplingParams {
             temperature: temperature as f32,
@@ -200,7 +231,10 @@ pub fn validate_common(c: &CommonParams, max_tokens: Option<i64>, defaults: &Sam
 }
 
 pub fn now_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
 }
 
 pub fn random_id(prefix: &str) -> String {
@@ -234,11 +268,26 @@ mod tests {
     #[test]
     fn validation() {
         let d = SamplingDefaults::default();
-        let c = CommonParams { n: Some(2), ..Default::default() };
-        assert!(validate_common(&c, None, &d).unwrap_err().message.contains("n must be 1"));
+        let c = CommonParams {
+            n: Some(2),
+            ..Default::default()
+        };
+        assert!(validate_common(&c, None, &d)
+            .unwrap_err()
+            .message
+            .contains("n must be 1"));
         let c = CommonParams::default();
         assert!(validate_common(&c, Some(-1), &d).is_err());
-        let v = validate_common(&CommonParams { stream: Some(true), stream_options: Some(StreamOptions::default()), ..Default::default() }, Some(3), &d).unwrap();
+        let v = validate_common(
+            &CommonParams {
+                stream: Some(true),
+                stream_options: Some(StreamOptions::default()),
+                ..Default::default()
+            },
+            Some(3),
+            &d,
+        )
+        .unwrap();
         assert!(v.include_usage && v.stream);
         assert_eq!(v.max_tokens, Some(3));
     }

@@ -14,12 +14,20 @@ pub struct ReasoningSplitter {
 pub type Split = (String, String);
 
 fn partial_suffix(buf: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&i| buf.ends_with(&tag[..i])).unwrap_or(0)
+    (1..tag.len())
+        .rev()
+        .find(|&i| buf.ends_with(&tag[..i]))
+        .unwrap_or(0)
 }
 
 impl ReasoningSplitter {
     pub fn new(thinking: bool) -> ReasoningSplitter {
-        ReasoningSplitter { in_reasoning: thinking, at_start: true, buf: String::new(), saw_reasoning: false }
+        ReasoningSplitter {
+            in_reasoning: thinking,
+            at_start: true,
+            buf: String::new(),
+            saw_reasoning: false,
+        }
     }
 
     /// Whether any reasoning text was produced (so `reasoning` is a string, not null).
@@ -89,10 +97,25 @@ mod tests {
 
     #[test]
     fn splits_at_think_end() {
-        assert_eq!(run(true, &["hmm", "</think>", "Hi"]), ("hmm".into(), "Hi".into()));
-        assert_eq!(run(true, &["h", "mm</th", "ink>H", "i"]), ("hmm".into(), "Hi".into()));
-        assert_eq!(run(true, &["<think>", "a</think>b"]), ("a".into(), "b".into()));
-        assert_eq!(run(true, &["still thinking"]), ("still thinking".into(), "".into()));
-        assert_eq!(run(false, &["hmm</think>Hi"]), ("".into(), "hmm</think>Hi".into()));
+        assert_eq!(
+            run(true, &["hmm", "</think>", "Hi"]),
+            ("hmm".into(), "Hi".into())
+        );
+        assert_eq!(
+            run(true, &["h", "mm</th", "ink>H", "i"]),
+            ("hmm".into(), "Hi".into())
+        );
+        assert_eq!(
+            run(true, &["<think>", "a</think>b"]),
+            ("a".into(), "b".into())
+        );
+        assert_eq!(
+            run(true, &["still thinking"]),
+            ("still thinking".into(), "".into())
+        );
+        assert_eq!(
+            run(false, &["hmm</think>Hi"]),
+            ("".into(), "hmm</think>Hi".into())
+        );
     }
 }

@@ -13,7 +13,9 @@ use warp::{Filter, Rejection, Reply};
 struct Rejected(ApiError);
 impl warp::reject::Reject for Rejected {}
 
-fn with_state(state: Arc<AppState>) -> impl Filter<Extract = (Arc<AppState>,), Error = Infallible> + Clone {
+fn with_state(
+    state: Arc<AppState>,
+) -> impl Filter<Extract = (Arc<AppState>,), Error = Infallible> + Clone {
     warp::any().map(move || state.clone())
 }
 
@@ -25,7 +27,14 @@ fn auth(state: Arc<AppState>) -> impl Filter<Extract = (), Error = Rejection> + 
             async move {
                 match key {
                     None => Ok(()),
-                    Some(k) if h.as_deref().and_then(|v| v.strip_prefix("Bearer ")).map(str::trim) == Some(k.as_str()) => Ok(()),
+                    Some(k)
+                        if h.as_deref()
+                            .and_then(|v| v.strip_prefix("Bearer "))
+                            .map(str::trim)
+                            == Some(k.as_str()) =>
+                    {
+                        Ok(())
+                    }
                     Some(_) => Err(warp::reject::custom(Rejected(ApiError::unauthorized()))),
                 }
             }
@@ -49,22 +58,46 @@ fn models_json(state: &AppState) -> serde_json::Value {
     json!({"object": "list", "data": data})
 }
 
-pub fn routes(state: Arc<AppState>) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
-    let health = warp::path!("health").and(warp::get()).and(with_state(state.clone())).map(|s: Arc<AppState>| match s.backend.health() {
-        Health::Ready => warp::reply::with_status(warp::reply::json(&json!({"status": "ok"})), StatusCode::OK).into_response(),
-        Health::Loading => ApiError::unavailable("Loading model").into_response(),
-        Health::Failed(e) => ApiError::unavailable(format!("The model failed to load: {e}")).into_response(),
-    });
-    let metrics = warp::path!("metrics").and(warp::get()).and(with_state(state.clone())).map(|s: Arc<AppState>| {
-        let text = metrics::render(&s.backend.metrics(), s.model_name());
-        warp::reply::with_header(text, "content-type", "text/plain; version=0.0.4; charset=utf-8").into_response()
-    });
-    let version = warp::path!("version")
+pub fn routes(
+    state: Arc<AppState>,
+) -> impl Filter<Extract = (warp::reply::Response,), Error = Infallible> + Clone {
+    let health = warp::path!("health")
         .and(warp::get())
-        .map(|| warp::reply::json(&json!({"version": env!("CARGO_PKG_VERSION"), "server": "laguna"})).into_response());
+        .and(with_state(state.clone()))
+        .map(|s: Arc<AppState>| match s.backend.health() {
+            Health::Ready => warp::reply::with_status(
+                warp::reply::json(&json!({"status": "ok"})),
+                StatusCode::OK,
+            )
+            .into_response(),
+            Health::Loading => ApiError::unavailable("Loading model").into_response(),
+            Health::Failed(e) => {
+                ApiError::unavailable(format!("The model failed to load: {e}")).into_response()
+            }
+        });
+    let metrics = warp::path!("metrics")
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .map(|s: Arc<AppState>| {
+            let text = metrics::render(&s.backend.metrics(), s.model_name());
+            warp::reply::with_header(
+                text,
+                "content-type",
+                "text/plain; version=0.0.4; charset=utf-8",
+            )
+            .into_response()
+        });
+    let version = warp::path!("version").and(warp::get()).map(|| {
+        warp::reply::json(&json!({"version": env!("CARGO_PKG_VERSION"), "server": "laguna"}))
+            .into_response()
+    });
     let v1 = warp::path("v1").and(auth(state.clone()));
-    let models =
-        v1.clone().and(warp::path!("models")).and(warp::get()).and(with_state(state.clone())).map(|s: Arc<AppState>| warp::reply::json(&models_json(&s)).into_response());
+    let models = v1
+        .clone()
+        .and(warp::path!("models"))
+        .and(warp::get())
+        .and(with_state(state.clone()))
+        .map(|s: Arc<AppState>| warp::reply::json(&models_json(&s)).into_response());
     let chat = v1
         .clone()
         .and(warp::path!("chat" / "completions"))
@@ -104,7 +137,12 @@ async fn recover(err: Rejection) -> Result<warp::reply::Response, Infallible> {
         return Ok(ApiError::method_not_allowed().into_response());
     }
     if let Some(e) = err.find::<warp::reject::PayloadTooLarge>() {
-        return Ok(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "BadRequestError", e.to_string()).into_response());
+        return Ok(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "BadRequestError",
+            e.to_string(),
+        )
+        .into_response());
     }
     Ok(ApiError::bad_request(format!("{err:?}")).into_response())
 }
@@ -132,8 +170,13 @@ mod tests {
     }
 
     fn state(api_key: Option<&str>) -> Option<Arc<AppState>> {
-        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/models/tiny-chat"));
-        let tok = laguna_engine::tokenizer::Tokenizer::from_dir(dir).ok().flatten()?;
+        let dir = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/tiny-chat"
+        ));
+        let tok = laguna_engine::tokenizer::Tokenizer::from_dir(dir)
+            .ok()
+            .flatten()?;
         Some(Arc::new(AppState {
             backend: Arc::new(Loading),
             tokenizer: Arc::new(tok),
@@ -160,20 +203,40 @@ mod tests {
         let res = warp::test::request().path("/health").reply(&r).await;
         assert_eq!(res.status(), 503);
         let chat = r#"{"messages":[{"role":"user","content":"hi"}]}"#;
-        let res = warp::test::request().method("POST").path("/v1/chat/completions").body(chat).reply(&r).await;
+        let res = warp::test::request()
+            .method("POST")
+            .path("/v1/chat/completions")
+            .body(chat)
+            .reply(&r)
+            .await;
         assert_eq!(res.status(), 503);
         assert_eq!(err_type(res.body()), "ServiceUnavailableError");
-        let res = warp::test::request().method("POST").path("/v1/completions").body(r#"{"prompt":"hi"}"#).reply(&r).await;
+        let res = warp::test::request()
+            .method("POST")
+            .path("/v1/completions")
+            .body(r#"{"prompt":"hi"}"#)
+            .reply(&r)
+            .await;
         assert_eq!(res.status(), 503);
-        let res = warp::test::request().method("POST").path("/v1/chat/completions").body(r#"{"model":"x","messages":[]}"#).reply(&r).await;
+        let res = warp::test::request()
+            .method("POST")
+            .path("/v1/chat/completions")
+            .body(r#"{"model":"x","messages":[]}"#)
+            .reply(&r)
+            .await;
         assert_eq!(res.status(), 404);
         let res = warp::test::request().path("/v1/models").reply(&r).await;
         assert_eq!(res.status(), 200);
         let res = warp::test::request().path("/metrics").reply(&r).await;
         assert_eq!(res.status(), 200);
-        assert!(std::str::from_utf8(res.body()).unwrap().contains("vllm:num_requests_waiting{model_name=\"tiny\"} 0.0"));
+        assert!(std::str::from_utf8(res.body())
+            .unwrap()
+            .contains("vllm:num_requests_waiting{model_name=\"tiny\"} 0.0"));
         let res = warp::test::request().path("/nope").reply(&r).await;
-        assert_eq!((res.status().as_u16(), err_type(res.body()).as_str()), (404, "NotFoundError"));
+        assert_eq!(
+            (res.status().as_u16(), err_type(res.body()).as_str()),
+            (404, "NotFoundError")
+        );
     }
 
     #[tokio::test]
@@ -181,8 +244,15 @@ mod tests {
         let Some(s) = state(Some("k")) else { return };
         let r = routes(s);
         let res = warp::test::request().path("/v1/models").reply(&r).await;
-        assert_eq!((res.status().as_u16(), err_type(res.body()).as_str()), (401, "AuthenticationError"));
-        let res = warp::test::request().path("/v1/models").header("authorization", "Bearer k").reply(&r).await;
+        assert_eq!(
+            (res.status().as_u16(), err_type(res.body()).as_str()),
+            (401, "AuthenticationError")
+        );
+        let res = warp::test::request()
+            .path("/v1/models")
+            .header("authorization", "Bearer k")
+            .reply(&r)
+            .await;
         assert_eq!(res.status(), 200);
         let res = warp::test::request().path("/version").reply(&r).await;
         assert_eq!(res.status(), 200);

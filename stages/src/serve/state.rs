@@ -39,13 +39,21 @@ impl AppState {
     pub fn check_ready(&self) -> Result<(), ApiError> {
         match self.backend.health() {
             Health::Ready => Ok(()),
-            Health::Loading => Err(ApiError::unavailable("The model is still loading; retry when GET /health answers 200.")),
-            Health::Failed(e) => Err(ApiError::unavailable(format!("The model failed to load: {e}"))),
+            Health::Loading => Err(ApiError::unavailable(
+                "The model is still loading; retry when GET /health answers 200.",
+            )),
+            Health::Failed(e) => Err(ApiError::unavailable(format!(
+                "The model failed to load: {e}"
+            ))),
         }
     }
 
     /// Resolve max_tokens against the context window with vLLM's messages.
-    pub fn resolve_max_tokens(&self, requested: Option<usize>, prompt_len: usize) -> Result<usize, ApiError> {
+    pub fn resolve_max_tokens(
+        &self,
+        requested: Option<usize>,
+        prompt_len: usize,
+    ) -> Result<usize, ApiError> {
         match requested {
             Some(m) => {
                 if prompt_len + m > self.max_model_len {
@@ -64,15 +72,23 @@ impl AppState {
 
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, ApiError> {
         self.backend.submit(req).map_err(|e| match e {
-            SubmitError::Loading => ApiError::unavailable("The model is still loading; retry when GET /health answers 200."),
-            SubmitError::Dead(m) => ApiError::unavailable(format!("The engine is not running: {m}")),
+            SubmitError::Loading => ApiError::unavailable(
+                "The model is still loading; retry when GET /health answers 200.",
+            ),
+            SubmitError::Dead(m) => {
+                ApiError::unavailable(format!("The engine is not running: {m}"))
+            }
             SubmitError::Invalid(m) => ApiError::bad_request(m),
-            SubmitError::Overloaded(n) => ApiError::overloaded(format!("Too many requests are waiting ({n}); retry later.")),
+            SubmitError::Overloaded(n) => {
+                ApiError::overloaded(format!("Too many requests are waiting ({n}); retry later."))
+            }
         })
     }
 
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
-        self.tokenizer.encode(text, add_special).map_err(|e| ApiError::bad_request(format!("could not tokenize the prompt: {e}")))
+        self.tokenizer
+            .encode(text, add_special)
+            .map_err(|e| ApiError::bad_request(format!("could not tokenize the prompt: {e}")))
     }
 
     pub fn token_text(&self, id: u32) -> String {

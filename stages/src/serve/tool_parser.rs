@@ -17,8 +17,15 @@ const VAL_END: &str = "</arg_value>";
 pub enum ToolDelta {
     /// Text outside tool calls.
     Content(String),
-    Start { index: usize, id: String, name: String },
-    Args { index: usize, fragment: String },
+    Start {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    Args {
+        index: usize,
+        fragment: String,
+    },
 }
 
 /// A finished call (non-streaming responses).
@@ -45,7 +52,9 @@ fn is_string_type(t: Option<&Json>) -> bool {
     match t {
         Some(Json::String(s)) => s == "string",
         // ["string", "null"]: a string unless the model wrote null.
-        Some(Json::Array(a)) => a.iter().any(|x| x == "string") && a.iter().all(|x| x == "string" || x == "null"),
+        Some(Json::Array(a)) => {
+            a.iter().any(|x| x == "string") && a.iter().all(|x| x == "string" || x == "null")
+        }
         _ => false,
     }
 }
@@ -64,7 +73,11 @@ pub fn parse_value(raw: &str) -> Json {
     }
     // Python-literal containers (single quotes, True/False/None inside).
     if raw.starts_with('{') || raw.starts_with('[') {
-        let pyish = raw.replace('\'', "\"").replace("True", "true").replace("False", "false").replace("None", "null");
+        let pyish = raw
+            .replace('\'', "\"")
+            .replace("True", "true")
+            .replace("False", "false")
+            .replace("None", "null");
         if let Ok(v) = serde_json::from_str::<Json>(&pyish) {
             return v;
         }
@@ -84,7 +97,10 @@ fn escape_inner(s: &str) -> String {
 
 /// Length of the longest suffix of `buf` that is a proper prefix of `tag`.
 fn partial_suffix(buf: &str, tag: &str) -> usize {
-    (1..tag.len()).rev().find(|&i| tag.is_char_boundary(i) && buf.ends_with(&tag[..i])).unwrap_or(0)
+    (1..tag.len())
+        .rev()
+        .find(|&i| tag.is_char_boundary(i) && buf.ends_with(&tag[..i]))
+        .unwrap_or(0)
 }
 
 pub fn new_call_id() -> String {
@@ -112,7 +128,16 @@ pub struct ToolCallParser {
 
 impl ToolCallParser {
     pub fn new(tools: Vec<Json>) -> ToolCallParser {
-        ToolCallParser { tools, buf: String::new(), in_call: false, name: None, pending_key: None, in_string: false, calls: vec![], ids: vec![] }
+        ToolCallParser {
+            tools,
+            buf: String::new(),
+            in_call: false,
+            name: None,
+            pending_key: None,
+            in_string: false,
+            calls: vec![],
+            ids: vec![],
+        }
     }
 
     fn idx(&self) -> usize {
@@ -122,7 +147,10 @@ impl ToolCallParser {
     fn add_args(&mut self, out: &mut Vec<ToolDelta>, frag: String) {
         let index = self.idx();
         self.calls[index].args.push_str(&frag);
-        out.push(ToolDelta::Args { index, fragment: frag });
+        out.push(ToolDelta::Args {
+            index,
+            fragment: frag,
+        });
     }
 
     pub fn push(&mut self, text: &str) -> Vec<ToolDelta> {
@@ -154,7 +182,14 @@ impl ToolCallParser {
             }
             // Tool name: up to a newline, the first <arg_key> or </tool_call>.
             if self.name.is_none() {
-                let cut = [self.buf.find('\n'), self.buf.find(KEY_START), self.buf.find(CALL_END)].into_iter().flatten().min();
+                let cut = [
+                    self.buf.find('\n'),
+                    self.buf.find(KEY_START),
+                    self.buf.find(CALL_END),
+                ]
+                .into_iter()
+                .flatten()
+                .min();
                 let Some(cut) = cut else { break };
                 let name = self.buf[..cut].trim().to_string();
                 if name.is_empty() && self.buf[cut..].starts_with(CALL_END) {
@@ -163,12 +198,20 @@ impl ToolCallParser {
                     self.in_call = false;
                     continue;
                 }
-                let skip = if self.buf[cut..].starts_with('\n') { cut + 1 } else { cut };
+                let skip = if self.buf[cut..].starts_with('\n') {
+                    cut + 1
+                } else {
+                    cut
+                };
                 self.buf.drain(..skip);
                 self.calls.push(Call::default());
                 let id = new_call_id();
                 self.ids.push((id.clone(), name.clone()));
-                out.push(ToolDelta::Start { index: self.idx(), id, name: name.clone() });
+                out.push(ToolDelta::Start {
+                    index: self.idx(),
+                    id,
+                    name: name.clone(),
+                });
                 self.name = Some(name);
                 continue;
             }
@@ -190,7 +233,9 @@ impl ToolCallParser {
                 break;
             }
             if let Some(key) = self.pending_key.clone() {
-                let Some(vp) = self.buf.find(VAL_START) else { break };
+                let Some(vp) = self.buf.find(VAL_START) else {
+                    break;
+                };
                 let name = self.name.clone().unwrap_or_default();
                 let ty = arg_type(&self.tools, &name, &key).cloned();
                 let idx = self.idx();
@@ -209,13 +254,19 @@ impl ToolCallParser {
                         continue;
                     }
                     self.calls[idx].seen.push(key.clone());
-                    let lead = if self.calls[idx].args_started { ", " } else { "{" };
+                    let lead = if self.calls[idx].args_started {
+                        ", "
+                    } else {
+                        "{"
+                    };
                     self.calls[idx].args_started = true;
                     self.add_args(&mut out, format!("{lead}{}: \"", json_str(&key)));
                     self.in_string = true;
                     continue;
                 }
-                let Some(end) = self.buf[vp..].find(VAL_END).map(|e| e + vp) else { break };
+                let Some(end) = self.buf[vp..].find(VAL_END).map(|e| e + vp) else {
+                    break;
+                };
                 let raw = self.buf[vp + VAL_START.len()..end].to_string();
                 self.buf.drain(..end + VAL_END.len());
                 self.pending_key = None;
@@ -224,9 +275,17 @@ impl ToolCallParser {
                 }
                 self.calls[idx].seen.push(key.clone());
                 let val = parse_value(&raw);
-                let lead = if self.calls[idx].args_started { ", " } else { "{" };
+                let lead = if self.calls[idx].args_started {
+                    ", "
+                } else {
+                    "{"
+                };
                 self.calls[idx].args_started = true;
-                let frag = format!("{lead}{}: {}", json_str(&key), super::chat_template::python_json_dumps(&val, None));
+                let frag = format!(
+                    "{lead}{}: {}",
+                    json_str(&key),
+                    super::chat_template::python_json_dumps(&val, None)
+                );
                 self.add_args(&mut out, frag);
                 continue;
             }
@@ -240,7 +299,9 @@ impl ToolCallParser {
                     continue;
                 }
                 (_, Some(k)) => {
-                    let Some(ke) = self.buf[k..].find(KEY_END).map(|x| x + k) else { break };
+                    let Some(ke) = self.buf[k..].find(KEY_END).map(|x| x + k) else {
+                        break;
+                    };
                     let key = self.buf[k + KEY_START.len()..ke].trim().to_string();
                     self.buf.drain(..ke + KEY_END.len());
                     self.pending_key = Some(key);
@@ -254,7 +315,11 @@ impl ToolCallParser {
 
     fn close_call(&mut self, out: &mut Vec<ToolDelta>) {
         let idx = self.idx();
-        let frag = if self.calls[idx].args_started { "}" } else { "{}" };
+        let frag = if self.calls[idx].args_started {
+            "}"
+        } else {
+            "{}"
+        };
         self.add_args(out, frag.to_string());
         self.in_call = false;
         self.name = None;
@@ -277,7 +342,11 @@ impl ToolCallParser {
                 self.calls.push(Call::default());
                 let id = new_call_id();
                 self.ids.push((id.clone(), name.clone()));
-                out.push(ToolDelta::Start { index: self.idx(), id, name: name.clone() });
+                out.push(ToolDelta::Start {
+                    index: self.idx(),
+                    id,
+                    name: name.clone(),
+                });
                 self.name = Some(name);
             }
             if self.in_string {
@@ -303,7 +372,11 @@ impl ToolCallParser {
         self.ids
             .iter()
             .zip(&self.calls)
-            .map(|((id, name), c)| ParsedCall { id: id.clone(), name: name.clone(), arguments: c.args.clone() })
+            .map(|((id, name), c)| ParsedCall {
+                id: id.clone(),
+                name: name.clone(),
+                arguments: c.args.clone(),
+            })
             .collect()
     }
 }
@@ -326,8 +399,10 @@ mod tests {
     use serde_json::json;
 
     fn tools() -> Vec<Json> {
-        vec![json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
-            "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "opts": {"type": "object"}, "ratio": {"type": "number"}}}}})]
+        vec![
+            json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+            "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"}, "opts": {"type": "object"}, "ratio": {"type": "number"}}}}}),
+        ]
     }
 
     #[test]
@@ -338,8 +413,14 @@ mod tests {
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].name, "get_weather");
         let args: Json = serde_json::from_str(&calls[0].arguments).unwrap();
-        assert_eq!(args, json!({"city": " New York ", "days": 3, "metric": true, "opts": {"a": [1, 2]}, "ratio": 0.5}));
-        assert_eq!(calls[0].arguments, r#"{"city": " New York ", "days": 3, "metric": true, "opts": {"a": [1, 2]}, "ratio": 0.5}"#);
+        assert_eq!(
+            args,
+            json!({"city": " New York ", "days": 3, "metric": true, "opts": {"a": [1, 2]}, "ratio": 0.5})
+        );
+        assert_eq!(
+            calls[0].arguments,
+            r#"{"city": " New York ", "days": 3, "metric": true, "opts": {"a": [1, 2]}, "ratio": 0.5}"#
+        );
     }
 
     #[test]
@@ -348,7 +429,10 @@ mod tests {
         assert_eq!(c, "");
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].arguments, "{}");
-        assert_eq!(serde_json::from_str::<Json>(&calls[1].arguments).unwrap(), json!({"n": 7, "s": "hi \"there\""}));
+        assert_eq!(
+            serde_json::from_str::<Json>(&calls[1].arguments).unwrap(),
+            json!({"n": 7, "s": "hi \"there\""})
+        );
     }
 
     #[test]
@@ -376,21 +460,37 @@ mod tests {
         }
         assert_eq!(starts, 1);
         assert_eq!(content, "ok  after");
-        assert_eq!(serde_json::from_str::<Json>(&args).unwrap(), json!({"city": "Pa\"ris\n", "days": 2}));
+        assert_eq!(
+            serde_json::from_str::<Json>(&args).unwrap(),
+            json!({"city": "Pa\"ris\n", "days": 2})
+        );
         // the string value streamed in several fragments
-        assert!(deltas.iter().filter(|d| matches!(d, ToolDelta::Args { .. })).count() > 4);
+        assert!(
+            deltas
+                .iter()
+                .filter(|d| matches!(d, ToolDelta::Args { .. }))
+                .count()
+                > 4
+        );
     }
 
     #[test]
     fn unterminated_call_is_closed() {
         let mut p = ToolCallParser::new(tools());
         let mut args = String::new();
-        for d in p.push("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par").into_iter().chain(p.finish()) {
+        for d in p
+            .push("<tool_call>get_weather<arg_key>city</arg_key><arg_value>Par")
+            .into_iter()
+            .chain(p.finish())
+        {
             if let ToolDelta::Args { fragment, .. } = d {
                 args.push_str(&fragment);
             }
         }
-        assert_eq!(serde_json::from_str::<Json>(&args).unwrap(), json!({"city": "Par"}));
+        assert_eq!(
+            serde_json::from_str::<Json>(&args).unwrap(),
+            json!({"city": "Par"})
+        );
     }
 
     #[test]

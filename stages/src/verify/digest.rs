@@ -45,7 +45,10 @@ impl Hasher {
             h.update(format!("blob {n}\0").as_bytes());
             h
         });
-        Hasher { sha256: Sha256::new(), git }
+        Hasher {
+            sha256: Sha256::new(),
+            git,
+        }
     }
     pub fn update(&mut self, b: &[u8]) {
         self.sha256.update(b);
@@ -55,7 +58,10 @@ impl Hasher {
     }
     /// (sha256 hex, git sha1 hex if asked for)
     pub fn finish(self) -> (String, Option<String>) {
-        (hex(&self.sha256.finalize()), self.git.map(|g| hex(&g.finalize())))
+        (
+            hex(&self.sha256.finalize()),
+            self.git.map(|g| hex(&g.finalize())),
+        )
     }
     /// Whether the digests match `etag` (always true for opaque etags).
     pub fn matches(sha256: &str, git: Option<&str>, etag: &str) -> bool {
@@ -70,7 +76,11 @@ impl Hasher {
 pub const CHUNK: usize = 8 << 20;
 
 /// Stream `reader` into `h`, calling `progress(n)` after each chunk.
-pub fn hash_reader(mut reader: impl Read, h: &mut Hasher, progress: &dyn Fn(u64)) -> std::io::Result<u64> {
+pub fn hash_reader(
+    mut reader: impl Read,
+    h: &mut Hasher,
+    progress: &dyn Fn(u64),
+) -> std::io::Result<u64> {
     let mut buf = vec![0u8; CHUNK];
     let mut total = 0u64;
     loop {
@@ -106,10 +116,16 @@ mod tests {
         h.update(b"hel");
         h.update(b"lo");
         let (s, g) = h.finish();
-        assert_eq!(s, "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824");
+        assert_eq!(
+            s,
+            "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        );
         assert_eq!(g.unwrap(), "b6fc4c620b67d95f953a5c1c1230aaab5db5a1b0");
         assert_eq!(etag_kind(&s), EtagKind::Sha256);
-        assert_eq!(etag_kind("b6fc4c620b67d95f953a5c1c1230aaab5db5a1b0"), EtagKind::GitSha1);
+        assert_eq!(
+            etag_kind("b6fc4c620b67d95f953a5c1c1230aaab5db5a1b0"),
+            EtagKind::GitSha1
+        );
         assert_eq!(etag_kind("5f1c-1a2b"), EtagKind::Opaque);
     }
 }

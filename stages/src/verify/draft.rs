@@ -10,7 +10,11 @@ pub fn target_layer_ids(draft: &LagunaConfig) -> Vec<usize> {
         .get("dflash_config")
         .and_then(|d| d.get("target_layer_ids"))
         .and_then(|v| v.as_array())
-        .map(|a| a.iter().filter_map(|x| x.as_u64().map(|x| x as usize)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_u64().map(|x| x as usize))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -27,7 +31,9 @@ pub fn check_config(draft: &LagunaConfig, target: Option<&LagunaConfig>) -> Vec<
     match ids_raw.and_then(|v| v.as_array()) {
         None => p.push("key `dflash_config.target_layer_ids` is missing or not a list".into()),
         Some(a) if a.is_empty() => p.push("key `dflash_config.target_layer_ids` is empty".into()),
-        Some(a) if a.len() != ids.len() => p.push("key `dflash_config.target_layer_ids` must hold non-negative integers".into()),
+        Some(a) if a.len() != ids.len() => {
+            p.push("key `dflash_config.target_layer_ids` must hold non-negative integers".into())
+        }
         _ => {}
     }
     let Some(t) = target else {
@@ -42,15 +48,22 @@ pub fn check_config(draft: &LagunaConfig, target: Option<&LagunaConfig>) -> Vec<
             ));
         }
     }
-    if let Some(n) = dflash.and_then(|d| d.get("num_target_layers")).and_then(|v| v.as_u64()) {
+    if let Some(n) = dflash
+        .and_then(|d| d.get("num_target_layers"))
+        .and_then(|v| v.as_u64())
+    {
         if n as usize != t.num_layers {
-            p.push(format!("key `dflash_config.num_target_layers` is {n}, but the target has {} layers", t.num_layers));
+            p.push(format!(
+                "key `dflash_config.num_target_layers` is {n}, but the target has {} layers",
+                t.num_layers
+            ));
         }
     }
     match raw.get("draft_vocab_size").and_then(|v| v.as_u64()) {
-        Some(v) if v as usize != t.vocab_size => {
-            p.push(format!("key `draft_vocab_size` is {v}, but the target's vocab_size is {} (they must be equal)", t.vocab_size))
-        }
+        Some(v) if v as usize != t.vocab_size => p.push(format!(
+            "key `draft_vocab_size` is {v}, but the target's vocab_size is {} (they must be equal)",
+            t.vocab_size
+        )),
         Some(_) => {}
         None => {
             if draft.vocab_size != t.vocab_size {
@@ -61,9 +74,15 @@ pub fn check_config(draft: &LagunaConfig, target: Option<&LagunaConfig>) -> Vec<
             }
         }
     }
-    if let Some(m) = dflash.and_then(|d| d.get("mask_token_id")).and_then(|v| v.as_u64()) {
+    if let Some(m) = dflash
+        .and_then(|d| d.get("mask_token_id"))
+        .and_then(|v| v.as_u64())
+    {
         if m as usize >= t.vocab_size {
-            p.push(format!("key `dflash_config.mask_token_id` is {m}, outside the target vocabulary ({})", t.vocab_size));
+            p.push(format!(
+                "key `dflash_config.mask_token_id` is {m}, outside the target vocabulary ({})",
+                t.vocab_size
+            ));
         }
     }
     p
@@ -89,7 +108,11 @@ pub fn inventory(draft: &LagunaConfig, target: Option<&LagunaConfig>) -> Vec<Exp
         let heads = spec.num_heads;
         v.push(t(format!("{p}.input_layernorm.weight"), vec![h]));
         v.push(t(format!("{p}.post_attention_layernorm.weight"), vec![h]));
-        v.push(lin(format!("{p}.self_attn.qkv_proj"), (heads + 2 * kv) * hd, h));
+        v.push(lin(
+            format!("{p}.self_attn.qkv_proj"),
+            (heads + 2 * kv) * hd,
+            h,
+        ));
         v.push(lin(format!("{p}.self_attn.o_proj"), h, heads * hd));
         if draft.gate_width(l) > 0 {
             v.push(lin(format!("{p}.self_attn.g_proj"), draft.gate_width(l), h));
@@ -116,7 +139,10 @@ mod tests {
     use std::path::Path;
 
     fn cfg(name: &str) -> LagunaConfig {
-        let p = format!("{}/../tests/fixtures/reference/{name}", env!("CARGO_MANIFEST_DIR"));
+        let p = format!(
+            "{}/../tests/fixtures/reference/{name}",
+            env!("CARGO_MANIFEST_DIR")
+        );
         LagunaConfig::from_file(Path::new(&p)).unwrap()
     }
 
@@ -124,13 +150,32 @@ mod tests {
     fn xs21_draft_has_58_tensors() {
         let d = cfg("laguna-xs-2.1-dflash.config.json");
         let t = cfg("laguna-xs-2.1-nvfp4.config.json");
-        assert!(check_config(&d, Some(&t)).is_empty(), "{:?}", check_config(&d, Some(&t)));
+        assert!(
+            check_config(&d, Some(&t)).is_empty(),
+            "{:?}",
+            check_config(&d, Some(&t))
+        );
         let inv = inventory(&d, Some(&t));
         assert_eq!(inv.len(), 58);
-        assert!(inv.contains(&Expected::Linear { prefix: "fc".into(), out: 2048, inp: 10240 }));
-        assert!(inv.contains(&Expected::Linear { prefix: "layers.4.self_attn.qkv_proj".into(), out: 10240, inp: 2048 }));
-        assert!(inv.contains(&Expected::Linear { prefix: "layers.0.self_attn.g_proj".into(), out: 64, inp: 2048 }));
-        assert!(inv.contains(&Expected::Tensor { name: "aux_hidden_norms.4.weight".into(), shape: vec![2048] }));
+        assert!(inv.contains(&Expected::Linear {
+            prefix: "fc".into(),
+            out: 2048,
+            inp: 10240
+        }));
+        assert!(inv.contains(&Expected::Linear {
+            prefix: "layers.4.self_attn.qkv_proj".into(),
+            out: 10240,
+            inp: 2048
+        }));
+        assert!(inv.contains(&Expected::Linear {
+            prefix: "layers.0.self_attn.g_proj".into(),
+            out: 64,
+            inp: 2048
+        }));
+        assert!(inv.contains(&Expected::Tensor {
+            name: "aux_hidden_norms.4.weight".into(),
+            shape: vec![2048]
+        }));
     }
 
     #[test]
@@ -141,7 +186,13 @@ mod tests {
         raw["draft_vocab_size"] = serde_json::json!(1000);
         let d = LagunaConfig::from_value(raw).unwrap();
         let p = check_config(&d, Some(&t)).join("\n");
-        assert!(p.contains("target_layer_ids") && p.contains("layer 40"), "{p}");
-        assert!(p.contains("draft_vocab_size") && p.contains("100352"), "{p}");
+        assert!(
+            p.contains("target_layer_ids") && p.contains("layer 40"),
+            "{p}"
+        );
+        assert!(
+            p.contains("draft_vocab_size") && p.contains("100352"),
+            "{p}"
+        );
     }
 }

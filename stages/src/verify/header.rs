@@ -37,7 +37,9 @@ pub fn read(path: &Path) -> Result<Header, Vec<String>> {
     let mut f = std::fs::File::open(path).map_err(|e| vec![format!("cannot open: {e}")])?;
     let file_len = f.metadata().map_err(|e| vec![e.to_string()])?.len();
     if file_len < 8 {
-        return Err(vec![format!("only {file_len} bytes: not a safetensors file (truncated?); re-run `laguna fetch`")]);
+        return Err(vec![format!(
+            "only {file_len} bytes: not a safetensors file (truncated?); re-run `laguna fetch`"
+        )]);
     }
     let mut n8 = [0u8; 8];
     f.read_exact(&mut n8).map_err(|e| vec![e.to_string()])?;
@@ -49,9 +51,14 @@ pub fn read(path: &Path) -> Result<Header, Vec<String>> {
     }
     let mut buf = vec![0u8; n as usize];
     f.read_exact(&mut buf).map_err(|e| vec![e.to_string()])?;
-    let v: serde_json::Value = serde_json::from_slice(&buf)
-        .map_err(|e| vec![format!("header is not valid JSON ({e}): the file is corrupt; re-run `laguna fetch`")])?;
-    let obj = v.as_object().ok_or_else(|| vec!["header is not a JSON object".to_string()])?;
+    let v: serde_json::Value = serde_json::from_slice(&buf).map_err(|e| {
+        vec![format!(
+            "header is not valid JSON ({e}): the file is corrupt; re-run `laguna fetch`"
+        )]
+    })?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| vec!["header is not a JSON object".to_string()])?;
     let data_len = file_len - 8 - n;
     let mut problems = vec![];
     let mut h = Header::default();
@@ -59,12 +66,23 @@ pub fn read(path: &Path) -> Result<Header, Vec<String>> {
         if name == "__metadata__" {
             continue;
         }
-        let dtype = t.get("dtype").and_then(|d| d.as_str()).unwrap_or("").to_string();
-        let shape: Option<Vec<usize>> =
-            t.get("shape").and_then(|s| s.as_array()).and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect());
-        let offs: Option<Vec<u64>> = t.get("data_offsets").and_then(|s| s.as_array()).and_then(|a| a.iter().map(|x| x.as_u64()).collect());
+        let dtype = t
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .unwrap_or("")
+            .to_string();
+        let shape: Option<Vec<usize>> = t
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_u64().map(|x| x as usize)).collect());
+        let offs: Option<Vec<u64>> = t
+            .get("data_offsets")
+            .and_then(|s| s.as_array())
+            .and_then(|a| a.iter().map(|x| x.as_u64()).collect());
         let (Some(shape), Some(offs)) = (shape, offs) else {
-            problems.push(format!("tensor `{name}`: header entry lacks a valid shape or data_offsets"));
+            problems.push(format!(
+                "tensor `{name}`: header entry lacks a valid shape or data_offsets"
+            ));
             continue;
         };
         if offs.len() != 2 || offs[1] < offs[0] {
@@ -87,9 +105,18 @@ pub fn read(path: &Path) -> Result<Header, Vec<String>> {
             ));
         }
         h.data_bytes = h.data_bytes.max(offs[1]);
-        h.tensors.insert(name.clone(), HeaderTensor { dtype, shape, start: offs[0], end: offs[1] });
+        h.tensors.insert(
+            name.clone(),
+            HeaderTensor {
+                dtype,
+                shape,
+                start: offs[0],
+                end: offs[1],
+            },
+        );
     }
-    let mut ranges: Vec<(u64, u64, &String)> = h.tensors.iter().map(|(k, t)| (t.start, t.end, k)).collect();
+    let mut ranges: Vec<(u64, u64, &String)> =
+        h.tensors.iter().map(|(k, t)| (t.start, t.end, k)).collect();
     ranges.sort();
     let mut pos = 0;
     for (s, e, name) in ranges {
@@ -100,7 +127,10 @@ pub fn read(path: &Path) -> Result<Header, Vec<String>> {
         pos = e;
     }
     if problems.is_empty() && data_len > h.data_bytes {
-        problems.push(format!("{} bytes after the last tensor: the file is larger than its header says", data_len - h.data_bytes));
+        problems.push(format!(
+            "{} bytes after the last tensor: the file is larger than its header says",
+            data_len - h.data_bytes
+        ));
     }
     if problems.is_empty() {
         Ok(h)

@@ -20,7 +20,12 @@ pub struct InventoryResult {
 fn file_of(store: &WeightStore, name: &str) -> Option<String> {
     let info = store.info(name)?;
     let p = &store.files[info.file];
-    Some(p.strip_prefix(&store.dir).unwrap_or(p).to_string_lossy().into_owned())
+    Some(
+        p.strip_prefix(&store.dir)
+            .unwrap_or(p)
+            .to_string_lossy()
+            .into_owned(),
+    )
 }
 
 /// The file that holds tensors next to `prefix` (same parent module), for "expected in …" hints.
@@ -30,7 +35,12 @@ fn neighbour_file(store: &WeightStore, prefix: &str) -> Option<String> {
     file_of(store, &n)
 }
 
-const NVFP4_PARTS: [&str; 4] = ["weight_packed", "weight_scale", "weight_global_scale", "input_global_scale"];
+const NVFP4_PARTS: [&str; 4] = [
+    "weight_packed",
+    "weight_scale",
+    "weight_global_scale",
+    "input_global_scale",
+];
 
 pub fn check(store: &WeightStore, expected: &[Expected]) -> InventoryResult {
     let mut problems: Findings = vec![];
@@ -51,33 +61,53 @@ pub fn check(store: &WeightStore, expected: &[Expected]) -> InventoryResult {
                         .or_else(|| file_of(store, &format!("{prefix}.weight")))
                         .or_else(|| neighbour_file(store, prefix));
                     // Claim whatever parts exist so they are not reported twice as unexpected.
-                    let present: Vec<&str> =
-                        NVFP4_PARTS.iter().copied().chain(["weight"]).filter(|p| store.contains(&format!("{prefix}.{p}"))).collect();
+                    let present: Vec<&str> = NVFP4_PARTS
+                        .iter()
+                        .copied()
+                        .chain(["weight"])
+                        .filter(|p| store.contains(&format!("{prefix}.{p}")))
+                        .collect();
                     for p in &present {
                         claimed.insert(format!("{prefix}.{p}"));
                     }
-                    let have = if present.is_empty() { String::new() } else { format!(" (present: {})", present.join(", ")) };
-                    problems.push((file, format!("Linear `{prefix}` [{out}, {inp}]: {err}{have}")));
+                    let have = if present.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" (present: {})", present.join(", "))
+                    };
+                    problems.push((
+                        file,
+                        format!("Linear `{prefix}` [{out}, {inp}]: {err}{have}"),
+                    ));
                 }
             },
             Expected::Tensor { name, shape } => {
                 claimed.insert(name.clone());
                 match store.get(name) {
                     Err(_) => {
-                        let hint = neighbour_file(store, name).map(|f| format!(" (its neighbours are in {f})")).unwrap_or_default();
-                        problems.push((None, format!("tensor `{name}` {shape:?} is missing{hint}")));
+                        let hint = neighbour_file(store, name)
+                            .map(|f| format!(" (its neighbours are in {f})"))
+                            .unwrap_or_default();
+                        problems
+                            .push((None, format!("tensor `{name}` {shape:?} is missing{hint}")));
                     }
                     Ok(t) => {
                         if t.shape != shape.as_slice() {
                             problems.push((
                                 file_of(store, name),
-                                format!("tensor `{name}` has shape {:?}, the config implies {shape:?}", t.shape),
+                                format!(
+                                    "tensor `{name}` has shape {:?}, the config implies {shape:?}",
+                                    t.shape
+                                ),
                             ));
                         }
                         if !matches!(t.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
                             problems.push((
                                 file_of(store, name),
-                                format!("tensor `{name}` has dtype {:?}, expected BF16, F16 or F32", t.dtype),
+                                format!(
+                                    "tensor `{name}` has dtype {:?}, expected BF16, F16 or F32",
+                                    t.dtype
+                                ),
                             ));
                         }
                     }
@@ -107,7 +137,11 @@ pub fn check(store: &WeightStore, expected: &[Expected]) -> InventoryResult {
         }
         extra.sort();
         let shown: Vec<String> = extra.iter().take(8).map(|n| format!("`{n}`")).collect();
-        let more = if extra.len() > 8 { format!(" and {} more", extra.len() - 8) } else { String::new() };
+        let more = if extra.len() > 8 {
+            format!(" and {} more", extra.len() - 8)
+        } else {
+            String::new()
+        };
         problems.push((
             Some(f),
             format!(
@@ -117,5 +151,9 @@ pub fn check(store: &WeightStore, expected: &[Expected]) -> InventoryResult {
             ),
         ));
     }
-    InventoryResult { problems, foreign_files, checked: expected.len() }
+    InventoryResult {
+        problems,
+        foreign_files,
+        checked: expected.len(),
+    }
 }

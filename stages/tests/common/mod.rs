@@ -7,7 +7,10 @@ use std::process::Child;
 use std::time::{Duration, Instant};
 
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn fixture(name: &str) -> PathBuf {
@@ -26,7 +29,10 @@ pub fn copy_dir(src: &Path, dst: &Path) {
 }
 
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 pub fn git_sha1_hex(bytes: &[u8]) -> String {
@@ -38,7 +44,11 @@ pub fn git_sha1_hex(bytes: &[u8]) -> String {
 }
 
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 pub fn wait_for_port(port: u16, timeout: Duration) -> bool {
@@ -69,7 +79,9 @@ pub fn require_program(candidates: &[&str], what: &str) -> Option<PathBuf> {
             }
         }
     }
-    let msg = format!("{what} not found (looked for {candidates:?}); install it with scripts/ci-deps-stages.sh");
+    let msg = format!(
+        "{what} not found (looked for {candidates:?}); install it with scripts/ci-deps-stages.sh"
+    );
     if std::env::var_os("CI").is_some() {
         panic!("{msg} (CI is set, so this is a failure)");
     }
@@ -84,7 +96,9 @@ pub struct Server(pub Child);
 impl Drop for Server {
     fn drop(&mut self) {
         let pid = self.0.id().to_string();
-        let _ = std::process::Command::new("kill").args(["-TERM", &pid]).status();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status();
         let t0 = Instant::now();
         while t0.elapsed() < Duration::from_secs(5) {
             if let Ok(Some(_)) = self.0.try_wait() {
@@ -106,7 +120,10 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let mut buf = String::new();
     s.read_to_string(&mut buf).ok()?;
     let status = buf.split_whitespace().nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
     Some((status, body))
 }
 
