@@ -165,21 +165,17 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         if (k0 + GK < K) gload(k0 + GK);
 #pragma unroll
         for (int kk = 0; kk < GK; kk += 16) {
+            // Fragments by ldmatrix (the same values as element-wise loads): A tiles (rows +0/+8,
+            // cols +0/+8) per 16-row block; B tiles (n rows +0..7 at k +0/+8, then n +8..15).
             u32 a[2][4], bb[4][2];
+            const int arow_l = lane & 15, acol_l = (lane >> 4) * 8;
+            const int brow_l = (lane & 7) + ((lane >> 4) << 3), bcol_l = ((lane >> 3) & 1) * 8;
 #pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                int rb = wm * 32 + mi * 16 + g;
-                a[mi][0] = *reinterpret_cast<const u32*>(&As[rb * GLD + kk + 2 * t]);
-                a[mi][1] = *reinterpret_cast<const u32*>(&As[(rb + 8) * GLD + kk + 2 * t]);
-                a[mi][2] = *reinterpret_cast<const u32*>(&As[rb * GLD + kk + 2 * t + 8]);
-                a[mi][3] = *reinterpret_cast<const u32*>(&As[(rb + 8) * GLD + kk + 2 * t + 8]);
-            }
+            for (int mi = 0; mi < 2; mi++)
+                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &As[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                int nb = wn * 32 + ni * 8 + g;
-                bb[ni][0] = *reinterpret_cast<const u32*>(&Bs[nb * GLD + kk + 2 * t]);
-                bb[ni][1] = *reinterpret_cast<const u32*>(&Bs[nb * GLD + kk + 2 * t + 8]);
-            }
+            for (int ni = 0; ni < 4; ni += 2)
+                ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1], &Bs[(wn * 32 + ni * 8 + brow_l) * GLD + kk + bcol_l]);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -187,13 +183,8 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
                     mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
             if (SPLIT) {
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++) {
-                    int rb = wm * 32 + mi * 16 + g;
-                    a[mi][0] = *reinterpret_cast<const u32*>(&Al[rb * GLD + kk + 2 * t]);
-                    a[mi][1] = *reinterpret_cast<const u32*>(&Al[(rb + 8) * GLD + kk + 2 * t]);
-                    a[mi][2] = *reinterpret_cast<const u32*>(&Al[rb * GLD + kk + 2 * t + 8]);
-                    a[mi][3] = *reinterpret_cast<const u32*>(&Al[(rb + 8) * GLD + kk + 2 * t + 8]);
-                }
+                for (int mi = 0; mi < 2; mi++)
+                    ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Al[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
