@@ -1789,7 +1789,9 @@ impl CudaModel {
         if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
             // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
             // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
-            let sw = if l.n <= 4096 { 8u32 } else { 4 };
+            // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
+            // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K): batch-invariant.
+            let sw = if l.n <= 2048 { 16u32 } else if l.n <= 4096 { 8 } else { 4 };
             return self
                 .dev
                 .launch_p(
