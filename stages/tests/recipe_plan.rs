@@ -407,3 +407,79 @@ fn plan_reads_weights_from_headers_when_present() {
     plan.check().unwrap();
     let _ = Path::new("");
 }
+
+/// The CUDA backend splits the same budget the same way: `laguna serve` gives the target the
+/// budget minus the draft's rings, the target takes its rings and pages the rest (64-position
+/// pages, so at most one page below the plan's 16-token rounding).
+#[test]
+fn cuda_kv_layout_matches_the_plan() {
+    use laguna_engine::config::AttnKind;
+    use laguna_engine::cuda::ring::kv_layout;
+    let r = xs_recipe();
+    let (cfg, dcfg) = (
+        reference("laguna-xs-2.1-nvfp4.config.json"),
+        reference("laguna-xs-2.1-dflash.config.json"),
+    );
+    let windows = |c: &LagunaConfig| -> Vec<usize> {
+        c.layers
+            .iter()
+            .map(|l| {
+                if l.attn == AttnKind::Sliding {
+                    c.sliding_window.unwrap_or(0)
+                } else {
+                    0
+                }
+            })
+            .collect()
+    };
+    let (wt, wd) = xs_weights_by_hand();
+    let w = WeightBytes {
+        target: wt,
+        draft: wd,
+        source: WeightsSource::Config,
+    };
+    for dtype in [KvCacheDtype::Bf16, KvCacheDtype::Fp8] {
+        let mut rr = r.clone();
+        rr.kv_cache_dtype = dtype;
+        let p = KvPlan::compute(&cfg, Some(&dcfg), &rr, w, mem(128 * GIB));
+        let elt = dtype.bytes() as usize;
+        let k = rr.num_speculative_tokens();
+        let seqs = rr.max_num_seqs;
+        let kvw = |c: &LagunaConfig| c.num_kv_heads * c.head_dim;
+        let d = kv_layout(
+            &windows(&dcfg),
+            true,
+            k,
+            seqs,
+            kvw(&dcfg),
+            elt,
+            64,
+            usize::MAX,
+        )
+        .unwrap();
+        let budget = rr.kv_cache_memory_bytes.unwrap() as usize;
+        let t = kv_layout(
+            &windows(&cfg),
+            true,
+            k,
+            seqs,
+            kvw(&cfg),
+            elt,
+            64,
+            budget - d.ring_bytes,
+        )
+        .unwrap();
+        assert_eq!(t.ring, 512 + 6);
+        assert_eq!(
+            (t.ring_bytes + d.ring_bytes) as u64,
+            p.ring_bytes(),
+            "{dtype:?}"
+        );
+        let engine_tokens = (t.pages * 64) as u64;
+        let plan_tokens = p.pool_tokens.unwrap();
+        assert!(
+            engine_tokens <= plan_tokens && plan_tokens < engine_tokens + 64,
+            "{dtype:?}: engine {engine_tokens}, plan {plan_tokens}"
+        );
+    }
+}

@@ -83,19 +83,21 @@ impl CudaDraft {
     /// `opts` (the part of a K/V budget to keep for it); 0 for a draft without a window.
     pub fn ring_bytes(dir: &Path, opts: &CudaOptions) -> Result<usize> {
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
+        let windows = vec![cfg.window.unwrap_or(0); cfg.num_layers];
         let elt = if opts.kv_fp8 { 1 } else { 2 };
-        Ok(match cfg.window {
-            Some(w) if w > 0 && opts.rings => {
-                cfg.num_layers
-                    * opts.max_seqs.max(1)
-                    * (w + opts.spec_k)
-                    * cfg.num_kv_heads
-                    * cfg.head_dim
-                    * 2
-                    * elt
-            }
-            _ => 0,
-        })
+        let kvw = cfg.num_kv_heads * cfg.head_dim;
+        let l = super::ring::kv_layout(
+            &windows,
+            opts.rings,
+            opts.spec_k,
+            opts.max_seqs,
+            kvw,
+            elt,
+            opts.page_size,
+            usize::MAX,
+        )
+        .map_err(EngineError::Other)?;
+        Ok(l.ring_bytes)
     }
 
     /// Load a draft folder onto the target's GPU: rings for the target's `max_seqs` sequences

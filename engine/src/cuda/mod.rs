@@ -4,12 +4,14 @@
 //! Weights live on the device as stored: BF16 dense tensors, NVFP4 Linears packed (codes + E4M3
 //! block scales + 1/global scale folded into one f32 per matrix / per expert). Activations are f32
 //! (tiny at batch sizes that matter and they keep routing decisions identical to the reference),
-//! accumulation f32. K/V live in a paged BF16 pool shared by all layers.
+//! accumulation f32. K/V (BF16 or FP8): full-attention layers page a pool, sliding-window layers keep
+//! a ring per sequence (`ring`).
 //!
 //! Every kernel computes one output row's value with an arithmetic order that does not depend on
 //! how many rows are in the batch (batch invariance).
 mod device;
 pub mod draft;
+pub mod ring;
 pub mod spec;
 
 pub use device::{Dev, DevError, Prof};
@@ -885,22 +887,7 @@ impl CudaModel {
                 (l.kscale, l.vscale) = (1.0, 1.0);
             }
         }
-        let ring_layers = layers.iter().filter(|l| l.ring).count();
-        let full_layers = layers.len() - ring_layers;
-        let ring_window = layers
-            .iter()
-            .filter(|l| l.ring)
-            .map(|l| l.window)
-            .max()
-            .unwrap_or(0);
-        let ring = if ring_layers > 0 {
-            ring_window + opts.spec_k
-        } else {
-            0
-        };
         let max_seqs = opts.max_seqs.max(1);
-        let ring_bytes = ring_layers * max_seqs * ring * kvw * 2 * elt;
-        let per_page = page_size * kvw * 2 * elt * full_layers;
         let (free, _total) = dev.mem_info().map_err(cerr)?;
         let scratch_est =
             f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
@@ -908,16 +895,20 @@ impl CudaModel {
         let pool = opts
             .kv_pool_bytes
             .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
-        if pool < ring_bytes {
-            return Err(EngineError::Other(format!(
-                "a K/V budget of {pool} bytes does not hold the sliding-window rings of {max_seqs} sequences ({ring_bytes} bytes: {ring_layers} layers x {ring} slots); raise kv_cache_memory_bytes or lower max_num_seqs"
-            )));
-        }
-        let num_pages = if full_layers == 0 {
-            1
-        } else {
-            ((pool - ring_bytes) / per_page).max(1)
-        };
+        let windows: Vec<usize> = layers.iter().map(|l| l.window).collect();
+        let lay = ring::kv_layout(
+            &windows,
+            opts.rings,
+            opts.spec_k,
+            max_seqs,
+            kvw,
+            elt,
+            page_size,
+            pool,
+        )
+        .map_err(EngineError::Other)?;
+        let (ring, ring_window, full_layers, num_pages) =
+            (lay.ring, lay.window, lay.full_layers, lay.pages);
         let max_pages = max_pages_pos.min(num_pages).max(1);
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let sc = Scratch {
@@ -1791,7 +1782,13 @@ impl CudaModel {
             // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
             // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
             // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K): batch-invariant.
-            let sw = if l.n <= 2048 { 16u32 } else if l.n <= 4096 { 8 } else { 4 };
+            let sw = if l.n <= 2048 {
+                16u32
+            } else if l.n <= 4096 {
+                8
+            } else {
+                4
+            };
             return self
                 .dev
                 .launch_p(
@@ -1941,9 +1938,7 @@ impl CudaModel {
         if self.ring == 0 {
             return Ok(());
         }
-        let oldest_needed = (start + 1).saturating_sub(self.ring_window);
-        let oldest_held = s.ring_hi.saturating_sub(self.ring);
-        if start > 0 && oldest_needed < oldest_held {
+        if !ring::ring_can_continue(start, s.ring_hi, self.ring, self.ring_window) {
             return Err(EngineError::Request(format!(
                 "sequence {seq} continues at position {start} after writing up to {}: a sliding-window ring keeps only {} positions beyond the window, so it cannot be rewound this far; prefill it again",
                 s.ring_hi,
@@ -1997,23 +1992,14 @@ impl CudaModel {
         // more rows than the ring's spare slots + 1 (its later rows would overwrite keys its
         // earlier rows still see).
         let m = tokens.len();
+        let (first, last, longest) = ring::seq_spans(seqrow);
         // [first row per row | last row per row], the second half at offset sc.rows.
         let mut span = vec![0i32; sc.rows + m];
-        let mut i = 0;
-        let mut longest = 0;
-        while i < m {
-            let mut j = i;
-            while j + 1 < m && seqrow[j + 1] == seqrow[i] {
-                j += 1;
-            }
-            for r in i..=j {
-                span[r] = i as i32;
-                span[sc.rows + r] = j as i32;
-            }
-            longest = longest.max(j + 1 - i);
-            i = j + 1;
+        for r in 0..m {
+            span[r] = first[r] as i32;
+            span[sc.rows + r] = last[r] as i32;
         }
-        let staged = self.ring > 0 && longest > self.ring - self.ring_window + 1;
+        let staged = ring::needs_stage(longest, self.ring, self.ring_window);
         if staged {
             if self.noncausal {
                 return Err(EngineError::Other(format!(

@@ -70,21 +70,22 @@ pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let mult: f64 =
-        match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 1.0,
-            "k" | "kib" => 1024.0,
-            "m" | "mib" => 1024f64.powi(2),
-            "g" | "gib" => 1024f64.powi(3),
-            "t" | "tib" => 1024f64.powi(4),
-            "kb" => 1e3,
-            "mb" => 1e6,
-            "gb" => 1e9,
-            "tb" => 1e12,
-            other => return Err(format!(
+    let mult: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kib" => 1024.0,
+        "m" | "mib" => 1024f64.powi(2),
+        "g" | "gib" => 1024f64.powi(3),
+        "t" | "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        other => {
+            return Err(format!(
                 "`{s}`: unknown unit `{other}` (use bytes, KiB, MiB, GiB, TiB, KB, MB, GB or TB)"
-            )),
-        };
+            ))
+        }
+    };
     let n: f64 = num
         .parse()
         .map_err(|_| format!("`{s}` is not a byte count (e.g. 12884901888 or 12GiB)"))?;
