@@ -3,7 +3,7 @@
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
 use laguna_engine::cuda::{CudaModel, CudaOptions};
-use laguna_engine::model::{LogitRows, Model, StepInput};
+use laguna_engine::model::{LogitRows, Model, SeqId, StepInput};
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
@@ -111,6 +111,36 @@ const MODES: &[(&str, usize, bool)] = &[
     ("fp8", 32, true),
 ];
 
+/// All logits of `tokens` at `start` of `seq` in one forward.
+fn pass_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+    Ok(m.forward(&[StepInput {
+        seq,
+        tokens,
+        start_pos: start,
+        logits: LogitRows::All,
+    }])?
+    .remove(0)
+    .logits)
+}
+
+/// Logits of `tokens` fed one row per forward from `start` on `seq` (1-row decode steps).
+fn step_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+    let mut out = Vec::with_capacity(tokens.len() * m.config().vocab_size);
+    for (i, &t) in tokens.iter().enumerate() {
+        out.extend(
+            m.forward(&[StepInput {
+                seq,
+                tokens: &[t],
+                start_pos: start + i,
+                logits: LogitRows::Last,
+            }])?
+            .remove(0)
+            .logits,
+        );
+    }
+    Ok(out)
+}
+
 fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
     let name = format!(
         "{} [{}]",
@@ -148,38 +178,17 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
     let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
-    let a = cu
-        .forward(&[StepInput {
-            seq: s1,
-            tokens: &all,
-            start_pos: 0,
-            logits: LogitRows::All,
-        }])?
-        .remove(0)
-        .logits;
+    let a = pass_logits(&mut cu, s1, &all, 0)?;
     let (err_pass, abs_pass) = rel_err(&a, &cref, v);
     // B: prefill the prompt, then one token at a time.
     let s2 = cu.new_seq()?;
-    let mut b = cu
-        .forward(&[StepInput {
-            seq: s2,
-            tokens: &prompt,
-            start_pos: 0,
-            logits: LogitRows::All,
-        }])?
-        .remove(0)
-        .logits;
-    for (i, &t) in all[prompt.len()..].iter().enumerate() {
-        let o = cu
-            .forward(&[StepInput {
-                seq: s2,
-                tokens: &[t],
-                start_pos: prompt.len() + i,
-                logits: LogitRows::Last,
-            }])?
-            .remove(0);
-        b.extend(o.logits);
-    }
+    let mut b = pass_logits(&mut cu, s2, &prompt, 0)?;
+    b.extend(step_logits(
+        &mut cu,
+        s2,
+        &all[prompt.len()..],
+        prompt.len(),
+    )?);
     let (err_decode, abs_dec) = rel_err(&b, &cref, v);
     // R: sliding-window rings against storing every position (rings off), in the gemm regime
     // (every pass on attention_prefill, which reads a ring, the stage or the paged pool with the
@@ -196,37 +205,15 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
         )
         .context("cuda load (no rings)")?;
         let t1 = nr.new_seq()?;
-        let a2 = nr
-            .forward(&[StepInput {
-                seq: t1,
-                tokens: &all,
-                start_pos: 0,
-                logits: LogitRows::All,
-            }])?
-            .remove(0)
-            .logits;
+        let a2 = pass_logits(&mut nr, t1, &all, 0)?;
         let t2 = nr.new_seq()?;
-        let mut b2 = nr
-            .forward(&[StepInput {
-                seq: t2,
-                tokens: &prompt,
-                start_pos: 0,
-                logits: LogitRows::All,
-            }])?
-            .remove(0)
-            .logits;
-        for (i, &t) in all[prompt.len()..].iter().enumerate() {
-            b2.extend(
-                nr.forward(&[StepInput {
-                    seq: t2,
-                    tokens: &[t],
-                    start_pos: prompt.len() + i,
-                    logits: LogitRows::Last,
-                }])?
-                .remove(0)
-                .logits,
-            );
-        }
+        let mut b2 = pass_logits(&mut nr, t2, &prompt, 0)?;
+        b2.extend(step_logits(
+            &mut nr,
+            t2,
+            &all[prompt.len()..],
+            prompt.len(),
+        )?);
         Some(a == a2 && b == b2)
     } else {
         None
@@ -260,19 +247,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
     let back = cu.ring_spare().map_or(cont, |s| cont.min(s + 1));
     let keep = all.len() - back;
     cu.truncate(s2, keep);
-    let mut redo = vec![];
-    for (i, &t) in all[keep..].iter().enumerate() {
-        redo.extend(
-            cu.forward(&[StepInput {
-                seq: s2,
-                tokens: &[t],
-                start_pos: keep + i,
-                logits: LogitRows::Last,
-            }])?
-            .remove(0)
-            .logits,
-        );
-    }
+    let redo = step_logits(&mut cu, s2, &all[keep..], keep)?;
     let mut trunc_ok = redo[..] == b[keep * v..];
     if let Some(spare) = cu.ring_spare() {
         if cont > spare + 1 {

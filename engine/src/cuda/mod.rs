@@ -2104,36 +2104,7 @@ impl CudaModel {
 
     fn decode_body(&self, prof: &mut Option<device::Prof>) -> Result<()> {
         self.run_layers(1, prof)?;
-        let sc = &self.sc;
-        let h = self.cfg.hidden_size;
-        self.rmsnorm(
-            prof,
-            sc.x,
-            sc.sel,
-            self.final_norm,
-            sc.hsel,
-            1,
-            h,
-            self.cfg.rms_norm_eps as f32,
-        )?;
-        self.linear(
-            prof,
-            "lm_head",
-            &self.lm_head,
-            sc.hsel,
-            h,
-            sc.logits,
-            self.cfg.vocab_size,
-            1,
-            false,
-        )?;
-        self.dev
-            .launch_p(prof, "argmax_rows", (1, 1, 1), (1024, 1, 1), 0, |b| {
-                b.u64(sc.logits)
-                    .i32(self.cfg.vocab_size as i32)
-                    .u64(sc.amax);
-            })
-            .map_err(cerr)
+        self.greedy_rows(prof, 1, self.sc.amax)
     }
 
     fn capture_decode(&self) -> std::result::Result<device::Graph, String> {
