@@ -101,14 +101,14 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         const int *bt, int max_pages, int page_size, KV *kc, KV *vc, int nh, int nkv, int hd, KV *ks, KV *vs,     \
         float kinv, float vinv
 #define QK_ARGS q, ldq, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos, seqrow, bt, max_pages, page_size, kc, vc, nh, nkv, hd, ks, vs, kinv, vinv
-extern "C" __global__ void qk_norm_rope_kv(QK_PARAMS(bf16_t)) { qk_norm_rope_kv_t<bf16_t>(QK_ARGS); }
-extern "C" __global__ void qk_norm_rope_kv_fp8(QK_PARAMS(u8)) { qk_norm_rope_kv_t<u8>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_kv(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_kv_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8>(QK_ARGS); }
 
 // grid (M), block 64. After a staged pass: rows among the last R positions of their sequence in
 // the pass go from the stage into their ring slots (older rows would share a slot with a newer
 // one). rowb = bytes of one K (or V) row (nkv * hd * element size, a multiple of 8).
 extern "C" __global__ void ring_commit(const u8* ks, const u8* vs, const int* pos, const int* seqrow, const int* slast,
-                                       const int* bt, int ring, u8* kc, u8* vc, int rowb) {
+                                       const int* bt, int ring, u8* kc, u8* vc, int rowb) { PDL_ENTRY();
     int m = blockIdx.x, p = pos[m];
     if (p <= pos[slast[m]] - ring) return;
     size_t slot = (size_t)bt[(size_t)seqrow[m] * ring + p % ring];
@@ -258,10 +258,10 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-extern "C" __global__ void attention(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+extern "C" __global__ void attention(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
-extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
@@ -365,17 +365,17 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
         out[(size_t)m * ldo + h * hd + d + i] = o[i];
     }
 }
-extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
-extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                            const float* sink, const float* g, int ldg, int gate_mode,
-                                           const int* pos, int window, const int* kend, float vscale) {
+                                           const int* pos, int window, const int* kend, float vscale) { PDL_ENTRY();
     __shared__ float sm[128], sl[128];
     int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
@@ -424,7 +424,7 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-__device__ __forceinline__ u32 fa_pack(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+__device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
 // this pass come from the stage (row sfirst + key - s0), older ones from the ring.
 template <typename KV>
@@ -621,10 +621,10 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
     }
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
-                                                                    const bf16_t* vs, const int* sfirst) {
+                                                                    const bf16_t* vs, const int* sfirst) { PDL_ENTRY();
     attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
-                                                                        const u8* vs, const int* sfirst) {
+                                                                        const u8* vs, const int* sfirst) { PDL_ENTRY();
     attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst);
 }

@@ -7,12 +7,40 @@ typedef unsigned short bf16_t;
 typedef unsigned char u8;
 typedef unsigned int u32;
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere and for launches without the PDL
+// attribute). Every kernel starts with PDL_ENTRY: wait until the previous kernel in the stream has
+// finished and its writes are visible, then let the next kernel be scheduled. The only work allowed
+// before the wait is reading weights, which no kernel ever writes (the GEMVs issue their first
+// weight loads there, so they stream while the previous kernel drains).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+#define PDL_ENTRY() do { pdl_wait(); pdl_launch(); } while (0)
+
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {
     u32 u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40); // NaN stays NaN
     u += 0x7fffu + ((u >> 16) & 1u);                                     // round to nearest even
     return (bf16_t)(u >> 16);
+}
+// Two floats to a BF16 pair (lo in the low half), round to nearest even: one cvt on sm_80+ (the
+// same bits as two f2bf for every non-NaN input).
+__device__ __forceinline__ u32 bf2_pack(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16);
+#endif
 }
 // Unpack 2 bf16 held in a 32-bit word (element 0 in the low half).
 __device__ __forceinline__ float bflo(u32 w) { return __uint_as_float(w << 16); }

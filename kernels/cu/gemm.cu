@@ -15,13 +15,13 @@
 #define GK 64
 #define GLD 72  // shared row stride in bf16 (144 bytes: 16-byte aligned, conflict-free fragments)
 
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return (u32)f2bf(lo) | ((u32)f2bf(hi) << 16); }
+__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return bf2_pack(lo, hi); }
 // Two floats that are exactly representable in BF16 (E2M1 x E4M3 products).
 __device__ __forceinline__ u32 pack_exact(float lo, float hi) { return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632); }
 
 // x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K).
 // grid (ceil(K/256), M), block 256.
-extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi) {
+extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi) { PDL_ENTRY();
     int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= K) return;
     for (int m = blockIdx.y; m < M; m += gridDim.y) {  // grid.y = min(M, 65535)
@@ -229,16 +229,16 @@ __device__ void gemm_dense(const void* w, const u8* s, float inv_gs, const bf16_
     const u8* wb = reinterpret_cast<const u8*>(w);
     gemm_tile<FMT, SPLIT>(wb, s, inv_gs, wb, s, inv_gs, N, N, K, x, (size_t)M * K, K, arow, yrow, y, ldy, accumulate, blockIdx.x * GN);
 }
-extern "C" __global__ __launch_bounds__(128) void gemm_bf16(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ __launch_bounds__(128) void gemm_bf16(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ __launch_bounds__(128) void gemm_bf16_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ __launch_bounds__(128) void gemm_bf16_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<0, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
 
@@ -297,23 +297,23 @@ __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, c
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
                                                  const int* gst, const int* gc, const int* perm, const int* meta,
-                                                 const int* tiles, float* gu) {
+                                                 const int* tiles, float* gu) { PDL_ENTRY();
     moe_gemm_gate_up<0>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                 const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
                                                 const int* gst, const int* gc, const int* perm, const int* meta,
-                                                const int* tiles, float* gu) {
+                                                const int* tiles, float* gu) { PDL_ENTRY();
     moe_gemm_gate_up<1>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                                               const int* ge, const int* gst, const int* gc, const int* perm,
-                                              const int* meta, const int* tiles, float* out) {
+                                              const int* meta, const int* tiles, float* out) { PDL_ENTRY();
     moe_gemm_down<0>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                                              const int* ge, const int* gst, const int* gc, const int* perm,
-                                             const int* meta, const int* tiles, float* out) {
+                                             const int* meta, const int* tiles, float* out) { PDL_ENTRY();
     moe_gemm_down<1>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
 }
 
@@ -341,9 +341,22 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     int nk = K >> 5;
     // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
-    // order as one tile at a time).
+    // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait.
+    uint4 A0[4], A1[4];
+    auto ldw = [&](int kt0) {
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int kt = kt0 + u * S;
+            if (kt < nk) {
+                A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
+                A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
+            }
+        }
+    };
+    ldw(warp);
+    PDL_ENTRY();
     for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
-        uint4 A0[4], A1[4];
+        if (kt0 != warp) ldw(kt0);
         float4 X0[4], X1[4];
 #pragma unroll
         for (int u = 0; u < 4; u++) {
@@ -352,8 +365,6 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
             X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             X1[u] = X0[u];
             if (kt < nk) {
-                A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + k));
-                A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + k));
                 if (xv) {
                     X0[u] = __ldg(reinterpret_cast<const float4*>(xr + k));
                     X1[u] = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
@@ -367,9 +378,8 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
             u32 hi[4], lo[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                bf16_t h0 = f2bf(xs[2 * i]), h1 = f2bf(xs[2 * i + 1]);
-                hi[i] = (u32)h0 | ((u32)h1 << 16);
-                lo[i] = pack_bf2(xs[2 * i] - bf2f(h0), xs[2 * i + 1] - bf2f(h1));
+                hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+                lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
             }
             // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
             mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
@@ -397,4 +407,20 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
             *o = accumulate ? *o + c[i] : c[i];
         }
     }
+}
+// Read-only streaming of n uint4 (the practical read roofline for a kernel of the same size):
+// each thread sums its words, one value per block is written. grid-stride, 4 loads in flight.
+extern "C" __global__ void read_u4(const uint4* src, size_t n, unsigned* out) {
+    PDL_ENTRY();
+    unsigned acc = 0;
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, st = (size_t)gridDim.x * blockDim.x;
+    for (; i + 3 * st < n; i += 4 * st) {
+        uint4 a = __ldg(src + i), b = __ldg(src + i + st), c = __ldg(src + i + 2 * st), d = __ldg(src + i + 3 * st);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += st) {
+        uint4 a = __ldg(src + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;
 }

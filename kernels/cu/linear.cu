@@ -23,10 +23,10 @@ __device__ void linear_impl(const void* w, const u8* s, float inv_gs, const floa
         }
     }
 }
-extern "C" __global__ void linear_bf16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_bf16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_impl<0, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ void linear_fp4(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_fp4(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_impl<1, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
 // Single-row forms (M == 1): x is staged once per block in shared memory (dynamic, K floats) and
@@ -52,10 +52,10 @@ __device__ void linear1_impl(const void* w, const u8* s, float inv_gs, const flo
     if (lane == 0) y[n] = accumulate ? y[n] + a[0] : a[0];
     if (lane == 1 && n + 1 < N) y[n + 1] = accumulate ? y[n + 1] + b[0] : b[0];
 }
-extern "C" __global__ void linear_bf16_1(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_bf16_1(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear1_impl<0>(w, s, inv_gs, x, y, N, K, acc);
 }
-extern "C" __global__ void linear_fp4_1(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_fp4_1(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear1_impl<1>(w, s, inv_gs, x, y, N, K, acc);
 }
 // Small-M forms (verify passes of 2..16 rows): one warp per NR output rows, MR activation rows per
@@ -157,22 +157,22 @@ __device__ void linear_m_impl(const void* w, const u8* s, float inv_gs, const fl
             }
         }
 }
-extern "C" __global__ void linear_bf16_m8(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_bf16_m8(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_m_impl<0, 2, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ void linear_fp4_m8(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_fp4_m8(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_m_impl<1, 2, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ void linear_bf16_m16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_bf16_m16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_m_impl<0, 2, 16>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ void linear_fp4_m16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) {
+extern "C" __global__ void linear_fp4_m16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     linear_m_impl<1, 2, 16>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
 // y[m, i] = silu(g[m, i]) * u[m, i]  (gate and up side by side: gu[m, 0..I) gate, gu[m, I..2I) up)
 // grid (ceil(I / blockDim), min(M, 65535)): rows beyond gridDim.y loop (expert slots of a long
 // prefill pass exceed the grid's y limit).
-extern "C" __global__ void silu_mul(const float* gu, float* y, int M, int I) {
+extern "C" __global__ void silu_mul(const float* gu, float* y, int M, int I) { PDL_ENTRY();
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= I) return;
     for (int m = blockIdx.y; m < M; m += gridDim.y) {

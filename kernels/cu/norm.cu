@@ -1,12 +1,12 @@
 // Embedding gather, RMSNorm (optionally over selected rows), residual helpers.
-extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* x, int H) {
+extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* x, int H) { PDL_ENTRY();
     int m = blockIdx.x;
     size_t t = (size_t)tokens[m];
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
 }
 // y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
-extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) {
+extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) { PDL_ENTRY();
     __shared__ float sh[32];
     int r = blockIdx.x;
     int src = rows ? rows[r] : r;
@@ -32,7 +32,7 @@ extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float*
 
 // Draft tap fusion: x is [M, nw * H] (nw taps of width H per row); each H-wide piece j is
 // normalised with its own weight w[j * H ..]. grid (M * nw), blockDim as for rmsnorm.
-extern "C" __global__ void rmsnorm_taps(const float* x, const float* w, float* y, int H, int nw, float eps) {
+extern "C" __global__ void rmsnorm_taps(const float* x, const float* w, float* y, int H, int nw, float eps) { PDL_ENTRY();
     __shared__ float sh[32];
     int r = blockIdx.x;
     const float* xr = x + (size_t)r * H;
@@ -44,7 +44,7 @@ extern "C" __global__ void rmsnorm_taps(const float* x, const float* w, float* y
     for (int i = threadIdx.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = wr[i] * (xr[i] * inv);
 }
 // dst[r * ldd + i] = src[r * lds + i], i < n. grid (M), block 256.
-extern "C" __global__ void copy_rows(const float* src, int lds, float* dst, int ldd, int n) {
+extern "C" __global__ void copy_rows(const float* src, int lds, float* dst, int ldd, int n) { PDL_ENTRY();
     int r = blockIdx.x;
     for (int i = threadIdx.x; i < n; i += blockDim.x) dst[(size_t)r * ldd + i] = src[(size_t)r * lds + i];
 }

@@ -1,5 +1,5 @@
 // On-device greedy sampling: argmax over each logits row (lowest index wins ties).
-extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) {
+extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int bi[32];
     int m = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
@@ -27,14 +27,14 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) {
     }
 }
 // Device copy bandwidth probe: dst[i] = src[i] (uint4), grid-stride.
-extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) {
+extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) { PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];
 }
 // Greedy DFlash acceptance on the device for nb sequences whose verify rows are b*(k+1) ..
 // b*(k+1)+k: `tokens` holds [t, d_1..d_k] per sequence and g the target's argmaxes of those rows.
 // a_b = the longest prefix with d_{i+1} == g_i; out + b*(2k+2) = [a_b, d_1..d_a, g_a, then (at
 // k + 2) the k drafts]. One thread per sequence; one read-back of nb*(2k+2) ints per step.
-extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, int nb, int* out) {
+extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, int nb, int* out) { PDL_ENTRY();
     int b = threadIdx.x;
     if (blockIdx.x != 0 || b >= nb) return;
     const int* d = tokens + b * (k + 1) + 1;
@@ -49,7 +49,7 @@ extern "C" __global__ void spec_accept(const int* tokens, const int* g, int k, i
 }
 // The draft's argmaxes of its mask rows (nb*k, in sequence order) into the target's verify token
 // slots b*(k+1)+1 .. b*(k+1)+k. One block.
-extern "C" __global__ void scatter_drafts(const int* am, int* tokens, int nb, int k) {
+extern "C" __global__ void scatter_drafts(const int* am, int* tokens, int nb, int k) { PDL_ENTRY();
     for (int i = threadIdx.x; i < nb * k; i += blockDim.x) {
         int b = i / k, j = i - b * k;
         tokens[b * (k + 1) + 1 + j] = am[i];

@@ -92,6 +92,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_down_bf16",
             "moe_gemm_down_fp4",
             "linear_tc_bf16",
+            "read_u4",
         ],
     },
     KernelModule {

@@ -1,6 +1,6 @@
 //! Thin device layer over cudarc: one context, one non-blocking stream, raw device pointers
 //! (`u64`), kernels loaded from cached cubins, per-launch event timing, stream-captured graphs.
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream, PushKernelArg};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -134,6 +134,8 @@ pub struct Dev {
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
     pub sms: u32,
+    /// Launch with programmatic dependent launch (sm_90+, unless LAGUNA_NO_PDL is set).
+    pub pdl: bool,
     allocs: Mutex<Vec<u64>>,
 }
 
@@ -176,6 +178,7 @@ impl Dev {
             arch,
             name,
             sms,
+            pdl: maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none(),
             allocs: Mutex::new(vec![]),
         })
     }
@@ -186,6 +189,13 @@ impl Dev {
             .map_err(|e| DevError(format!("cuMemAlloc of {bytes} bytes: {e:?}")))?;
         self.allocs.lock().unwrap().push(p);
         Ok(p)
+    }
+
+    /// Fill `n` 32-bit words at `dst` with `v` (on the stream).
+    pub fn memset_d32(&self, dst: u64, v: u32, n: usize) -> R<()> {
+        self.ctx.bind_to_thread()?;
+        unsafe { sys::cuMemsetD32Async(dst, v, n, self.stream.cu_stream()) }.result()?;
+        Ok(())
     }
 
     pub fn mem_info(&self) -> R<(usize, usize)> {
@@ -251,20 +261,45 @@ impl Dev {
         } else {
             None
         };
-        let mut b = self.stream.launch_builder(func);
-        for x in &a.0 {
-            match x {
-                Arg::U64(v) => b.arg(v),
-                Arg::I32(v) => b.arg(v),
-                Arg::F32(v) => b.arg(v),
-            };
-        }
-        let cfg = cudarc::driver::LaunchConfig {
-            grid_dim: grid,
-            block_dim: block,
-            shared_mem_bytes: shmem,
+        // cuLaunchKernelEx with programmatic stream serialisation (PDL): the kernel may be
+        // scheduled while the previous one drains; every kernel begins with PDL_ENTRY (wait for the
+        // previous grid, then release the next), so only weight reads run early. Off while
+        // profiling (events sit between the launches anyway).
+        let mut params: Vec<*mut std::ffi::c_void> =
+            a.0.iter()
+                .map(|x| match x {
+                    Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+                    Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+                    Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+                })
+                .collect();
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let pdl = self.pdl && prof.is_none();
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shmem,
+            hStream: self.stream.cu_stream(),
+            attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
+            numAttrs: pdl as u32,
         };
-        unsafe { b.launch(cfg) }.map_err(|e| {
+        self.ctx.bind_to_thread()?;
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| {
             DevError(format!(
                 "launching {name} grid {grid:?} block {block:?}: {e:?}"
             ))
