@@ -35,6 +35,9 @@ enum Command {
     /// Check the CUDA backend against the CPU reference on the fixture models (device machines).
     #[command(hide = true)]
     DeviceTest(cmd::device_test::Args),
+    /// Kernel micro-benchmarks at the XS-2.1 decode shapes (device machines).
+    #[command(hide = true)]
+    Kbench(cmd::kbench::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,5 +52,6 @@ fn main() -> anyhow::Result<()> {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::DeviceTest(a) => cmd::device_test::run(a),
+        Command::Kbench(a) => cmd::kbench::run(a),
     }
 }

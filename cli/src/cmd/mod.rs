@@ -4,6 +4,7 @@ pub mod device_dflash;
 pub mod device_test;
 pub mod fetch;
 pub mod generate;
+pub mod kbench;
 pub mod plan;
 pub mod serve;
 pub mod synth;

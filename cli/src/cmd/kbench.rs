@@ -1,0 +1,357 @@
+//! `laguna kbench`: kernel micro-benchmarks at the Laguna-XS 2.1 decode shapes (device machines).
+//! Each case is captured as a CUDA graph of `reps` launches (with PDL, as in a decode step) whose
+//! weights rotate through buffers larger than L2, so every launch streams from HBM. Reports
+//! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
+//! stream of the same bytes) as the practical roofline for a kernel of that size. The NVFP4
+//! expert kernels are also checked against a float64 host reference at these shapes.
+use anyhow::{bail, Result};
+use clap::Parser;
+use laguna_engine::cuda::Dev;
+
+#[derive(Parser, Debug)]
+pub struct Args {
+    /// Launches per timed graph.
+    #[arg(long, default_value_t = 64)]
+    reps: usize,
+}
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(n + 8);
+        while v.len() < n {
+            v.extend_from_slice(&self.next().to_le_bytes());
+        }
+        v.truncate(n);
+        v
+    }
+    /// Uniform in [-1, 1).
+    fn f32s(&mut self, n: usize) -> Vec<u8> {
+        let mut v = Vec::with_capacity(4 * n);
+        for _ in 0..n {
+            let x = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+            v.extend_from_slice(&x.to_le_bytes());
+        }
+        v
+    }
+}
+
+const INV_GS: f32 = 1.0 / 448.0;
+
+fn e2m1_ref(c: u8) -> f64 {
+    let m = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize];
+    if c & 8 != 0 {
+        -m
+    } else {
+        m
+    }
+}
+
+fn e4m3_ref(b: u8) -> f64 {
+    let (ex, m) = (((b >> 3) & 15) as i32, (b & 7) as f64);
+    if ex == 0 {
+        m / 8.0 * 2f64.powi(-6)
+    } else {
+        (1.0 + m / 8.0) * 2f64.powi(ex - 7)
+    }
+}
+
+fn e<T: std::fmt::Debug>(x: T) -> anyhow::Error {
+    anyhow::anyhow!("{x:?}")
+}
+
+/// Microseconds per launch of a graph of `reps` calls of `f(i)`.
+fn time_graph(d: &Dev, reps: usize, f: &dyn Fn(usize) -> Result<()>) -> Result<f64> {
+    d.begin_capture().map_err(e)?;
+    for i in 0..reps {
+        f(i)?;
+    }
+    let g = d.end_capture().map_err(e)?;
+    g.launch().map_err(e)?;
+    d.sync().map_err(e)?;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let a = d.event().map_err(e)?;
+        g.launch().map_err(e)?;
+        let b = d.event().map_err(e)?;
+        b.sync().map_err(e)?;
+        best = best.min(a.ms_to(&b) * 1e3 / reps as f64);
+    }
+    Ok(best)
+}
+
+fn dtoh_f32(d: &Dev, p: u64, n: usize) -> Result<Vec<f32>> {
+    let mut b = vec![0u8; 4 * n];
+    d.dtoh(&mut b, p).map_err(e)?;
+    Ok(b.chunks(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
+}
+
+pub fn run(a: Args) -> Result<()> {
+    if let Err(err) = laguna_engine::cuda::gpu_available() {
+        bail!("laguna kbench needs a CUDA GPU: {err}");
+    }
+    let d = Dev::new(0).map_err(e)?;
+    let reps = a.reps.max(4);
+    let mut rng = Rng(0x9e3779b97f4a7c15);
+    let mut rows: Vec<(String, f64, f64)> = vec![];
+    let sms = d.sms;
+
+    // ---- BF16 GEMV (one activation row) -------------------------------------------------------
+    let pool_bytes: usize = 1536 << 20;
+    let wpool = d.alloc(pool_bytes).map_err(e)?;
+    // Small BF16 values (0x3c00 = 0.0078125) everywhere: timing does not depend on them.
+    d.memset_d32(wpool, 0x3c00_3c00, pool_bytes / 4)
+        .map_err(e)?;
+    let x = d.alloc(4 * 8192 * 8).map_err(e)?;
+    d.htod(x, &rng.f32s(8192 * 8)).map_err(e)?;
+    let y = d.alloc(4 * 100352 * 8).map_err(e)?;
+    let sink = d.alloc(4 * 4096).map_err(e)?;
+    let shapes: [(&str, usize, usize); 5] = [
+        ("qkvg 64 heads", 10304, 2048),
+        ("qkvg 48 heads", 8240, 2048),
+        ("o_proj 64 heads", 2048, 8192),
+        ("o_proj 48 heads", 2048, 6144),
+        ("lm_head", 100352, 2048),
+    ];
+    for &(label, n, k) in &shapes {
+        let bytes = n * k * 2;
+        let slots = (pool_bytes / bytes).max(1);
+        let off = move |i: usize| wpool + ((i % slots) * bytes) as u64;
+        let t = time_graph(&d, reps, &|i| {
+            d.launch_p(&mut None, "read_u4", (sms * 4, 1, 1), (512, 1, 1), 0, |b| {
+                b.u64(off(i)).u64((bytes / 16) as u64).u64(sink);
+            })
+            .map_err(e)
+        })?;
+        rows.push((
+            format!("{label} N={n} K={k}: read_u4"),
+            t,
+            bytes as f64 / t / 1e6,
+        ));
+        for (kern, sws) in [("linear_tc_bf16", [4u32, 8, 16])] {
+            for sw in sws {
+                let t = time_graph(&d, reps, &|i| {
+                    d.launch_p(
+                        &mut None,
+                        kern,
+                        ((n as u32).div_ceil(16), 1, 1),
+                        (32 * sw, 1, 1),
+                        0,
+                        |b| {
+                            b.u64(off(i))
+                                .u64(0)
+                                .f32(1.0)
+                                .u64(x)
+                                .i32(k as i32)
+                                .u64(y)
+                                .i32(n as i32)
+                                .i32(1)
+                                .i32(n as i32)
+                                .i32(k as i32)
+                                .i32(0);
+                        },
+                    )
+                    .map_err(e)
+                })?;
+                rows.push((
+                    format!("{label} N={n} K={k}: {kern} S={sw}"),
+                    t,
+                    bytes as f64 / t / 1e6,
+                ));
+            }
+        }
+    }
+    d.free(wpool);
+
+    // ---- NVFP4 experts, one row: 8 routed + the shared expert (folded as expert 256) ---------
+    let (h, im, ne) = (2048usize, 512usize, 257usize);
+    let wbytes = ne * im * h / 2;
+    let sbytes = ne * im * h / 16;
+    // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
+    type Stack = ((u64, u64, u64), Vec<u8>, Vec<u8>);
+    let mut stack = || -> Result<Stack> {
+        let codes = rng.bytes(wbytes);
+        let w = d.alloc(wbytes).map_err(e)?;
+        d.htod(w, &codes).map_err(e)?;
+        // E4M3 scales with every exponent (incl. subnormal 0x01..0x07) but no NaN (0x7f / 0xff).
+        let sc: Vec<u8> = rng
+            .bytes(sbytes)
+            .into_iter()
+            .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
+            .collect();
+        let s = d.alloc(sbytes).map_err(e)?;
+        d.htod(s, &sc).map_err(e)?;
+        let inv = d.alloc(4 * ne).map_err(e)?;
+        let v: Vec<u8> = (0..ne).flat_map(|_| INV_GS.to_le_bytes()).collect();
+        d.htod(inv, &v).map_err(e)?;
+        Ok(((w, s, inv), codes, sc))
+    };
+    let (gate, gate_c, gate_s) = stack()?;
+    let (up, up_c, up_s) = stack()?;
+    let (down, down_c, down_s) = stack()?;
+    let kk = 9usize;
+    // Per launch i: its own grouping (experts (8i + 31j) % 256, then 256), one slot per group.
+    let ints = |f: &dyn Fn(usize, usize) -> i32, per: usize| -> Result<u64> {
+        let mut v = vec![];
+        for i in 0..reps {
+            for j in 0..per {
+                v.extend_from_slice(&f(i, j).to_le_bytes());
+            }
+        }
+        let p = d.alloc(v.len()).map_err(e)?;
+        d.htod(p, &v).map_err(e)?;
+        Ok(p)
+    };
+    let ge = ints(
+        &|i, j| {
+            if j == 8 {
+                256
+            } else {
+                ((8 * i + 31 * j) % 256) as i32
+            }
+        },
+        kk,
+    )?;
+    let gs = ints(&|_, j| j as i32, kk)?;
+    let gc = ints(&|_, _| 1, kk)?;
+    let perm = ints(&|_, j| j as i32, kk)?;
+    let meta = ints(&|_, _| kk as i32, 1)?;
+    let hn = d.alloc(4 * h).map_err(e)?;
+    d.htod(hn, &rng.f32s(h)).map_err(e)?;
+    let act = d.alloc(4 * kk * im).map_err(e)?;
+    let out = d.alloc(4 * kk * h).map_err(e)?;
+    let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
+    let gu_bytes = (kk * 2 * im * (h / 2 + h / 16)) as f64;
+    let dn_bytes = (kk * h * (im / 2 + im / 16)) as f64;
+    let gu = |name: &'static str, grid: u32, i: usize| {
+        d.launch_p(&mut None, name, (grid, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(gate.0)
+                .u64(gate.1)
+                .u64(gate.2)
+                .u64(up.0)
+                .u64(up.1)
+                .u64(up.2)
+                .u64(hn)
+                .i32(h as i32)
+                .i32(im as i32)
+                .i32(kk as i32)
+                .u64(o4(ge, i, kk))
+                .u64(o4(gs, i, kk))
+                .u64(o4(gc, i, kk))
+                .u64(o4(perm, i, kk))
+                .u64(o4(meta, i, 1))
+                .u64(act);
+        })
+        .map_err(e)
+    };
+    let dn = |name: &'static str, grid: u32, i: usize| {
+        d.launch_p(&mut None, name, (grid, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(down.0)
+                .u64(down.1)
+                .u64(down.2)
+                .u64(act)
+                .i32(h as i32)
+                .i32(im as i32)
+                .u64(o4(ge, i, kk))
+                .u64(o4(gs, i, kk))
+                .u64(o4(gc, i, kk))
+                .u64(o4(perm, i, kk))
+                .u64(o4(meta, i, 1))
+                .u64(out);
+        })
+        .map_err(e)
+    };
+    let s_gu_grid = (sms * 2).min((kk * im / 2).div_ceil(8) as u32);
+    let s_dn_grid = (sms * 2).min((kk * h / 4).div_ceil(8) as u32);
+    // Correctness at the real shapes: launch 0 against a float64 host reference (exact NVFP4
+    // dequantisation: E2M1 code x E4M3 block scale / global scale).
+    gu("moe_gate_up_fp4_s", s_gu_grid, 0)?;
+    let act_d = dtoh_f32(&d, act, kk * im)?;
+    dn("moe_down_fp4_s", s_dn_grid, 0)?;
+    let out_d = dtoh_f32(&d, out, kk * h)?;
+    let xh: Vec<f64> = dtoh_f32(&d, hn, h)?.into_iter().map(|v| v as f64).collect();
+    let ex: Vec<usize> = (0..kk)
+        .map(|j| if j == 8 { 256 } else { (31 * j) % 256 })
+        .collect();
+    let row = |c: &[u8],
+               sc: &[u8],
+               e_: usize,
+               rows: usize,
+               n: usize,
+               k: usize,
+               x: &dyn Fn(usize) -> f64|
+     -> f64 {
+        let r = e_ * rows + n;
+        (0..k)
+            .map(|i| {
+                let b = c[r * k / 2 + i / 2];
+                let code = if i % 2 == 0 { b & 15 } else { b >> 4 };
+                e2m1_ref(code) * e4m3_ref(sc[r * k / 16 + i / 16]) * x(i)
+            })
+            .sum::<f64>()
+            * INV_GS as f64
+    };
+    let (mut ea, mut eo) = (0f64, 0f64);
+    let amax = act_d.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    let omax = out_d.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+    for (j, &ej) in ex.iter().enumerate() {
+        for i in 0..im {
+            let g = row(&gate_c, &gate_s, ej, im, i, h, &|k| xh[k]);
+            let u = row(&up_c, &up_s, ej, im, i, h, &|k| xh[k]);
+            let a_ref = g / (1.0 + (-g).exp()) * u;
+            ea = ea.max((a_ref - act_d[j * im + i] as f64).abs() / amax);
+        }
+        for n in (0..h).step_by(7) {
+            let o = row(&down_c, &down_s, ej, h, n, im, &|k| {
+                act_d[j * im + k] as f64
+            });
+            eo = eo.max((o - out_d[j * h + n] as f64).abs() / omax);
+        }
+    }
+    println!("moe_*_fp4_s vs float64 reference (9 experts, XS-2.1 shapes): gate_up+SiLU max rel err {ea:.2e}, down {eo:.2e}");
+    if ea > 1e-5 || eo > 1e-5 {
+        bail!("the NVFP4 expert kernels disagree with the float64 reference ({ea:.2e} / {eo:.2e} > 1e-5)");
+    }
+    for (name, grid) in [("moe_gate_up_fp4_s", s_gu_grid)] {
+        let t = time_graph(&d, reps, &|i| gu(name, grid, i))?;
+        rows.push((
+            format!("moe gate_up 9 experts: {name}"),
+            t,
+            gu_bytes / t / 1e6,
+        ));
+    }
+    for (name, grid) in [("moe_down_fp4_s", s_dn_grid)] {
+        let t = time_graph(&d, reps, &|i| dn(name, grid, i))?;
+        rows.push((format!("moe down 9 experts: {name}"), t, dn_bytes / t / 1e6));
+    }
+    // ---- a tiny kernel: the floor of one graph node ------------------------------------------
+    let nw = d.alloc(4 * h).map_err(e)?;
+    d.htod(nw, &rng.f32s(h)).map_err(e)?;
+    let hn2 = d.alloc(4 * h).map_err(e)?;
+    let t = time_graph(&d, reps, &|_| {
+        d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(hn).u64(0).u64(nw).u64(hn2).i32(h as i32).f32(1e-6);
+        })
+        .map_err(e)
+    })?;
+    rows.push((
+        "rmsnorm 1 x 2048 (graph node floor)".into(),
+        t,
+        (8 * h) as f64 / t / 1e6,
+    ));
+
+    println!("| kernel | us / launch | TB/s |");
+    println!("|---|---|---|");
+    for (n, t, bw) in rows {
+        println!("| {n} | {t:.2} | {bw:.2} |");
+    }
+    Ok(())
+}
