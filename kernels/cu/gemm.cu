@@ -326,7 +326,7 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* 
 // warps split the K tiles round-robin and their partial tiles are added in warp order. Every
 // output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
 // decoded alone and the same row verified with k others are bit-identical.
-// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 4, 8 or 16). Needs K % 32 == 0.
+// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
 extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                           float* y, int ldy, int M, int N, int K, int accumulate) {
     __shared__ float red[16][32][4];

@@ -136,7 +136,7 @@ pub fn run(a: Args) -> Result<()> {
             t,
             bytes as f64 / t / 1e6,
         ));
-        for (kern, sws) in [("linear_tc_bf16", [4u32, 8, 16])] {
+        for (kern, sws) in [("linear_tc_bf16", [2u32, 4, 8, 16])] {
             for sw in sws {
                 let t = time_graph(&d, reps, &|i| {
                     d.launch_p(
