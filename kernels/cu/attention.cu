@@ -42,7 +42,9 @@ template <> struct Kv<u8> {
     static __device__ __forceinline__ u8 cvt(float x) { return f2e4m3(x); }
 };
 
-// grid (M, nh + nkv), block = round_up(hd, 32) threads.
+// grid (M, ceil((nh + nkv) / 4)), block 128: one warp per head (query heads, then KV heads), lane
+// l holds dims l, l + 32, ... (hd <= 256). RMSNorm over the head (lane sums in dim order, then the
+// warp), partial NeoX RoPE through a per-warp buffer, then q in place or K/V into the cache.
 // K/V go to the cache, or with `ks` set to the pass's stage ([rows, nkv, hd], for a ring layer
 // whose pass is longer than the ring's spare slots; ring_commit copies them after the attention).
 // kinv / vinv = 1 / scale (1 for BF16).
@@ -52,47 +54,65 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
                                                   float attn_factor, float eps, const int* pos, const int* seqrow,
                                                   const int* bt, int max_pages, int page_size, KV* kc, KV* vc,
                                                   int nh, int nkv, int hd, KV* ks, KV* vs, float kinv, float vinv) {
-    __shared__ float sh[32];
-    __shared__ float buf[512];
-    int m = blockIdx.x, h = blockIdx.y, d = threadIdx.x;
+    __shared__ float buf[4][256];
+    int m = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = blockIdx.y * 4 + w;
+    if (h >= nh + nkv) return;
     bool isq = h < nh;
     int kh = h - nh;
     const float* src = isq ? q + (size_t)m * ldq + h * hd : k + (size_t)m * ldkv + kh * hd;
-    float xv = d < hd ? src[d] : 0.f;
-    float ss = block_sum(xv * xv, sh);
+    float xv[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        xv[j] = d < hd ? src[d] : 0.f;
+        ss = fmaf(xv[j], xv[j], ss);
+    }
+    ss = warp_sum(ss);
     float inv = rsqrtf(ss / (float)hd + eps);
     const float* nw = isq ? qn_w : kn_w;
-    float y = d < hd ? nw[d] * (xv * inv) : 0.f;
-    if (d < hd) buf[d] = y;
-    __syncthreads();
-    int p = pos[m];
-    if (d < half) {
-        float ang = (float)p * inv_freq[d];
-        float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
-        float a = buf[d], b = buf[d + half];
-        y = a * c - b * s;
-    } else if (d < 2 * half) {
-        int i = d - half;
-        float ang = (float)p * inv_freq[i];
-        float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
-        float a = buf[i], b = buf[d];
-        y = b * c + a * s;
+    float* bw = buf[w];
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d < hd) bw[d] = nw[d] * (xv[j] * inv);
     }
-    if (d >= hd) return;
-    if (isq) {
-        q[(size_t)m * ldq + h * hd + d] = y;
-    } else {
-        KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(v[(size_t)m * ldkv + kh * hd + d] * vinv);
-        if (ks) {
-            size_t so = ((size_t)m * nkv + kh) * hd + d;
-            ks[so] = kq;
-            vs[so] = vq;
-            return;
-        }
+    __syncwarp();
+    int p = pos[m];
+    size_t off = 0;
+    if (!isq && !ks) {
         int page = bt[(size_t)seqrow[m] * max_pages + (p / page_size) % max_pages];
-        size_t off = (((size_t)page * page_size + p % page_size) * nkv + kh) * hd + d;
-        kc[off] = kq;
-        vc[off] = vq;
+        off = (((size_t)page * page_size + p % page_size) * nkv + kh) * hd;
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        if (d >= hd) break;
+        float y = bw[d];
+        if (d < half) {
+            float ang = (float)p * inv_freq[d];
+            float c = cosf(ang) * attn_factor, sn = sinf(ang) * attn_factor;
+            y = bw[d] * c - bw[d + half] * sn;
+        } else if (d < 2 * half) {
+            int i = d - half;
+            float ang = (float)p * inv_freq[i];
+            float c = cosf(ang) * attn_factor, sn = sinf(ang) * attn_factor;
+            y = bw[d] * c + bw[i] * sn;
+        }
+        if (isq) {
+            q[(size_t)m * ldq + h * hd + d] = y;
+        } else {
+            KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(v[(size_t)m * ldkv + kh * hd + d] * vinv);
+            if (ks) {
+                size_t so = ((size_t)m * nkv + kh) * hd + d;
+                ks[so] = kq;
+                vs[so] = vq;
+            } else {
+                kc[off + d] = kq;
+                vc[off + d] = vq;
+            }
+        }
     }
 }
 #define QK_PARAMS(KV)                                                                                              \

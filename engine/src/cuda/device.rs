@@ -136,6 +136,9 @@ pub struct Dev {
     pub sms: u32,
     /// Launch with programmatic dependent launch (sm_90+, unless LAGUNA_NO_PDL is set).
     pub pdl: bool,
+    /// Kernels launched without PDL (`LAGUNA_PDL_SKIP`, comma list; default: the split-KV decode
+    /// attention and its merge, which ran slower with PDL at 131K context).
+    pdl_skip: Vec<String>,
     allocs: Mutex<Vec<u64>>,
 }
 
@@ -179,6 +182,14 @@ impl Dev {
             name,
             sms,
             pdl: maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none(),
+            pdl_skip: std::env::var("LAGUNA_PDL_SKIP")
+                .unwrap_or_else(|_| {
+                    "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_merge".into()
+                })
+                .split(',')
+                .map(|k| k.trim().to_string())
+                .filter(|k| !k.is_empty())
+                .collect(),
             allocs: Mutex::new(vec![]),
         })
     }
@@ -276,7 +287,7 @@ impl Dev {
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
-        let pdl = self.pdl && prof.is_none();
+        let pdl = self.pdl && prof.is_none() && !self.pdl_skip.iter().any(|k| k == name);
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,

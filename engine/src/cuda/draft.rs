@@ -348,7 +348,6 @@ impl CudaDraft {
             .map_err(cerr)?;
         m.linear(prof, "fc", &self.fc, self.tnorm, w, self.c, h, n, false)?;
         m.rmsnorm(prof, self.c, 0, self.hidden_norm, self.c2, n, h, eps)?;
-        let rblk = (hd as u32).div_ceil(32) * 32;
         for (l, kv) in self.m.layers.iter().zip(&self.kv) {
             m.rmsnorm(prof, self.c2, 0, l.input_norm, m.sc.hn, n, h, eps)?;
             m.linear(
@@ -367,8 +366,8 @@ impl CudaDraft {
                 .launch_p(
                     prof,
                     ka.qk_name,
-                    (n as u32, nkv as u32, 1),
-                    (rblk, 1, 1),
+                    (n as u32, nkv.div_ceil(4) as u32, 1),
+                    (128, 1, 1),
                     0,
                     |b| {
                         b.u64(self.kvbuf)

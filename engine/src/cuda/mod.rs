@@ -1187,8 +1187,8 @@ impl CudaModel {
             d.launch_p(
                 prof,
                 kv.qk_name,
-                (m as u32, (nh + nkv) as u32, 1),
-                (blk, 1, 1),
+                (m as u32, (nh + nkv).div_ceil(4) as u32, 1),
+                (128, 1, 1),
                 0,
                 |b| {
                     b.u64(qp)
