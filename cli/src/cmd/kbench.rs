@@ -4,6 +4,7 @@
 //! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
 //! stream of the same bytes) as the practical roofline for a kernel of that size. The NVFP4
 //! expert kernels are also checked against a float64 host reference at these shapes.
+use super::synth::Rng;
 use anyhow::{bail, Result};
 use clap::Parser;
 use laguna_engine::cuda::Dev;
@@ -15,31 +16,20 @@ pub struct Args {
     reps: usize,
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
+fn rand_bytes(r: &mut Rng, n: usize) -> Vec<u8> {
+    let mut v = Vec::with_capacity(n + 8);
+    while v.len() < n {
+        v.extend_from_slice(&r.next().to_le_bytes());
     }
-    fn bytes(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(n + 8);
-        while v.len() < n {
-            v.extend_from_slice(&self.next().to_le_bytes());
-        }
-        v.truncate(n);
-        v
-    }
-    /// Uniform in [-1, 1).
-    fn f32s(&mut self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(4 * n);
-        for _ in 0..n {
-            let x = (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            v.extend_from_slice(&x.to_le_bytes());
-        }
-        v
-    }
+    v.truncate(n);
+    v
+}
+
+/// `n` f32 uniform in [-1, 1), little-endian bytes.
+fn rand_f32s(r: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| ((r.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).to_le_bytes())
+        .collect()
 }
 
 const INV_GS: f32 = 1.0 / 448.0;
@@ -111,7 +101,7 @@ pub fn run(a: Args) -> Result<()> {
     d.memset_d32(wpool, 0x3c00_3c00, pool_bytes / 4)
         .map_err(e)?;
     let x = d.alloc(4 * 8192 * 8).map_err(e)?;
-    d.htod(x, &rng.f32s(8192 * 8)).map_err(e)?;
+    d.htod(x, &rand_f32s(&mut rng, 8192 * 8)).map_err(e)?;
     let y = d.alloc(4 * 100352 * 8).map_err(e)?;
     let sink = d.alloc(4 * 4096).map_err(e)?;
     let shapes: [(&str, usize, usize); 5] = [
@@ -178,12 +168,11 @@ pub fn run(a: Args) -> Result<()> {
     // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
     type Stack = ((u64, u64, u64), Vec<u8>, Vec<u8>);
     let mut stack = || -> Result<Stack> {
-        let codes = rng.bytes(wbytes);
+        let codes = rand_bytes(&mut rng, wbytes);
         let w = d.alloc(wbytes).map_err(e)?;
         d.htod(w, &codes).map_err(e)?;
         // E4M3 scales with every exponent (incl. subnormal 0x01..0x07) but no NaN (0x7f / 0xff).
-        let sc: Vec<u8> = rng
-            .bytes(sbytes)
+        let sc: Vec<u8> = rand_bytes(&mut rng, sbytes)
             .into_iter()
             .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
             .collect();
@@ -225,7 +214,7 @@ pub fn run(a: Args) -> Result<()> {
     let perm = ints(&|_, j| j as i32, kk)?;
     let meta = ints(&|_, _| kk as i32, 1)?;
     let hn = d.alloc(4 * h).map_err(e)?;
-    d.htod(hn, &rng.f32s(h)).map_err(e)?;
+    d.htod(hn, &rand_f32s(&mut rng, h)).map_err(e)?;
     let act = d.alloc(4 * kk * im).map_err(e)?;
     let out = d.alloc(4 * kk * h).map_err(e)?;
     let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
@@ -334,7 +323,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     // ---- a tiny kernel: the floor of one graph node ------------------------------------------
     let nw = d.alloc(4 * h).map_err(e)?;
-    d.htod(nw, &rng.f32s(h)).map_err(e)?;
+    d.htod(nw, &rand_f32s(&mut rng, h)).map_err(e)?;
     let hn2 = d.alloc(4 * h).map_err(e)?;
     let t = time_graph(&d, reps, &|_| {
         d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (256, 1, 1), 0, |b| {

@@ -56,9 +56,10 @@ impl T {
     }
 }
 
-struct Rng(u64);
+/// xorshift64 (also the random source of `laguna kbench`).
+pub(super) struct Rng(pub(super) u64);
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(super) fn next(&mut self) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;

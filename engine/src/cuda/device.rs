@@ -129,16 +129,15 @@ impl Graph {
 pub struct Dev {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
-    funcs: HashMap<&'static str, CudaFunction>,
+    /// Kernels by entry name, each with whether it is launched with programmatic dependent launch
+    /// (sm_90+, unless LAGUNA_NO_PDL is set; LAGUNA_PDL_SKIP, a comma list, names kernels launched
+    /// without it, by default the split-KV decode attention and its merge, which ran slower with
+    /// PDL at 131K context).
+    funcs: HashMap<&'static str, (CudaFunction, bool)>,
     pub arch: String,
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
     pub sms: u32,
-    /// Launch with programmatic dependent launch (sm_90+, unless LAGUNA_NO_PDL is set).
-    pub pdl: bool,
-    /// Kernels launched without PDL (`LAGUNA_PDL_SKIP`, comma list; default: the split-KV decode
-    /// attention and its merge, which ran slower with PDL at 131K context).
-    pdl_skip: Vec<String>,
     allocs: Mutex<Vec<u64>>,
 }
 
@@ -154,6 +153,11 @@ impl Dev {
         let arch = laguna_kernels::arch_for_capability(maj, min);
         let name = ctx.name().unwrap_or_else(|_| "?".into());
         let root = laguna_kernels::cache_root();
+        let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
+        let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
+            "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_merge".into()
+        });
+        let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
         let mut funcs = HashMap::new();
         for m in laguna_kernels::MODULES {
             let (bin, _) =
@@ -167,7 +171,7 @@ impl Dev {
                     ))
                 })?;
             for &e in m.entries {
-                funcs.insert(e, module.load_function(e)?);
+                funcs.insert(e, (module.load_function(e)?, pdl && !skip.contains(&e)));
             }
         }
         let sms = ctx
@@ -181,15 +185,6 @@ impl Dev {
             arch,
             name,
             sms,
-            pdl: maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none(),
-            pdl_skip: std::env::var("LAGUNA_PDL_SKIP")
-                .unwrap_or_else(|_| {
-                    "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_merge".into()
-                })
-                .split(',')
-                .map(|k| k.trim().to_string())
-                .filter(|k| !k.is_empty())
-                .collect(),
             allocs: Mutex::new(vec![]),
         })
     }
@@ -255,7 +250,7 @@ impl Dev {
         shmem: u32,
         f: impl FnOnce(&mut Args),
     ) -> R<()> {
-        let func = self
+        let (func, pdl) = self
             .funcs
             .get(name)
             .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
@@ -272,10 +267,10 @@ impl Dev {
         } else {
             None
         };
-        // cuLaunchKernelEx with programmatic stream serialisation (PDL): the kernel may be
-        // scheduled while the previous one drains; every kernel begins with PDL_ENTRY (wait for the
-        // previous grid, then release the next), so only weight reads run early. Off while
-        // profiling (events sit between the launches anyway).
+        // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
+        // the kernel may be scheduled while the previous one drains; every kernel begins with
+        // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
+        // early. Off while profiling (events sit between the launches anyway).
         let mut params: Vec<*mut std::ffi::c_void> =
             a.0.iter()
                 .map(|x| match x {
@@ -287,7 +282,7 @@ impl Dev {
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
         attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
         attr.value.programmaticStreamSerializationAllowed = 1;
-        let pdl = self.pdl && prof.is_none() && !self.pdl_skip.iter().any(|k| k == name);
+        let pdl = *pdl && prof.is_none();
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,

@@ -1750,6 +1750,20 @@ impl CudaModel {
         m: usize,
         acc: bool,
     ) -> Result<()> {
+        // Every Linear kernel takes the same arguments (x: the activations it reads).
+        let args = |b: &mut device::Args, x: u64| {
+            b.u64(l.w)
+                .u64(l.s)
+                .f32(l.inv_gs)
+                .u64(x)
+                .i32(ldx as i32)
+                .u64(y)
+                .i32(ldy as i32)
+                .i32(m as i32)
+                .i32(l.n as i32)
+                .i32(l.k as i32)
+                .i32(acc as i32);
+        };
         if m >= self.opts.gemm_min_rows {
             // The router keeps ~f32 precision (hi + lo BF16 split) so top-k picks match the reference.
             let name = match (l.fp4, tag == "router") {
@@ -1762,19 +1776,7 @@ impl CudaModel {
             self.split(prof, x, ldx, m, l.k)?;
             return self
                 .dev
-                .launch_p(prof, name, grid, (128, 1, 1), 0, |b| {
-                    b.u64(l.w)
-                        .u64(l.s)
-                        .f32(l.inv_gs)
-                        .u64(self.sc.xs)
-                        .i32(ldx as i32)
-                        .u64(y)
-                        .i32(ldy as i32)
-                        .i32(m as i32)
-                        .i32(l.n as i32)
-                        .i32(l.k as i32)
-                        .i32(acc as i32);
-                })
+                .launch_p(prof, name, grid, (128, 1, 1), 0, |b| args(b, self.sc.xs))
                 .map_err(cerr);
         }
         if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
@@ -1797,19 +1799,7 @@ impl CudaModel {
                     (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
                     (32 * sw, 1, 1),
                     0,
-                    |b| {
-                        b.u64(l.w)
-                            .u64(l.s)
-                            .f32(l.inv_gs)
-                            .u64(x)
-                            .i32(ldx as i32)
-                            .u64(y)
-                            .i32(ldy as i32)
-                            .i32(m as i32)
-                            .i32(l.n as i32)
-                            .i32(l.k as i32)
-                            .i32(acc as i32);
-                    },
+                    |b| args(b, x),
                 )
                 .map_err(cerr);
         }
@@ -1827,7 +1817,6 @@ impl CudaModel {
             (false, false, false, _) => "linear_bf16",
             (true, false, false, _) => "linear_fp4",
         };
-        let _ = tag;
         let (grid, shm) = if one {
             ((ceil_div(l.n, 16) as u32, 1, 1), (l.k * 4) as u32)
         } else if small {
@@ -1843,19 +1832,7 @@ impl CudaModel {
             ((ceil_div(l.n, 8) as u32, ceil_div(m, 8) as u32, 1), 0)
         };
         self.dev
-            .launch_p(prof, name, grid, (256, 1, 1), shm, |b| {
-                b.u64(l.w)
-                    .u64(l.s)
-                    .f32(l.inv_gs)
-                    .u64(x)
-                    .i32(ldx as i32)
-                    .u64(y)
-                    .i32(ldy as i32)
-                    .i32(m as i32)
-                    .i32(l.n as i32)
-                    .i32(l.k as i32)
-                    .i32(acc as i32);
-            })
+            .launch_p(prof, name, grid, (256, 1, 1), shm, |b| args(b, x))
             .map_err(cerr)
     }
 
