@@ -23,6 +23,17 @@ __device__ __forceinline__ u8 f2e4m3(float x) {
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(x));
     return (u8)(r & 0xffu);
 }
+// a + q[0..8) . k, k = 8 BF16 (element 0 in the low half of u.x), fused multiply-adds in order.
+__device__ __forceinline__ float dot8_acc(const float* q, uint4 u, float a) {
+    a = fmaf(q[0], bflo(u.x), a);
+    a = fmaf(q[1], bfhi(u.x), a);
+    a = fmaf(q[2], bflo(u.y), a);
+    a = fmaf(q[3], bfhi(u.y), a);
+    a = fmaf(q[4], bflo(u.z), a);
+    a = fmaf(q[5], bfhi(u.z), a);
+    a = fmaf(q[6], bflo(u.w), a);
+    return fmaf(q[7], bfhi(u.w), a);
+}
 template <typename KV> struct Kv;
 template <> struct Kv<bf16_t> {
     // 8 / 4 consecutive elements as BF16 pairs (p aligned to 16 / 8 bytes).
@@ -214,16 +225,7 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
 #pragma unroll
                 for (int c = 0; c < 8; c++) {
                     if (c0 + c < nc) {
-                        uint4 u = ku[c];
-                        const float* qq = qs + (c0 + c) * 8;
-                        a = fmaf(qq[0], bflo(u.x), a);
-                        a = fmaf(qq[1], bfhi(u.x), a);
-                        a = fmaf(qq[2], bflo(u.y), a);
-                        a = fmaf(qq[3], bfhi(u.y), a);
-                        a = fmaf(qq[4], bflo(u.z), a);
-                        a = fmaf(qq[5], bfhi(u.z), a);
-                        a = fmaf(qq[6], bflo(u.w), a);
-                        a = fmaf(qq[7], bfhi(u.w), a);
+                        a = dot8_acc(qs + (c0 + c) * 8, ku[c], a);
                     }
                 }
             }
@@ -338,16 +340,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
                 const float* qq = qs + w * hd;
                 float acc = 0.f;
                 for (int c = 0; c < nc; c++) {
-                    uint4 u = kr[c];
-                    const float* qc = qq + c * 8;
-                    acc = fmaf(qc[0], bflo(u.x), acc);
-                    acc = fmaf(qc[1], bfhi(u.x), acc);
-                    acc = fmaf(qc[2], bflo(u.y), acc);
-                    acc = fmaf(qc[3], bfhi(u.y), acc);
-                    acc = fmaf(qc[4], bflo(u.z), acc);
-                    acc = fmaf(qc[5], bfhi(u.z), acc);
-                    acc = fmaf(qc[6], bflo(u.w), acc);
-                    acc = fmaf(qc[7], bfhi(u.w), acc);
+                    acc = dot8_acc(qq + c * 8, kr[c], acc);
                 }
                 s = acc * scale;
             }

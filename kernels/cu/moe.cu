@@ -400,6 +400,22 @@ __device__ __forceinline__ float blk16_dot(u32 w0, u32 w1, u32 w2, u32 w3, u32 w
     }
     return t;
 }
+// The 16 activations at x16 (pre-scaled by 2^100 for NVFP4, see blk16_dot) dotted with the
+// current block of four weight rows (words wa/wc, block scales sc), added into acc[0..4).
+template <int FMT>
+__device__ __forceinline__ void blk16_rows4(const float* x16, const uint4* wa, const uint4* wc, const float* sc, float* acc) {
+    const float4* xp = reinterpret_cast<const float4*>(x16);
+    float4 v0 = __ldg(xp), v1 = __ldg(xp + 1), v2 = __ldg(xp + 2), v3 = __ldg(xp + 3);
+    float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+    if (FMT == 1)
+#pragma unroll
+        for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
+        acc[j] = FMT == 0 ? acc[j] + t : fmaf(t, sc[j], acc[j]);
+    }
+}
 // One 16-input block of weight row `n` of expert matrix base (rows of K inputs): packed words and
 // the block scale (1 for BF16).
 template <int FMT>
@@ -466,17 +482,7 @@ __device__ void moe_gu_s_impl(const void* gw, const u8* gs, const float* ginv, c
 #pragma unroll
                 for (int r = 0; r < MOE_SB; r++) {
                     if (r < ns) {
-                        const float4* xp = reinterpret_cast<const float4*>(xr[r] + b * 16);
-                        float4 v0 = __ldg(xp), v1 = __ldg(xp + 1), v2 = __ldg(xp + 2), v3 = __ldg(xp + 3);
-                        float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-                        if (FMT == 1)
-#pragma unroll
-                            for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
-                            acc[r][j] = FMT == 0 ? acc[r][j] + t : fmaf(t, sc[j], acc[r][j]);
-                        }
+                        blk16_rows4<FMT>(xr[r] + b * 16, wa, wc, sc, acc[r]);
                     }
                 }
 #pragma unroll
@@ -540,17 +546,7 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
 #pragma unroll
                 for (int r = 0; r < MOE_SB; r++) {
                     if (r < ns) {
-                        const float4* xp = reinterpret_cast<const float4*>(act + (size_t)slot[r] * I + b * 16);
-                        float4 v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
-                        float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-                        if (FMT == 1)
-#pragma unroll
-                            for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
-#pragma unroll
-                        for (int j = 0; j < 4; j++) {
-                            float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
-                            acc[r][j] = FMT == 0 ? acc[r][j] + t : fmaf(t, sc[j], acc[r][j]);
-                        }
+                        blk16_rows4<FMT>(act + (size_t)slot[r] * I + b * 16, wa, wc, sc, acc[r]);
                     }
                 }
 #pragma unroll
