@@ -26,6 +26,7 @@ if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
     cat "$OUT/device-test.log"
 fi
 status_cli=skip
+status_samp=skip
 if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
     # DFlash on the GPU through the CLI (device-resident loop) and the server (scheduler + the
     # driver, greedy batches fused into device steps): same tokens as without the draft, counters move.
@@ -66,6 +67,39 @@ print("serve --draft on cuda: identical to serving without the draft; drafts", d
 PY
     ) > "$OUT/dflash-cli.log" 2>&1 && status_cli=ok || status_cli=FAIL
     tail -8 "$OUT/dflash-cli.log"
+    # Sampling through the server on the GPU: three concurrent seeded requests (T 0.8, top-p 0.9;
+    # batched into device decode steps, tokens drawn on the GPU) give exactly the text
+    # `laguna generate` gives for each prompt and seed alone.
+    (
+        P=tests/fixtures/models/swa-yarn-perhead
+        T=$(mktemp -d); cp $P/config.json $P/model.safetensors $T/; cp tests/fixtures/models/tiny-chat/tokenizer.json $T/
+        "$BIN" serve --model $T --device cuda --served-model-name t --port 18124 > "$OUT/serve-sample.log" 2>&1 &
+        SP=$!; CP=""
+        for i in $(seq 1 120); do curl -sf localhost:18124/health > /dev/null && break; sleep 0.5; done
+        for j in 1 2 3; do
+            IDS=$(python3 -c "print([($j * 7 + 3 * i) % 200 + 5 for i in range(9 + $j)])")
+            curl -sf localhost:18124/v1/completions -H 'content-type: application/json' \
+                -d "{\"prompt\": $IDS, \"max_tokens\": 24, \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": $((100 + j)), \"ignore_eos\": true}" > "$OUT/serve-sample-$j.json" &
+            CP="$CP $!"
+        done
+        for c in $CP; do wait $c; done
+        kill $SP; wait $SP 2>/dev/null
+        for j in 1 2 3; do
+            IDS=$(python3 -c "print(','.join(str(($j * 7 + 3 * i) % 200 + 5) for i in range(9 + $j)))")
+            "$BIN" generate --model $T --device cuda --prompt-ids $IDS --max-tokens 24 --temperature 0.8 --top-p 0.9 --seed $((100 + j)) --ignore-eos --json | tail -1 > "$OUT/gen-sample-$j.json"
+        done
+        python3 - "$OUT" <<'PY'
+import json, sys
+o = sys.argv[1]
+for j in (1, 2, 3):
+    s = json.load(open(f"{o}/serve-sample-{j}.json"))["choices"][0]["text"]
+    g = json.load(open(f"{o}/gen-sample-{j}.json"))["text"]
+    assert s == g, (j, s, g)
+    print(f"seed {100 + j}: serve = generate ({len(s)} chars)")
+print("sampled serving on cuda (device sampler, batched decode steps) = generate, per seed")
+PY
+    ) > "$OUT/sample-serve.log" 2>&1 && status_samp=ok || status_samp=FAIL
+    tail -4 "$OUT/sample-serve.log"
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
     M=/tmp/xs21-synth
@@ -93,6 +127,7 @@ echo "|---|---|"
 echo "| warmup | $status_warm |"
 echo "| device-test (fixtures) | $status_fix |"
 echo "| DFlash CLI + server on cuda | $status_cli |"
+echo "| sampled serving on cuda = generate | $status_samp |"
 echo "| bench (synthetic XS-2.1) | $status_bench |"
 grep -E "^\| (decode|TTFT|roofline|bytes per|copy|load) " "$OUT/bench.log" 2>/dev/null || true
 echo "| long context (${LONG:-not run}) | $status_long |"

@@ -1,6 +1,6 @@
 //! Single-sequence generation without a scheduler: what `laguna generate` and the tests use.
 use crate::error::{EngineError, Result};
-use crate::model::{LogitRows, Model, StepInput};
+use crate::model::{DecodeItem, LogitRows, Model, StepInput};
 use crate::sample::{sample, Rng, SamplingParams};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,19 +74,38 @@ pub fn generate(
         let mut finish = FinishReason::Length;
         let mut input: Vec<u32> = req.prompt.clone();
         let mut pos = 0;
+        // After the prompt, backends that sample on the device take the one-token steps without
+        // sending the logits back (same choices: the uniform comes from the same Rng).
+        let on_device = !keep_logits && model.device_sampling() >= 1;
         while completion.len() < req.max_tokens {
-            let out = model.forward(&[StepInput {
-                seq,
-                tokens: &input,
-                start_pos: pos,
-                logits: LogitRows::Last,
-            }])?;
-            pos += input.len();
-            let logits = out[0].row(0);
-            let tok = sample(logits, &req.sampling, &mut rng);
-            if keep_logits {
-                step_logits.push(logits.to_vec());
-            }
+            let tok = if on_device && pos > 0 && input.len() == 1 {
+                let u = if req.sampling.is_greedy() {
+                    0.0
+                } else {
+                    rng.uniform()
+                };
+                let t = model.decode_step(&[DecodeItem {
+                    seq,
+                    token: input[0],
+                    params: &req.sampling,
+                    u,
+                }])?[0];
+                pos += 1;
+                t
+            } else {
+                let out = model.forward(&[StepInput {
+                    seq,
+                    tokens: &input,
+                    start_pos: pos,
+                    logits: LogitRows::Last,
+                }])?;
+                pos += input.len();
+                let logits = out[0].row(0);
+                if keep_logits {
+                    step_logits.push(logits.to_vec());
+                }
+                sample(logits, &req.sampling, &mut rng)
+            };
             completion.push(tok);
             if is_stop(model, req, tok) {
                 finish = FinishReason::Stop;

@@ -142,7 +142,11 @@ pub fn probs(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
 
 /// Draw an index from a normalised distribution.
 pub fn draw(probs: &[f64], rng: &mut Rng) -> usize {
-    let u = rng.uniform();
+    draw_u(probs, rng.uniform())
+}
+
+/// The index `draw` picks for the uniform `u`: the first whose cumulative probability exceeds it.
+pub fn draw_u(probs: &[f64], u: f64) -> usize {
     let mut cum = 0.0;
     let mut last = 0;
     for (i, &p) in probs.iter().enumerate() {
@@ -162,6 +166,15 @@ pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
         return crate::cpu::ops::argmax(logits) as u32;
     }
     draw(&probs(logits, p), rng) as u32
+}
+
+/// `sample` with the uniform given (what a backend sampling on the device is handed; greedy
+/// params ignore it).
+pub fn sample_u(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
+    if p.is_greedy() {
+        return crate::cpu::ops::argmax(logits) as u32;
+    }
+    draw_u(&probs(logits, p), u) as u32
 }
 
 /// log-softmax of the raw logits (what OpenAI logprobs report).

@@ -55,3 +55,260 @@ extern "C" __global__ void scatter_drafts(const int* am, int* tokens, int nb, in
         tokens[b * (k + 1) + 1 + j] = am[i];
     }
 }
+
+// ---- Sampling on the device: temperature, top-k, top-p, the host's uniform draw -------------------
+// Same distribution and the same choice as the host sampler (`laguna_engine::sample`: softmax of
+// logits / T in f64, top-k keeping ties, top-p dropping the smallest tokens (ties: higher index
+// first) while their cumulative mass stays <= 1 - p and at least one remains, then the first index
+// whose cumulative probability exceeds u). Probabilities are carried as fixed point
+// E = e * 2^46 (e = exp(z - max z) <= 1, so a row sums below 2^63 for V < 2^17) and summed as
+// integers: every sum is exact and independent of thread order (reproducible), and a choice can
+// differ from the host's f64 one only when u or the top-p cut falls within ~V * 2^-46 of a
+// boundary.
+
+// Order-preserving u32 key of a float (larger float, larger key; -0 counts as +0).
+__device__ __forceinline__ u32 fkey(float v) {
+    if (v == 0.f) v = 0.f;
+    u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    unsigned long long t = 0;
+    for (int j = 0; j < nw; j++) t += sh[j];
+    return t;
+}
+// Exclusive prefix (in thread order) of v over the block, and the total.
+__device__ __forceinline__ unsigned long long block_excl_u64(unsigned long long v, unsigned long long* sh,
+                                                             unsigned long long* total) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    unsigned long long x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) sh[w] = x;
+    __syncthreads();
+    unsigned long long before = 0, t = 0;
+    for (int j = 0; j < nw; j++) {
+        if (j < w) before += sh[j];
+        t += sh[j];
+    }
+    *total = t;
+    return before + x - v;
+}
+
+// grid = rows, block 1024. params[4r..4r+4) = (temperature, top_k, top_p, u) of row r (T <= 0:
+// greedy, the lowest index among the maxima as argmax_rows). scratch: V u64 per row. Passes over
+// the row are coalesced (element i on thread i mod 1024); the draw finds its 1024-wide tile from
+// per-tile sums, then scans that tile once.
+#define SAMPLE_FOR(i) for (int i = threadIdx.x; i < V; i += blockDim.x)
+extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logits, int V, const double* params,
+                                                               unsigned long long* scratch, int* out) {
+    PDL_ENTRY();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    __shared__ unsigned long long ush[32];
+    __shared__ unsigned long long hm[256];
+    __shared__ unsigned int hc[256];
+    __shared__ unsigned long long tsum[128];
+    __shared__ unsigned long long s_pre, s_below;
+    __shared__ int s_all, s_tile, s_last;
+    int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    const float* l = logits + (size_t)r * V;
+    unsigned long long* E = scratch + (size_t)r * V;
+    double T = params[4 * r], pk = params[4 * r + 1], pp = params[4 * r + 2], u = params[4 * r + 3];
+    // Argmax (lowest index among equal maxima): the greedy pick and the softmax's max.
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+#pragma unroll 4
+    SAMPLE_FOR(i) {
+        float v = l[i];
+        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
+    }
+    if (lane == 0) { bv[w] = best; bi[w] = idx; }
+    __syncthreads();
+    best = bv[0];
+    idx = bi[0];
+    for (int j = 1; j < nw; j++)
+        if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
+    if (!(T > 0.0)) {
+        if (tid == 0) out[r] = idx;
+        return;
+    }
+    // top-k: the k-th largest key by MSB-first radix select on counts (ties at the threshold kept).
+    u32 kthr = 0;
+    int k = (int)pk;
+    if (k > 0 && k < V) {
+        u32 pre = 0;
+        int want = k;
+        for (int shift = 24; shift >= 0; shift -= 8) {
+            if (tid < 256) hc[tid] = 0;
+            __syncthreads();
+            u32 hmask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+#pragma unroll 4
+            SAMPLE_FOR(i) {
+                u32 key = fkey(l[i]);
+                if ((key & hmask) == pre) atomicAdd(&hc[(key >> shift) & 255u], 1u);
+            }
+            __syncthreads();
+            if (tid == 0) {
+                int cum = 0, b = 255;
+                for (; b > 0; b--) {
+                    if (cum + (int)hc[b] >= want) break;
+                    cum += hc[b];
+                }
+                s_pre = pre | ((u32)b << shift);
+                s_all = want - cum;
+            }
+            __syncthreads();
+            pre = (u32)s_pre;
+            want = s_all;
+            __syncthreads();
+        }
+        kthr = pre;
+    }
+    // Fixed-point probabilities of the kept tokens (f64 like the host: z = l / T, e = exp(z - max z)).
+    double mz = (double)best / T;
+    unsigned long long mine = 0;
+#pragma unroll 4
+    SAMPLE_FOR(i) {
+        float v = l[i];
+        unsigned long long q = 0;
+        if (fkey(v) >= kthr) q = (unsigned long long)(exp((double)v / T - mz) * 0x1p46);
+        E[i] = q;
+        mine += q;
+    }
+    unsigned long long S = block_sum_u64(mine, ush);
+    // top-p: the smallest 64-bit key (logit key, then V-1-index: ascending order puts higher indices
+    // first among ties, as the host) whose inclusive ascending cumulative mass exceeds (1-p) S; the
+    // keys below it are dropped. If none exceeds it, only the largest key (the argmax) stays.
+    unsigned long long kap = 0;
+    if (pp < 1.0) {
+        double L = (1.0 - pp) * (double)S;
+        unsigned long long pre = 0, below = 0;
+        bool all = false;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            if (tid < 256) { hm[tid] = 0; hc[tid] = 0; }
+            __syncthreads();
+            unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+#pragma unroll 4
+            SAMPLE_FOR(i) {
+                unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                if ((key & hmask) == pre) {
+                    unsigned b = (unsigned)(key >> shift) & 255u;
+                    unsigned long long q = E[i];
+                    if (q) atomicAdd(&hm[b], q);
+                    atomicAdd(&hc[b], 1u);
+                }
+            }
+            __syncthreads();
+            if (tid == 0) {
+                unsigned long long run = below;
+                int b = 0, found = 0;
+                for (; b < 256; b++) {
+                    if (hc[b] == 0) continue;
+                    if ((double)(run + hm[b]) > L) { found = 1; break; }
+                    run += hm[b];
+                }
+                // A bucket holding one key fixes the rest of the digits: stop after this pass
+                // (s_all = 2) with that key found below.
+                s_all = !found ? 1 : (hc[b] == 1 ? 2 : 0);
+                s_pre = found ? (pre | ((unsigned long long)b << shift)) : pre;
+                s_below = run;
+            }
+            __syncthreads();
+            int st = s_all;
+            pre = s_pre;
+            below = s_below;
+            __syncthreads();
+            if (st == 1) { all = true; break; }
+            if (st == 2) {
+                // The unique key with these leading digits.
+                unsigned long long hm2 = shift == 0 ? ~0ull : (~0ull << shift);
+                if (tid == 0) s_pre = 0;
+                __syncthreads();
+                SAMPLE_FOR(i) {
+                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    if ((key & hm2) == pre) s_pre = key;
+                }
+                __syncthreads();
+                pre = s_pre;
+                break;
+            }
+        }
+        kap = all ? (((unsigned long long)fkey(best) << 32) | (unsigned)(V - 1 - idx)) : pre;
+    }
+    // The draw: the first index (natural order) whose cumulative kept mass exceeds u * S'. Warp w
+    // sums the kept mass of tiles w, w + 32, ... (1024 indices each).
+    int ntile = (V + 1023) >> 10;
+    for (int t0 = 0; t0 < ntile; t0 += nw) {
+        int t = t0 + w;
+        unsigned long long a = 0;
+        if (t < ntile) {
+#pragma unroll 4
+            for (int j = 0; j < 32; j++) {
+                int i = t * 1024 + j * 32 + lane;
+                if (i < V) {
+                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    if (key >= kap) a += E[i];
+                }
+            }
+            for (int o = 16; o > 0; o >>= 1) a += __shfl_xor_sync(0xffffffffu, a, o);
+            if (lane == 0 && t < 128) tsum[t] = a;
+        }
+    }
+    __syncthreads();
+    if (tid == 0) {
+        unsigned long long S2 = 0;
+        for (int t = 0; t < ntile; t++) S2 += tsum[t];
+        double target = u * (double)S2;
+        unsigned long long c = 0;
+        int tile = -1, last = -1;
+        for (int t = 0; t < ntile; t++) {
+            if (tsum[t] == 0) continue;
+            last = t;
+            if ((double)(c + tsum[t]) > target) { tile = t; break; }
+            c += tsum[t];
+        }
+        // Past the total (rounding): the last kept index, i.e. in the last tile with mass.
+        s_tile = tile >= 0 ? tile : last;
+        s_below = tile >= 0 ? c : ~0ull;
+        s_pre = __double_as_longlong(target);
+    }
+    __syncthreads();
+    int tile = s_tile;
+    if (tile < 0) {
+        if (tid == 0) out[r] = idx;
+        return;
+    }
+    bool past = s_below == ~0ull;
+    double target = __longlong_as_double(s_pre);
+    int i = tile * 1024 + tid;
+    unsigned long long q = 0;
+    if (i < V) {
+        unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+        if (key >= kap) q = E[i];
+    }
+    unsigned long long tot;
+    unsigned long long ex = block_excl_u64(q, ush, &tot);
+    if (tid == 0) { s_all = 0x7fffffff; s_last = -1; }
+    __syncthreads();
+    unsigned long long before = past ? 0ull : s_below + ex;
+    if (q > 0) {
+        if (past) atomicMax(&s_last, i);  // the last kept index
+        else if ((double)(before + q) > target && (double)before <= target) atomicMin(&s_all, i);
+    }
+    __syncthreads();
+    if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
+}

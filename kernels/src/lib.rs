@@ -98,7 +98,13 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "sample",
         source: include_str!("../cu/sample.cu"),
-        entries: &["argmax_rows", "copy_u4", "spec_accept", "scatter_drafts"],
+        entries: &[
+            "argmax_rows",
+            "copy_u4",
+            "spec_accept",
+            "scatter_drafts",
+            "sample_rows",
+        ],
     },
 ];
 

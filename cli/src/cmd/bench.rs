@@ -148,6 +148,73 @@ pub fn run(a: Args) -> Result<()> {
         tps.push(a.gen as f64 / dt);
         tokens_out = toks;
     }
+    // The serving path: `Model::decode_step` (what `laguna serve` and `generate` run once the
+    // prompt is in) with tokens drawn on the device, 1 and 4 sequences, greedy and T = 0.8 /
+    // top-p 0.95; then the device sampler against the host sampler at this vocabulary.
+    let step_rows = {
+        use laguna_engine::model::DecodeItem;
+        use laguna_engine::sample::{Rng, SamplingParams};
+        let mut rows = vec![];
+        let greedy = SamplingParams::greedy();
+        let hot = SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 0.95,
+            seed: Some(1),
+        };
+        let many = a.max_seqs.clamp(1, 4);
+        for (label, nseq, sp) in [
+            ("greedy, 1 sequence", 1usize, &greedy),
+            ("T 0.8 top-p 0.95, 1 sequence", 1, &hot),
+            ("T 0.8 top-p 0.95, --max-seqs sequences", many, &hot),
+        ] {
+            let mut rng = Rng::new(7);
+            let mut seqs = vec![];
+            let mut toks = vec![];
+            for _ in 0..nseq {
+                let s = m.new_seq()?;
+                m.forward(&[StepInput {
+                    seq: s,
+                    tokens: &prompt,
+                    start_pos: 0,
+                    logits: LogitRows::None,
+                }])?;
+                seqs.push(s);
+                toks.push(prompt[0]);
+            }
+            let mut step = |m: &mut CudaModel, toks: &mut Vec<u32>| -> Result<()> {
+                let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
+                let items: Vec<DecodeItem> = (0..nseq)
+                    .map(|i| DecodeItem {
+                        seq: seqs[i],
+                        token: toks[i],
+                        params: sp,
+                        u: us[i],
+                    })
+                    .collect();
+                *toks = m.decode_step(&items)?;
+                Ok(())
+            };
+            for _ in 0..4 {
+                step(&mut m, &mut toks)?;
+            }
+            let t0 = std::time::Instant::now();
+            for _ in 0..a.gen {
+                step(&mut m, &mut toks)?;
+            }
+            let dt = t0.elapsed().as_secs_f64();
+            for s in seqs {
+                m.free_seq(s);
+            }
+            rows.push((
+                label,
+                nseq as f64 * a.gen as f64 / dt,
+                1e3 * dt / a.gen as f64,
+            ));
+        }
+        rows
+    };
+    let grid = super::device_sample::logits_grid(&m, 11)?;
     // Each weight-streaming kernel family of the default set against the original f32 kernels
     // (which device-test checks against the CPU on every fixture) at this model's real shapes:
     // 16 rows at positions 2048.. after a 2048-token prefill, compared on the residual stream
@@ -372,6 +439,19 @@ pub fn run(a: Args) -> Result<()> {
             kernel_total / steps as f64
         );
         println!("| finite | {finite} |");
+        for (label, tps, ms) in &step_rows {
+            println!(
+                "| decode_step ({label}, {} tokens each) | {tps:.1} tok/s ({ms:.3} ms/step) |",
+                a.gen
+            );
+        }
+        println!(
+            "| device sampler = host sampler (vocab {v}: 5 logit shapes x T x top-k x top-p x 3 draws) | {} of {} differ |",
+            grid.mismatches, grid.cases
+        );
+        for d in &grid.detail {
+            println!("|   differs | {d} |");
+        }
         for (n, e0, e1, el) in &ab_rows {
             println!("| kernels {n} vs original (residual after layer 0 / layer 1 / logits) | {e0:.2e} / {e1:.2e} / {el:.2e} |");
         }
@@ -381,6 +461,13 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !finite {
         bail!("non-finite logits");
+    }
+    if grid.mismatches > 0 {
+        bail!(
+            "the device sampler picked a different token than the host sampler in {} of {} cases",
+            grid.mismatches,
+            grid.cases
+        );
     }
     if tc_err > 1e-3 {
         bail!("the default weight-streaming kernels disagree with the original ones after layer 0: max rel err {tc_err:.2e} > 1e-3");

@@ -410,7 +410,49 @@ pub fn run(a: Args) -> Result<()> {
             }
         }
     }
-    let fails = rows.iter().filter(|r| !r.ok).count() + dfails;
+    // Sampling on the device, per fixture: sample_rows against the host sampler on a grid of
+    // logits and parameters, and generate through decode_step against the host-sampled path.
+    let mut srows: Vec<(String, String, bool)> = vec![];
+    if !a.only_dflash {
+        for d in &dirs {
+            let name = d.file_name().unwrap().to_string_lossy().to_string();
+            let r = (|| -> Result<(String, bool)> {
+                let mut cu = CudaModel::load(
+                    d,
+                    CudaOptions {
+                        progress: false,
+                        max_rows: 64,
+                        kv_pool_bytes: Some(64 << 20),
+                        page_size: 16,
+                        ..Default::default()
+                    },
+                )?;
+                let g = super::device_sample::logits_grid(&cu, 5)?;
+                let prompt = read_ids(&d.join("reference.safetensors"), "prompt_ids")?;
+                let (sets, bad, first) = super::device_sample::generate_same(&mut cu, &prompt, 24)?;
+                let ok = g.mismatches == 0 && bad == 0;
+                let mut note = format!(
+                    "device sampler = host sampler: {} of {} differ; generate via decode_step = host-sampled: {} of {sets} parameter sets differ",
+                    g.mismatches, g.cases, bad
+                );
+                for x in g.detail.iter().take(2) {
+                    note.push_str(&format!("; {x}"));
+                }
+                if !first.is_empty() {
+                    note.push_str(&format!("; {first}"));
+                }
+                Ok((note, ok))
+            })();
+            let (note, ok) = r.unwrap_or_else(|e| (format!("ERROR {e:#}"), false));
+            println!(
+                "{name} [sampling]: {note} -> {}",
+                if ok { "OK" } else { "FAIL" }
+            );
+            srows.push((name, note, ok));
+        }
+    }
+    let fails =
+        rows.iter().filter(|r| !r.ok).count() + dfails + srows.iter().filter(|r| !r.2).count();
     if a.json {
         let items: Vec<_> = rows.iter().map(|r| serde_json::json!({"fixture": r.name, "rows": r.rows, "rel_err_pass": r.err_pass, "rel_err_decode": r.err_decode, "batch_invariant": r.batch_inv, "greedy": r.greedy, "ok": r.ok, "note": r.note})).collect();
         println!(
@@ -433,6 +475,12 @@ pub fn run(a: Args) -> Result<()> {
                 r.greedy,
                 if r.ok { "OK" } else { "FAIL" }
             );
+        }
+        if !srows.is_empty() {
+            println!("\n| fixture | device sampling | result |\n|---|---|---|");
+            for (n, note, ok) in &srows {
+                println!("| {n} | {note} | {} |", if *ok { "OK" } else { "FAIL" });
+            }
         }
         if !dflash.is_empty() {
             println!("\n| draft pair | k | verify rows bitwise = 1-row decode | device loop = no-draft greedy | driver (fused / generic steps) = no-draft greedy | accepted | vs CPU engine | result |");

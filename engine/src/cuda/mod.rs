@@ -19,7 +19,8 @@ pub use device::{Dev, DevError, Prof};
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
 use crate::model::schema::layer_prefix;
-use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
+use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput, StepOutput};
+use crate::sample::SamplingParams;
 use crate::weights::linear::{kv_scale_pair, LinearSource};
 use crate::weights::store::{TensorView, WeightStore};
 use safetensors::Dtype;
@@ -210,6 +211,10 @@ struct Scratch {
     hsel: u64,
     logits: u64,
     amax: u64,
+    /// Sampling parameters per sampled row: (temperature, top_k, top_p, u) as f64.
+    sparams: u64,
+    /// Fixed-point probabilities of sample_rows, DECODE_ROWS rows of vocab.
+    samp_e: u64,
     part: u64,
 }
 
@@ -352,6 +357,8 @@ pub struct CudaModel {
     pub load_secs: f64,
     graph: Option<device::Graph>,
     graph_failed: bool,
+    /// Captured `decode_step` bodies by batch size.
+    step_graphs: HashMap<usize, device::Graph>,
     /// Fused single-row launches (router_fused_1, moe_combine_norm): opt-in with env LAGUNA_FUSE.
     /// Off by default: fewer launches but single-block kernels, 194 vs 202.5 tok/s on the H200
     /// (docs/PERF.md, run 13).
@@ -556,6 +563,8 @@ impl<'a> Loader<'a> {
 }
 
 const NSPLIT: usize = 64;
+/// Most sequences one `decode_step` carries (its graphs are kept per batch size).
+const DECODE_ROWS: usize = 16;
 const SPLIT_ROWS: usize = 64;
 
 fn ceil_div(a: usize, b: usize) -> usize {
@@ -891,7 +900,8 @@ impl CudaModel {
         let (free, _total) = dev.mem_info().map_err(cerr)?;
         let scratch_est =
             f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
-                + lrows * (h + cfg.vocab_size) * 4;
+                + lrows * (h + cfg.vocab_size) * 4
+                + DECODE_ROWS * cfg.vocab_size * 8;
         let pool = opts
             .kv_pool_bytes
             .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
@@ -955,6 +965,8 @@ impl CudaModel {
             hsel: a(f * lrows * h)?,
             logits: a(f * lrows * cfg.vocab_size)?,
             amax: a(4 * lrows)?,
+            sparams: a(8 * 4 * lrows)?,
+            samp_e: a(8 * DECODE_ROWS * cfg.vocab_size)?,
             part: a(f
                 * SPLIT_ROWS.min(r)
                 * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
@@ -1011,6 +1023,7 @@ impl CudaModel {
             load_secs: t0.elapsed().as_secs_f64(),
             graph: None,
             graph_failed: false,
+            step_graphs: HashMap::new(),
             fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
             fprof: None,
             noncausal: false,
@@ -2079,6 +2092,203 @@ impl CudaModel {
         Ok(out[0] as u32)
     }
 
+    /// `Model::decode_step` on the device: one pass of n rows (one per sequence), the final norm
+    /// and lm_head over all of them, `sample_rows`; replayed from a CUDA graph per n when graphs
+    /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens.
+    fn decode_step_dev(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
+        let n = items.len();
+        if n == 0 {
+            return Ok(vec![]);
+        }
+        if n > self.device_sampling() {
+            return Err(EngineError::Other(format!(
+                "decode_step takes at most {} sequences here, got {n}",
+                self.device_sampling()
+            )));
+        }
+        let v = self.cfg.vocab_size;
+        let mut tokens = Vec::with_capacity(n);
+        let mut pos = Vec::with_capacity(n);
+        let mut seqs = Vec::with_capacity(n);
+        let mut params = Vec::with_capacity(4 * n);
+        for (i, it) in items.iter().enumerate() {
+            if it.token as usize >= v {
+                return Err(EngineError::Request(format!(
+                    "token id {} is outside the vocabulary (size {v})",
+                    it.token
+                )));
+            }
+            if items[..i].iter().any(|o| o.seq == it.seq) {
+                return Err(EngineError::Other(format!(
+                    "sequence {} appears twice in one decode step",
+                    it.seq
+                )));
+            }
+            let p = self.seq_len(it.seq);
+            if !self.seqs.contains_key(&it.seq) {
+                return Err(EngineError::Other(format!("unknown sequence {}", it.seq)));
+            }
+            self.check_ring(it.seq, p)?;
+            self.ensure_pages(it.seq, p + 1)?;
+            tokens.push(it.token as i32);
+            pos.push(p as i32);
+            seqs.push(it.seq);
+            let sp = it.params;
+            let greedy = sp.is_greedy();
+            params.extend_from_slice(&[
+                if greedy { 0.0 } else { sp.temperature as f64 },
+                sp.top_k as f64,
+                sp.top_p as f64,
+                it.u,
+            ]);
+        }
+        let seqrow: Vec<i32> = (0..n as i32).collect();
+        self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
+        self.dev
+            .htod(self.sc.sel, as_bytes(&seqrow))
+            .map_err(cerr)?;
+        self.dev
+            .htod(self.sc.sparams, as_bytes(&params))
+            .map_err(cerr)?;
+        let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
+        if use_graph && !self.step_graphs.contains_key(&n) {
+            self.dev.begin_capture().map_err(EngineError::Other)?;
+            let r = self.decode_step_body(&mut None, n);
+            let g = self.dev.end_capture();
+            match r.map_err(|e| e.to_string()).and(g) {
+                Ok(g) => {
+                    self.step_graphs.insert(n, g);
+                }
+                Err(e) => {
+                    tracing::warn!("CUDA graph capture failed, running eagerly: {e}");
+                    self.graph_failed = true;
+                }
+            }
+        }
+        match self.step_graphs.get(&n).filter(|_| use_graph) {
+            Some(g) => g.launch().map_err(cerr)?,
+            None => self.decode_step_body(&mut None, n)?,
+        }
+        let mut out = vec![0i32; n];
+        self.dev
+            .dtoh(as_bytes_mut(&mut out), self.sc.amax)
+            .map_err(cerr)?;
+        for (it, &p) in items.iter().zip(&pos) {
+            self.note_written(it.seq, p as usize + 1);
+            self.seqs.get_mut(&it.seq).unwrap().len = p as usize + 1;
+        }
+        Ok(out.into_iter().map(|t| t as u32).collect())
+    }
+
+    fn decode_step_body(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+        self.run_layers(n, prof)?;
+        self.sample_rows(prof, n)
+    }
+
+    /// Final norm + lm_head over the rows listed in sc.sel (n of them), then one token per row
+    /// drawn by `sample_rows` with the parameters in sc.sparams, into sc.amax.
+    fn sample_rows(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        self.rmsnorm(
+            prof,
+            sc.x,
+            sc.sel,
+            self.final_norm,
+            sc.hsel,
+            n,
+            h,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        self.linear(
+            prof,
+            "lm_head",
+            &self.lm_head,
+            sc.hsel,
+            h,
+            sc.logits,
+            self.cfg.vocab_size,
+            n,
+            false,
+        )?;
+        self.dev
+            .launch_p(
+                prof,
+                "sample_rows",
+                (n as u32, 1, 1),
+                (1024, 1, 1),
+                0,
+                |b| {
+                    b.u64(sc.logits)
+                        .i32(self.cfg.vocab_size as i32)
+                        .u64(sc.sparams)
+                        .u64(sc.samp_e)
+                        .u64(sc.amax);
+                },
+            )
+            .map_err(cerr)
+    }
+
+    /// Draw one token from each of the given logits rows with `sample_rows` (device sampling
+    /// checks: the rows are uploaded to the logits buffer).
+    pub fn sample_logits(
+        &self,
+        rows: &[&[f32]],
+        items: &[(SamplingParams, f64)],
+    ) -> Result<Vec<u32>> {
+        let n = rows.len();
+        let v = self.cfg.vocab_size;
+        if n > DECODE_ROWS || v > 1 << 17 || items.len() != n || rows.iter().any(|r| r.len() != v) {
+            return Err(EngineError::Other(format!(
+                "sample_logits: at most {DECODE_ROWS} rows of {v} logits, one parameter set each"
+            )));
+        }
+        let flat: Vec<f32> = rows.iter().flat_map(|r| r.iter().copied()).collect();
+        self.dev
+            .htod(self.sc.logits, as_bytes(&flat))
+            .map_err(cerr)?;
+        let params: Vec<f64> = items
+            .iter()
+            .flat_map(|(sp, u)| {
+                [
+                    if sp.is_greedy() {
+                        0.0
+                    } else {
+                        sp.temperature as f64
+                    },
+                    sp.top_k as f64,
+                    sp.top_p as f64,
+                    *u,
+                ]
+            })
+            .collect();
+        self.dev
+            .htod(self.sc.sparams, as_bytes(&params))
+            .map_err(cerr)?;
+        let sc = &self.sc;
+        self.dev
+            .launch_p(
+                &mut None,
+                "sample_rows",
+                (n as u32, 1, 1),
+                (1024, 1, 1),
+                0,
+                |b| {
+                    b.u64(sc.logits)
+                        .i32(v as i32)
+                        .u64(sc.sparams)
+                        .u64(sc.samp_e)
+                        .u64(sc.amax);
+                },
+            )
+            .map_err(cerr)?;
+        let mut out = vec![0i32; n];
+        self.dev
+            .dtoh(as_bytes_mut(&mut out), sc.amax)
+            .map_err(cerr)?;
+        Ok(out.into_iter().map(|t| t as u32).collect())
+    }
+
     fn decode_body(&self, prof: &mut Option<device::Prof>) -> Result<()> {
         self.run_layers(1, prof)?;
         self.greedy_rows(prof, 1, self.sc.amax)
@@ -2171,6 +2381,20 @@ impl Model for CudaModel {
     }
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
+    }
+    fn device_sampling(&self) -> usize {
+        // sample_rows keeps fixed-point sums below 2^63 and per-tile sums for up to 2^17 tokens.
+        if self.noncausal || !self.taps.is_empty() || self.cfg.vocab_size > 1 << 17 {
+            0
+        } else {
+            DECODE_ROWS
+                .min(self.sc.rows)
+                .min(self.sc.lrows)
+                .min(self.sc.bt_seqs)
+        }
+    }
+    fn decode_step(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
+        self.decode_step_dev(items)
     }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
         let v = self.cfg.vocab_size;
@@ -2309,6 +2533,7 @@ impl CudaModel {
     pub fn set_kernels(&mut self, k: KernelSet) {
         self.kset = k;
         self.graph = None;
+        self.step_graphs.clear();
     }
     pub fn kernels(&self) -> KernelSet {
         self.kset

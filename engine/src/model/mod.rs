@@ -25,6 +25,16 @@ pub struct StepInput<'a> {
     pub logits: LogitRows,
 }
 
+/// One sequence of a `Model::decode_step`.
+#[derive(Debug, Clone)]
+pub struct DecodeItem<'a> {
+    pub seq: SeqId,
+    pub token: u32,
+    pub params: &'a crate::sample::SamplingParams,
+    /// `Rng::uniform()` drawn by the caller (only consumed for non-greedy params).
+    pub u: f64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct StepOutput {
     /// Row-major `[rows, vocab]` for the rows asked for.
@@ -55,6 +65,21 @@ pub trait Model: Send {
     /// Capture the residual after these 0-based target layers (ascending), for DFlash.
     fn set_taps(&mut self, layers: &[usize]);
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>>;
+    /// How many sequences one `decode_step` may carry (0: this backend samples on the host only,
+    /// through `forward` and `crate::sample::sample`).
+    fn device_sampling(&self) -> usize {
+        0
+    }
+    /// One decode step for sequences that each feed one token at their current length, the next
+    /// token of each drawn on the backend from the step's logits with the item's parameters and
+    /// the uniform `u` the host's `Rng` drew for it (greedy items ignore `u`): the same choice
+    /// `crate::sample::sample` makes on those logits. Only when `device_sampling()` >= items.
+    fn decode_step(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
+        let _ = items;
+        Err(crate::error::EngineError::Other(
+            "this backend does not sample on the device".into(),
+        ))
+    }
     /// The concrete backend, for drafts that fuse whole speculative steps with their own target
     /// type (the CUDA draft); None by default.
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {

@@ -9,7 +9,7 @@ use super::metrics::MetricsSnapshot;
 use super::spec_hook::{verify, SpecDriver};
 use super::stream::{ABORTED, LIVE, STOPPED};
 use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
-use crate::model::{LogitRows, Model, SeqId, StepInput};
+use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use crate::sample::{log_softmax, sample, Rng};
 use crate::spec::{DraftModel, SpecState};
 use std::collections::VecDeque;
@@ -340,6 +340,9 @@ impl Engine {
         if plan.is_empty() {
             return;
         }
+        if self.device_decode(&plan) {
+            return;
+        }
         let inputs: Vec<StepInput> = plan
             .iter()
             .map(|p| StepInput {
@@ -373,6 +376,77 @@ impl Engine {
             }
         }
         self.remove(finished);
+    }
+
+    /// A step of decode rows only (one token per sequence, no drafts, no logprobs asked) on a
+    /// backend that samples on the device: the tokens come back without the logits (the host
+    /// draws each non-greedy row's uniform from the sequence's Rng, as `sample` would). False when
+    /// the step does not qualify; the caller then runs the generic forward.
+    fn device_decode(&mut self, plan: &[Planned]) -> bool {
+        let cap = self.model.device_sampling();
+        if cap == 0 || plan.len() > cap || self.spec.is_some() {
+            return false;
+        }
+        let ok = plan.iter().all(|p| {
+            let r = &self.running[p.idx];
+            p.rows.len() == 1
+                && p.drafts.is_empty()
+                && p.logits == LogitRows::Last
+                && r.generated() > 0
+                && r.sub.req.logprobs.is_none()
+        });
+        if !ok {
+            return false;
+        }
+        let us: Vec<f64> = plan
+            .iter()
+            .map(|p| {
+                let r = &mut self.running[p.idx];
+                if r.sub.req.sampling.is_greedy() {
+                    0.0
+                } else {
+                    r.rng.uniform()
+                }
+            })
+            .collect();
+        let res = {
+            let items: Vec<DecodeItem> = plan
+                .iter()
+                .zip(&us)
+                .map(|(p, &u)| {
+                    let r = &self.running[p.idx];
+                    DecodeItem {
+                        seq: r.seq,
+                        token: p.rows[0],
+                        params: &r.sub.req.sampling,
+                        u,
+                    }
+                })
+                .collect();
+            self.model.decode_step(&items)
+        };
+        {
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.num_steps += 1;
+            m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(plan.len());
+        }
+        match res {
+            Err(e) => {
+                let idxs: Vec<usize> = plan.iter().map(|p| p.idx).collect();
+                self.fail(idxs, &e.to_string());
+            }
+            Ok(toks) => {
+                let mut finished = vec![];
+                for (p, t) in plan.iter().zip(toks) {
+                    self.running[p.idx].computed += 1;
+                    if self.deliver(p.idx, vec![t], vec![]) {
+                        finished.push(p.idx);
+                    }
+                }
+                self.remove(finished);
+            }
+        }
+        true
     }
 
     fn fail(&mut self, mut idxs: Vec<usize>, e: &str) {

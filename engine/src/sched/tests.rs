@@ -19,6 +19,10 @@ struct Toy {
     seqs: HashMap<SeqId, Vec<u32>>,
     next: SeqId,
     live: Arc<AtomicUsize>,
+    /// Pretend to sample on the device (`decode_step`) for up to this many sequences.
+    device_rows: usize,
+    /// decode_step calls so far.
+    device_steps: Arc<AtomicUsize>,
 }
 
 fn toy_cfg() -> LagunaConfig {
@@ -38,6 +42,8 @@ fn toy() -> (Toy, Arc<AtomicUsize>) {
             seqs: HashMap::new(),
             next: 1,
             live: live.clone(),
+            device_rows: 0,
+            device_steps: Arc::new(AtomicUsize::new(0)),
         },
         live,
     )
@@ -87,6 +93,21 @@ impl Model for Toy {
         }
     }
     fn set_taps(&mut self, _layers: &[usize]) {}
+    fn device_sampling(&self) -> usize {
+        self.device_rows
+    }
+    fn decode_step(&mut self, items: &[crate::model::DecodeItem]) -> Result<Vec<u32>> {
+        assert!(items.len() <= self.device_rows);
+        self.device_steps.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_micros(300));
+        let mut out = vec![];
+        for it in items {
+            let kv = self.seqs.get_mut(&it.seq).expect("unknown seq");
+            kv.push(it.token);
+            out.push(crate::sample::sample_u(&logits_for(kv), it.params, it.u));
+        }
+        Ok(out)
+    }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
         // Slow enough that requests overlap in the scheduler.
         std::thread::sleep(Duration::from_micros(300));
@@ -229,6 +250,63 @@ async fn batched_outputs_equal_alone_greedy_and_seeded() {
         ps.iter().map(|p| p.len()).sum::<usize>()
     );
     assert_eq!(live.load(Ordering::SeqCst), 0, "all KV freed");
+}
+
+/// A backend that samples on the device (`decode_step`, handed the uniform the scheduler drew
+/// from the sequence's Rng) gives exactly the host-sampled outputs, batched or alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_sampling_steps_equal_host_sampling() {
+    let (mut m, live) = toy();
+    m.device_rows = 3;
+    let steps = m.device_steps.clone();
+    let s = Arc::new(Scheduler::start(cfg(4, 64), Loaded::plain(Box::new(m)), None).unwrap());
+    let ps = prompts(8);
+    let mut tasks = vec![];
+    for (i, p) in ps.iter().enumerate() {
+        let sampling = if i % 3 == 0 {
+            SamplingParams::greedy()
+        } else {
+            SamplingParams {
+                temperature: 0.7 + 0.2 * (i % 2) as f32,
+                top_k: if i % 2 == 0 { 0 } else { 10 },
+                top_p: 0.85,
+                seed: Some(100 + i as u64),
+            }
+        };
+        let mut req = GenRequest::greedy(p.clone(), 16);
+        req.sampling = sampling.clone();
+        let stream = s.submit(req).unwrap();
+        tasks.push((p.clone(), sampling, tokio::spawn(collect(stream))));
+    }
+    for (p, sampling, t) in tasks {
+        let (ids, _, _, _) = t.await.unwrap();
+        assert_eq!(ids, alone(&p, 16, sampling), "prompt {p:?}");
+    }
+    assert!(steps.load(Ordering::SeqCst) > 0, "decode_step was used");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(live.load(Ordering::SeqCst), 0, "all KV freed");
+    // generate takes the device path too and matches.
+    let (mut m, _) = toy();
+    m.device_rows = 1;
+    let steps = m.device_steps.clone();
+    let sampling = SamplingParams {
+        temperature: 1.1,
+        top_k: 0,
+        top_p: 0.9,
+        seed: Some(5),
+    };
+    let req = GenerateRequest {
+        prompt: ps[1].clone(),
+        max_tokens: 16,
+        sampling: sampling.clone(),
+        ignore_eos: false,
+        stop_token_ids: vec![],
+    };
+    assert_eq!(
+        generate(&mut m, &req, false).unwrap().completion,
+        alone(&ps[1], 16, sampling)
+    );
+    assert!(steps.load(Ordering::SeqCst) > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
