@@ -103,6 +103,25 @@ __device__ __forceinline__ unsigned long long block_excl_u64(unsigned long long 
     return before + x - v;
 }
 
+// Add (one key, mass q) to bucket b of the shared histograms with one atomic per distinct bucket
+// of the warp: lanes with the same bucket hand their mass to the lowest of them (wq: 32 slots of
+// this warp). Integer sums, so the result does not depend on the grouping.
+__device__ __forceinline__ void hist_add(unsigned long long* hm, unsigned* hc, unsigned b, unsigned long long q,
+                                         unsigned long long* wq) {
+    unsigned act = __activemask();
+    unsigned peers = __match_any_sync(act, b);
+    int lane = threadIdx.x & 31;
+    wq[lane] = q;
+    __syncwarp(act);
+    if (lane == __ffs(peers) - 1) {
+        unsigned long long sum = 0;
+        for (unsigned m = peers; m; m &= m - 1) sum += wq[__ffs(m) - 1];
+        if (hm && sum) atomicAdd(&hm[b], sum);
+        atomicAdd(&hc[b], (unsigned)__popc(peers));
+    }
+    __syncwarp(act);
+}
+
 // grid = rows, block 1024. params[4r..4r+4) = (temperature, top_k, top_p, u) of row r (T <= 0:
 // greedy, the lowest index among the maxima as argmax_rows). scratch: V u64 per row. Passes over
 // the row are coalesced (element i on thread i mod 1024); the draw finds its 1024-wide tile from
@@ -117,6 +136,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     __shared__ unsigned long long hm[256];
     __shared__ unsigned int hc[256];
     __shared__ unsigned long long tsum[128];
+    __shared__ unsigned long long wqs[32][32];
     __shared__ unsigned long long s_pre, s_below;
     __shared__ int s_all, s_tile, s_last;
     int r = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
@@ -159,7 +179,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
 #pragma unroll 4
             SAMPLE_FOR(i) {
                 u32 key = fkey(l[i]);
-                if ((key & hmask) == pre) atomicAdd(&hc[(key >> shift) & 255u], 1u);
+                if ((key & hmask) == pre) hist_add(nullptr, hc, (key >> shift) & 255u, 0, wqs[w]);
             }
             __syncthreads();
             if (tid == 0) {
@@ -205,12 +225,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
 #pragma unroll 4
             SAMPLE_FOR(i) {
                 unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
-                if ((key & hmask) == pre) {
-                    unsigned b = (unsigned)(key >> shift) & 255u;
-                    unsigned long long q = E[i];
-                    if (q) atomicAdd(&hm[b], q);
-                    atomicAdd(&hc[b], 1u);
-                }
+                if ((key & hmask) == pre) hist_add(hm, hc, (unsigned)(key >> shift) & 255u, E[i], wqs[w]);
             }
             __syncthreads();
             if (tid == 0) {
