@@ -1455,7 +1455,8 @@ impl CudaModel {
                         } else {
                             "moe_gemm_gate_up_bf16"
                         };
-                        self.split(prof, sc.hn, h, m, h)?;
+                        // sc.xs already holds hn split to hi/lo: the router GEMM of this pass
+                        // (same rows, same K) split it and nothing wrote xs since.
                         d.launch_p(
                             prof,
                             gu_name,
