@@ -257,9 +257,10 @@ async fn batched_outputs_equal_alone_greedy_and_seeded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_sampling_steps_equal_host_sampling() {
     let (mut m, live) = toy();
+    // At most 3 running sequences, so every step of decode rows only fits one decode_step.
     m.device_rows = 3;
     let steps = m.device_steps.clone();
-    let s = Arc::new(Scheduler::start(cfg(4, 64), Loaded::plain(Box::new(m)), None).unwrap());
+    let s = Arc::new(Scheduler::start(cfg(3, 64), Loaded::plain(Box::new(m)), None).unwrap());
     let ps = prompts(8);
     let mut tasks = vec![];
     for (i, p) in ps.iter().enumerate() {
