@@ -380,11 +380,12 @@ impl Engine {
 
     /// A step of decode rows only (one token per sequence, no drafts, no logprobs asked) on a
     /// backend that samples on the device: the tokens come back without the logits (the host
-    /// draws each non-greedy row's uniform from the sequence's Rng, as `sample` would). False when
-    /// the step does not qualify; the caller then runs the generic forward.
+    /// draws each non-greedy row's uniform from the sequence's Rng, as `sample` would), in
+    /// `decode_step` calls of at most `device_sampling()` sequences. False when the step does not
+    /// qualify; the caller then runs the generic forward.
     fn device_decode(&mut self, plan: &[Planned]) -> bool {
         let cap = self.model.device_sampling();
-        if cap == 0 || plan.len() > cap || self.spec.is_some() {
+        if cap == 0 || self.spec.is_some() {
             return false;
         }
         let ok = plan.iter().all(|p| {
@@ -409,41 +410,63 @@ impl Engine {
                 }
             })
             .collect();
-        let res = {
-            let items: Vec<DecodeItem> = plan
-                .iter()
-                .zip(&us)
-                .map(|(p, &u)| {
-                    let r = &self.running[p.idx];
-                    DecodeItem {
-                        seq: r.seq,
-                        token: p.rows[0],
-                        params: &r.sub.req.sampling,
-                        u,
-                    }
-                })
-                .collect();
-            self.model.decode_step(&items)
-        };
         {
             let mut m = self.shared.metrics.lock().unwrap();
             m.num_steps += 1;
             m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(plan.len());
         }
-        match res {
-            Err(e) => {
-                let idxs: Vec<usize> = plan.iter().map(|p| p.idx).collect();
-                self.fail(idxs, &e.to_string());
-            }
-            Ok(toks) => {
-                let mut finished = vec![];
-                for (p, t) in plan.iter().zip(toks) {
-                    self.running[p.idx].computed += 1;
-                    if self.deliver(p.idx, vec![t], vec![]) {
-                        finished.push(p.idx);
+        // Indices into `running` stay valid until `remove` / `fail` at the end.
+        let mut finished = vec![];
+        let mut failed = vec![];
+        let mut err = String::new();
+        for (chunk, cu) in plan.chunks(cap).zip(us.chunks(cap)) {
+            let res = {
+                let items: Vec<DecodeItem> = chunk
+                    .iter()
+                    .zip(cu)
+                    .map(|(p, &u)| {
+                        let r = &self.running[p.idx];
+                        DecodeItem {
+                            seq: r.seq,
+                            token: p.rows[0],
+                            params: &r.sub.req.sampling,
+                            u,
+                        }
+                    })
+                    .collect();
+                self.model.decode_step(&items)
+            };
+            match res {
+                Err(e) => {
+                    failed.extend(chunk.iter().map(|p| p.idx));
+                    err = e.to_string();
+                }
+                Ok(toks) => {
+                    for (p, t) in chunk.iter().zip(toks) {
+                        self.running[p.idx].computed += 1;
+                        if self.deliver(p.idx, vec![t], vec![]) {
+                            finished.push(p.idx);
+                        }
                     }
                 }
-                self.remove(finished);
+            }
+        }
+        if failed.is_empty() {
+            self.remove(finished);
+        } else {
+            // Both lists index `running` as it was: drop them in one descending pass.
+            let mut all: Vec<(usize, bool)> = finished
+                .into_iter()
+                .map(|i| (i, false))
+                .chain(failed.into_iter().map(|i| (i, true)))
+                .collect();
+            all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+            for (i, is_failed) in all {
+                if is_failed {
+                    self.fail(vec![i], &err);
+                } else {
+                    self.remove(vec![i]);
+                }
             }
         }
         true

@@ -256,11 +256,18 @@ async fn batched_outputs_equal_alone_greedy_and_seeded() {
 /// from the sequence's Rng) gives exactly the host-sampled outputs, batched or alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn device_sampling_steps_equal_host_sampling() {
+    // (decode_step capacity, max running sequences): one call per step, then steps split into
+    // calls of 2 + 2 + 1 sequences.
+    for (rows, seqs) in [(3, 3), (2, 5)] {
+        device_sampling_case(rows, seqs).await;
+    }
+}
+
+async fn device_sampling_case(rows: usize, seqs: usize) {
     let (mut m, live) = toy();
-    // At most 3 running sequences, so every step of decode rows only fits one decode_step.
-    m.device_rows = 3;
+    m.device_rows = rows;
     let steps = m.device_steps.clone();
-    let s = Arc::new(Scheduler::start(cfg(3, 64), Loaded::plain(Box::new(m)), None).unwrap());
+    let s = Arc::new(Scheduler::start(cfg(seqs, 64), Loaded::plain(Box::new(m)), None).unwrap());
     let ps = prompts(8);
     let mut tasks = vec![];
     for (i, p) in ps.iter().enumerate() {
