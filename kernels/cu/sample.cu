@@ -1,15 +1,7 @@
-// On-device greedy sampling: argmax over each logits row (lowest index wins ties).
-extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { PDL_ENTRY();
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    int m = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
-    const float* l = logits + (size_t)m * V;
-    float best = -INFINITY;
-    int idx = 0x7fffffff;
-    for (int i = tid; i < V; i += blockDim.x) {
-        float v = l[i];
-        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
-    }
+// Block-wide argmax: each thread brings its (best, idx); every thread gets the largest value and,
+// among equal maxima, the lowest index. bv / bi: 32 shared slots each.
+__device__ __forceinline__ void block_argmax(float& best, int& idx, float* bv, int* bi) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_xor_sync(0xffffffffu, best, o);
         int oi = __shfl_xor_sync(0xffffffffu, idx, o);
@@ -17,14 +9,24 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { P
     }
     if (lane == 0) { bv[w] = best; bi[w] = idx; }
     __syncthreads();
-    if (tid == 0) {
-        for (int j = 1; j < nw; j++)
-            if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
-        best = bv[0]; idx = bi[0];
-        for (int j = 1; j < nw; j++)
-            if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
-        out[m] = idx;
+    best = bv[0];
+    idx = bi[0];
+    for (int j = 1; j < nw; j++)
+        if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
+}
+// On-device greedy sampling: argmax over each logits row (lowest index wins ties).
+extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { PDL_ENTRY();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    const float* l = logits + (size_t)blockIdx.x * V;
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        float v = l[i];
+        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
     }
+    block_argmax(best, idx, bv, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 // Device copy bandwidth probe: dst[i] = src[i] (uint4), grid-stride.
 extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) { PDL_ENTRY();
@@ -151,17 +153,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
         float v = l[i];
         if (v > best || (v == best && i < idx)) { best = v; idx = i; }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (ov > best || (ov == best && oi < idx)) { best = ov; idx = oi; }
-    }
-    if (lane == 0) { bv[w] = best; bi[w] = idx; }
-    __syncthreads();
-    best = bv[0];
-    idx = bi[0];
-    for (int j = 1; j < nw; j++)
-        if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
+    block_argmax(best, idx, bv, bi);
     if (!(T > 0.0)) {
         if (tid == 0) out[r] = idx;
         return;
