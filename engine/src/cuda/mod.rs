@@ -1894,16 +1894,21 @@ impl CudaModel {
 
     /// Final norm + lm_head for `rows` (indices into the current pass), logits left in sc.logits.
     fn logits_rows(&self, prof: &mut Option<device::Prof>, rows: &[i32]) -> Result<()> {
+        self.dev.htod(self.sc.sel, as_bytes(rows)).map_err(cerr)?;
+        self.final_logits(prof, rows.len())
+    }
+
+    /// Final norm + lm_head over the n rows of the residual listed in sc.sel, into sc.logits.
+    fn final_logits(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
-        self.dev.htod(sc.sel, as_bytes(rows)).map_err(cerr)?;
         self.rmsnorm(
             prof,
             sc.x,
             sc.sel,
             self.final_norm,
             sc.hsel,
-            rows.len(),
+            n,
             h,
             self.cfg.rms_norm_eps as f32,
         )?;
@@ -1915,7 +1920,7 @@ impl CudaModel {
             h,
             sc.logits,
             self.cfg.vocab_size,
-            rows.len(),
+            n,
             false,
         )
     }
@@ -2125,23 +2130,16 @@ impl CudaModel {
                     it.seq
                 )));
             }
-            let p = self.seq_len(it.seq);
             if !self.seqs.contains_key(&it.seq) {
                 return Err(EngineError::Other(format!("unknown sequence {}", it.seq)));
             }
+            let p = self.seq_len(it.seq);
             self.check_ring(it.seq, p)?;
             self.ensure_pages(it.seq, p + 1)?;
             tokens.push(it.token as i32);
             pos.push(p as i32);
             seqs.push(it.seq);
-            let sp = it.params;
-            let greedy = sp.is_greedy();
-            params.extend_from_slice(&[
-                if greedy { 0.0 } else { sp.temperature as f64 },
-                sp.top_k as f64,
-                sp.top_p as f64,
-                it.u,
-            ]);
+            params.extend_from_slice(&sample_params(it.params, it.u));
         }
         let seqrow: Vec<i32> = (0..n as i32).collect();
         self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
@@ -2153,10 +2151,7 @@ impl CudaModel {
             .map_err(cerr)?;
         let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
         if use_graph && !self.step_graphs.contains_key(&n) {
-            self.dev.begin_capture().map_err(EngineError::Other)?;
-            let r = self.decode_step_body(&mut None, n);
-            let g = self.dev.end_capture();
-            match r.map_err(|e| e.to_string()).and(g) {
+            match self.capture(|m| m.decode_step_body(&mut None, n)) {
                 Ok(g) => {
                     self.step_graphs.insert(n, g);
                 }
@@ -2189,29 +2184,13 @@ impl CudaModel {
     /// Final norm + lm_head over the rows listed in sc.sel (n of them), then one token per row
     /// drawn by `sample_rows` with the parameters in sc.sparams, into sc.amax.
     fn sample_rows(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+        self.final_logits(prof, n)?;
+        self.launch_sample(prof, n)
+    }
+
+    /// `sample_rows` over the first n rows of sc.logits with the parameters in sc.sparams.
+    fn launch_sample(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
-        let h = self.cfg.hidden_size;
-        self.rmsnorm(
-            prof,
-            sc.x,
-            sc.sel,
-            self.final_norm,
-            sc.hsel,
-            n,
-            h,
-            self.cfg.rms_norm_eps as f32,
-        )?;
-        self.linear(
-            prof,
-            "lm_head",
-            &self.lm_head,
-            sc.hsel,
-            h,
-            sc.logits,
-            self.cfg.vocab_size,
-            n,
-            false,
-        )?;
         self.dev
             .launch_p(
                 prof,
@@ -2250,42 +2229,15 @@ impl CudaModel {
             .map_err(cerr)?;
         let params: Vec<f64> = items
             .iter()
-            .flat_map(|(sp, u)| {
-                [
-                    if sp.is_greedy() {
-                        0.0
-                    } else {
-                        sp.temperature as f64
-                    },
-                    sp.top_k as f64,
-                    sp.top_p as f64,
-                    *u,
-                ]
-            })
+            .flat_map(|(sp, u)| sample_params(sp, *u))
             .collect();
         self.dev
             .htod(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
-        let sc = &self.sc;
-        self.dev
-            .launch_p(
-                &mut None,
-                "sample_rows",
-                (n as u32, 1, 1),
-                (1024, 1, 1),
-                0,
-                |b| {
-                    b.u64(sc.logits)
-                        .i32(v as i32)
-                        .u64(sc.sparams)
-                        .u64(sc.samp_e)
-                        .u64(sc.amax);
-                },
-            )
-            .map_err(cerr)?;
+        self.launch_sample(&mut None, n)?;
         let mut out = vec![0i32; n];
         self.dev
-            .dtoh(as_bytes_mut(&mut out), sc.amax)
+            .dtoh(as_bytes_mut(&mut out), self.sc.amax)
             .map_err(cerr)?;
         Ok(out.into_iter().map(|t| t as u32).collect())
     }
@@ -2296,8 +2248,16 @@ impl CudaModel {
     }
 
     fn capture_decode(&self) -> std::result::Result<device::Graph, String> {
+        self.capture(|m| m.decode_body(&mut None))
+    }
+
+    /// The launches of `body` captured as one CUDA graph.
+    fn capture(
+        &self,
+        body: impl FnOnce(&Self) -> Result<()>,
+    ) -> std::result::Result<device::Graph, String> {
         self.dev.begin_capture()?;
-        let r = self.decode_body(&mut None);
+        let r = body(self);
         let g = self.dev.end_capture();
         r.map_err(|e| e.to_string())?;
         g
@@ -2307,6 +2267,16 @@ impl CudaModel {
     pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
         self.dev.copy_bandwidth(bytes).map_err(cerr)
     }
+}
+
+/// One row's parameters for `sample_rows`: (temperature, 0 = greedy; top_k; top_p; u).
+fn sample_params(sp: &SamplingParams, u: f64) -> [f64; 4] {
+    let t = if sp.is_greedy() {
+        0.0
+    } else {
+        sp.temperature as f64
+    };
+    [t, sp.top_k as f64, sp.top_p as f64, u]
 }
 
 fn as_bytes<T: Copy>(v: &[T]) -> &[u8] {
@@ -2587,28 +2557,7 @@ impl CudaModel {
     /// argmax ids written to `out` (device, n ints). No host work: graph-capturable.
     fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
         let sc = &self.sc;
-        let h = self.cfg.hidden_size;
-        self.rmsnorm(
-            prof,
-            sc.x,
-            sc.sel,
-            self.final_norm,
-            sc.hsel,
-            n,
-            h,
-            self.cfg.rms_norm_eps as f32,
-        )?;
-        self.linear(
-            prof,
-            "lm_head",
-            &self.lm_head,
-            sc.hsel,
-            h,
-            sc.logits,
-            self.cfg.vocab_size,
-            n,
-            false,
-        )?;
+        self.final_logits(prof, n)?;
         self.dev
             .launch_p(
                 prof,
