@@ -1,7 +1,7 @@
 //! Single-sequence generation without a scheduler: what `laguna generate` and the tests use.
 use crate::error::{EngineError, Result};
 use crate::model::{DecodeItem, LogitRows, Model, StepInput};
-use crate::sample::{sample, Rng, SamplingParams};
+use crate::sample::{sample, uniform_for, Rng, SamplingParams};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
@@ -79,16 +79,11 @@ pub fn generate(
         let on_device = !keep_logits && model.device_sampling() >= 1;
         while completion.len() < req.max_tokens {
             let tok = if on_device && pos > 0 && input.len() == 1 {
-                let u = if req.sampling.is_greedy() {
-                    0.0
-                } else {
-                    rng.uniform()
-                };
                 let t = model.decode_step(&[DecodeItem {
                     seq,
                     token: input[0],
                     params: &req.sampling,
-                    u,
+                    u: uniform_for(&req.sampling, &mut rng),
                 }])?[0];
                 pos += 1;
                 t

@@ -162,10 +162,17 @@ pub fn draw_u(probs: &[f64], u: f64) -> usize {
 }
 
 pub fn sample(logits: &[f32], p: &SamplingParams, rng: &mut Rng) -> u32 {
+    sample_u(logits, p, uniform_for(p, rng))
+}
+
+/// The uniform `sample` consumes from `rng` for these params (none for greedy: 0.0), for a
+/// backend that samples on the device with `sample_u`'s rule.
+pub fn uniform_for(p: &SamplingParams, rng: &mut Rng) -> f64 {
     if p.is_greedy() {
-        return crate::cpu::ops::argmax(logits) as u32;
+        0.0
+    } else {
+        rng.uniform()
     }
-    draw(&probs(logits, p), rng) as u32
 }
 
 /// `sample` with the uniform given (what a backend sampling on the device is handed; greedy

@@ -10,7 +10,7 @@ use super::spec_hook::{verify, SpecDriver};
 use super::stream::{ABORTED, LIVE, STOPPED};
 use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
-use crate::sample::{log_softmax, sample, Rng};
+use crate::sample::{log_softmax, sample, uniform_for, Rng};
 use crate::spec::{DraftModel, SpecState};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -403,11 +403,7 @@ impl Engine {
             .iter()
             .map(|p| {
                 let r = &mut self.running[p.idx];
-                if r.sub.req.sampling.is_greedy() {
-                    0.0
-                } else {
-                    r.rng.uniform()
-                }
+                uniform_for(&r.sub.req.sampling, &mut r.rng)
             })
             .collect();
         {
@@ -451,38 +447,26 @@ impl Engine {
                 }
             }
         }
-        if failed.is_empty() {
-            self.remove(finished);
-        } else {
-            // Both lists index `running` as it was: drop them in one descending pass.
-            let mut all: Vec<(usize, bool)> = finished
-                .into_iter()
-                .map(|i| (i, false))
-                .chain(failed.into_iter().map(|i| (i, true)))
-                .collect();
-            all.sort_unstable_by(|a, b| b.0.cmp(&a.0));
-            for (i, is_failed) in all {
-                if is_failed {
-                    self.fail(vec![i], &err);
-                } else {
-                    self.remove(vec![i]);
-                }
-            }
-        }
+        self.report_failed(&failed, &err);
+        finished.extend(failed);
+        self.remove(finished);
         true
     }
 
-    fn fail(&mut self, mut idxs: Vec<usize>, e: &str) {
-        idxs.sort_unstable_by(|a, b| b.cmp(a));
-        for i in idxs {
-            let r = self.running.swap_remove(i);
+    fn fail(&mut self, idxs: Vec<usize>, e: &str) {
+        self.report_failed(&idxs, e);
+        self.remove(idxs);
+    }
+
+    /// Tell these running sequences' clients that their step failed (they are removed after).
+    fn report_failed(&self, idxs: &[usize], e: &str) {
+        for &i in idxs {
+            let r = &self.running[i];
             let _ = r
                 .sub
                 .tx
                 .send(EngineEvent::Error(format!("forward failed: {e}")));
-            let arrival = r.sub.arrival;
-            self.free(r);
-            self.record_finish(FinishReason::Error, arrival);
+            self.record_finish(FinishReason::Error, r.sub.arrival);
         }
     }
 
