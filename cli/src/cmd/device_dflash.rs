@@ -41,7 +41,8 @@ fn read_target(draft_dir: &Path) -> Result<String> {
         .with_context(|| format!("SUMMARY.json has no target for {name}"))
 }
 
-fn opts() -> CudaOptions {
+/// CUDA options for the tiny fixtures (small pool and passes; device-test uses them too).
+pub fn opts() -> CudaOptions {
     CudaOptions {
         progress: false,
         max_rows: 64,

@@ -167,13 +167,9 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
         .logits;
 
     let opts = CudaOptions {
-        progress: false,
-        max_rows: 64,
-        kv_pool_bytes: Some(64 << 20),
-        page_size: 16,
         gemm_min_rows: mode.1,
         kv_fp8: mode.2,
-        ..Default::default()
+        ..super::device_dflash::opts()
     };
     let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
     // A: one pass over everything.
@@ -417,16 +413,7 @@ pub fn run(a: Args) -> Result<()> {
         for d in &dirs {
             let name = d.file_name().unwrap().to_string_lossy().to_string();
             let r = (|| -> Result<(String, bool)> {
-                let mut cu = CudaModel::load(
-                    d,
-                    CudaOptions {
-                        progress: false,
-                        max_rows: 64,
-                        kv_pool_bytes: Some(64 << 20),
-                        page_size: 16,
-                        ..Default::default()
-                    },
-                )?;
+                let mut cu = CudaModel::load(d, super::device_dflash::opts())?;
                 let g = super::device_sample::logits_grid(&cu, 5)?;
                 let prompt = read_ids(&d.join("reference.safetensors"), "prompt_ids")?;
                 let (sets, bad, first) = super::device_sample::generate_same(&mut cu, &prompt, 24)?;
