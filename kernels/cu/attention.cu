@@ -440,7 +440,7 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
 // this pass come from the stage (row sfirst + key - s0), older ones from the ring.
-template <typename KV>
+template <typename KV, int SPLIT = 1>
 __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* tiles, const KV* ks, const KV* vs,
                                                     const int* sfirst) {
     __shared__ __align__(16) bf16_t Ks[64 * FA_LD];
@@ -479,10 +479,12 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
             qf[kk][1] = fa_pack(x1.x, x1.y);
             qf[kk][2] = fa_pack(x2.x, x2.y);
             qf[kk][3] = fa_pack(x3.x, x3.y);
-            ql[kk][0] = fa_pack(x0.x - bflo(qf[kk][0]), x0.y - bfhi(qf[kk][0]));
-            ql[kk][1] = fa_pack(x1.x - bflo(qf[kk][1]), x1.y - bfhi(qf[kk][1]));
-            ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
-            ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
+            if (SPLIT) {
+                ql[kk][0] = fa_pack(x0.x - bflo(qf[kk][0]), x0.y - bfhi(qf[kk][0]));
+                ql[kk][1] = fa_pack(x1.x - bflo(qf[kk][1]), x1.y - bfhi(qf[kk][1]));
+                ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
+                ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
+            }
         }
     }
     float o[FA_HD / 8][4];
@@ -533,9 +535,9 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                     u32 b0, b1, c0, c1;
                     ldsm_x4(b0, b1, c0, c1, &Ks[(ni * 8 + (lane & 7) + ((lane >> 4) << 3)) * FA_LD + kk * 16 + ((lane >> 3) & 1) * 8]);
                     fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
-                    fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b0, b1);
+                    if (SPLIT) fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b0, b1);
                     fa_mma(s[ni + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], c0, c1);
-                    fa_mma(s[ni + 1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], c0, c1);
+                    if (SPLIT) fa_mma(s[ni + 1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], c0, c1);
                 }
             }
         }
@@ -588,10 +590,13 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         for (int j = 0; j < 4; j++) {
             u32 a0 = fa_pack(s[2 * j][0], s[2 * j][1]), a1 = fa_pack(s[2 * j][2], s[2 * j][3]);
             u32 a2 = fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]), a3 = fa_pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-            u32 l0 = fa_pack(s[2 * j][0] - bflo(a0), s[2 * j][1] - bfhi(a0));
-            u32 l1 = fa_pack(s[2 * j][2] - bflo(a1), s[2 * j][3] - bfhi(a1));
-            u32 l2 = fa_pack(s[2 * j + 1][0] - bflo(a2), s[2 * j + 1][1] - bfhi(a2));
-            u32 l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
+            u32 l0 = 0, l1 = 0, l2 = 0, l3 = 0;
+            if (SPLIT) {
+                l0 = fa_pack(s[2 * j][0] - bflo(a0), s[2 * j][1] - bfhi(a0));
+                l1 = fa_pack(s[2 * j][2] - bflo(a1), s[2 * j][3] - bfhi(a1));
+                l2 = fa_pack(s[2 * j + 1][0] - bflo(a2), s[2 * j + 1][1] - bfhi(a2));
+                l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
+            }
             // V fragments by ldmatrix.trans: tiles (keys j*16.., dims dp*16..), (keys +8), then the
             // same at dims +8: B fragments of o[2dp] and o[2dp+1].
 #pragma unroll
@@ -600,9 +605,9 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                     u32 b0, b1, c0, c1;
                     ldsm_x4_t(b0, b1, c0, c1, &Vs[(j * 16 + (lane & 15)) * FA_LD + dp * 16 + (lane >> 4) * 8]);
                     fa_mma(o[2 * dp], a0, a1, a2, a3, b0, b1);
-                    fa_mma(o[2 * dp], l0, l1, l2, l3, b0, b1);
+                    if (SPLIT) fa_mma(o[2 * dp], l0, l1, l2, l3, b0, b1);
                     fa_mma(o[2 * dp + 1], a0, a1, a2, a3, c0, c1);
-                    fa_mma(o[2 * dp + 1], l0, l1, l2, l3, c0, c1);
+                    if (SPLIT) fa_mma(o[2 * dp + 1], l0, l1, l2, l3, c0, c1);
                 }
             }
         }
@@ -640,4 +645,13 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(b
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                         const u8* vs, const int* sfirst) { PDL_ENTRY();
     attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst);
+}
+// _h: Q and P rounded to BF16 alone (FlashAttention's and vLLM's numerics; one mma per fragment).
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_h(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+                                                                      const bf16_t* vs, const int* sfirst) { PDL_ENTRY();
+    attention_prefill_t<bf16_t, 0>(ATT_ARGS, tiles, ks, vs, sfirst);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+                                                                          const u8* vs, const int* sfirst) { PDL_ENTRY();
+    attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst);
 }

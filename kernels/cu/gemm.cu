@@ -19,16 +19,16 @@ __device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return bf2_pack(lo
 // Two floats that are exactly representable in BF16 (E2M1 x E4M3 products).
 __device__ __forceinline__ u32 pack_exact(float lo, float hi) { return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632); }
 
-// x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K).
-// grid (ceil(K/256), M), block 256.
-extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi) { PDL_ENTRY();
+// x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K;
+// not written when lo == 0: the consumer reads the hi half alone). grid (ceil(K/256), M), block 256.
+extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi, int lo) { PDL_ENTRY();
     int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= K) return;
     for (int m = blockIdx.y; m < M; m += gridDim.y) {  // grid.y = min(M, 65535)
         float v = x[(size_t)m * ldx + k];
         bf16_t h = f2bf(v);
         hi[(size_t)m * K + k] = h;
-        hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
+        if (lo) hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
     }
 }
 
@@ -241,6 +241,13 @@ extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, con
 extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
+// _h: activations rounded to BF16 alone (one mma per fragment; the lo half is not read).
+extern "C" __global__ __launch_bounds__(128) void gemm_bf16_h(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
+    gemm_dense<0, 0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
+extern "C" __global__ __launch_bounds__(128) void gemm_fp4_h(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
+    gemm_dense<1, 0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
+}
 
 // Grouped experts. tiles[2*i] = group, tiles[2*i+1] = first slot of the tile inside the group;
 // meta[1] = number of tiles (written by moe_group). grid (ceil(N/64), upper bound of tiles).
@@ -262,7 +269,7 @@ __device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const 
     *g_out = g;
     return true;
 }
-template <int FMT>
+template <int FMT, int SPLIT = 1>
 __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
                                  const int* grp_start, const int* grp_count, const int* perm, const int* meta,
@@ -278,9 +285,9 @@ __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv
     const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
     const u8* use = FMT == 1 ? us + e * sstride : nullptr;
     float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
-    gemm_tile<FMT>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * GN);
+    gemm_tile<FMT, SPLIT>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * GN);
 }
-template <int FMT>
+template <int FMT, int SPLIT = 1>
 __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                               const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                               const int* meta, const int* tiles, float* out) {
@@ -292,7 +299,7 @@ __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, c
     const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
     const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
     float di = FMT == 1 ? dinv[e] : 1.f;
-    gemm_tile<FMT>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * GN);
+    gemm_tile<FMT, SPLIT>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * GN);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
@@ -316,6 +323,18 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* 
                                              const int* meta, const int* tiles, float* out) { PDL_ENTRY();
     moe_gemm_down<1>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
 }
+#define MOE_GU_PARAMS const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us, const float* uinv, \
+    const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge, const int* gst, const int* gc, const int* perm, \
+    const int* meta, const int* tiles, float* gu
+#define MOE_GU_ARGS gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu
+#define MOE_DN_PARAMS const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I, \
+    const int* ge, const int* gst, const int* gc, const int* perm, const int* meta, const int* tiles, float* out
+#define MOE_DN_ARGS dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out
+// _h: activations rounded to BF16 alone (the lo half is not read).
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16_h(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<0, 0>(MOE_GU_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_h(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 0>(MOE_GU_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<0, 0>(MOE_DN_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 0>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into

@@ -2,7 +2,7 @@
 //! fixture model. For device machines without cargo. Prints one line per check and a table last.
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
-use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::cuda::{CudaModel, CudaOptions, KernelSet};
 use laguna_engine::model::{LogitRows, Model, SeqId, StepInput};
 use std::path::{Path, PathBuf};
 
@@ -104,12 +104,22 @@ struct Row {
 /// (decode steps too) on the tensor-core GEMMs ("gemm"). Production mixes them by pass size
 /// (`CudaOptions::gemm_min_rows`); each regime is batch-invariant on its own. "fp8": K/V stored
 /// as FP8 E4M3 with the production mix, against a CPU reference that rounds its K/V the same way.
-/// Third field: FP8 K/V.
-const MODES: &[(&str, usize, bool)] = &[
-    ("gemv", usize::MAX, false),
-    ("gemm", 1, false),
-    ("fp8", 32, true),
+/// "cublas": every pass on the GEMM path with the dense BF16 Linears through cuBLAS (production
+/// prefill when libcublas loads; "gemm" then checks laguna's own GEMM kernels, the fallback).
+/// Third field: FP8 K/V; fourth: cuBLAS allowed.
+const MODES: &[(&str, usize, bool, bool)] = &[
+    ("gemv", usize::MAX, false, false),
+    ("gemm", 1, false, false),
+    ("cublas", 1, false, true),
+    ("fp8", 32, true, true),
 ];
+
+/// The kernel set of a mode: LAGUNA_KERNELS (default set) with cuBLAS off unless the mode allows it.
+fn mode_kernels(mode: (&str, usize, bool, bool)) -> KernelSet {
+    let mut k = KernelSet::from_env();
+    k.cublas &= mode.3;
+    k
+}
 
 /// All logits of `tokens` at `start` of `seq` in one forward.
 fn pass_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
@@ -141,7 +151,7 @@ fn step_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> R
     Ok(out)
 }
 
-fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
+fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Row> {
     let name = format!(
         "{} [{}]",
         dir.file_name().unwrap().to_string_lossy(),
@@ -172,6 +182,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
         ..super::device_dflash::opts()
     };
     let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
+    cu.set_kernels(mode_kernels(mode));
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
     let a = pass_logits(&mut cu, s1, &all, 0)?;
@@ -200,6 +211,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool)) -> Result<Row> {
             },
         )
         .context("cuda load (no rings)")?;
+        nr.set_kernels(mode_kernels(mode));
         let t1 = nr.new_seq()?;
         let a2 = pass_logits(&mut nr, t1, &all, 0)?;
         let t2 = nr.new_seq()?;

@@ -139,6 +139,8 @@ pub struct Dev {
     /// Streaming multiprocessors (sizes persistent grids).
     pub sms: u32,
     allocs: Mutex<Vec<u64>>,
+    /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).
+    blas: std::sync::OnceLock<Option<super::blas::Blas>>,
 }
 
 unsafe impl Send for Dev {}
@@ -186,7 +188,23 @@ impl Dev {
             name,
             sms,
             allocs: Mutex::new(vec![]),
+            blas: std::sync::OnceLock::new(),
         })
+    }
+
+    /// The cuBLAS handle (created on the first call), or None when libcublas is not available.
+    pub fn blas(&self) -> Option<&super::blas::Blas> {
+        self.blas
+            .get_or_init(|| match super::blas::Blas::new(self) {
+                Ok(b) => Some(b),
+                Err(why) => {
+                    tracing::warn!(
+                        "cuBLAS not used ({why}); prefill GEMMs run on laguna's own kernels"
+                    );
+                    None
+                }
+            })
+            .as_ref()
     }
 
     pub fn alloc(&self, bytes: usize) -> R<u64> {
@@ -259,14 +277,7 @@ impl Dev {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let ev = if prof.is_some() {
-            let a = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
-            let b = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
-            unsafe { result::event::record(a, self.stream.cu_stream()) }?;
-            Some((a, b))
-        } else {
-            None
-        };
+        let ev = self.prof_begin(prof)?;
         // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
         // the kernel may be scheduled while the previous one drains; every kernel begins with
         // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
@@ -310,14 +321,35 @@ impl Dev {
                 "launching {name} grid {grid:?} block {block:?}: {e:?}"
             ))
         })?;
-        if let (Some((ea, eb)), Some(p)) = (ev, prof.as_mut()) {
-            unsafe { result::event::record(eb, self.stream.cu_stream()) }?;
-            p.events.push((name, ea, eb));
-        }
+        self.prof_end(prof, name, ev)?;
         if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
             self.stream
                 .synchronize()
                 .map_err(|e| DevError(format!("{name}: {e:?}")))?;
+        }
+        Ok(())
+    }
+
+    /// Start and end event of one timed launch when profiling (`launch_p`, cuBLAS calls).
+    pub fn prof_begin(&self, prof: &Option<Prof>) -> R<Option<(sys::CUevent, sys::CUevent)>> {
+        if prof.is_none() {
+            return Ok(None);
+        }
+        self.ctx.bind_to_thread()?;
+        let a = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+        let b = result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT)?;
+        unsafe { result::event::record(a, self.stream.cu_stream()) }?;
+        Ok(Some((a, b)))
+    }
+    pub fn prof_end(
+        &self,
+        prof: &mut Option<Prof>,
+        name: &'static str,
+        ev: Option<(sys::CUevent, sys::CUevent)>,
+    ) -> R<()> {
+        if let (Some((ea, eb)), Some(p)) = (ev, prof.as_mut()) {
+            unsafe { result::event::record(eb, self.stream.cu_stream()) }?;
+            p.events.push((name, ea, eb));
         }
         Ok(())
     }

@@ -9,6 +9,7 @@
 //!
 //! Every kernel computes one output row's value with an arithmetic order that does not depend on
 //! how many rows are in the batch (batch invariance).
+mod blas;
 mod device;
 pub mod draft;
 pub mod ring;
@@ -44,7 +45,8 @@ pub struct CudaOptions {
     /// Replay single-row decode steps from a captured CUDA graph.
     pub graphs: bool,
     /// Passes of at least this many rows run the dense and expert projections as tensor-core
-    /// GEMMs (weights read once per 64-row tile, activations rounded to BF16); smaller passes use
+    /// GEMMs (weights read once per tile, activations split into BF16 hi + lo; dense BF16 Linears
+    /// through cuBLAS when it loads); smaller passes use
     /// the f32 weight-streaming kernels. Rows are bitwise batch-invariant within each regime.
     pub gemm_min_rows: usize,
     /// Sequences live at once: each owns a sliding-window ring per sliding layer (recipe
@@ -261,6 +263,15 @@ pub struct KernelSet {
     pub moe_s: bool,
     /// GQA-packed decode attention (`attention_gqa`) instead of one block per query head.
     pub attn_gqa: bool,
+    /// Long passes (prefill): dense BF16 Linears through cuBLAS (hi and lo halves of the
+    /// activations as two accumulating GEMMs) when libcublas loads, instead of `gemm_bf16`.
+    pub cublas: bool,
+    /// Long passes: activations rounded to BF16 alone (vLLM's numerics, one mma per fragment
+    /// instead of hi + lo) for the dense Linears (`bf16_dense`), the expert GEMMs (`bf16_moe`) and
+    /// Q and P in the prefill attention (`bf16_attn`).
+    pub bf16_dense: bool,
+    pub bf16_moe: bool,
+    pub bf16_attn: bool,
 }
 
 impl KernelSet {
@@ -270,6 +281,10 @@ impl KernelSet {
             small_m: false,
             moe_s: false,
             attn_gqa: false,
+            cublas: false,
+            bf16_dense: false,
+            bf16_moe: false,
+            bf16_attn: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -278,6 +293,10 @@ impl KernelSet {
             small_m: true,
             moe_s: true,
             attn_gqa: true,
+            cublas: true,
+            bf16_dense: false,
+            bf16_moe: false,
+            bf16_attn: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -296,7 +315,11 @@ impl KernelSet {
                 "small_m" => k.small_m = on,
                 "moe_s" => k.moe_s = on,
                 "attn_gqa" => k.attn_gqa = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa)")),
+                "cublas" => k.cublas = on,
+                "bf16_dense" => k.bf16_dense = on,
+                "bf16_moe" => k.bf16_moe = on,
+                "bf16_attn" => k.bf16_attn = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn)")),
             }
         }
         Ok(k)
@@ -1273,9 +1296,14 @@ impl CudaModel {
                     .f32(l.vscale);
             };
             if flash {
+                let pname = match (kv.prefill_name, self.kset.bf16_attn) {
+                    ("attention_prefill", true) => "attention_prefill_h",
+                    ("attention_prefill_fp8", true) => "attention_prefill_fp8_h",
+                    (n, _) => n,
+                };
                 d.launch_p(
                     prof,
-                    kv.prefill_name,
+                    pname,
                     (sc.natiles.get() as u32, nh as u32, 1),
                     (128, 1, 1),
                     0,
@@ -1450,10 +1478,11 @@ impl CudaModel {
                     let im = cfg.moe_intermediate_size;
                     if gemm {
                         let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
-                        let gu_name = if experts.gate.fp4 {
-                            "moe_gemm_gate_up_fp4"
-                        } else {
-                            "moe_gemm_gate_up_bf16"
+                        let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) => "moe_gemm_gate_up_fp4",
+                            (false, false) => "moe_gemm_gate_up_bf16",
+                            (true, true) => "moe_gemm_gate_up_fp4_h",
+                            (false, true) => "moe_gemm_gate_up_bf16_h",
                         };
                         // sc.xs already holds hn split to hi/lo: the router GEMM of this pass
                         // (same rows, same K) split it and nothing wrote xs since.
@@ -1499,12 +1528,13 @@ impl CudaModel {
                             },
                         )
                         .map_err(cerr)?;
-                        let dn_name = if experts.down.fp4 {
-                            "moe_gemm_down_fp4"
-                        } else {
-                            "moe_gemm_down_bf16"
+                        let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
+                            (true, false) => "moe_gemm_down_fp4",
+                            (false, false) => "moe_gemm_down_bf16",
+                            (true, true) => "moe_gemm_down_fp4_h",
+                            (false, true) => "moe_gemm_down_bf16_h",
                         };
-                        self.split(prof, sc.moe_act, im, s, im)?;
+                        self.split(prof, sc.moe_act, im, s, im, !self.kset.bf16_moe)?;
                         d.launch_p(
                             prof,
                             dn_name,
@@ -1705,6 +1735,7 @@ impl CudaModel {
         ldx: usize,
         m: usize,
         k: usize,
+        lo: bool,
     ) -> Result<()> {
         let xs = self.sc.xs;
         self.dev
@@ -1715,7 +1746,12 @@ impl CudaModel {
                 (256, 1, 1),
                 0,
                 |b| {
-                    b.u64(x).i32(ldx as i32).i32(m as i32).i32(k as i32).u64(xs);
+                    b.u64(x)
+                        .i32(ldx as i32)
+                        .i32(m as i32)
+                        .i32(k as i32)
+                        .u64(xs)
+                        .i32(lo as i32);
                 },
             )
             .map_err(cerr)
@@ -1787,7 +1823,51 @@ impl CudaModel {
                 (true, true) => "gemm_fp4_x2",
             };
             let grid = (ceil_div(l.n, 64) as u32, ceil_div(m, 64) as u32, 1);
-            self.split(prof, x, ldx, m, l.k)?;
+            let hi_only = self.kset.bf16_dense && tag != "router";
+            self.split(prof, x, ldx, m, l.k, !hi_only)?;
+            if !l.fp4 && tag != "router" && self.kset.cublas {
+                if let Some(blas) = self.dev.blas() {
+                    let xs = self.sc.xs;
+                    let beta = if acc { 1.0 } else { 0.0 };
+                    blas.gemm_bf16(
+                        &self.dev,
+                        prof,
+                        "cublas_bf16",
+                        l.w,
+                        xs,
+                        y,
+                        m,
+                        l.n,
+                        l.k,
+                        ldy,
+                        beta,
+                    )
+                    .map_err(cerr)?;
+                    if !hi_only {
+                        let lo = xs + 2 * (m * l.k) as u64;
+                        blas.gemm_bf16(
+                            &self.dev,
+                            prof,
+                            "cublas_bf16",
+                            l.w,
+                            lo,
+                            y,
+                            m,
+                            l.n,
+                            l.k,
+                            ldy,
+                            1.0,
+                        )
+                        .map_err(cerr)?;
+                    }
+                    return Ok(());
+                }
+            }
+            let name = match (name, hi_only) {
+                ("gemm_bf16", true) => "gemm_bf16_h",
+                ("gemm_fp4", true) => "gemm_fp4_h",
+                (n, _) => n,
+            };
             return self
                 .dev
                 .launch_p(prof, name, grid, (128, 1, 1), 0, |b| args(b, self.sc.xs))
@@ -2628,6 +2708,9 @@ mod tests {
                 ..KernelSet::original()
             }
         );
+        let k = KernelSet::parse("-cublas,+bf16_moe").unwrap();
+        assert!(!k.cublas && k.bf16_moe && !k.bf16_dense && !k.bf16_attn && k.tc_gemv);
+        assert!(KernelSet::default_set().cublas && !KernelSet::original().cublas);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));
