@@ -438,6 +438,11 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
+// 16 bytes global -> shared without registers; n = 0 zero-fills (nothing is read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
 // this pass come from the stage (row sfirst + key - s0), older ones from the ring.
 template <typename KV, int SPLIT = 1>
@@ -508,36 +513,61 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
             koff[tid] = ko;
         }
         __syncthreads();
-        for (int i = tid; i < 64 * nch; i += 128) {
-            int key = i / nch, c = i % nch;
-            unsigned ko = koff[key];
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
-            if (ko != 0xffffffffu) {
-                bool st = (ko & 0x80000000u) != 0u;
-                size_t eo = (size_t)(ko & 0x7fffffffu) + c * 8;
-                kv = Kv<KV>::ld8((st ? ks : kc) + eo);
-                vv = Kv<KV>::ld8((st ? vs : vc) + eo);
+        if constexpr (sizeof(KV) == 2) {
+            // BF16 cache: every 16-byte chunk of the tile in flight at once (cp.async, zero-filled
+            // for keys past the end), no registers held.
+            for (int i = tid; i < 64 * nch; i += 128) {
+                int key = i / nch, c = i % nch;
+                unsigned ko = koff[key];
+                const KV* kp = kc;
+                const KV* vp = vc;
+                u32 n = 0;
+                if (ko != 0xffffffffu) {
+                    bool st = (ko & 0x80000000u) != 0u;
+                    size_t eo = (size_t)(ko & 0x7fffffffu) + c * 8;
+                    kp = (st ? ks : kc) + eo;
+                    vp = (st ? vs : vc) + eo;
+                    n = 16;
+                }
+                cp_async16(&Ks[key * FA_LD + c * 8], kp, n);
+                cp_async16(&Vs[key * FA_LD + c * 8], vp, n);
             }
-            *reinterpret_cast<uint4*>(&Ks[key * FA_LD + c * 8]) = kv;
-            *reinterpret_cast<uint4*>(&Vs[key * FA_LD + c * 8]) = vv;
+            cp_async_wait_all();
+        } else {
+            for (int i = tid; i < 64 * nch; i += 128) {
+                int key = i / nch, c = i % nch;
+                unsigned ko = koff[key];
+                uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+                if (ko != 0xffffffffu) {
+                    bool st = (ko & 0x80000000u) != 0u;
+                    size_t eo = (size_t)(ko & 0x7fffffffu) + c * 8;
+                    kv = Kv<KV>::ld8((st ? ks : kc) + eo);
+                    vv = Kv<KV>::ld8((st ? vs : vc) + eo);
+                }
+                *reinterpret_cast<uint4*>(&Ks[key * FA_LD + c * 8]) = kv;
+                *reinterpret_cast<uint4*>(&Vs[key * FA_LD + c * 8]) = vv;
+            }
         }
         __syncthreads();
         float s[8][4];
+#pragma unroll
+        for (int ni = 0; ni < 8; ni++) s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.f;
         // K fragments by ldmatrix: tiles (keys ni*8.., dims kk*16..), (+8 dims), then the same
-        // for keys (ni+1)*8.. . Each s[ni] sums over kk in order, hi then lo.
+        // for keys (ni+1)*8.. . Each s[ni] sums over kk in order, hi then lo; the mma of the 8
+        // key groups are issued hi for all, then lo for all, so no mma waits on the one before.
 #pragma unroll
-        for (int ni = 0; ni < 8; ni += 2) {
-            s[ni][0] = s[ni][1] = s[ni][2] = s[ni][3] = 0.f;
-            s[ni + 1][0] = s[ni + 1][1] = s[ni + 1][2] = s[ni + 1][3] = 0.f;
+        for (int kk = 0; kk < FA_HD / 16; kk++) {
+            if (kk * 16 < hd) {
+                u32 kb_[8][2];
 #pragma unroll
-            for (int kk = 0; kk < FA_HD / 16; kk++) {
-                if (kk * 16 < hd) {
-                    u32 b0, b1, c0, c1;
-                    ldsm_x4(b0, b1, c0, c1, &Ks[(ni * 8 + (lane & 7) + ((lane >> 4) << 3)) * FA_LD + kk * 16 + ((lane >> 3) & 1) * 8]);
-                    fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b0, b1);
-                    if (SPLIT) fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], b0, b1);
-                    fa_mma(s[ni + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], c0, c1);
-                    if (SPLIT) fa_mma(s[ni + 1], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], c0, c1);
+                for (int ni = 0; ni < 8; ni += 2)
+                    ldsm_x4(kb_[ni][0], kb_[ni][1], kb_[ni + 1][0], kb_[ni + 1][1],
+                            &Ks[(ni * 8 + (lane & 7) + ((lane >> 4) << 3)) * FA_LD + kk * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+                for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kb_[ni][0], kb_[ni][1]);
+                if (SPLIT) {
+#pragma unroll
+                    for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], kb_[ni][0], kb_[ni][1]);
                 }
             }
         }
@@ -598,16 +628,22 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                 l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
             }
             // V fragments by ldmatrix.trans: tiles (keys j*16.., dims dp*16..), (keys +8), then the
-            // same at dims +8: B fragments of o[2dp] and o[2dp+1].
+            // same at dims +8: B fragments of o[2dp] and o[2dp+1]. Four dim blocks at a time: the
+            // hi mma of all eight accumulators, then the lo mma (same order per accumulator).
 #pragma unroll
-            for (int dp = 0; dp < FA_HD / 16; dp++) {
-                if (dp * 16 < hd) {
-                    u32 b0, b1, c0, c1;
-                    ldsm_x4_t(b0, b1, c0, c1, &Vs[(j * 16 + (lane & 15)) * FA_LD + dp * 16 + (lane >> 4) * 8]);
-                    fa_mma(o[2 * dp], a0, a1, a2, a3, b0, b1);
-                    if (SPLIT) fa_mma(o[2 * dp], l0, l1, l2, l3, b0, b1);
-                    fa_mma(o[2 * dp + 1], a0, a1, a2, a3, c0, c1);
-                    if (SPLIT) fa_mma(o[2 * dp + 1], l0, l1, l2, l3, c0, c1);
+            for (int dq = 0; dq < FA_HD / 16; dq += 4) {
+                if (dq * 16 < hd) {
+                    u32 vb_[8][2];
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+                        ldsm_x4_t(vb_[2 * u][0], vb_[2 * u][1], vb_[2 * u + 1][0], vb_[2 * u + 1][1],
+                                  &Vs[(j * 16 + (lane & 15)) * FA_LD + (dq + u) * 16 + (lane >> 4) * 8]);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) fa_mma(o[2 * dq + u], a0, a1, a2, a3, vb_[u][0], vb_[u][1]);
+                    if (SPLIT) {
+#pragma unroll
+                        for (int u = 0; u < 8; u++) fa_mma(o[2 * dq + u], l0, l1, l2, l3, vb_[u][0], vb_[u][1]);
+                    }
                 }
             }
         }

@@ -16,8 +16,6 @@
 #define GLD 72  // shared row stride in bf16 (144 bytes: 16-byte aligned, conflict-free fragments)
 
 __device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return bf2_pack(lo, hi); }
-// Two floats that are exactly representable in BF16 (E2M1 x E4M3 products).
-__device__ __forceinline__ u32 pack_exact(float lo, float hi) { return __byte_perm(__float_as_uint(lo), __float_as_uint(hi), 0x7632); }
 
 // x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K;
 // not written when lo == 0: the consumer reads the hi half alone). grid (ceil(K/256), M), block 256.
@@ -30,6 +28,27 @@ extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf1
         hi[(size_t)m * K + k] = h;
         if (lo) hi[(size_t)M * K + (size_t)m * K + k] = f2bf(v - bf2f(h));
     }
+}
+
+// 8 E2M1 codes (code i in bits 4i..4i+3 of w, sign in bit 3) times an E4M3 block scale held as a
+// BF16 pair (s2) -> 4 BF16 pairs, out[p] = (code 2p, code 2p+1) * scale, exact (a code has <= 2
+// significant bits, a scale <= 4; the product is normal in BF16). Magnitudes by byte permutes from
+// two 8-entry tables (high and low byte of |e2m1| as BF16), signs moved to bits 15 / 31, one
+// bf16x2 multiply (an fma adding -0, which keeps every product, zeros included, unchanged).
+// Same values as e2m1(c) * scale rounded to BF16, without a shared-memory table.
+__device__ __forceinline__ void e2m1x8_bf16(u32 w, u32 s2, u32* out) {
+    const u32 HB0 = 0x3F3F3F00u, HB1 = 0x40404040u;  // high bytes of 0, .5, 1, 1.5 | 2, 3, 4, 6
+    const u32 LB0 = 0xC0800000u, LB1 = 0xC0804000u;  // low bytes
+    u32 m = w & 0x77777777u;
+    u32 h0 = __byte_perm(HB0, HB1, m & 0xffffu), l0 = __byte_perm(LB0, LB1, m & 0xffffu);
+    u32 h1 = __byte_perm(HB0, HB1, m >> 16), l1 = __byte_perm(LB0, LB1, m >> 16);
+    u32 p[4];
+    p[0] = __byte_perm(l0, h0, 0x5140) | ((w << 12) & 0x8000u) | ((w << 24) & 0x80000000u);
+    p[1] = __byte_perm(l0, h0, 0x7362) | ((w << 4) & 0x8000u) | ((w << 16) & 0x80000000u);
+    p[2] = __byte_perm(l1, h1, 0x5140) | ((w >> 4) & 0x8000u) | ((w << 8) & 0x80000000u);
+    p[3] = __byte_perm(l1, h1, 0x7362) | ((w >> 12) & 0x8000u) | (w & 0x80000000u);
+#pragma unroll
+    for (int i = 0; i < 4; i++) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(p[i]), "r"(s2), "r"(0x80008000u));
 }
 
 __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -45,28 +64,30 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // SPLIT (default on): X is carried as hi + lo BF16 pairs (two mma per fragment), ~16 significant
 // bits, so results stay within f32-kernel error of the reference: with X rounded to BF16 alone the
 // residual stream drifts enough to flip near-tied router top-k picks on the fixtures.
-template <int FMT, int SPLIT = 1>
+// TN: outputs per tile (64, or 128 for NVFP4 weights: each warp 32 x 64, so an A fragment pair
+// feeds twice the mma and the block decodes each weight once per 64 rows with half the A traffic).
+template <int FMT, int SPLIT = 1, int TN = GN>
 __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
                           int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
                           int accumulate, int n0) {
+    static_assert(TN == 64 || (TN == 128 && FMT == 1), "tile width");
+    constexpr int NI = TN / 16;  // n8 blocks per warp (a warp covers TN / 2 outputs)
     __shared__ __align__(16) bf16_t As[GM * GLD];
     __shared__ __align__(16) bf16_t Al[SPLIT ? GM * GLD : 8];
-    __shared__ __align__(16) bf16_t Bs[GN * GLD];
-    __shared__ float lut[16];
-    if (threadIdx.x < 16) lut[threadIdx.x] = e2m1(threadIdx.x);
-    __syncthreads();
+    __shared__ __align__(16) bf16_t Bs[TN * GLD];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t = lane & 3;
-    float acc[2][4][4];
+    float acc[2][NI][4];
 #pragma unroll
     for (int i = 0; i < 2; i++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
+        for (int j = 0; j < NI; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[i][j][q] = 0.f;
     constexpr int AV = GM * GK / 8 / 128;                  // uint4 of X (hi, and lo) per thread (4)
     const bf16_t* XL = X + xlo;
-    constexpr int BV = FMT == 0 ? GN * GK / 8 / 128 : 2;   // uint4 (BF16) or 16-code blocks (NVFP4)
+    constexpr int TPR = 128 / TN;                          // NVFP4: threads per weight row (2 or 1)
+    constexpr int BV = FMT == 0 ? TN * GK / 8 / 128 : 4 / TPR;  // uint4 (BF16) or 16-code blocks (NVFP4)
     constexpr int BR = FMT == 0 ? BV : 1;                  // weight rows this thread loads
     // B row pointers of this thread (fixed over K).
     const u8* brow[BR];
@@ -74,7 +95,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
     bool bval[BR];
 #pragma unroll
     for (int j = 0; j < BR; j++) {
-        int row = FMT == 0 ? ((tid + 128 * j) / (GK / 8)) : (tid >> 1);
+        int row = FMT == 0 ? ((tid + 128 * j) / (GK / 8)) : (tid / TPR);
         int n = n0 + row;
         bval[j] = n < N;
         int nn = n < N1 ? n : n - N1;
@@ -113,7 +134,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         } else {
 #pragma unroll
             for (int j = 0; j < BV; j++) {
-                int kb = k0 + 16 * ((tid & 1) + 2 * j);
+                int kb = k0 + 16 * ((tid % TPR) + TPR * j);
                 rbc[j] = make_uint2(0, 0);
                 rbs[j] = 0;
                 if (bval[0] && kb < K) {
@@ -139,19 +160,15 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
                 *reinterpret_cast<uint4*>(&Bs[r * GLD + c]) = rb4[j];
             }
         } else {
-            int r = tid >> 1;
+            int r = tid / TPR;
 #pragma unroll
             for (int j = 0; j < BV; j++) {
-                int b = (tid & 1) + 2 * j;
+                int b = (tid % TPR) + TPR * j;
                 u32 q[8];
-                float sc = e4m3u(rbs[j]);
+                u32 sb = __float_as_uint(e4m3u(rbs[j])) >> 16;  // the scale as BF16 (exact)
                 uint2 codes = rbc[j];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    u32 byte0 = (codes.x >> (8 * i)) & 0xffu, byte1 = (codes.y >> (8 * i)) & 0xffu;
-                    q[i] = pack_exact(lut[byte0 & 15u] * sc, lut[byte0 >> 4] * sc);
-                    q[4 + i] = pack_exact(lut[byte1 & 15u] * sc, lut[byte1 >> 4] * sc);
-                }
+                e2m1x8_bf16(codes.x, sb | (sb << 16), q);
+                e2m1x8_bf16(codes.y, sb | (sb << 16), q + 4);
                 uint4* dst = reinterpret_cast<uint4*>(&Bs[r * GLD + 16 * b]);
                 dst[0] = make_uint4(q[0], q[1], q[2], q[3]);
                 dst[1] = make_uint4(q[4], q[5], q[6], q[7]);
@@ -167,19 +184,19 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         for (int kk = 0; kk < GK; kk += 16) {
             // Fragments by ldmatrix (the same values as element-wise loads): A tiles (rows +0/+8,
             // cols +0/+8) per 16-row block; B tiles (n rows +0..7 at k +0/+8, then n +8..15).
-            u32 a[2][4], bb[4][2];
+            u32 a[2][4], bb[NI][2];
             const int arow_l = lane & 15, acol_l = (lane >> 4) * 8;
             const int brow_l = (lane & 7) + ((lane >> 4) << 3), bcol_l = ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
                 ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &As[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
 #pragma unroll
-            for (int ni = 0; ni < 4; ni += 2)
-                ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1], &Bs[(wn * 32 + ni * 8 + brow_l) * GLD + kk + bcol_l]);
+            for (int ni = 0; ni < NI; ni += 2)
+                ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1], &Bs[(wn * (TN / 2) + ni * 8 + brow_l) * GLD + kk + bcol_l]);
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int ni = 0; ni < 4; ni++)
+                for (int ni = 0; ni < NI; ni++)
                     mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
             if (SPLIT) {
 #pragma unroll
@@ -188,7 +205,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                    for (int ni = 0; ni < 4; ni++)
+                    for (int ni = 0; ni < NI; ni++)
                         mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
             }
         }
@@ -203,10 +220,10 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             if (yr < 0) continue;
             float* yp = Y + (size_t)yr * ldy;
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++)
+            for (int ni = 0; ni < NI; ni++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    int n = n0 + wn * 32 + ni * 8 + 2 * t + e;
+                    int n = n0 + wn * (TN / 2) + ni * 8 + 2 * t + e;
                     if (n >= N) continue;
                     float v = acc[mi][ni][2 * h + e] * (n < N1 ? sc1 : sc2);
                     yp[n] = accumulate ? yp[n] + v : v;
@@ -269,7 +286,7 @@ __device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const 
     *g_out = g;
     return true;
 }
-template <int FMT, int SPLIT = 1>
+template <int FMT, int SPLIT = 1, int TN = GN>
 __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
                                  const int* grp_start, const int* grp_count, const int* perm, const int* meta,
@@ -285,9 +302,9 @@ __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv
     const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
     const u8* use = FMT == 1 ? us + e * sstride : nullptr;
     float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * GN);
+    gemm_tile<FMT, SPLIT, TN>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN);
 }
-template <int FMT, int SPLIT = 1>
+template <int FMT, int SPLIT = 1, int TN = GN>
 __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                               const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                               const int* meta, const int* tiles, float* out) {
@@ -299,7 +316,7 @@ __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, c
     const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
     const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
     float di = FMT == 1 ? dinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * GN);
+    gemm_tile<FMT, SPLIT, TN>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * TN);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
@@ -335,6 +352,9 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16_h(MOE_GU
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_h(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 0>(MOE_GU_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<0, 0>(MOE_DN_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 0>(MOE_DN_ARGS); }
+// _w: 128 outputs per tile (grid x = ceil(N / 128)); the same arithmetic per output element.
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_w(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 1, 128>(MOE_GU_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_w(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into

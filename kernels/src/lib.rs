@@ -99,6 +99,8 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_gate_up_fp4_h",
             "moe_gemm_down_bf16_h",
             "moe_gemm_down_fp4_h",
+            "moe_gemm_gate_up_fp4_w",
+            "moe_gemm_down_fp4_w",
             "linear_tc_bf16",
             "read_u4",
         ],

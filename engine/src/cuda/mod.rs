@@ -272,6 +272,9 @@ pub struct KernelSet {
     pub bf16_dense: bool,
     pub bf16_moe: bool,
     pub bf16_attn: bool,
+    /// Long passes: NVFP4 expert GEMMs with 128-output tiles (`moe_gemm_*_fp4_w`; the same
+    /// arithmetic per element as the 64-wide tiles, each weight decoded once per 64 rows).
+    pub moe_wide: bool,
 }
 
 impl KernelSet {
@@ -285,6 +288,7 @@ impl KernelSet {
             bf16_dense: false,
             bf16_moe: false,
             bf16_attn: false,
+            moe_wide: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -297,6 +301,7 @@ impl KernelSet {
             bf16_dense: false,
             bf16_moe: false,
             bf16_attn: false,
+            moe_wide: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -319,7 +324,8 @@ impl KernelSet {
                 "bf16_dense" => k.bf16_dense = on,
                 "bf16_moe" => k.bf16_moe = on,
                 "bf16_attn" => k.bf16_attn = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn)")),
+                "moe_wide" => k.moe_wide = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide)")),
             }
         }
         Ok(k)
@@ -1478,7 +1484,13 @@ impl CudaModel {
                     let im = cfg.moe_intermediate_size;
                     if gemm {
                         let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
+                        let wide = experts.gate.fp4
+                            && experts.down.fp4
+                            && self.kset.moe_wide
+                            && !self.kset.bf16_moe;
+                        let tn = if wide { 128 } else { 64 };
                         let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) if wide => "moe_gemm_gate_up_fp4_w",
                             (true, false) => "moe_gemm_gate_up_fp4",
                             (false, false) => "moe_gemm_gate_up_bf16",
                             (true, true) => "moe_gemm_gate_up_fp4_h",
@@ -1489,7 +1501,7 @@ impl CudaModel {
                         d.launch_p(
                             prof,
                             gu_name,
-                            (ceil_div(2 * im, 64) as u32, max_tiles, 1),
+                            (ceil_div(2 * im, tn) as u32, max_tiles, 1),
                             (128, 1, 1),
                             0,
                             |b| {
@@ -1529,6 +1541,7 @@ impl CudaModel {
                         )
                         .map_err(cerr)?;
                         let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
+                            (true, false) if wide => "moe_gemm_down_fp4_w",
                             (true, false) => "moe_gemm_down_fp4",
                             (false, false) => "moe_gemm_down_bf16",
                             (true, true) => "moe_gemm_down_fp4_h",
@@ -1538,7 +1551,7 @@ impl CudaModel {
                         d.launch_p(
                             prof,
                             dn_name,
-                            (ceil_div(h, 64) as u32, max_tiles, 1),
+                            (ceil_div(h, tn) as u32, max_tiles, 1),
                             (128, 1, 1),
                             0,
                             |b| {
