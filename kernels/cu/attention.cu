@@ -438,16 +438,11 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
-// 16 bytes global -> shared without registers; n = 0 zero-fills (nothing is read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 n) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
 // this pass come from the stage (row sfirst + key - s0), older ones from the ring.
 template <typename KV, int SPLIT = 1>
 __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* tiles, const KV* ks, const KV* vs,
-                                                    const int* sfirst) {
+                                                    const int* sfirst, bf16_t* xs, int M) {
     __shared__ __align__(16) bf16_t Ks[64 * FA_LD];
     __shared__ __align__(16) bf16_t Vs[64 * FA_LD];
     __shared__ unsigned koff[64];
@@ -650,44 +645,53 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         __syncthreads();
     }
     float ia = la > 0.f ? 1.f / la : 0.f, ib = lb > 0.f ? 1.f / lb : 0.f;
+    // Output: f32 rows of `out`, or (xs set: the o_proj GEMM's input) their BF16 hi / lo split,
+    // xs [M, ldo] hi then lo at xs + M * ldo, the values split_bf16 would make of them (one
+    // 32-bit store per adjacent pair of dims).
 #pragma unroll
     for (int dn = 0; dn < FA_HD / 8; dn++) {
         if (dn * 8 < hd) {
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int d = dn * 8 + 2 * t4 + e;
-                if (va) {
-                    float v = (o[dn][e] * ia) * vscale;
-                    int m = r0 + ra;
-                    if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
-                    else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
-                    out[(size_t)m * ldo + h * hd + d] = v;
+            for (int rr = 0; rr < 2; rr++) {
+                if (!(rr ? vb : va)) continue;
+                int m = r0 + (rr ? rb : ra);
+                float iv = rr ? ib : ia;
+                int d = dn * 8 + 2 * t4;
+                float v0 = (o[dn][2 * rr] * iv) * vscale, v1 = (o[dn][2 * rr + 1] * iv) * vscale;
+                if (gate_mode == 1) {
+                    float gg = softplus_f(g[(size_t)m * ldg + h]);
+                    v0 *= gg;
+                    v1 *= gg;
+                } else if (gate_mode == 2) {
+                    v0 *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
+                    v1 *= softplus_f(g[(size_t)m * ldg + h * hd + d + 1]);
                 }
-                if (vb) {
-                    float v = (o[dn][2 + e] * ib) * vscale;
-                    int m = r0 + rb;
-                    if (gate_mode == 1) v *= softplus_f(g[(size_t)m * ldg + h]);
-                    else if (gate_mode == 2) v *= softplus_f(g[(size_t)m * ldg + h * hd + d]);
-                    out[(size_t)m * ldo + h * hd + d] = v;
+                size_t at = (size_t)m * ldo + h * hd + d;
+                if (xs) {
+                    u32 hp = bf2_pack(v0, v1);
+                    *reinterpret_cast<u32*>(xs + at) = hp;
+                    *reinterpret_cast<u32*>(xs + (size_t)M * ldo + at) = bf2_pack(v0 - bflo(hp), v1 - bfhi(hp));
+                } else {
+                    *reinterpret_cast<float2*>(out + at) = make_float2(v0, v1);
                 }
             }
         }
     }
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
-                                                                    const bf16_t* vs, const int* sfirst) { PDL_ENTRY();
-    attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst);
+                                                                    const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
-                                                                        const u8* vs, const int* sfirst) { PDL_ENTRY();
-    attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst);
+                                                                        const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 // _h: Q and P rounded to BF16 alone (FlashAttention's and vLLM's numerics; one mma per fragment).
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_h(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
-                                                                      const bf16_t* vs, const int* sfirst) { PDL_ENTRY();
-    attention_prefill_t<bf16_t, 0>(ATT_ARGS, tiles, ks, vs, sfirst);
+                                                                      const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<bf16_t, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PARAMS(u8), const int* tiles, const u8* ks,
-                                                                          const u8* vs, const int* sfirst) { PDL_ENTRY();
-    attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst);
+                                                                          const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }

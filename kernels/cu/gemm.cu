@@ -72,8 +72,11 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
                           int accumulate, int n0) {
     static_assert(TN == 64 || (TN == 128 && FMT == 1), "tile width");
     constexpr int NI = TN / 16;  // n8 blocks per warp (a warp covers TN / 2 outputs)
-    __shared__ __align__(16) bf16_t As[GM * GLD];
-    __shared__ __align__(16) bf16_t Al[SPLIT ? GM * GLD : 8];
+    // X tiles arrive by cp.async (no registers): two buffers, so step k+1's copies fly while step
+    // k computes, when they fit the 48 KB of static shared memory with B (TN 64); else one.
+    constexpr int NB = TN == 64 ? 2 : 1;
+    __shared__ __align__(16) bf16_t As[NB][GM * GLD];
+    __shared__ __align__(16) bf16_t Al[SPLIT ? NB : 1][SPLIT ? GM * GLD : 8];
     __shared__ __align__(16) bf16_t Bs[TN * GLD];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t = lane & 3;
@@ -105,24 +108,25 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         brow[j] = wb + (size_t)nn * (FMT == 0 ? (size_t)K * 2 : (size_t)K / 2);
         srow[j] = FMT == 1 ? sb + (size_t)nn * (K / 16) : nullptr;
     }
-    // Global loads of the next K step go to registers while the current step computes.
-    uint4 ra[AV], rl[AV];
-    uint4 rb4[FMT == 0 ? BV : 1];
-    uint2 rbc[FMT == 1 ? BV : 1];
-    u8 rbs[FMT == 1 ? BV : 1];
-    auto gload = [&](int k0) {
+    // X rows of step k0 into A buffer `buf` (zero-filled for padding rows and past K), one group.
+    auto aload = [&](int k0, int buf) {
 #pragma unroll
         for (int j = 0; j < AV; j++) {
             int idx = tid + 128 * j;
             int r = idx / (GK / 8), c = (idx % (GK / 8)) * 8;
             int ar = arow[r];
-            ra[j] = make_uint4(0, 0, 0, 0);
-            rl[j] = ra[j];
-            if (ar >= 0 && k0 + c < K) {
-                ra[j] = *reinterpret_cast<const uint4*>(X + (size_t)ar * ldx + k0 + c);
-                if (SPLIT) rl[j] = *reinterpret_cast<const uint4*>(XL + (size_t)ar * ldx + k0 + c);
-            }
+            bool ok = ar >= 0 && k0 + c < K;
+            size_t off = ok ? (size_t)ar * ldx + k0 + c : 0;
+            cp_async16(&As[buf][r * GLD + c], X + off, ok ? 16u : 0u);
+            if (SPLIT) cp_async16(&Al[buf][r * GLD + c], XL + off, ok ? 16u : 0u);
         }
+        cp_async_commit();
+    };
+    // Weight loads of the next K step go to registers while the current step computes.
+    uint4 rb4[FMT == 0 ? BV : 1];
+    uint2 rbc[FMT == 1 ? BV : 1];
+    u8 rbs[FMT == 1 ? BV : 1];
+    auto gload = [&](int k0) {
         if (FMT == 0) {
 #pragma unroll
             for (int j = 0; j < BV; j++) {
@@ -145,13 +149,6 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         }
     };
     auto sstore = [&]() {
-#pragma unroll
-        for (int j = 0; j < AV; j++) {
-            int idx = tid + 128 * j;
-            int r = idx / (GK / 8), c = (idx % (GK / 8)) * 8;
-            *reinterpret_cast<uint4*>(&As[r * GLD + c]) = ra[j];
-            if (SPLIT) *reinterpret_cast<uint4*>(&Al[r * GLD + c]) = rl[j];
-        }
         if (FMT == 0) {
 #pragma unroll
             for (int j = 0; j < BV; j++) {
@@ -175,11 +172,20 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             }
         }
     };
+    aload(0, 0);
     gload(0);
-    for (int k0 = 0; k0 < K; k0 += GK) {
+    for (int k0 = 0, it = 0; k0 < K; k0 += GK, it++) {
+        const int buf = NB == 2 ? (it & 1) : 0;
         sstore();
-        __syncthreads();
+        if (NB == 2) {
+            if (k0 + GK < K) aload(k0 + GK, buf ^ 1);
+            else cp_async_commit();
+            cp_async_wait_group<1>();
+        } else {
+            cp_async_wait_group<0>();
+        }
         if (k0 + GK < K) gload(k0 + GK);
+        __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < GK; kk += 16) {
             // Fragments by ldmatrix (the same values as element-wise loads): A tiles (rows +0/+8,
@@ -189,7 +195,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             const int brow_l = (lane & 7) + ((lane >> 4) << 3), bcol_l = ((lane >> 3) & 1) * 8;
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &As[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
+                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &As[buf][(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
 #pragma unroll
             for (int ni = 0; ni < NI; ni += 2)
                 ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1], &Bs[(wn * (TN / 2) + ni * 8 + brow_l) * GLD + kk + bcol_l]);
@@ -201,7 +207,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             if (SPLIT) {
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
-                    ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Al[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
+                    ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Al[buf][(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
 #pragma unroll
                 for (int mi = 0; mi < 2; mi++)
 #pragma unroll
@@ -210,6 +216,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             }
         }
         __syncthreads();
+        if (NB == 1 && k0 + GK < K) aload(k0 + GK, 0);
     }
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -353,7 +360,6 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_h(MOE_GU_
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<0, 0>(MOE_DN_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 0>(MOE_DN_ARGS); }
 // _w: 128 outputs per tile (grid x = ceil(N / 128)); the same arithmetic per output element.
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_w(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 1, 128>(MOE_GU_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_w(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any

@@ -180,3 +180,16 @@ extern "C" __global__ void silu_mul(const float* gu, float* y, int M, int I) { P
         y[(size_t)m * I + i] = silu_f(g) * u;
     }
 }
+// silu_mul for a GEMM consumer: writes only the BF16 hi / lo split of y (xs [M, I] hi, then lo at
+// xs + M * I; lo skipped when lo == 0), the values split_bf16 would make of y.
+extern "C" __global__ void silu_mul_split(const float* gu, bf16_t* xs, int M, int I, int lo) { PDL_ENTRY();
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= I) return;
+    for (int m = blockIdx.y; m < M; m += gridDim.y) {
+        float g = gu[(size_t)m * 2 * I + i], u = gu[(size_t)m * 2 * I + I + i];
+        float v = silu_f(g) * u;
+        bf16_t h = f2bf(v);
+        xs[(size_t)m * I + i] = h;
+        if (lo) xs[(size_t)M * I + (size_t)m * I + i] = f2bf(v - bf2f(h));
+    }
+}

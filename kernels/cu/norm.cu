@@ -6,9 +6,21 @@ extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* 
 }
 // y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
-extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) { PDL_ENTRY();
+// With xs set (rmsnorm_split, long passes), y's BF16 hi / lo split is written too (xs [M, H] hi,
+// then lo at xs + M * H; M = gridDim.x), as split_bf16 would write it, for the GEMMs that read y.
+__device__ __forceinline__ void rms_store(float* y, bf16_t* xs, size_t M, int r, int H, int i, float v) {
+    y[(size_t)r * H + i] = v;
+    if (xs) {
+        bf16_t h = f2bf(v);
+        xs[(size_t)r * H + i] = h;
+        xs[M * H + (size_t)r * H + i] = f2bf(v - bf2f(h));
+    }
+}
+__device__ __forceinline__ void rmsnorm_t(const float* x, const int* rows, const float* w, float* y, int H, float eps,
+                                          bf16_t* xs) {
     __shared__ float sh[32];
     int r = blockIdx.x;
+    size_t M = gridDim.x;
     int src = rows ? rows[r] : r;
     const float* xr = x + (size_t)src * H;
     float v[8];
@@ -25,9 +37,15 @@ extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float*
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int i = threadIdx.x + j * blockDim.x;
-        if (i < H) y[(size_t)r * H + i] = w[i] * (v[j] * inv);
+        if (i < H) rms_store(y, xs, M, r, H, i, w[i] * (v[j] * inv));
     }
-    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) y[(size_t)r * H + i] = w[i] * (xr[i] * inv);
+    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) rms_store(y, xs, M, r, H, i, w[i] * (xr[i] * inv));
+}
+extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) { PDL_ENTRY();
+    rmsnorm_t(x, rows, w, y, H, eps, nullptr);
+}
+extern "C" __global__ void rmsnorm_split(const float* x, const int* rows, const float* w, float* y, int H, float eps, bf16_t* xs) { PDL_ENTRY();
+    rmsnorm_t(x, rows, w, y, H, eps, xs);
 }
 
 // Draft tap fusion: x is [M, nw * H] (nw taps of width H per row); each H-wide piece j is

@@ -22,7 +22,13 @@ pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "norm",
         source: include_str!("../cu/norm.cu"),
-        entries: &["embed", "rmsnorm", "rmsnorm_taps", "copy_rows"],
+        entries: &[
+            "embed",
+            "rmsnorm",
+            "rmsnorm_split",
+            "rmsnorm_taps",
+            "copy_rows",
+        ],
     },
     KernelModule {
         name: "linear",
@@ -37,6 +43,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_bf16_m16",
             "linear_fp4_m16",
             "silu_mul",
+            "silu_mul_split",
         ],
     },
     KernelModule {
@@ -99,7 +106,6 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_gate_up_fp4_h",
             "moe_gemm_down_bf16_h",
             "moe_gemm_down_fp4_h",
-            "moe_gemm_gate_up_fp4_w",
             "moe_gemm_down_fp4_w",
             "linear_tc_bf16",
             "read_u4",

@@ -272,8 +272,9 @@ pub struct KernelSet {
     pub bf16_dense: bool,
     pub bf16_moe: bool,
     pub bf16_attn: bool,
-    /// Long passes: NVFP4 expert GEMMs with 128-output tiles (`moe_gemm_*_fp4_w`; the same
-    /// arithmetic per element as the 64-wide tiles, each weight decoded once per 64 rows).
+    /// Long passes: the NVFP4 expert down GEMM with 128-output tiles (`moe_gemm_down_fp4_w`: the
+    /// same arithmetic per element as the 64-wide tiles; faster for down, K = 512, and slower
+    /// for gate/up, K = 2048, which keeps 64: run 63).
     pub moe_wide: bool,
 }
 
@@ -403,6 +404,10 @@ pub struct CudaModel {
     taps_dev: u64,
     /// Which weight-streaming kernel families run (see [`KernelSet`]).
     kset: KernelSet,
+    /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
+    /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
+    /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
+    xs_holds: std::cell::Cell<(u64, bool)>,
 }
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
@@ -1059,6 +1064,7 @@ impl CudaModel {
             taps_on_device: false,
             taps_dev: 0,
             kset: KernelSet::from_env(),
+            xs_holds: std::cell::Cell::new((0, false)),
         })
     }
 
@@ -1183,6 +1189,7 @@ impl CudaModel {
         let nkv = cfg.num_kv_heads;
         let kvw = nkv * hd;
         let eps = cfg.rms_norm_eps as f32;
+        self.xs_holds.set((0, false));
         d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
             b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
         })
@@ -1192,8 +1199,9 @@ impl CudaModel {
         for (li, l) in self.layers.iter().enumerate() {
             let nh = l.nh;
             let qw = nh * hd;
+            let gemm_pass = m >= self.opts.gemm_min_rows;
             if !normed {
-                self.rmsnorm(prof, sc.x, 0, l.input_norm, sc.hn, m, h, eps)?;
+                self.norm_rows(prof, l.input_norm, m, eps, gemm_pass)?;
             }
             normed = false;
             let gw = l.g.map_or(0, |g| g.n);
@@ -1307,6 +1315,10 @@ impl CudaModel {
                     ("attention_prefill_fp8", true) => "attention_prefill_fp8_h",
                     (n, _) => n,
                 };
+                // In a GEMM pass the output goes straight to the BF16 split the o_proj GEMM reads
+                // (its lo half unless the dense GEMMs take BF16 alone).
+                let to_xs = gemm_pass;
+                let xs_lo = !self.kset.bf16_dense;
                 d.launch_p(
                     prof,
                     pname,
@@ -1315,10 +1327,17 @@ impl CudaModel {
                     0,
                     |b| {
                         common(b);
-                        b.u64(sc.atiles).u64(ks).u64(vs).u64(sc.sspan);
+                        b.u64(sc.atiles)
+                            .u64(ks)
+                            .u64(vs)
+                            .u64(sc.sspan)
+                            .u64(if to_xs { sc.xs } else { 0 })
+                            .i32(m as i32);
                     },
                 )
                 .map_err(cerr)?;
+                self.xs_holds
+                    .set(if to_xs { (sc.attn, xs_lo) } else { (0, false) });
                 if staged {
                     let rowb = kvw * self.kv_elt;
                     d.launch_p(prof, "ring_commit", (m as u32, 1, 1), (64, 1, 1), 0, |b| {
@@ -1383,7 +1402,7 @@ impl CudaModel {
                 }
             }
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
-            self.rmsnorm(prof, sc.x, 0, l.post_norm, sc.hn, m, h, eps)?;
+            self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
             match &l.mlp {
                 MlpW::Dense { gate, up, down } => {
                     self.ffn(prof, gate, up, down, m, sc.x, true)?;
@@ -1484,13 +1503,9 @@ impl CudaModel {
                     let im = cfg.moe_intermediate_size;
                     if gemm {
                         let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
-                        let wide = experts.gate.fp4
-                            && experts.down.fp4
-                            && self.kset.moe_wide
-                            && !self.kset.bf16_moe;
+                        let wide = experts.down.fp4 && self.kset.moe_wide && !self.kset.bf16_moe;
                         let tn = if wide { 128 } else { 64 };
                         let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
-                            (true, false) if wide => "moe_gemm_gate_up_fp4_w",
                             (true, false) => "moe_gemm_gate_up_fp4",
                             (false, false) => "moe_gemm_gate_up_bf16",
                             (true, true) => "moe_gemm_gate_up_fp4_h",
@@ -1501,7 +1516,7 @@ impl CudaModel {
                         d.launch_p(
                             prof,
                             gu_name,
-                            (ceil_div(2 * im, tn) as u32, max_tiles, 1),
+                            (ceil_div(2 * im, 64) as u32, max_tiles, 1),
                             (128, 1, 1),
                             0,
                             |b| {
@@ -1526,17 +1541,20 @@ impl CudaModel {
                             },
                         )
                         .map_err(cerr)?;
+                        // SiLU(gate) * up straight into the BF16 split the down GEMM reads.
+                        let lo = !self.kset.bf16_moe;
                         d.launch_p(
                             prof,
-                            "silu_mul",
+                            "silu_mul_split",
                             (ceil_div(im, 256) as u32, s.min(65535) as u32, 1),
                             (256, 1, 1),
                             0,
                             |b| {
                                 b.u64(sc.moe_gu)
-                                    .u64(sc.moe_act)
+                                    .u64(sc.xs)
                                     .i32(s as i32)
-                                    .i32(im as i32);
+                                    .i32(im as i32)
+                                    .i32(lo as i32);
                             },
                         )
                         .map_err(cerr)?;
@@ -1547,7 +1565,6 @@ impl CudaModel {
                             (true, true) => "moe_gemm_down_fp4_h",
                             (false, true) => "moe_gemm_down_bf16_h",
                         };
-                        self.split(prof, sc.moe_act, im, s, im, !self.kset.bf16_moe)?;
                         d.launch_p(
                             prof,
                             dn_name,
@@ -1679,6 +1696,7 @@ impl CudaModel {
                             },
                         )
                         .map_err(cerr)?;
+                        self.xs_holds.set((0, false));
                         normed = true;
                     } else {
                         d.launch_p(
@@ -1770,6 +1788,47 @@ impl CudaModel {
             .map_err(cerr)
     }
 
+    /// The layer norm of the residual sc.x into sc.hn; in a GEMM pass also its BF16 split into
+    /// sc.xs (rmsnorm_split), which the next GEMMs on hn then read without a split_bf16.
+    fn norm_rows(
+        &self,
+        prof: &mut Option<device::Prof>,
+        w: u64,
+        m: usize,
+        eps: f32,
+        split: bool,
+    ) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        if !split {
+            return self.rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps);
+        }
+        self.dev
+            .launch_p(
+                prof,
+                "rmsnorm_split",
+                (m as u32, 1, 1),
+                (
+                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
+                    1,
+                    1,
+                ),
+                0,
+                |b| {
+                    b.u64(sc.x)
+                        .u64(0)
+                        .u64(w)
+                        .u64(sc.hn)
+                        .i32(h as i32)
+                        .f32(eps)
+                        .u64(sc.xs);
+                },
+            )
+            .map_err(cerr)?;
+        self.xs_holds.set((sc.hn, true));
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn rmsnorm(
         &self,
@@ -1782,6 +1841,7 @@ impl CudaModel {
         h: usize,
         eps: f32,
     ) -> Result<()> {
+        self.xs_holds.set((0, false));
         self.dev
             .launch_p(
                 prof,
@@ -1837,7 +1897,11 @@ impl CudaModel {
             };
             let grid = (ceil_div(l.n, 64) as u32, ceil_div(m, 64) as u32, 1);
             let hi_only = self.kset.bf16_dense && tag != "router";
-            self.split(prof, x, ldx, m, l.k, !hi_only)?;
+            let held = self.xs_holds.get();
+            if !(held.0 == x && ldx == l.k && (held.1 || hi_only)) {
+                self.split(prof, x, ldx, m, l.k, !hi_only)?;
+                self.xs_holds.set((0, false));
+            }
             if !l.fp4 && tag != "router" && self.kset.cublas {
                 if let Some(blas) = self.dev.blas() {
                     let xs = self.sc.xs;
