@@ -66,8 +66,17 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
                                                   const int* bt, int max_pages, int page_size, KV* kc, KV* vc,
                                                   int nh, int nkv, int hd, KV* ks, KV* vs, float kinv, float vinv) {
     __shared__ float buf[4][256];
+    __shared__ float rc[128], rs[128];
     int m = blockIdx.x, w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int h = blockIdx.y * 4 + w;
+    int p = pos[m];
+    // cos / sin (times attn_factor) of this row's rotary angles, once per block for its 4 heads.
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float ang = (float)p * inv_freq[i];
+        rc[i] = cosf(ang) * attn_factor;
+        rs[i] = sinf(ang) * attn_factor;
+    }
+    __syncthreads();
     if (h >= nh + nkv) return;
     bool isq = h < nh;
     int kh = h - nh;
@@ -90,7 +99,6 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         if (d < hd) bw[d] = nw[d] * (xv[j] * inv);
     }
     __syncwarp();
-    int p = pos[m];
     size_t off = 0;
     if (!isq && !ks) {
         int page = bt[(size_t)seqrow[m] * max_pages + (p / page_size) % max_pages];
@@ -102,14 +110,10 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         if (d >= hd) break;
         float y = bw[d];
         if (d < half) {
-            float ang = (float)p * inv_freq[d];
-            float c = cosf(ang) * attn_factor, sn = sinf(ang) * attn_factor;
-            y = bw[d] * c - bw[d + half] * sn;
+            y = bw[d] * rc[d] - bw[d + half] * rs[d];
         } else if (d < 2 * half) {
             int i = d - half;
-            float ang = (float)p * inv_freq[i];
-            float c = cosf(ang) * attn_factor, sn = sinf(ang) * attn_factor;
-            y = bw[d] * c + bw[i] * sn;
+            y = bw[d] * rc[i] + bw[i] * rs[i];
         }
         if (isq) {
             q[(size_t)m * ldq + h * hd + d] = y;
@@ -567,18 +571,49 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
             }
         }
         float mxa = -INFINITY, mxb = -INFINITY;
+        // Keys visible to every row of this warp (below the diagonal, inside the window) need no
+        // mask; rows past the tile's end (va / vb false) are never written, so only their
+        // (finite) values differ there.
+        const int wp0 = p0 + w * 16;
+        const bool full = kb + 63 <= wp0 && (window <= 0 || kb >= wp0 + 16 - window);
+        if (full) {
 #pragma unroll
-        for (int ni = 0; ni < 8; ni++)
+            for (int ni = 0; ni < 8; ni++)
 #pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int key = kb + ni * 8 + 2 * t4 + e;
-                bool oka = va && key <= pa && key >= loa;
-                bool okb = vb && key <= pb && key >= lob;
-                s[ni][e] = oka ? s[ni][e] * scale : -INFINITY;
-                s[ni][2 + e] = okb ? s[ni][2 + e] * scale : -INFINITY;
-                mxa = fmaxf(mxa, s[ni][e]);
-                mxb = fmaxf(mxb, s[ni][2 + e]);
+                for (int e = 0; e < 2; e++) {
+                    s[ni][e] *= scale;
+                    s[ni][2 + e] *= scale;
+                }
+        } else {
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int key = kb + ni * 8 + 2 * t4 + e;
+                    bool oka = va && key <= pa && key >= loa;
+                    bool okb = vb && key <= pb && key >= lob;
+                    s[ni][e] = oka ? s[ni][e] * scale : -INFINITY;
+                    s[ni][2 + e] = okb ? s[ni][2 + e] * scale : -INFINITY;
+                }
+        }
+        {
+            // Row maxima as a tree (max is exact: any order gives the same value).
+            float ta[8], tb[8];
+#pragma unroll
+            for (int ni = 0; ni < 8; ni++) {
+                ta[ni] = fmaxf(s[ni][0], s[ni][1]);
+                tb[ni] = fmaxf(s[ni][2], s[ni][3]);
             }
+#pragma unroll
+            for (int st = 4; st >= 1; st >>= 1)
+#pragma unroll
+                for (int i = 0; i < st; i++) {
+                    ta[i] = fmaxf(ta[i], ta[i + st]);
+                    tb[i] = fmaxf(tb[i], tb[i + st]);
+                }
+            mxa = fmaxf(mxa, ta[0]);
+            mxb = fmaxf(mxb, tb[0]);
+        }
         mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 1));
         mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, 2));
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 1));

@@ -66,7 +66,9 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // residual stream drifts enough to flip near-tied router top-k picks on the fixtures.
 // TN: outputs per tile (64, or 128 for NVFP4 weights: each warp 32 x 64, so an A fragment pair
 // feeds twice the mma and the block decodes each weight once per 64 rows with half the A traffic).
-template <int FMT, int SPLIT = 1, int TN = GN>
+// SKIP: a warp whose 32 tile rows are all padding (rows fill a tile from the top: the short last
+// tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks.
+template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
 __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
                           int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
                           int accumulate, int n0) {
@@ -172,6 +174,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             }
         }
     };
+    const bool wact = !SKIP || arow[wm * 32] >= 0;
     aload(0, 0);
     gload(0);
     for (int k0 = 0, it = 0; k0 < K; k0 += GK, it++) {
@@ -188,6 +191,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < GK; kk += 16) {
+            if (!wact) break;
             // Fragments by ldmatrix (the same values as element-wise loads): A tiles (rows +0/+8,
             // cols +0/+8) per 16-row block; B tiles (n rows +0..7 at k +0/+8, then n +8..15).
             u32 a[2][4], bb[NI][2];
@@ -293,7 +297,7 @@ __device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const 
     *g_out = g;
     return true;
 }
-template <int FMT, int SPLIT = 1, int TN = GN>
+template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
 __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
                                  const int* grp_start, const int* grp_count, const int* perm, const int* meta,
@@ -309,9 +313,9 @@ __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv
     const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
     const u8* use = FMT == 1 ? us + e * sstride : nullptr;
     float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT, TN>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN);
+    gemm_tile<FMT, SPLIT, TN, SKIP>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN);
 }
-template <int FMT, int SPLIT = 1, int TN = GN>
+template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
 __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                               const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                               const int* meta, const int* tiles, float* out) {
@@ -323,7 +327,7 @@ __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, c
     const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
     const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
     float di = FMT == 1 ? dinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT, TN>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * TN);
+    gemm_tile<FMT, SPLIT, TN, SKIP>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * TN);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
@@ -361,6 +365,9 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16_h(MOE_DN_PA
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 0>(MOE_DN_ARGS); }
 // _w: 128 outputs per tile (grid x = ceil(N / 128)); the same arithmetic per output element.
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_w(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128>(MOE_DN_ARGS); }
+// _k: padding warps skip their mma (KernelSet moe_skip).
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_k(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 1, 64, 1>(MOE_GU_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 1>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into

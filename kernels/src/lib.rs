@@ -107,6 +107,8 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_down_bf16_h",
             "moe_gemm_down_fp4_h",
             "moe_gemm_down_fp4_w",
+            "moe_gemm_gate_up_fp4_k",
+            "moe_gemm_down_fp4_wk",
             "linear_tc_bf16",
             "read_u4",
         ],

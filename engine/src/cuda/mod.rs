@@ -276,6 +276,9 @@ pub struct KernelSet {
     /// same arithmetic per element as the 64-wide tiles; faster for down, K = 512, and slower
     /// for gate/up, K = 2048, which keeps 64: run 63).
     pub moe_wide: bool,
+    /// Long passes: in the NVFP4 expert GEMMs a warp whose tile rows are all padding skips its
+    /// mma (`moe_gemm_*_k`; the other rows' arithmetic is unchanged; run 65: 107.7 -> 105.1 ms).
+    pub moe_skip: bool,
 }
 
 impl KernelSet {
@@ -290,6 +293,7 @@ impl KernelSet {
             bf16_moe: false,
             bf16_attn: false,
             moe_wide: false,
+            moe_skip: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -303,6 +307,7 @@ impl KernelSet {
             bf16_moe: false,
             bf16_attn: false,
             moe_wide: true,
+            moe_skip: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -326,7 +331,8 @@ impl KernelSet {
                 "bf16_moe" => k.bf16_moe = on,
                 "bf16_attn" => k.bf16_attn = on,
                 "moe_wide" => k.moe_wide = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide)")),
+                "moe_skip" => k.moe_skip = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip)")),
             }
         }
         Ok(k)
@@ -1505,7 +1511,9 @@ impl CudaModel {
                         let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
                         let wide = experts.down.fp4 && self.kset.moe_wide && !self.kset.bf16_moe;
                         let tn = if wide { 128 } else { 64 };
+                        let skip = self.kset.moe_skip;
                         let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) if skip => "moe_gemm_gate_up_fp4_k",
                             (true, false) => "moe_gemm_gate_up_fp4",
                             (false, false) => "moe_gemm_gate_up_bf16",
                             (true, true) => "moe_gemm_gate_up_fp4_h",
@@ -1559,6 +1567,7 @@ impl CudaModel {
                         )
                         .map_err(cerr)?;
                         let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
+                            (true, false) if wide && skip => "moe_gemm_down_fp4_wk",
                             (true, false) if wide => "moe_gemm_down_fp4_w",
                             (true, false) => "moe_gemm_down_fp4",
                             (false, false) => "moe_gemm_down_bf16",
