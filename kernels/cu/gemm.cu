@@ -68,10 +68,15 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // feeds twice the mma and the block decodes each weight once per 64 rows with half the A traffic).
 // SKIP: a warp whose 32 tile rows are all padding (rows fill a tile from the top: the short last
 // tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks.
-template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
+// SILU (gate/up, TN 64): a tile's 64 columns are 32 intermediate indices i0 = n0 / 2 .. +31, each
+// warp's 32 columns gate of 16 of them then up of the same 16, so the epilogue has gate and up of
+// (row, i) in one thread: it writes silu(gate) * up as the BF16 hi / lo split the down GEMM reads
+// (Y as bf16 [rows, N1], lo at + olo elements), the values silu_mul_split would write.
+template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0, int SILU = 0>
 __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
                           int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
-                          int accumulate, int n0) {
+                          int accumulate, int n0, size_t olo = 0) {
+    static_assert(!SILU || TN == 64, "gate/up interleave needs 64-wide tiles");
     static_assert(TN == 64 || (TN == 128 && FMT == 1), "tile width");
     constexpr int NI = TN / 16;  // n8 blocks per warp (a warp covers TN / 2 outputs)
     // X tiles arrive by cp.async (no registers): two buffers, so step k+1's copies fly while step
@@ -106,6 +111,13 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         int nn = n < N1 ? n : n - N1;
         const u8* wb = n < N1 ? w1 : w2;
         const u8* sb = n < N1 ? s1 : s2;
+        if (SILU) {
+            int q = row & 31, i = (n0 >> 1) + (row >> 5) * 16 + (q & 15);
+            bval[j] = i < N1;
+            nn = i;
+            wb = q < 16 ? w1 : w2;
+            sb = q < 16 ? s1 : s2;
+        }
         if (!bval[j]) { nn = 0; wb = w1; sb = s1; }
         brow[j] = wb + (size_t)nn * (FMT == 0 ? (size_t)K * 2 : (size_t)K / 2);
         srow[j] = FMT == 1 ? sb + (size_t)nn * (K / 16) : nullptr;
@@ -229,6 +241,22 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             int r = wm * 32 + mi * 16 + g + 8 * h;
             int yr = yrow[r];
             if (yr < 0) continue;
+            if (SILU) {
+                bf16_t* op = reinterpret_cast<bf16_t*>(Y) + (size_t)yr * N1;
+#pragma unroll
+                for (int ni = 0; ni < 2; ni++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        int i = (n0 >> 1) + wn * 16 + ni * 8 + 2 * t + e;
+                        if (i >= N1) continue;
+                        float gv = acc[mi][ni][2 * h + e] * sc1, uv = acc[mi][ni + 2][2 * h + e] * sc2;
+                        float v = silu_f(gv) * uv;
+                        bf16_t hv = f2bf(v);
+                        op[i] = hv;
+                        op[olo + i] = f2bf(v - bf2f(hv));
+                    }
+                continue;
+            }
             float* yp = Y + (size_t)yr * ldy;
 #pragma unroll
             for (int ni = 0; ni < NI; ni++)
@@ -297,11 +325,11 @@ __device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const 
     *g_out = g;
     return true;
 }
-template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
+template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0, int SILU = 0>
 __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
                                  const int* grp_start, const int* grp_count, const int* perm, const int* meta,
-                                 const int* tiles, float* gu) {
+                                 const int* tiles, float* gu, size_t olo = 0) {
     __shared__ int arow[GM], yrow[GM];
     int g;
     if (!moe_tile_rows<FMT>(grp_start, grp_count, perm, meta, tiles, KK, arow, yrow, &g)) return;
@@ -313,7 +341,7 @@ __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv
     const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
     const u8* use = FMT == 1 ? us + e * sstride : nullptr;
     float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT, TN, SKIP>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN);
+    gemm_tile<FMT, SPLIT, TN, SKIP, SILU>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN, olo);
 }
 template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
 __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
@@ -368,6 +396,11 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_w(MOE_DN_PAR
 // _k: padding warps skip their mma (KernelSet moe_skip).
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_k(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 1, 64, 1>(MOE_GU_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 1>(MOE_DN_ARGS); }
+// _ks: + SiLU(gate) * up in the epilogue: `gu` receives the down GEMM's BF16 input split
+// (bf16 [slots, I], lo at + olo elements) instead of f32 gate | up (KernelSet moe_silu).
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_ks(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
+    moe_gemm_gate_up<1, 1, 64, 1, 1>(MOE_GU_ARGS, olo);
+}
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into

@@ -109,6 +109,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_down_fp4_w",
             "moe_gemm_gate_up_fp4_k",
             "moe_gemm_down_fp4_wk",
+            "moe_gemm_gate_up_fp4_ks",
             "linear_tc_bf16",
             "read_u4",
         ],

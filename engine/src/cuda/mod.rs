@@ -279,6 +279,11 @@ pub struct KernelSet {
     /// Long passes: in the NVFP4 expert GEMMs a warp whose tile rows are all padding skips its
     /// mma (`moe_gemm_*_k`; the other rows' arithmetic is unchanged; run 65: 107.7 -> 105.1 ms).
     pub moe_skip: bool,
+    /// Long passes: SiLU(gate) * up in the NVFP4 gate/up GEMM's epilogue (`moe_gemm_gate_up_fp4_ks`,
+    /// interleaved gate / up columns; no f32 gate | up round trip, no `silu_mul_split`).
+    pub moe_silu: bool,
+    /// Long passes: the router GEMM on cuBLAS too (hi and lo, like the dense Linears).
+    pub cublas_router: bool,
 }
 
 impl KernelSet {
@@ -294,6 +299,8 @@ impl KernelSet {
             bf16_attn: false,
             moe_wide: false,
             moe_skip: false,
+            moe_silu: false,
+            cublas_router: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -308,6 +315,8 @@ impl KernelSet {
             bf16_attn: false,
             moe_wide: true,
             moe_skip: true,
+            moe_silu: true,
+            cublas_router: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -332,7 +341,9 @@ impl KernelSet {
                 "bf16_attn" => k.bf16_attn = on,
                 "moe_wide" => k.moe_wide = on,
                 "moe_skip" => k.moe_skip = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip)")),
+                "moe_silu" => k.moe_silu = on,
+                "cublas_router" => k.cublas_router = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_silu, cublas_router)")),
             }
         }
         Ok(k)
@@ -1512,7 +1523,11 @@ impl CudaModel {
                         let wide = experts.down.fp4 && self.kset.moe_wide && !self.kset.bf16_moe;
                         let tn = if wide { 128 } else { 64 };
                         let skip = self.kset.moe_skip;
+                        // SiLU fused into the gate/up epilogue: it writes the down GEMM's input
+                        // split into sc.moe_gu (bf16 [s, im], lo at + s * im), not f32 gate | up.
+                        let fused = experts.gate.fp4 && !self.kset.bf16_moe && self.kset.moe_silu;
                         let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) if fused => "moe_gemm_gate_up_fp4_ks",
                             (true, false) if skip => "moe_gemm_gate_up_fp4_k",
                             (true, false) => "moe_gemm_gate_up_fp4",
                             (false, false) => "moe_gemm_gate_up_bf16",
@@ -1546,26 +1561,34 @@ impl CudaModel {
                                     .u64(sc.meta)
                                     .u64(sc.tiles)
                                     .u64(sc.moe_gu);
+                                if fused {
+                                    b.u64((s * im) as u64);
+                                }
                             },
                         )
                         .map_err(cerr)?;
-                        // SiLU(gate) * up straight into the BF16 split the down GEMM reads.
-                        let lo = !self.kset.bf16_moe;
-                        d.launch_p(
-                            prof,
-                            "silu_mul_split",
-                            (ceil_div(im, 256) as u32, s.min(65535) as u32, 1),
-                            (256, 1, 1),
-                            0,
-                            |b| {
-                                b.u64(sc.moe_gu)
-                                    .u64(sc.xs)
-                                    .i32(s as i32)
-                                    .i32(im as i32)
-                                    .i32(lo as i32);
-                            },
-                        )
-                        .map_err(cerr)?;
+                        let act = if fused {
+                            sc.moe_gu
+                        } else {
+                            // SiLU(gate) * up straight into the BF16 split the down GEMM reads.
+                            let lo = !self.kset.bf16_moe;
+                            d.launch_p(
+                                prof,
+                                "silu_mul_split",
+                                (ceil_div(im, 256) as u32, s.min(65535) as u32, 1),
+                                (256, 1, 1),
+                                0,
+                                |b| {
+                                    b.u64(sc.moe_gu)
+                                        .u64(sc.xs)
+                                        .i32(s as i32)
+                                        .i32(im as i32)
+                                        .i32(lo as i32);
+                                },
+                            )
+                            .map_err(cerr)?;
+                            sc.xs
+                        };
                         let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
                             (true, false) if wide && skip => "moe_gemm_down_fp4_wk",
                             (true, false) if wide => "moe_gemm_down_fp4_w",
@@ -1584,7 +1607,7 @@ impl CudaModel {
                                 b.u64(experts.down.w)
                                     .u64(experts.down.s)
                                     .u64(experts.down.inv)
-                                    .u64(sc.xs)
+                                    .u64(act)
                                     .u64((s * im) as u64)
                                     .i32(h as i32)
                                     .i32(im as i32)
@@ -1911,7 +1934,7 @@ impl CudaModel {
                 self.split(prof, x, ldx, m, l.k, !hi_only)?;
                 self.xs_holds.set((0, false));
             }
-            if !l.fp4 && tag != "router" && self.kset.cublas {
+            if !l.fp4 && (tag != "router" || self.kset.cublas_router) && self.kset.cublas {
                 if let Some(blas) = self.dev.blas() {
                     let xs = self.sc.xs;
                     let beta = if acc { 1.0 } else { 0.0 };
@@ -2797,6 +2820,8 @@ mod tests {
         let k = KernelSet::parse("-cublas,+bf16_moe").unwrap();
         assert!(!k.cublas && k.bf16_moe && !k.bf16_dense && !k.bf16_attn && k.tc_gemv);
         assert!(KernelSet::default_set().cublas && !KernelSet::original().cublas);
+        let k = KernelSet::parse("-moe_silu,-moe_skip").unwrap();
+        assert!(!k.moe_silu && !k.moe_skip && k.moe_wide);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));
