@@ -246,13 +246,14 @@ pub struct KernelTimes {
     pub by_name: Vec<(String, f64, usize)>,
 }
 
-/// Kernel families of the weight-streaming regime (passes below `gemm_min_rows`: decode steps,
-/// DFlash propose/verify). Each new family computes a row with arithmetic that does not depend on
+/// Kernel families. The weight-streaming regime (passes below `gemm_min_rows`: decode steps,
+/// DFlash propose/verify): each family computes a row with arithmetic that does not depend on
 /// the pass size, so decode and verify stay bit-identical whichever set is chosen; `laguna bench`
 /// compares each family against the original f32 kernels (`KernelSet::original`) at the real
-/// shapes, `laguna device-test` compares the default set against the CPU on every fixture.
-/// Environment: LAGUNA_KERNELS=original, or a comma list of families to turn off (e.g.
-/// `-tc_gemv,-attn_gqa`).
+/// shapes. The long-pass (prefill) regime: `cublas` .. `cublas_router` below (A/B switches; all
+/// but the BF16-only ones keep the hi + lo precision). `laguna device-test` compares the default
+/// set against the CPU on every fixture. Environment: LAGUNA_KERNELS=original, or a comma list of
+/// families to turn on or off (e.g. `-tc_gemv,-attn_gqa`, `+bf16_attn`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KernelSet {
     /// BF16 Linears as tensor-core GEMV (`linear_tc_bf16`) instead of f32 SIMT.
