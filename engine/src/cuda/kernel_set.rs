@@ -1,0 +1,143 @@
+//! Kernel families switched per model (A/B and fallbacks; `LAGUNA_KERNELS`).
+/// Kernel families. The weight-streaming regime (passes below `gemm_min_rows`: decode steps,
+/// DFlash propose/verify): each family computes a row with arithmetic that does not depend on
+/// the pass size, so decode and verify stay bit-identical whichever set is chosen; `laguna bench`
+/// compares each family against the original f32 kernels (`KernelSet::original`) at the real
+/// shapes. The long-pass (prefill) regime: `cublas` .. `cublas_router` below (A/B switches; all
+/// but the BF16-only ones keep the hi + lo precision). `laguna device-test` compares the default
+/// set against the CPU on every fixture. Environment: LAGUNA_KERNELS=original, or a comma list of
+/// families to turn on or off (e.g. `-tc_gemv,-attn_gqa`, `+bf16_attn`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelSet {
+    /// BF16 Linears as tensor-core GEMV (`linear_tc_bf16`) instead of f32 SIMT.
+    pub tc_gemv: bool,
+    /// Multi-row SIMT GEMV with 2 weight rows per warp (`linear_*_m8/_m16`) instead of 8-row `linear_*`.
+    pub small_m: bool,
+    /// Persistent grouped MoE (`moe_*_s`) instead of one block row per group (`moe_*`, `moe_*_1`).
+    pub moe_s: bool,
+    /// GQA-packed decode attention (`attention_gqa`) instead of one block per query head.
+    pub attn_gqa: bool,
+    /// Long passes (prefill): dense BF16 Linears through cuBLAS (hi and lo halves of the
+    /// activations as two accumulating GEMMs) when libcublas loads, instead of `gemm_bf16`.
+    pub cublas: bool,
+    /// Long passes: activations rounded to BF16 alone (vLLM's numerics, one mma per fragment
+    /// instead of hi + lo) for the dense Linears (`bf16_dense`), the expert GEMMs (`bf16_moe`) and
+    /// Q and P in the prefill attention (`bf16_attn`).
+    pub bf16_dense: bool,
+    pub bf16_moe: bool,
+    pub bf16_attn: bool,
+    /// Long passes: the NVFP4 expert down GEMM with 128-output tiles (`moe_gemm_down_fp4_w`: the
+    /// same arithmetic per element as the 64-wide tiles; faster for down, K = 512, and slower
+    /// for gate/up, K = 2048, which keeps 64: run 63).
+    pub moe_wide: bool,
+    /// Long passes: in the NVFP4 expert GEMMs a warp whose tile rows are all padding skips its
+    /// mma (`moe_gemm_*_k`; the other rows' arithmetic is unchanged; run 65: 107.7 -> 105.1 ms).
+    pub moe_skip: bool,
+    /// Long passes: SiLU(gate) * up in the NVFP4 gate/up GEMM's epilogue (`moe_gemm_gate_up_fp4_ks`,
+    /// interleaved gate / up columns; no f32 gate | up round trip, no `silu_mul_split`).
+    pub moe_silu: bool,
+    /// Long passes: the router GEMM on cuBLAS too (hi and lo, like the dense Linears).
+    pub cublas_router: bool,
+}
+
+impl KernelSet {
+    pub fn original() -> KernelSet {
+        KernelSet {
+            tc_gemv: false,
+            small_m: false,
+            moe_s: false,
+            attn_gqa: false,
+            cublas: false,
+            bf16_dense: false,
+            bf16_moe: false,
+            bf16_attn: false,
+            moe_wide: false,
+            moe_skip: false,
+            moe_silu: false,
+            cublas_router: false,
+        }
+    }
+    pub fn default_set() -> KernelSet {
+        KernelSet {
+            tc_gemv: true,
+            small_m: true,
+            moe_s: true,
+            attn_gqa: true,
+            cublas: true,
+            bf16_dense: false,
+            bf16_moe: false,
+            bf16_attn: false,
+            moe_wide: true,
+            moe_skip: true,
+            moe_silu: true,
+            cublas_router: true,
+        }
+    }
+    /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
+    /// families prefixed with `-` (off) or `+`/nothing (on). Err names an unknown family.
+    pub fn parse(spec: &str) -> std::result::Result<KernelSet, String> {
+        let mut k = KernelSet::default_set();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (on, name) = match item.strip_prefix('-') {
+                Some(n) => (false, n),
+                None => (true, item.strip_prefix('+').unwrap_or(item)),
+            };
+            match name {
+                "original" => k = KernelSet::original(),
+                "default" => k = KernelSet::default_set(),
+                "tc_gemv" => k.tc_gemv = on,
+                "small_m" => k.small_m = on,
+                "moe_s" => k.moe_s = on,
+                "attn_gqa" => k.attn_gqa = on,
+                "cublas" => k.cublas = on,
+                "bf16_dense" => k.bf16_dense = on,
+                "bf16_moe" => k.bf16_moe = on,
+                "bf16_attn" => k.bf16_attn = on,
+                "moe_wide" => k.moe_wide = on,
+                "moe_skip" => k.moe_skip = on,
+                "moe_silu" => k.moe_silu = on,
+                "cublas_router" => k.cublas_router = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_silu, cublas_router)")),
+            }
+        }
+        Ok(k)
+    }
+    pub fn from_env() -> KernelSet {
+        match std::env::var("LAGUNA_KERNELS") {
+            Ok(v) => KernelSet::parse(&v).unwrap_or_else(|e| {
+                tracing::warn!("LAGUNA_KERNELS: {e}; using the default kernels");
+                KernelSet::default_set()
+            }),
+            Err(_) => KernelSet::default_set(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_set_parses() {
+        assert_eq!(KernelSet::parse("").unwrap(), KernelSet::default_set());
+        assert_eq!(KernelSet::parse("original").unwrap(), KernelSet::original());
+        let k = KernelSet::parse("-tc_gemv, -attn_gqa").unwrap();
+        assert!(!k.tc_gemv && !k.attn_gqa && k.small_m && k.moe_s);
+        let k = KernelSet::parse("original,+moe_s").unwrap();
+        assert_eq!(
+            k,
+            KernelSet {
+                moe_s: true,
+                ..KernelSet::original()
+            }
+        );
+        let k = KernelSet::parse("-cublas,+bf16_moe").unwrap();
+        assert!(!k.cublas && k.bf16_moe && !k.bf16_dense && !k.bf16_attn && k.tc_gemv);
+        assert!(KernelSet::default_set().cublas && !KernelSet::original().cublas);
+        let k = KernelSet::parse("-moe_silu,-moe_skip").unwrap();
+        assert!(!k.moe_silu && !k.moe_skip && k.moe_wide);
+        assert!(KernelSet::parse("-fast")
+            .unwrap_err()
+            .contains("unknown kernel family `fast`"));
+    }
+}

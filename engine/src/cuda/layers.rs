@@ -1,0 +1,610 @@
+//! One forward pass over every layer for the rows whose metadata is on the device: attention
+//! (q/k norm + RoPE + K/V write, split-KV decode or flash prefill), then the dense MLP or the
+//! MoE (router, top-k, grouped experts in the weight-streaming or the GEMM regime, combine).
+use super::*;
+
+impl CudaModel {
+    /// Launch every layer for the `m` rows whose metadata is already on the device.
+    pub(super) fn run_layers(&self, m: usize, prof: &mut Option<device::Prof>) -> Result<()> {
+        self.run_layers_hooked(m, prof, None)
+    }
+
+    #[allow(clippy::type_complexity)]
+    pub(super) fn run_layers_hooked(
+        &self,
+        m: usize,
+        prof: &mut Option<device::Prof>,
+        mut after: Option<&mut dyn FnMut(usize) -> Result<()>>,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let sc = &self.sc;
+        let d = &self.dev;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        let eps = cfg.rms_norm_eps as f32;
+        self.xs_holds.set((0, false));
+        d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
+        })
+        .map_err(cerr)?;
+        // The previous layer's MoE combine already wrote this layer's input norm into hn.
+        let mut normed = false;
+        for (li, l) in self.layers.iter().enumerate() {
+            let nh = l.nh;
+            let qw = nh * hd;
+            let gemm_pass = m >= self.opts.gemm_min_rows;
+            if !normed {
+                self.norm_rows(prof, l.input_norm, m, eps, gemm_pass)?;
+            }
+            normed = false;
+            let gw = l.g.map_or(0, |g| g.n);
+            let (qp, kp, vp, gp, ldq, ldkv, ldg) = if let Some(f) = &l.qkvg {
+                self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
+                let q = sc.q;
+                (
+                    q,
+                    q + 4 * qw as u64,
+                    q + 4 * (qw + kvw) as u64,
+                    q + 4 * (qw + 2 * kvw) as u64,
+                    f.n,
+                    f.n,
+                    f.n,
+                )
+            } else {
+                self.linear(prof, "attn_proj", &l.q, sc.hn, h, sc.q, qw, m, false)?;
+                self.linear(prof, "attn_proj", &l.k, sc.hn, h, sc.k, kvw, m, false)?;
+                self.linear(prof, "attn_proj", &l.v, sc.hn, h, sc.v, kvw, m, false)?;
+                if let Some(g) = &l.g {
+                    self.linear(prof, "attn_proj", g, sc.hn, h, sc.g, gw, m, false)?;
+                }
+                (sc.q, sc.k, sc.v, sc.g, qw, kvw, gw.max(1))
+            };
+            let blk = (hd as u32).div_ceil(32) * 32;
+            let kv = self.kv_args(l);
+            let staged = l.ring && sc.staged.get();
+            let (ks, vs) = if staged {
+                (sc.kstage, sc.vstage)
+            } else {
+                (0, 0)
+            };
+            d.launch_p(
+                prof,
+                kv.qk_name,
+                (m as u32, (nh + nkv).div_ceil(4) as u32, 1),
+                (128, 1, 1),
+                0,
+                |b| {
+                    b.u64(qp)
+                        .i32(ldq as i32)
+                        .u64(kp)
+                        .u64(vp)
+                        .i32(ldkv as i32)
+                        .u64(l.q_norm)
+                        .u64(l.k_norm)
+                        .u64(l.inv_freq)
+                        .i32(l.half as i32)
+                        .f32(l.attn_factor)
+                        .f32(eps)
+                        .u64(sc.pos)
+                        .u64(sc.seqrow)
+                        .u64(kv.bt)
+                        .i32(kv.max_pages as i32)
+                        .i32(kv.page_size as i32)
+                        .u64(l.kc)
+                        .u64(l.vc)
+                        .i32(nh as i32)
+                        .i32(nkv as i32)
+                        .i32(hd as i32)
+                        .u64(ks)
+                        .u64(vs)
+                        .f32(1.0 / l.kscale)
+                        .f32(1.0 / l.vscale);
+                },
+            )
+            .map_err(cerr)?;
+            let gate_mode = match (l.g.is_some(), cfg.gating) {
+                (false, _) | (_, Gating::None) => 0,
+                (true, Gating::PerHead) => 1,
+                (true, Gating::PerElement) => 2,
+            };
+            let ablk = if hd <= 128 { 128 } else { 256 };
+            // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
+            // depends on its own length only.
+            let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
+            let flash = staged
+                || (m >= self.opts.gemm_min_rows
+                    && hd % 16 == 0
+                    && hd <= 128
+                    && nh % nkv == 0
+                    && !self.noncausal);
+            // Arguments shared by the prefill and the decode attention kernels.
+            let common = |b: &mut device::Args| {
+                b.u64(qp)
+                    .i32(ldq as i32)
+                    .u64(sc.attn)
+                    .i32(qw as i32)
+                    .u64(l.kc)
+                    .u64(l.vc)
+                    .u64(sc.pos)
+                    .u64(sc.seqrow)
+                    .u64(kv.bt)
+                    .i32(kv.max_pages as i32)
+                    .i32(kv.page_size as i32)
+                    .i32(nh as i32)
+                    .i32(nkv as i32)
+                    .i32(hd as i32)
+                    .i32(l.window as i32)
+                    .u64(l.sink)
+                    .u64(gp)
+                    .i32(ldg as i32)
+                    .i32(gate_mode)
+                    // The K scale folds into the softmax scale; the V scale multiplies the output.
+                    .f32(((1.0 / (hd as f64).sqrt()) * l.kscale as f64) as f32)
+                    .f32(l.vscale);
+            };
+            if flash {
+                let pname = match (kv.prefill_name, self.kset.bf16_attn) {
+                    ("attention_prefill", true) => "attention_prefill_h",
+                    ("attention_prefill_fp8", true) => "attention_prefill_fp8_h",
+                    (n, _) => n,
+                };
+                // In a GEMM pass the output goes straight to the BF16 split the o_proj GEMM reads
+                // (its lo half unless the dense GEMMs take BF16 alone).
+                let to_xs = gemm_pass;
+                let xs_lo = !self.kset.bf16_dense;
+                d.launch_p(
+                    prof,
+                    pname,
+                    (sc.natiles.get() as u32, nh as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    |b| {
+                        common(b);
+                        b.u64(sc.atiles)
+                            .u64(ks)
+                            .u64(vs)
+                            .u64(sc.sspan)
+                            .u64(if to_xs { sc.xs } else { 0 })
+                            .i32(m as i32);
+                    },
+                )
+                .map_err(cerr)?;
+                self.xs_holds
+                    .set(if to_xs { (sc.attn, xs_lo) } else { (0, false) });
+                if staged {
+                    let rowb = kvw * self.kv_elt;
+                    d.launch_p(prof, "ring_commit", (m as u32, 1, 1), (64, 1, 1), 0, |b| {
+                        b.u64(ks)
+                            .u64(vs)
+                            .u64(sc.pos)
+                            .u64(sc.seqrow)
+                            .u64(sc.sspan + 4 * sc.rows as u64)
+                            .u64(kv.bt)
+                            .i32(kv.max_pages as i32)
+                            .u64(l.kc)
+                            .u64(l.vc)
+                            .i32(rowb as i32);
+                    })
+                    .map_err(cerr)?;
+                }
+            } else {
+                let group = if nh % nkv == 0 { nh / nkv } else { 0 };
+                let gqa =
+                    self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+                let (aname, agrid, ablk) = if gqa {
+                    (
+                        kv.gqa_name,
+                        (m as u32, nkv as u32, nsplit as u32),
+                        (32 * group) as u32,
+                    )
+                } else {
+                    (kv.attn_name, (m as u32, nh as u32, nsplit as u32), ablk)
+                };
+                d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
+                    common(b);
+                    b.i32(nsplit as i32)
+                        .u64(sc.part)
+                        .u64(if self.noncausal { sc.kend } else { 0 });
+                })
+                .map_err(cerr)?;
+                if nsplit > 1 {
+                    d.launch_p(
+                        prof,
+                        "attention_merge",
+                        (m as u32, nh as u32, 1),
+                        (blk, 1, 1),
+                        0,
+                        |b| {
+                            b.u64(sc.part)
+                                .i32(nsplit as i32)
+                                .u64(sc.attn)
+                                .i32(qw as i32)
+                                .i32(nh as i32)
+                                .i32(hd as i32)
+                                .u64(l.sink)
+                                .u64(gp)
+                                .i32(ldg as i32)
+                                .i32(gate_mode)
+                                .u64(sc.pos)
+                                .i32(l.window as i32)
+                                .u64(if self.noncausal { sc.kend } else { 0 })
+                                .f32(l.vscale);
+                        },
+                    )
+                    .map_err(cerr)?;
+                }
+            }
+            self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
+            self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
+            match &l.mlp {
+                MlpW::Dense { gate, up, down } => {
+                    self.ffn(prof, gate, up, down, m, sc.x, true)?;
+                }
+                MlpW::Moe {
+                    router,
+                    bias,
+                    experts,
+                    shared,
+                    folded,
+                } => {
+                    let e = cfg.num_experts;
+                    let k = cfg.top_k;
+                    let kk = k + *folded as usize;
+                    let ne = e + *folded as usize;
+                    // One row: the router writes the expert groups itself (no moe_group launch).
+                    let gemm = m >= self.opts.gemm_min_rows;
+                    let direct = m == 1 && kk <= 32 && !gemm;
+                    if self.fuse && direct && !router.fp4 && h * 4 <= 48 * 1024 {
+                        // One launch: router GEMV + top-k + grouping (same arithmetic as the pair).
+                        d.launch_p(
+                            prof,
+                            "router_fused_1",
+                            (ceil_div(e, 16) as u32, 1, 1),
+                            (256, 1, 1),
+                            (h * 4) as u32,
+                            |b| {
+                                b.u64(router.w)
+                                    .u64(sc.hn)
+                                    .u64(sc.rlog)
+                                    .i32(h as i32)
+                                    .i32(e as i32)
+                                    .u64(sc.rcount)
+                                    .u64(*bias)
+                                    .i32(k as i32)
+                                    .f32(cfg.router_softcap as f32)
+                                    .i32(cfg.norm_topk_prob as i32)
+                                    .u64(sc.ids)
+                                    .u64(sc.wts)
+                                    .i32(*folded as i32)
+                                    .f32((1.0 / cfg.routed_scaling_factor) as f32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta);
+                            },
+                        )
+                        .map_err(cerr)?;
+                    } else {
+                        self.linear(prof, "router", router, sc.hn, h, sc.rlog, e, m, false)?;
+                        d.launch_p(prof, "router_topk", (m as u32, 1, 1), (32, 1, 1), 0, |b| {
+                            b.u64(sc.rlog)
+                                .u64(*bias)
+                                .i32(e as i32)
+                                .i32(k as i32)
+                                .f32(cfg.router_softcap as f32)
+                                .i32(cfg.norm_topk_prob as i32)
+                                .u64(sc.ids)
+                                .u64(sc.wts)
+                                .i32(*folded as i32)
+                                .f32((1.0 / cfg.routed_scaling_factor) as f32);
+                            if direct {
+                                b.u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta);
+                            } else {
+                                b.u64(0).u64(0).u64(0).u64(0).u64(0);
+                            }
+                        })
+                        .map_err(cerr)?;
+                    }
+                    let s = m * kk;
+                    if !direct {
+                        d.launch_p(
+                            prof,
+                            "moe_group",
+                            (1, 1, 1),
+                            (s.div_ceil(32).clamp(1, 32) as u32 * 32, 1, 1),
+                            (8 * ne) as u32,
+                            |b| {
+                                b.u64(sc.ids)
+                                    .i32(s as i32)
+                                    .i32(ne as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta)
+                                    .u64(if gemm { sc.tiles } else { 0 });
+                            },
+                        )
+                        .map_err(cerr)?;
+                    }
+                    let groups = s.min(ne) as u32;
+                    let im = cfg.moe_intermediate_size;
+                    if gemm {
+                        let max_tiles = (s / 64 + s.min(ne) + 1) as u32;
+                        let wide = experts.down.fp4 && self.kset.moe_wide && !self.kset.bf16_moe;
+                        let tn = if wide { 128 } else { 64 };
+                        let skip = self.kset.moe_skip;
+                        // SiLU fused into the gate/up epilogue: it writes the down GEMM's input
+                        // split into sc.moe_gu (bf16 [s, im], lo at + s * im), not f32 gate | up.
+                        let fused = experts.gate.fp4 && !self.kset.bf16_moe && self.kset.moe_silu;
+                        let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) if fused => "moe_gemm_gate_up_fp4_ks",
+                            (true, false) if skip => "moe_gemm_gate_up_fp4_k",
+                            (true, false) => "moe_gemm_gate_up_fp4",
+                            (false, false) => "moe_gemm_gate_up_bf16",
+                            (true, true) => "moe_gemm_gate_up_fp4_h",
+                            (false, true) => "moe_gemm_gate_up_bf16_h",
+                        };
+                        // sc.xs already holds hn split to hi/lo: the router GEMM of this pass
+                        // (same rows, same K) split it and nothing wrote xs since.
+                        d.launch_p(
+                            prof,
+                            gu_name,
+                            (ceil_div(2 * im, 64) as u32, max_tiles, 1),
+                            (128, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(experts.gate.w)
+                                    .u64(experts.gate.s)
+                                    .u64(experts.gate.inv)
+                                    .u64(experts.up.w)
+                                    .u64(experts.up.s)
+                                    .u64(experts.up.inv)
+                                    .u64(sc.xs)
+                                    .u64((m * h) as u64)
+                                    .i32(h as i32)
+                                    .i32(im as i32)
+                                    .i32(kk as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta)
+                                    .u64(sc.tiles)
+                                    .u64(sc.moe_gu);
+                                if fused {
+                                    b.u64((s * im) as u64);
+                                }
+                            },
+                        )
+                        .map_err(cerr)?;
+                        let act = if fused {
+                            sc.moe_gu
+                        } else {
+                            // SiLU(gate) * up straight into the BF16 split the down GEMM reads.
+                            let lo = !self.kset.bf16_moe;
+                            d.launch_p(
+                                prof,
+                                "silu_mul_split",
+                                (ceil_div(im, 256) as u32, s.min(65535) as u32, 1),
+                                (256, 1, 1),
+                                0,
+                                |b| {
+                                    b.u64(sc.moe_gu)
+                                        .u64(sc.xs)
+                                        .i32(s as i32)
+                                        .i32(im as i32)
+                                        .i32(lo as i32);
+                                },
+                            )
+                            .map_err(cerr)?;
+                            sc.xs
+                        };
+                        let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
+                            (true, false) if wide && skip => "moe_gemm_down_fp4_wk",
+                            (true, false) if wide => "moe_gemm_down_fp4_w",
+                            (true, false) => "moe_gemm_down_fp4",
+                            (false, false) => "moe_gemm_down_bf16",
+                            (true, true) => "moe_gemm_down_fp4_h",
+                            (false, true) => "moe_gemm_down_bf16_h",
+                        };
+                        d.launch_p(
+                            prof,
+                            dn_name,
+                            (ceil_div(h, tn) as u32, max_tiles, 1),
+                            (128, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(experts.down.w)
+                                    .u64(experts.down.s)
+                                    .u64(experts.down.inv)
+                                    .u64(act)
+                                    .u64((s * im) as u64)
+                                    .i32(h as i32)
+                                    .i32(im as i32)
+                                    .u64(sc.grp_e)
+                                    .u64(sc.grp_s)
+                                    .u64(sc.grp_c)
+                                    .u64(sc.perm)
+                                    .u64(sc.meta)
+                                    .u64(sc.tiles)
+                                    .u64(sc.moe_out);
+                            },
+                        )
+                        .map_err(cerr)?;
+                    } else {
+                        // Weight-streaming regime (decode, DFlash verify, any pass below
+                        // gemm_min_rows). `moe_*_s`: persistent grouped kernels with the same
+                        // per-slot arithmetic whatever the number of rows; otherwise one block row
+                        // per group (`_1`: single-slot groups of a 1-row pass, activation staged).
+                        // Both families take the same arguments.
+                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) =
+                            if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
+                                let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
+                                let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
+                                let (g, dn) = if experts.gate.fp4 {
+                                    ("moe_gate_up_fp4_s", "moe_down_fp4_s")
+                                } else {
+                                    ("moe_gate_up_bf16_s", "moe_down_bf16_s")
+                                };
+                                (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
+                            } else {
+                                let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
+                                let g = match (experts.gate.fp4, one) {
+                                    (true, false) => "moe_gate_up_fp4",
+                                    (false, false) => "moe_gate_up_bf16",
+                                    (true, true) => "moe_gate_up_fp4_1",
+                                    (false, true) => "moe_gate_up_bf16_1",
+                                };
+                                let dn = match (experts.down.fp4, one) {
+                                    (true, false) => "moe_down_fp4",
+                                    (false, false) => "moe_down_bf16",
+                                    (true, true) => "moe_down_fp4_1",
+                                    (false, true) => "moe_down_bf16_1",
+                                };
+                                let (gs, ds) = if one {
+                                    ((h * 4) as u32, (im * 4) as u32)
+                                } else {
+                                    (0, 0)
+                                };
+                                (
+                                    g,
+                                    (ceil_div(im, 8) as u32, groups, 1),
+                                    gs,
+                                    dn,
+                                    (ceil_div(h, 8) as u32, groups, 1),
+                                    ds,
+                                )
+                            };
+                        d.launch_p(prof, gu_name, gu_grid, (256, 1, 1), gu_shm, |b| {
+                            b.u64(experts.gate.w)
+                                .u64(experts.gate.s)
+                                .u64(experts.gate.inv)
+                                .u64(experts.up.w)
+                                .u64(experts.up.s)
+                                .u64(experts.up.inv)
+                                .u64(sc.hn)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .i32(kk as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_act);
+                        })
+                        .map_err(cerr)?;
+                        d.launch_p(prof, dn_name, dn_grid, (256, 1, 1), dn_shm, |b| {
+                            b.u64(experts.down.w)
+                                .u64(experts.down.s)
+                                .u64(experts.down.inv)
+                                .u64(sc.moe_act)
+                                .i32(h as i32)
+                                .i32(im as i32)
+                                .u64(sc.grp_e)
+                                .u64(sc.grp_s)
+                                .u64(sc.grp_c)
+                                .u64(sc.perm)
+                                .u64(sc.meta)
+                                .u64(sc.moe_out);
+                        })
+                        .map_err(cerr)?;
+                    }
+                    let sh = if let Some((a, b2, c)) = shared {
+                        self.ffn(prof, a, b2, c, m, sc.shared_out, false)?;
+                        sc.shared_out
+                    } else {
+                        0
+                    };
+                    if let Some(next) = self.layers.get(li + 1).filter(|_| self.fuse) {
+                        let blk = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+                        d.launch_p(
+                            prof,
+                            "moe_combine_norm",
+                            (m as u32, 1, 1),
+                            (blk, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(sc.x)
+                                    .u64(sc.moe_out)
+                                    .u64(sc.wts)
+                                    .u64(sh)
+                                    .i32(h as i32)
+                                    .i32(kk as i32)
+                                    .f32(cfg.routed_scaling_factor as f32)
+                                    .u64(next.input_norm)
+                                    .u64(sc.hn)
+                                    .f32(eps);
+                            },
+                        )
+                        .map_err(cerr)?;
+                        self.xs_holds.set((0, false));
+                        normed = true;
+                    } else {
+                        d.launch_p(
+                            prof,
+                            "moe_combine",
+                            (ceil_div(h, 256) as u32, m as u32, 1),
+                            (256, 1, 1),
+                            0,
+                            |b| {
+                                b.u64(sc.x)
+                                    .u64(sc.moe_out)
+                                    .u64(sc.wts)
+                                    .u64(sh)
+                                    .i32(h as i32)
+                                    .i32(kk as i32)
+                                    .f32(cfg.routed_scaling_factor as f32);
+                            },
+                        )
+                        .map_err(cerr)?;
+                    }
+                }
+            }
+            if let Some(f) = after.as_mut() {
+                f(li)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Cache addressing and kernel names of a layer: its ring (page size 1, R slots per table
+    /// row) or the paged pool; BF16 or FP8 kernels.
+    pub(super) fn kv_args(&self, l: &LayerW) -> KvArgs {
+        let fp8 = self.kv_elt == 1;
+        let (bt, max_pages, page_size) = if l.ring {
+            (self.sc.bt_ring, self.ring, 1)
+        } else {
+            (self.sc.bt, self.max_pages, self.page_size)
+        };
+        KvArgs {
+            bt,
+            max_pages,
+            page_size,
+            qk_name: if fp8 {
+                "qk_norm_rope_kv_fp8"
+            } else {
+                "qk_norm_rope_kv"
+            },
+            attn_name: if fp8 { "attention_fp8" } else { "attention" },
+            gqa_name: if fp8 {
+                "attention_gqa_fp8"
+            } else {
+                "attention_gqa"
+            },
+            prefill_name: if fp8 {
+                "attention_prefill_fp8"
+            } else {
+                "attention_prefill"
+            },
+        }
+    }
+}

@@ -1,0 +1,659 @@
+//! Loading a checkpoint onto the device: weights streamed tensor by tensor from the mmap (BF16
+//! as stored, NVFP4 packed), K/V pool and rings sized, scratch allocated.
+use super::*;
+
+fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
+    Ok(match t.dtype {
+        Dtype::BF16 => t.data.to_vec(),
+        Dtype::F16 => t
+            .data
+            .chunks_exact(2)
+            .flat_map(|c| {
+                half::bf16::from_f32(half::f16::from_le_bytes([c[0], c[1]]).to_f32()).to_le_bytes()
+            })
+            .collect(),
+        Dtype::F32 => t
+            .data
+            .chunks_exact(4)
+            .flat_map(|c| {
+                half::bf16::from_f32(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes()
+            })
+            .collect(),
+        other => {
+            return Err(EngineError::Other(format!(
+                "{}: cannot put a {other:?} tensor on the device as BF16",
+                t.name
+            )))
+        }
+    })
+}
+
+fn check_scales(name: &str, s: &[u8]) -> Result<()> {
+    if let Some(p) = s.iter().position(|&b| b & 0x7f == 0x7f) {
+        return Err(EngineError::Other(format!(
+            "{name}: block scale #{p} is NaN (0x{:02x})",
+            s[p]
+        )));
+    }
+    if s.iter().any(|&b| b & 0x80 != 0) {
+        return Err(EngineError::Other(format!(
+            "{name}: negative E4M3 block scales are not valid NVFP4"
+        )));
+    }
+    Ok(())
+}
+
+pub(super) struct Loader<'a> {
+    pub(super) dev: &'a Dev,
+    pub(super) store: &'a WeightStore,
+    pub(super) pb: Option<indicatif::ProgressBar>,
+    pub(super) bytes: usize,
+}
+
+impl<'a> Loader<'a> {
+    pub(super) fn tick(&mut self, n: usize) {
+        self.bytes += n;
+        if let Some(pb) = &self.pb {
+            pb.inc(n as u64);
+        }
+    }
+    pub(super) fn upload(&mut self, data: &[u8]) -> Result<u64> {
+        let p = self.dev.alloc(data.len().max(16)).map_err(cerr)?;
+        self.dev.htod(p, data).map_err(cerr)?;
+        self.tick(data.len());
+        Ok(p)
+    }
+    pub(super) fn vec_f32(&mut self, name: &str, n: usize) -> Result<u64> {
+        let v = self.store.vector(name, n)?;
+        let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        self.upload(&b)
+    }
+    pub(super) fn lin(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Lin> {
+        if inp % 16 != 0 {
+            return Err(EngineError::Other(format!(
+                "{prefix}: input width {inp} is not a multiple of 16 (CUDA kernels need it)"
+            )));
+        }
+        match self.store.linear(prefix, out, inp)? {
+            LinearSource::Dense(t) => {
+                let b = bf16_bytes_of(&t)?;
+                Ok(Lin {
+                    fp4: false,
+                    w: self.upload(&b)?,
+                    s: 0,
+                    inv_gs: 1.0,
+                    n: out,
+                    k: inp,
+                })
+            }
+            LinearSource::Nvfp4 {
+                packed,
+                scale,
+                global_scale,
+                ..
+            } => {
+                check_scales(prefix, scale.data)?;
+                let w = self.upload(packed.data)?;
+                let s = self.upload(scale.data)?;
+                Ok(Lin {
+                    fp4: true,
+                    w,
+                    s,
+                    inv_gs: (1.0f64 / global_scale as f64) as f32,
+                    n: out,
+                    k: inp,
+                })
+            }
+        }
+    }
+    /// Several BF16 Linears with the same input width stacked by rows into one matrix; None when
+    /// any of them is not dense.
+    pub(super) fn lin_cat(&mut self, parts: &[(String, usize)], inp: usize) -> Result<Option<Lin>> {
+        let mut srcs = vec![];
+        for (p, out) in parts {
+            match self.store.linear(p, *out, inp)? {
+                LinearSource::Dense(t) => srcs.push(t),
+                _ => return Ok(None),
+            }
+        }
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let w = self.dev.alloc(total * inp * 2).map_err(cerr)?;
+        let mut off = 0usize;
+        for t in srcs {
+            let b = bf16_bytes_of(&t)?;
+            self.dev.htod(w + off as u64, &b).map_err(cerr)?;
+            self.tick(b.len());
+            off += b.len();
+        }
+        Ok(Some(Lin {
+            fp4: false,
+            w,
+            s: 0,
+            inv_gs: 1.0,
+            n: total,
+            k: inp,
+        }))
+    }
+
+    /// Experts `{prefix}.{e}.{proj}` stacked into one buffer per part.
+    pub(super) fn stack(
+        &mut self,
+        prefixes: &[String],
+        proj: &str,
+        out: usize,
+        inp: usize,
+    ) -> Result<Stack> {
+        let ne = prefixes.len();
+        let first = self
+            .store
+            .linear(&format!("{}.{proj}", prefixes[0]), out, inp)?;
+        let fp4 = matches!(first, LinearSource::Nvfp4 { .. });
+        let wsz = if fp4 { out * inp / 2 } else { out * inp * 2 };
+        let ssz = if fp4 { out * inp / 16 } else { 0 };
+        let w = self.dev.alloc(wsz * ne).map_err(cerr)?;
+        let s = if fp4 {
+            self.dev.alloc(ssz * ne).map_err(cerr)?
+        } else {
+            0
+        };
+        let mut inv = vec![1f32; ne];
+        for (e, iv) in inv.iter_mut().enumerate() {
+            let name = format!("{}.{proj}", prefixes[e]);
+            match self.store.linear(&name, out, inp)? {
+                LinearSource::Dense(t) if !fp4 => {
+                    let b = bf16_bytes_of(&t)?;
+                    self.dev.htod(w + (e * wsz) as u64, &b).map_err(cerr)?;
+                    self.tick(b.len());
+                }
+                LinearSource::Nvfp4 {
+                    packed,
+                    scale,
+                    global_scale,
+                    ..
+                } if fp4 => {
+                    check_scales(&name, scale.data)?;
+                    self.dev
+                        .htod(w + (e * wsz) as u64, packed.data)
+                        .map_err(cerr)?;
+                    self.dev
+                        .htod(s + (e * ssz) as u64, scale.data)
+                        .map_err(cerr)?;
+                    self.tick(packed.data.len() + scale.data.len());
+                    *iv = (1.0f64 / global_scale as f64) as f32;
+                }
+                _ => {
+                    return Err(EngineError::Other(format!(
+                        "{name}: experts of one layer mix BF16 and NVFP4 storage"
+                    )))
+                }
+            }
+        }
+        let ib: Vec<u8> = inv.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let inv = self.upload(&ib)?;
+        Ok(Stack { fp4, w, s, inv })
+    }
+}
+
+impl CudaModel {
+    /// Load a model folder onto GPU `opts.device`. Kernels come from the cubin cache (compiled
+    /// with NVRTC on a miss: run `laguna warmup` ahead to make this instant).
+    pub fn load(dir: &Path, opts: CudaOptions) -> Result<CudaModel> {
+        let t0 = std::time::Instant::now();
+        let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
+        let store = WeightStore::open(dir)?;
+        let dev = Dev::new(opts.device).map_err(cerr)?;
+        let arch = dev.arch.clone();
+        Self::build(cfg, &store, dev, arch, opts, t0)
+    }
+
+    pub(super) fn build(
+        cfg: LagunaConfig,
+        store: &WeightStore,
+        dev: Dev,
+        arch: String,
+        opts: CudaOptions,
+        t0: std::time::Instant,
+    ) -> Result<CudaModel> {
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        if hd % 8 != 0 {
+            return Err(EngineError::Other(format!(
+                "head_dim {hd} must be a multiple of 8 for the CUDA attention kernel"
+            )));
+        }
+        if hd > 256 {
+            return Err(EngineError::Other(format!(
+                "head_dim {hd} > 256 is not supported by the CUDA attention kernel"
+            )));
+        }
+        if h % 16 != 0 {
+            return Err(EngineError::Other(format!(
+                "hidden_size {h} must be a multiple of 16 for the CUDA backend"
+            )));
+        }
+        if cfg.num_experts > 1024 {
+            return Err(EngineError::Other(
+                "more than 1024 experts is not supported by the CUDA router".into(),
+            ));
+        }
+        let pb = if opts.progress {
+            let pb = indicatif::ProgressBar::new(store.data_bytes());
+            pb.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+                )
+                .unwrap()
+                .progress_chars("=> "),
+            );
+            Some(pb)
+        } else {
+            None
+        };
+        let mut ld = Loader {
+            dev: &dev,
+            store,
+            pb,
+            bytes: 0,
+        };
+        let et = store.expect("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
+        let eb = bf16_bytes_of(&et)?;
+        let embed = ld.upload(&eb)?;
+        drop(eb);
+        let mut decode_bytes = 0usize;
+        let lin_bytes = |l: &Lin| {
+            if l.fp4 {
+                l.n * l.k / 2 + l.n * l.k / 16
+            } else {
+                l.n * l.k * 2
+            }
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for (i, spec) in cfg.layers.iter().enumerate() {
+            let p = layer_prefix(i);
+            let kvs = kv_scale_pair(store, &p)?;
+            let nh = spec.num_heads;
+            let qw = nh * hd;
+            let gw = cfg.gate_width(i);
+            let mut parts = vec![
+                (format!("{p}.self_attn.q_proj"), qw),
+                (format!("{p}.self_attn.k_proj"), kvw),
+                (format!("{p}.self_attn.v_proj"), kvw),
+            ];
+            if gw > 0 {
+                parts.push((format!("{p}.self_attn.g_proj"), gw));
+            }
+            let qkvg = ld.lin_cat(&parts, h)?;
+            let dummy = |n: usize| Lin {
+                fp4: false,
+                w: 0,
+                s: 0,
+                inv_gs: 1.0,
+                n,
+                k: h,
+            };
+            let (q, k, v, g) = if let Some(f) = &qkvg {
+                decode_bytes += lin_bytes(f);
+                (
+                    dummy(qw),
+                    dummy(kvw),
+                    dummy(kvw),
+                    if gw > 0 { Some(dummy(gw)) } else { None },
+                )
+            } else {
+                let q = ld.lin(&format!("{p}.self_attn.q_proj"), qw, h)?;
+                let k = ld.lin(&format!("{p}.self_attn.k_proj"), kvw, h)?;
+                let v = ld.lin(&format!("{p}.self_attn.v_proj"), kvw, h)?;
+                let g = if gw > 0 {
+                    Some(ld.lin(&format!("{p}.self_attn.g_proj"), gw, h)?)
+                } else {
+                    None
+                };
+                for l in [&q, &k, &v].into_iter().chain(g.iter()) {
+                    decode_bytes += lin_bytes(l);
+                }
+                (q, k, v, g)
+            };
+            let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
+            decode_bytes += lin_bytes(&o);
+            let mlp = match spec.mlp {
+                MlpKind::Dense => {
+                    let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
+                    let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
+                    let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
+                    decode_bytes += lin_bytes(&gate) + lin_bytes(&up) + lin_bytes(&down);
+                    MlpW::Dense { gate, up, down }
+                }
+                MlpKind::Sparse => {
+                    let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
+                    let bias = ld.vec_f32(
+                        &format!("{p}.mlp.experts.e_score_correction_bias"),
+                        cfg.num_experts,
+                    )?;
+                    let im = cfg.moe_intermediate_size;
+                    if im % 16 != 0 {
+                        return Err(EngineError::Other(format!(
+                            "moe_intermediate_size {im} must be a multiple of 16"
+                        )));
+                    }
+                    let ep = format!("{p}.mlp.experts");
+                    let sp = format!("{p}.mlp.shared_expert");
+                    // The shared expert rides along as expert E (one fixed extra slot per row) when
+                    // it has the routed experts' shape and storage: 4 fewer launches per layer.
+                    let is_fp4 = |name: String, o: usize, i: usize| -> Result<bool> {
+                        Ok(matches!(
+                            store.linear(&name, o, i)?,
+                            LinearSource::Nvfp4 { .. }
+                        ))
+                    };
+                    let folded = cfg.shared_expert_intermediate_size == im
+                        && std::env::var_os("LAGUNA_NO_FOLD_SHARED").is_none()
+                        && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
+                            == is_fp4(format!("{sp}.gate_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.up_proj"), im, h)?
+                            == is_fp4(format!("{sp}.up_proj"), im, h)?
+                        && is_fp4(format!("{ep}.0.down_proj"), h, im)?
+                            == is_fp4(format!("{sp}.down_proj"), h, im)?;
+                    let mut prefixes: Vec<String> =
+                        (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
+                    if folded {
+                        prefixes.push(sp.clone());
+                    }
+                    let gate = ld.stack(&prefixes, "gate_proj", im, h)?;
+                    let up = ld.stack(&prefixes, "up_proj", im, h)?;
+                    let down = ld.stack(&prefixes, "down_proj", h, im)?;
+                    let per = |fp4: bool, n: usize, k: usize| {
+                        if fp4 {
+                            n * k / 2 + n * k / 16
+                        } else {
+                            n * k * 2
+                        }
+                    };
+                    decode_bytes += lin_bytes(&router)
+                        + (cfg.top_k + folded as usize)
+                            * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
+                    let shared = if folded {
+                        None
+                    } else if cfg.shared_expert_intermediate_size > 0 {
+                        let si = cfg.shared_expert_intermediate_size;
+                        let sp = format!("{p}.mlp.shared_expert");
+                        let a = ld.lin(&format!("{sp}.gate_proj"), si, h)?;
+                        let b = ld.lin(&format!("{sp}.up_proj"), si, h)?;
+                        let c = ld.lin(&format!("{sp}.down_proj"), h, si)?;
+                        decode_bytes += lin_bytes(&a) + lin_bytes(&b) + lin_bytes(&c);
+                        Some((a, b, c))
+                    } else {
+                        None
+                    };
+                    MlpW::Moe {
+                        router,
+                        bias,
+                        experts: Experts { gate, up, down },
+                        shared,
+                        folded,
+                    }
+                }
+            };
+            let inv_freq = spec.rope.inv_freq();
+            let half = inv_freq.len();
+            let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let window = match (spec.attn, cfg.sliding_window) {
+                (AttnKind::Sliding, Some(w)) => w,
+                _ => 0,
+            };
+            layers.push(LayerW {
+                input_norm: ld.vec_f32(&format!("{p}.input_layernorm.weight"), h)?,
+                post_norm: ld.vec_f32(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                q,
+                k,
+                v,
+                o,
+                g,
+                qkvg,
+                q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+                k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+                sink: if spec.sinks {
+                    ld.vec_f32(&format!("{p}.self_attn.sink"), nh)?
+                } else {
+                    0
+                },
+                inv_freq: ld.upload(&ifb)?,
+                half,
+                attn_factor: spec.rope.attention_factor as f32,
+                window,
+                nh,
+                mlp,
+                kc: 0,
+                vc: 0,
+                ring: false,
+                kscale: kvs.0,
+                vscale: kvs.1,
+            });
+        }
+        let final_norm = ld.vec_f32("model.norm.weight", h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            Lin {
+                fp4: false,
+                w: embed,
+                s: 0,
+                inv_gs: 1.0,
+                n: cfg.vocab_size,
+                k: h,
+            }
+        } else {
+            ld.lin("lm_head", cfg.vocab_size, h)?
+        };
+        decode_bytes += lin_bytes(&lm_head);
+        let weight_bytes = ld.bytes;
+        if let Some(pb) = ld.pb.take() {
+            pb.finish_and_clear();
+        }
+        drop(ld);
+        let parts = Parts {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            weight_bytes,
+            decode_bytes,
+            min_in: 0,
+        };
+        Self::finish(cfg, Arc::new(dev), arch, opts, t0, parts)
+    }
+
+    /// Scratch, K/V pool and the model around loaded weights (target or draft stack).
+    pub(super) fn finish(
+        cfg: LagunaConfig,
+        dev: Arc<Dev>,
+        arch: String,
+        opts: CudaOptions,
+        t0: std::time::Instant,
+        parts: Parts,
+    ) -> Result<CudaModel> {
+        let Parts {
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            weight_bytes,
+            decode_bytes,
+            min_in,
+        } = parts;
+        let h = cfg.hidden_size;
+        let hd = cfg.head_dim;
+        let nkv = cfg.num_kv_heads;
+        let kvw = nkv * hd;
+        // Scratch.
+        let r = opts.max_rows.max(1);
+        let max_qw = cfg
+            .layers
+            .iter()
+            .map(|l| l.num_heads * hd)
+            .max()
+            .unwrap_or(0);
+        let max_gw = (0..cfg.num_layers)
+            .map(|i| cfg.gate_width(i))
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let inter = cfg
+            .intermediate_size
+            .max(cfg.shared_expert_intermediate_size)
+            .max(16);
+        let e = cfg.num_experts.max(1);
+        let kk = cfg.top_k.max(1) + 1;
+        let im = cfg.moe_intermediate_size.max(16);
+        let f = 4usize;
+        let lrows = r.min(256);
+        let bt_seqs = r.min(64);
+        let page_size = opts.page_size.max(1);
+        let max_pages_pos = ceil_div(cfg.max_position_embeddings.max(1), page_size);
+        // K/V: rings for the sliding-window layers (window + spec_k slots per sequence, max_seqs
+        // sequences) come out of the budget first; the rest is pages for the full-attention layers.
+        let elt = if opts.kv_fp8 { 1 } else { 2 };
+        let mut layers = layers;
+        for l in layers.iter_mut() {
+            l.ring = opts.rings && l.window > 0;
+            if !opts.kv_fp8 {
+                (l.kscale, l.vscale) = (1.0, 1.0);
+            }
+        }
+        let max_seqs = opts.max_seqs.max(1);
+        let (free, _total) = dev.mem_info().map_err(cerr)?;
+        let scratch_est =
+            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
+                + lrows * (h + cfg.vocab_size) * 4
+                + DECODE_ROWS * cfg.vocab_size * 8;
+        let pool = opts
+            .kv_pool_bytes
+            .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
+        let windows: Vec<usize> = layers.iter().map(|l| l.window).collect();
+        let lay = ring::kv_layout(
+            &windows,
+            opts.rings,
+            opts.spec_k,
+            max_seqs,
+            kvw,
+            elt,
+            page_size,
+            pool,
+        )
+        .map_err(EngineError::Other)?;
+        let (ring, ring_window, full_layers, num_pages) =
+            (lay.ring, lay.window, lay.full_layers, lay.pages);
+        let max_pages = max_pages_pos.min(num_pages).max(1);
+        let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
+        let sc = Scratch {
+            rows: r,
+            x: a(f * r * h)?,
+            hn: a(f * r * h)?,
+            q: a(f * r * (max_qw + 2 * kvw + max_gw))?,
+            k: a(f * r * kvw)?,
+            v: a(f * r * kvw)?,
+            g: a(f * r * max_gw)?,
+            attn: a(f * r * max_qw)?,
+            gu: a(f * r * 2 * inter)?,
+            act: a(f * r * inter)?,
+            shared_out: a(f * r * h)?,
+            rlog: a(f * r * e)?,
+            ids: a(4 * r * kk)?,
+            wts: a(4 * r * kk)?,
+            grp_e: a(4 * r * kk)?,
+            grp_s: a(4 * r * kk)?,
+            grp_c: a(4 * r * kk)?,
+            perm: a(4 * r * kk)?,
+            meta: a(16)?,
+            tiles: a(8 * (r * kk / 64 + e + 2))?,
+            rcount: a(16)?,
+            atiles: a(8 * (r / 64 + r.min(64) + 2))?,
+            natiles: std::cell::Cell::new(0),
+            moe_gu: a(f * r * kk * 2 * im)?,
+            xs: a(4 * r * h.max(max_qw).max(inter).max(kk * im).max(min_in))?,
+            kend: a(4 * r)?,
+            moe_act: a(f * r * kk * im)?,
+            moe_out: a(f * r * kk * h)?,
+            tokens: a(4 * r)?,
+            pos: a(4 * r)?,
+            seqrow: a(4 * r)?,
+            bt: a(4 * bt_seqs * max_pages)?,
+            bt_seqs,
+            bt_ring: a(4 * bt_seqs * ring)?,
+            kstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
+            vstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
+            sspan: a(8 * r)?,
+            staged: std::cell::Cell::new(false),
+            lrows,
+            sel: a(4 * lrows)?,
+            hsel: a(f * lrows * h)?,
+            logits: a(f * lrows * cfg.vocab_size)?,
+            amax: a(4 * lrows)?,
+            sparams: a(8 * 4 * lrows)?,
+            samp_e: a(8 * DECODE_ROWS * cfg.vocab_size)?,
+            part: a(f
+                * SPLIT_ROWS.min(r)
+                * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
+                * NSPLIT
+                * (hd + 2))?,
+        };
+        dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
+        let page_elems = num_pages * page_size * kvw;
+        let ring_elems = max_seqs * ring * kvw;
+        if page_elems.max(ring_elems) >= 1 << 31 {
+            return Err(EngineError::Other(format!(
+                "K/V pool of {num_pages} pages is too large for 31-bit offsets; give a smaller pool"
+            )));
+        }
+        for l in layers.iter_mut() {
+            let n = if l.ring {
+                ring_elems
+            } else if full_layers > 0 {
+                page_elems
+            } else {
+                0
+            };
+            l.kc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
+            l.vc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
+        }
+        dev.sync().map_err(cerr)?;
+        let free_pages = (0..num_pages as u32).rev().collect();
+        Ok(CudaModel {
+            cfg,
+            dev,
+            arch,
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            sc,
+            page_size,
+            num_pages,
+            max_pages,
+            free_pages,
+            ring,
+            ring_window,
+            free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
+                .rev()
+                .collect(),
+            full_layers,
+            kv_elt: elt,
+            seqs: HashMap::new(),
+            next_id: 1,
+            taps: vec![],
+            opts,
+            weight_bytes,
+            decode_weight_bytes: decode_bytes,
+            load_secs: t0.elapsed().as_secs_f64(),
+            graph: None,
+            graph_failed: false,
+            step_graphs: HashMap::new(),
+            fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
+            fprof: None,
+            noncausal: false,
+            taps_on_device: false,
+            taps_dev: 0,
+            kset: KernelSet::from_env(),
+            xs_holds: std::cell::Cell::new((0, false)),
+        })
+    }
+}

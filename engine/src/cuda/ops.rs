@@ -1,0 +1,330 @@
+//! The building blocks the layers launch: activation split, RMSNorm (with the GEMM split),
+//! Linear (GEMM / cuBLAS for long passes, tensor-core or SIMT GEMV below), the dense MLP and the
+//! final norm + lm_head.
+use super::*;
+
+impl CudaModel {
+    /// x (f32 [m, k], row stride ldx) -> sc.xs as BF16 hi [m, k] then lo [m, k] (lo only when `lo`).
+    pub(super) fn split(
+        &self,
+        prof: &mut Option<device::Prof>,
+        x: u64,
+        ldx: usize,
+        m: usize,
+        k: usize,
+        lo: bool,
+    ) -> Result<()> {
+        let xs = self.sc.xs;
+        self.dev
+            .launch_p(
+                prof,
+                "split_bf16",
+                (ceil_div(k, 256) as u32, m.min(65535) as u32, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(x)
+                        .i32(ldx as i32)
+                        .i32(m as i32)
+                        .i32(k as i32)
+                        .u64(xs)
+                        .i32(lo as i32);
+                },
+            )
+            .map_err(cerr)
+    }
+
+    /// The layer norm of the residual sc.x into sc.hn; in a GEMM pass also its BF16 split into
+    /// sc.xs (rmsnorm_split), which the next GEMMs on hn then read without a split_bf16.
+    pub(super) fn norm_rows(
+        &self,
+        prof: &mut Option<device::Prof>,
+        w: u64,
+        m: usize,
+        eps: f32,
+        split: bool,
+    ) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        if !split {
+            return self.rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps);
+        }
+        self.dev
+            .launch_p(
+                prof,
+                "rmsnorm_split",
+                (m as u32, 1, 1),
+                (
+                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
+                    1,
+                    1,
+                ),
+                0,
+                |b| {
+                    b.u64(sc.x)
+                        .u64(0)
+                        .u64(w)
+                        .u64(sc.hn)
+                        .i32(h as i32)
+                        .f32(eps)
+                        .u64(sc.xs);
+                },
+            )
+            .map_err(cerr)?;
+        self.xs_holds.set((sc.hn, true));
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rmsnorm(
+        &self,
+        prof: &mut Option<device::Prof>,
+        x: u64,
+        rows: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        h: usize,
+        eps: f32,
+    ) -> Result<()> {
+        self.xs_holds.set((0, false));
+        self.dev
+            .launch_p(
+                prof,
+                "rmsnorm",
+                (m as u32, 1, 1),
+                (
+                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
+                    1,
+                    1,
+                ),
+                0,
+                |b| {
+                    b.u64(x).u64(rows).u64(w).u64(y).i32(h as i32).f32(eps);
+                },
+            )
+            .map_err(cerr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn linear(
+        &self,
+        prof: &mut Option<device::Prof>,
+        tag: &str,
+        l: &Lin,
+        x: u64,
+        ldx: usize,
+        y: u64,
+        ldy: usize,
+        m: usize,
+        acc: bool,
+    ) -> Result<()> {
+        // Every Linear kernel takes the same arguments (x: the activations it reads).
+        let args = |b: &mut device::Args, x: u64| {
+            b.u64(l.w)
+                .u64(l.s)
+                .f32(l.inv_gs)
+                .u64(x)
+                .i32(ldx as i32)
+                .u64(y)
+                .i32(ldy as i32)
+                .i32(m as i32)
+                .i32(l.n as i32)
+                .i32(l.k as i32)
+                .i32(acc as i32);
+        };
+        if m >= self.opts.gemm_min_rows {
+            // The router keeps ~f32 precision (hi + lo BF16 split) so top-k picks match the reference.
+            let name = match (l.fp4, tag == "router") {
+                (false, false) => "gemm_bf16",
+                (true, false) => "gemm_fp4",
+                (false, true) => "gemm_bf16_x2",
+                (true, true) => "gemm_fp4_x2",
+            };
+            let grid = (ceil_div(l.n, 64) as u32, ceil_div(m, 64) as u32, 1);
+            let hi_only = self.kset.bf16_dense && tag != "router";
+            let held = self.xs_holds.get();
+            if !(held.0 == x && ldx == l.k && (held.1 || hi_only)) {
+                self.split(prof, x, ldx, m, l.k, !hi_only)?;
+                self.xs_holds.set((0, false));
+            }
+            if !l.fp4 && (tag != "router" || self.kset.cublas_router) && self.kset.cublas {
+                if let Some(blas) = self.dev.blas() {
+                    let xs = self.sc.xs;
+                    let beta = if acc { 1.0 } else { 0.0 };
+                    blas.gemm_bf16(
+                        &self.dev,
+                        prof,
+                        "cublas_bf16",
+                        l.w,
+                        xs,
+                        y,
+                        m,
+                        l.n,
+                        l.k,
+                        ldy,
+                        beta,
+                    )
+                    .map_err(cerr)?;
+                    if !hi_only {
+                        let lo = xs + 2 * (m * l.k) as u64;
+                        blas.gemm_bf16(
+                            &self.dev,
+                            prof,
+                            "cublas_bf16",
+                            l.w,
+                            lo,
+                            y,
+                            m,
+                            l.n,
+                            l.k,
+                            ldy,
+                            1.0,
+                        )
+                        .map_err(cerr)?;
+                    }
+                    return Ok(());
+                }
+            }
+            let name = match (name, hi_only) {
+                ("gemm_bf16", true) => "gemm_bf16_h",
+                ("gemm_fp4", true) => "gemm_fp4_h",
+                (n, _) => n,
+            };
+            return self
+                .dev
+                .launch_p(prof, name, grid, (128, 1, 1), 0, |b| args(b, self.sc.xs))
+                .map_err(cerr);
+        }
+        if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
+            // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
+            // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
+            // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
+            // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K): batch-invariant.
+            let sw = if l.n <= 2048 {
+                16u32
+            } else if l.n <= 4096 {
+                8
+            } else {
+                4
+            };
+            return self
+                .dev
+                .launch_p(
+                    prof,
+                    "linear_tc_bf16",
+                    (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| args(b, x),
+                )
+                .map_err(cerr);
+        }
+        let one = m == 1 && l.k * 4 <= 48 * 1024;
+        // 2+ rows (DFlash verify/propose): 2 weight rows per warp, up to 16 activation rows per
+        // weight read; same per-row arithmetic as the 1-row kernels.
+        let small = !one && self.kset.small_m;
+        let name = match (l.fp4, one, small, m <= 8) {
+            (false, true, _, _) => "linear_bf16_1",
+            (true, true, _, _) => "linear_fp4_1",
+            (false, false, true, true) => "linear_bf16_m8",
+            (true, false, true, true) => "linear_fp4_m8",
+            (false, false, true, false) => "linear_bf16_m16",
+            (true, false, true, false) => "linear_fp4_m16",
+            (false, false, false, _) => "linear_bf16",
+            (true, false, false, _) => "linear_fp4",
+        };
+        let (grid, shm) = if one {
+            ((ceil_div(l.n, 16) as u32, 1, 1), (l.k * 4) as u32)
+        } else if small {
+            (
+                (
+                    ceil_div(l.n, 16) as u32,
+                    if m <= 8 { 1 } else { ceil_div(m, 16) as u32 },
+                    1,
+                ),
+                0,
+            )
+        } else {
+            ((ceil_div(l.n, 8) as u32, ceil_div(m, 8) as u32, 1), 0)
+        };
+        self.dev
+            .launch_p(prof, name, grid, (256, 1, 1), shm, |b| args(b, x))
+            .map_err(cerr)
+    }
+
+    /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn ffn(
+        &self,
+        prof: &mut Option<device::Prof>,
+        gate: &Lin,
+        up: &Lin,
+        down: &Lin,
+        m: usize,
+        out: u64,
+        acc: bool,
+    ) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        let i = gate.n;
+        self.linear(prof, "mlp", gate, sc.hn, h, sc.gu, 2 * i, m, false)?;
+        self.linear(
+            prof,
+            "mlp",
+            up,
+            sc.hn,
+            h,
+            sc.gu + (4 * i) as u64,
+            2 * i,
+            m,
+            false,
+        )?;
+        self.dev
+            .launch_p(
+                prof,
+                "silu_mul",
+                (ceil_div(i, 256) as u32, m.min(65535) as u32, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(sc.gu).u64(sc.act).i32(m as i32).i32(i as i32);
+                },
+            )
+            .map_err(cerr)?;
+        self.linear(prof, "mlp", down, sc.act, i, out, h, m, acc)
+    }
+
+    /// Final norm + lm_head for `rows` (indices into the current pass), logits left in sc.logits.
+    pub(super) fn logits_rows(&self, prof: &mut Option<device::Prof>, rows: &[i32]) -> Result<()> {
+        self.dev.htod(self.sc.sel, as_bytes(rows)).map_err(cerr)?;
+        self.final_logits(prof, rows.len())
+    }
+
+    /// Final norm + lm_head over the n rows of the residual listed in sc.sel, into sc.logits.
+    pub(super) fn final_logits(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+        let sc = &self.sc;
+        let h = self.cfg.hidden_size;
+        self.rmsnorm(
+            prof,
+            sc.x,
+            sc.sel,
+            self.final_norm,
+            sc.hsel,
+            n,
+            h,
+            self.cfg.rms_norm_eps as f32,
+        )?;
+        self.linear(
+            prof,
+            "lm_head",
+            &self.lm_head,
+            sc.hsel,
+            h,
+            sc.logits,
+            self.cfg.vocab_size,
+            n,
+            false,
+        )
+    }
+}
