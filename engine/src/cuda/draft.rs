@@ -329,7 +329,7 @@ impl CudaDraft {
                 .map_err(cerr)?;
             self.tbuf
         };
-        let blk = (th.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let blk = ops::norm_block(th);
         m.dev
             .launch_p(
                 prof,

@@ -352,8 +352,8 @@ impl CudaModel {
                             (true, true) => "moe_gemm_gate_up_fp4_h",
                             (false, true) => "moe_gemm_gate_up_bf16_h",
                         };
-                        // sc.xs already holds hn split to hi/lo: the router GEMM of this pass
-                        // (same rows, same K) split it and nothing wrote xs since.
+                        // sc.xs holds hn's hi/lo split: rmsnorm_split wrote it (or the router
+                        // GEMM's split did) and nothing wrote xs since.
                         d.launch_p(
                             prof,
                             gu_name,
@@ -525,7 +525,7 @@ impl CudaModel {
                         0
                     };
                     if let Some(next) = self.layers.get(li + 1).filter(|_| self.fuse) {
-                        let blk = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+                        let blk = ops::norm_block(h);
                         d.launch_p(
                             prof,
                             "moe_combine_norm",

@@ -15,6 +15,7 @@ impl CudaModel {
         lo: bool,
     ) -> Result<()> {
         let xs = self.sc.xs;
+        self.xs_holds.set((0, false));
         self.dev
             .launch_p(
                 prof,
@@ -46,32 +47,11 @@ impl CudaModel {
     ) -> Result<()> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
-        if !split {
-            return self.rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps);
+        let xs = split.then_some(sc.xs);
+        self.launch_rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps, xs)?;
+        if split {
+            self.xs_holds.set((sc.hn, true));
         }
-        self.dev
-            .launch_p(
-                prof,
-                "rmsnorm_split",
-                (m as u32, 1, 1),
-                (
-                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
-                    1,
-                    1,
-                ),
-                0,
-                |b| {
-                    b.u64(sc.x)
-                        .u64(0)
-                        .u64(w)
-                        .u64(sc.hn)
-                        .i32(h as i32)
-                        .f32(eps)
-                        .u64(sc.xs);
-                },
-            )
-            .map_err(cerr)?;
-        self.xs_holds.set((sc.hn, true));
         Ok(())
     }
 
@@ -87,20 +67,42 @@ impl CudaModel {
         h: usize,
         eps: f32,
     ) -> Result<()> {
+        self.launch_rmsnorm(prof, x, rows, w, y, m, h, eps, None)
+    }
+
+    /// `rmsnorm`, or with `xs` `rmsnorm_split` (y's BF16 hi / lo written to xs as well). Either
+    /// way y is rewritten, so no split held in sc.xs is trusted afterwards (norm_rows sets it).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_rmsnorm(
+        &self,
+        prof: &mut Option<device::Prof>,
+        x: u64,
+        rows: u64,
+        w: u64,
+        y: u64,
+        m: usize,
+        h: usize,
+        eps: f32,
+        xs: Option<u64>,
+    ) -> Result<()> {
         self.xs_holds.set((0, false));
+        let name = if xs.is_some() {
+            "rmsnorm_split"
+        } else {
+            "rmsnorm"
+        };
         self.dev
             .launch_p(
                 prof,
-                "rmsnorm",
+                name,
                 (m as u32, 1, 1),
-                (
-                    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32,
-                    1,
-                    1,
-                ),
+                (norm_block(h), 1, 1),
                 0,
                 |b| {
                     b.u64(x).u64(rows).u64(w).u64(y).i32(h as i32).f32(eps);
+                    if let Some(xs) = xs {
+                        b.u64(xs);
+                    }
                 },
             )
             .map_err(cerr)
@@ -146,7 +148,6 @@ impl CudaModel {
             let held = self.xs_holds.get();
             if !(held.0 == x && ldx == l.k && (held.1 || hi_only)) {
                 self.split(prof, x, ldx, m, l.k, !hi_only)?;
-                self.xs_holds.set((0, false));
             }
             if !l.fp4 && (tag != "router" || self.kset.cublas_router) && self.kset.cublas {
                 if let Some(blas) = self.dev.blas() {
@@ -327,4 +328,9 @@ impl CudaModel {
             false,
         )
     }
+}
+
+/// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
+pub(super) fn norm_block(h: usize) -> u32 {
+    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
