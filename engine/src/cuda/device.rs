@@ -259,6 +259,7 @@ impl Dev {
         Ok(Event { e })
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn launch_p(
         &self,
         prof: &mut Option<Prof>,
@@ -274,7 +275,7 @@ impl Dev {
             .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
         let mut a = Args(Vec::with_capacity(24));
         f(&mut a);
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
             return Ok(());
         }
         let ev = self.prof_begin(prof)?;
@@ -422,4 +423,18 @@ impl Drop for Dev {
             }
         }
     }
+}
+
+/// Timing analysis only: kernels named in LAGUNA_SKIP_KERNELS (comma list) are not launched, so
+/// a bench of the graph-replayed step without them shows what they cost inside the graph. The
+/// results are wrong while it is set; `laguna bench` prints a warning.
+pub fn skipped(name: &str) -> bool {
+    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SKIP.get_or_init(|| {
+        std::env::var("LAGUNA_SKIP_KERNELS")
+            .map(|v| v.split(',').map(|x| x.trim().to_string()).filter(|x| !x.is_empty()).collect())
+            .unwrap_or_default()
+    })
+    .iter()
+    .any(|x| x == name)
 }
