@@ -67,24 +67,52 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 // TN: outputs per tile (64, or 128 for NVFP4 weights: each warp 32 x 64, so an A fragment pair
 // feeds twice the mma and the block decodes each weight once per 64 rows with half the A traffic).
 // SKIP: a warp whose 32 tile rows are all padding (rows fill a tile from the top: the short last
-// tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks.
-// SILU (gate/up, TN 64): a tile's 64 columns are 32 intermediate indices i0 = n0 / 2 .. +31, each
-// warp's 32 columns gate of 16 of them then up of the same 16, so the epilogue has gate and up of
+// tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks;
+// SKIP 2 also drops the second 16-row block of a warp when it is all padding (16-row granularity).
+// SILU (gate/up): a tile's TN columns are TN / 2 intermediate indices i0 = n0 / 2 .., each warp's
+// TN / 2 columns gate of TN / 4 of them then up of the same TN / 4, so the epilogue has gate and up of
 // (row, i) in one thread: it writes silu(gate) * up as the BF16 hi / lo split the down GEMM reads
 // (Y as bf16 [rows, N1], lo at + olo elements), the values silu_mul_split would write.
+// One K step of a warp's fragments and mma over its first MI 16-row blocks (a macro: NVRTC 13.0
+// treats generic lambdas as host code). Uses gemm_tile's locals. Fragments by ldmatrix (the same
+// values as element-wise loads): A tiles (rows +0/+8, cols +0/+8) per 16-row block; B tiles (n
+// rows +0..7 at k +0/+8, then n +8..15).
+#define GEMM_KSTEP(MI)                                                                                                  \
+    _Pragma("unroll") for (int kk = 0; kk < GK; kk += 16) {                                                           \
+        u32 a[2][4], bb[NI][2];                                                                                       \
+        const int arow_l = lane & 15, acol_l = (lane >> 4) * 8;                                                       \
+        const int brow_l = (lane & 7) + ((lane >> 4) << 3), bcol_l = ((lane >> 3) & 1) * 8;                           \
+        _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                             \
+            ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Ab[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]); \
+        _Pragma("unroll") for (int ni = 0; ni < NI; ni += 2)                                                          \
+            ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1],                                               \
+                    &Bs[(wn * (TN / 2) + ni * 8 + brow_l) * GLD + kk + bcol_l]);                                      \
+        _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                             \
+            _Pragma("unroll") for (int ni = 0; ni < NI; ni++)                                                         \
+                mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);                  \
+        if (SPLIT) {                                                                                                  \
+            _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                         \
+                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Alb[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]); \
+            _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                         \
+                _Pragma("unroll") for (int ni = 0; ni < NI; ni++)                                                     \
+                    mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);              \
+        }                                                                                                             \
+    }
 template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0, int SILU = 0>
 __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
                           int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
                           int accumulate, int n0, size_t olo = 0) {
-    static_assert(!SILU || TN == 64, "gate/up interleave needs 64-wide tiles");
+    static_assert(!SILU || TN == 64, "gate/up interleave: 64-wide tiles (128 measured no faster)");
     static_assert(TN == 64 || (TN == 128 && FMT == 1), "tile width");
     constexpr int NI = TN / 16;  // n8 blocks per warp (a warp covers TN / 2 outputs)
     // X tiles arrive by cp.async (no registers): two buffers, so step k+1's copies fly while step
     // k computes, when they fit the 48 KB of static shared memory with B (TN 64); else one.
     constexpr int NB = TN == 64 ? 2 : 1;
-    __shared__ __align__(16) bf16_t As[NB][GM * GLD];
-    __shared__ __align__(16) bf16_t Al[SPLIT ? NB : 1][SPLIT ? GM * GLD : 8];
+    __shared__ __align__(16) bf16_t As_s[NB][GM * GLD];
+    __shared__ __align__(16) bf16_t Al_s[SPLIT ? NB : 1][SPLIT ? GM * GLD : 8];
     __shared__ __align__(16) bf16_t Bs[TN * GLD];
+    bf16_t* const As = &As_s[0][0];
+    bf16_t* const Al = &Al_s[0][0];
     int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t = lane & 3;
     float acc[2][NI][4];
@@ -112,11 +140,12 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         const u8* wb = n < N1 ? w1 : w2;
         const u8* sb = n < N1 ? s1 : s2;
         if (SILU) {
-            int q = row & 31, i = (n0 >> 1) + (row >> 5) * 16 + (q & 15);
+            constexpr int CW = TN / 2, HW = CW / 2;  // a warp's columns: HW gate rows, then HW up rows
+            int q = row % CW, i = (n0 >> 1) + (row / CW) * HW + (q % HW);
             bval[j] = i < N1;
             nn = i;
-            wb = q < 16 ? w1 : w2;
-            sb = q < 16 ? s1 : s2;
+            wb = q < HW ? w1 : w2;
+            sb = q < HW ? s1 : s2;
         }
         if (!bval[j]) { nn = 0; wb = w1; sb = s1; }
         brow[j] = wb + (size_t)nn * (FMT == 0 ? (size_t)K * 2 : (size_t)K / 2);
@@ -131,8 +160,8 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             int ar = arow[r];
             bool ok = ar >= 0 && k0 + c < K;
             size_t off = ok ? (size_t)ar * ldx + k0 + c : 0;
-            cp_async16(&As[buf][r * GLD + c], X + off, ok ? 16u : 0u);
-            if (SPLIT) cp_async16(&Al[buf][r * GLD + c], XL + off, ok ? 16u : 0u);
+            cp_async16(&As[buf * GM * GLD + r * GLD + c], X + off, ok ? 16u : 0u);
+            if (SPLIT) cp_async16(&Al[buf * GM * GLD + r * GLD + c], XL + off, ok ? 16u : 0u);
         }
         cp_async_commit();
     };
@@ -187,6 +216,8 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         }
     };
     const bool wact = !SKIP || arow[wm * 32] >= 0;
+    // SKIP 2: a warp whose second 16-row block is all padding runs the mma of the first alone.
+    const bool wact1 = SKIP < 2 || arow[wm * 32 + 16] >= 0;
     aload(0, 0);
     gload(0);
     for (int k0 = 0, it = 0; k0 < K; k0 += GK, it++) {
@@ -201,35 +232,11 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         }
         if (k0 + GK < K) gload(k0 + GK);
         __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < GK; kk += 16) {
-            if (!wact) break;
-            // Fragments by ldmatrix (the same values as element-wise loads): A tiles (rows +0/+8,
-            // cols +0/+8) per 16-row block; B tiles (n rows +0..7 at k +0/+8, then n +8..15).
-            u32 a[2][4], bb[NI][2];
-            const int arow_l = lane & 15, acol_l = (lane >> 4) * 8;
-            const int brow_l = (lane & 7) + ((lane >> 4) << 3), bcol_l = ((lane >> 3) & 1) * 8;
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &As[buf][(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
-#pragma unroll
-            for (int ni = 0; ni < NI; ni += 2)
-                ldsm_x4(bb[ni][0], bb[ni][1], bb[ni + 1][0], bb[ni + 1][1], &Bs[(wn * (TN / 2) + ni * 8 + brow_l) * GLD + kk + bcol_l]);
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-                    mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
-            if (SPLIT) {
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Al[buf][(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < NI; ni++)
-                        mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);
-            }
+        const bf16_t* Ab = As + buf * GM * GLD;
+        const bf16_t* Alb = Al + buf * GM * GLD;
+        if (wact) {
+            if (SKIP >= 2 && !wact1) { GEMM_KSTEP(1) }
+            else { GEMM_KSTEP(2) }
         }
         __syncthreads();
         if (NB == 1 && k0 + GK < K) aload(k0 + GK, 0);
@@ -244,12 +251,12 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             if (SILU) {
                 bf16_t* op = reinterpret_cast<bf16_t*>(Y) + (size_t)yr * N1;
 #pragma unroll
-                for (int ni = 0; ni < 2; ni++)
+                for (int ni = 0; ni < NI / 2; ni++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) {
-                        int i = (n0 >> 1) + wn * 16 + ni * 8 + 2 * t + e;
+                        int i = (n0 >> 1) + wn * (TN / 4) + ni * 8 + 2 * t + e;
                         if (i >= N1) continue;
-                        float gv = acc[mi][ni][2 * h + e] * sc1, uv = acc[mi][ni + 2][2 * h + e] * sc2;
+                        float gv = acc[mi][ni][2 * h + e] * sc1, uv = acc[mi][ni + NI / 2][2 * h + e] * sc2;
                         float v = silu_f(gv) * uv;
                         bf16_t hv = f2bf(v);
                         op[i] = hv;
@@ -401,6 +408,11 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk(MOE_DN_PA
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_ks(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
     moe_gemm_gate_up<1, 1, 64, 1, 1>(MOE_GU_ARGS, olo);
 }
+// _ks16 / _wk16: padding skipped at 16-row granularity (KernelSet moe_skip16).
+extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_ks16(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
+    moe_gemm_gate_up<1, 1, 64, 2, 1>(MOE_GU_ARGS, olo);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into

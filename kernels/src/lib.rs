@@ -110,6 +110,8 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_gate_up_fp4_k",
             "moe_gemm_down_fp4_wk",
             "moe_gemm_gate_up_fp4_ks",
+            "moe_gemm_gate_up_fp4_ks16",
+            "moe_gemm_down_fp4_wk16",
             "linear_tc_bf16",
             "read_u4",
         ],

@@ -33,9 +33,15 @@ pub struct KernelSet {
     /// Long passes: in the NVFP4 expert GEMMs a warp whose tile rows are all padding skips its
     /// mma (`moe_gemm_*_k`; the other rows' arithmetic is unchanged; run 65: 107.7 -> 105.1 ms).
     pub moe_skip: bool,
+    /// With `moe_skip`: also the second 16-row block of a warp's 32 rows when it is all padding
+    /// (`moe_gemm_gate_up_fp4_ks16`, `moe_gemm_down_fp4_wk16`; same arithmetic for real rows).
+    pub moe_skip16: bool,
     /// Long passes: SiLU(gate) * up in the NVFP4 gate/up GEMM's epilogue (`moe_gemm_gate_up_fp4_ks`,
     /// interleaved gate / up columns; no f32 gate | up round trip, no `silu_mul_split`).
     pub moe_silu: bool,
+    /// Long passes: the MoE combine and the next layer's input RMSNorm + split in one launch
+    /// (`moe_combine_norm` with xs; the same arithmetic as `moe_combine` then `rmsnorm_split`).
+    pub comb_norm: bool,
     /// Long passes: the router GEMM on cuBLAS too (hi and lo, like the dense Linears).
     pub cublas_router: bool,
 }
@@ -53,6 +59,8 @@ impl KernelSet {
             bf16_attn: false,
             moe_wide: false,
             moe_skip: false,
+            moe_skip16: false,
+            comb_norm: false,
             moe_silu: false,
             cublas_router: false,
         }
@@ -69,6 +77,8 @@ impl KernelSet {
             bf16_attn: false,
             moe_wide: true,
             moe_skip: true,
+            moe_skip16: true,
+            comb_norm: true,
             moe_silu: true,
             cublas_router: true,
         }
@@ -95,9 +105,11 @@ impl KernelSet {
                 "bf16_attn" => k.bf16_attn = on,
                 "moe_wide" => k.moe_wide = on,
                 "moe_skip" => k.moe_skip = on,
+                "moe_skip16" => k.moe_skip16 = on,
+                "comb_norm" => k.comb_norm = on,
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_silu, cublas_router)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, comb_norm, moe_silu, cublas_router)")),
             }
         }
         Ok(k)

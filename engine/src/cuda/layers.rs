@@ -329,7 +329,9 @@ impl CudaModel {
                                     .u64(sc.grp_c)
                                     .u64(sc.perm)
                                     .u64(sc.meta)
-                                    .u64(if gemm { sc.tiles } else { 0 });
+                                    .u64(if gemm { sc.tiles } else { 0 })
+                                    .i32(kk as i32)
+                                    .i32(if *folded { e as i32 } else { -1 });
                             },
                         )
                         .map_err(cerr)?;
@@ -341,10 +343,12 @@ impl CudaModel {
                         let wide = experts.down.fp4 && self.kset.moe_wide && !self.kset.bf16_moe;
                         let tn = if wide { 128 } else { 64 };
                         let skip = self.kset.moe_skip;
+                        let skip16 = skip && self.kset.moe_skip16;
                         // SiLU fused into the gate/up epilogue: it writes the down GEMM's input
                         // split into sc.moe_gu (bf16 [s, im], lo at + s * im), not f32 gate | up.
                         let fused = experts.gate.fp4 && !self.kset.bf16_moe && self.kset.moe_silu;
                         let gu_name = match (experts.gate.fp4, self.kset.bf16_moe) {
+                            (true, false) if fused && skip16 => "moe_gemm_gate_up_fp4_ks16",
                             (true, false) if fused => "moe_gemm_gate_up_fp4_ks",
                             (true, false) if skip => "moe_gemm_gate_up_fp4_k",
                             (true, false) => "moe_gemm_gate_up_fp4",
@@ -408,6 +412,7 @@ impl CudaModel {
                             sc.xs
                         };
                         let dn_name = match (experts.down.fp4, self.kset.bf16_moe) {
+                            (true, false) if wide && skip16 => "moe_gemm_down_fp4_wk16",
                             (true, false) if wide && skip => "moe_gemm_down_fp4_wk",
                             (true, false) if wide => "moe_gemm_down_fp4_w",
                             (true, false) => "moe_gemm_down_fp4",
@@ -524,7 +529,11 @@ impl CudaModel {
                     } else {
                         0
                     };
-                    if let Some(next) = self.layers.get(li + 1).filter(|_| self.fuse) {
+                    // Combine + the next layer's input norm in one launch: opt-in for decode
+                    // (slower there: one block does a row's whole norm), always in long passes,
+                    // where it also writes the split the next projection GEMM reads.
+                    let fuse_norm = self.fuse || (gemm && self.kset.comb_norm);
+                    if let Some(next) = self.layers.get(li + 1).filter(|_| fuse_norm) {
                         let blk = ops::norm_block(h);
                         d.launch_p(
                             prof,
@@ -542,11 +551,12 @@ impl CudaModel {
                                     .f32(cfg.routed_scaling_factor as f32)
                                     .u64(next.input_norm)
                                     .u64(sc.hn)
-                                    .f32(eps);
+                                    .f32(eps)
+                                    .u64(if gemm { sc.xs } else { 0 });
                             },
                         )
                         .map_err(cerr)?;
-                        self.xs_holds.set((0, false));
+                        self.xs_holds.set(if gemm { (sc.hn, true) } else { (0, false) });
                         normed = true;
                     } else {
                         d.launch_p(
