@@ -556,7 +556,8 @@ impl CudaModel {
                             },
                         )
                         .map_err(cerr)?;
-                        self.xs_holds.set(if gemm { (sc.hn, true) } else { (0, false) });
+                        self.xs_holds
+                            .set(if gemm { (sc.hn, true) } else { (0, false) });
                         normed = true;
                     } else {
                         d.launch_p(
