@@ -389,6 +389,155 @@ extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* 
     attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
+// Decode attention in one launch (KernelSet attn_fused; BF16 cache): attention_gqa's per-tile
+// arithmetic with splits of at least ATT_CHUNK_F keys (by the row's own length only), K/V tiles
+// double-buffered by cp.async, and the merge done by the last split block of each (row, KV head)
+// to finish: cnt[m * nkv + kvh] counts finished splits (0 on entry; the merging block resets it,
+// so graph replays start from 0). The merge is attention_merge's arithmetic (splits in order,
+// one head per warp, dims 4 lane .. 4 lane + 3). A row with one split writes its output directly.
+// grid (M, nkv, nsplit), block 32 * nh / nkv; needs hd % 8 == 0, hd <= 128, nh / nkv <= 16.
+#define ATT_CHUNK_F 128
+__device__ __forceinline__ void attention_gqa_f_t(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend,
+                                                  unsigned* cnt) {
+    __shared__ __align__(16) bf16_t Ks[2][GQ_T * 136];
+    __shared__ __align__(16) bf16_t Vs[2][GQ_T * 128];
+    __shared__ __align__(16) float qs[16 * 128];
+    __shared__ bool last_blk;
+    int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    int G = nh / nkv;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = kvh * G + w;
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int last = key_last(p, kend, m, window);
+    int len = last + 1 - lo;
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK_F - 1) / ATT_CHUNK_F);
+    if (z >= ns) return;
+    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
+    int chunk = (len + ns - 1) / ns;
+    int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
+    const int* btr = bt + (size_t)seqrow[m] * max_pages;
+    bool final_ = ns == 1;
+    float run_max = (final_ && sink && w < G) ? sink[h] : -INFINITY;
+    float run_sum = (final_ && sink) ? 1.f : 0.f;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    const int ldk = hd + 8;
+    const int nc = hd >> 3;
+    int d = lane * 4;
+    int nt = k1 > k0 ? (k1 - k0 + GQ_T - 1) / GQ_T : 0;
+    // Tile ti's keys into buffer b (keys past k1 are zero-filled and never read).
+    auto issue = [&](int ti, int b) {
+        int t0 = k0 + ti * GQ_T, tn = min(GQ_T, k1 - t0);
+        for (int i = threadIdx.x; i < GQ_T * nc; i += blockDim.x) {
+            int j = i / nc, c = i - j * nc;
+            bool ok = j < tn;
+            size_t off = 0;
+            if (ok) {
+                int t = t0 + j;
+                int page = btr[(t / page_size) % max_pages];
+                off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+            }
+            cp_async16(&Ks[b][j * ldk + c * 8], kc + off, ok ? 16u : 0u);
+            cp_async16(&Vs[b][j * hd + c * 8], vc + off, ok ? 16u : 0u);
+        }
+        cp_async_commit();
+    };
+    if (nt > 0) issue(0, 0);
+    for (int ti = 0; ti < nt; ti++) {
+        int b = ti & 1;
+        int t0 = k0 + ti * GQ_T, tn = min(GQ_T, k1 - t0);
+        if (ti + 1 < nt) issue(ti + 1, b ^ 1);
+        else cp_async_commit();
+        cp_async_wait_group<1>();
+        __syncthreads();
+        if (w < G) {
+            float s = -INFINITY;
+            if (lane < tn) {
+                const uint4* kr = reinterpret_cast<const uint4*>(&Ks[b][lane * ldk]);
+                const float* qq = qs + w * hd;
+                float acc = 0.f;
+                for (int c = 0; c < nc; c++) acc = dot8_acc(qq + c * 8, kr[c], acc);
+                s = acc * scale;
+            }
+            float mx = warp_max(s);
+            float nm = fmaxf(run_max, mx);
+            float e = lane < tn ? expf(s - nm) : 0.f;
+            float sm = warp_sum(e);
+            float corr = expf(run_max - nm);
+            run_max = nm;
+            run_sum = run_sum * corr + sm;
+            a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
+            for (int j = 0; j < tn; j++) {
+                float pj = __shfl_sync(0xffffffffu, e, j);
+                if (d < hd) {
+                    uint2 u = *reinterpret_cast<const uint2*>(&Vs[b][j * hd + d]);
+                    a0 = fmaf(pj, bflo(u.x), a0);
+                    a1 = fmaf(pj, bfhi(u.x), a1);
+                    a2 = fmaf(pj, bflo(u.y), a2);
+                    a3 = fmaf(pj, bfhi(u.y), a3);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (final_) {
+        if (w >= G || d >= hd) return;
+        float o[4] = {(a0 / run_sum) * vscale, (a1 / run_sum) * vscale, (a2 / run_sum) * vscale, (a3 / run_sum) * vscale};
+        for (int i = 0; i < 4; i++) {
+            if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
+            else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
+            out[(size_t)m * ldo + h * hd + d + i] = o[i];
+        }
+        return;
+    }
+    if (w < G && d < hd) {
+        float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
+        pp[2 + d] = a0; pp[3 + d] = a1; pp[4 + d] = a2; pp[5 + d] = a3;
+        if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = cnt + (size_t)m * nkv + kvh;
+        last_blk = atomicAdd(c, 1u) == (unsigned)(ns - 1);
+        if (last_blk) *c = 0u;
+    }
+    __syncthreads();
+    if (!last_blk || w >= G) return;
+    __threadfence();
+    const float* ph = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
+    float mx = sink ? sink[h] : -INFINITY;
+    for (int zz = 0; zz < ns; zz++) mx = fmaxf(mx, __ldcg(ph + zz * (hd + 2)));
+    float l = sink ? expf(sink[h] - mx) : 0.f;
+    float r0 = 0.f, r1 = 0.f, r2 = 0.f, r3 = 0.f;
+#pragma unroll 8
+    for (int zz = 0; zz < ns; zz++) {
+        const float* pz = ph + zz * (hd + 2);
+        float zm = __ldcg(pz), zl = __ldcg(pz + 1);
+        float c = zl == 0.f ? 0.f : expf(zm - mx);
+        l += zl * c;
+        if (d < hd) {
+            float2 v01 = __ldcg(reinterpret_cast<const float2*>(pz + 2 + d));
+            float2 v23 = __ldcg(reinterpret_cast<const float2*>(pz + 4 + d));
+            r0 += (c == 0.f ? 0.f : v01.x * c);
+            r1 += (c == 0.f ? 0.f : v01.y * c);
+            r2 += (c == 0.f ? 0.f : v23.x * c);
+            r3 += (c == 0.f ? 0.f : v23.y * c);
+        }
+    }
+    if (d >= hd) return;
+    float o[4] = {(r0 / l) * vscale, (r1 / l) * vscale, (r2 / l) * vscale, (r3 / l) * vscale};
+    for (int i = 0; i < 4; i++) {
+        if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
+        else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
+        out[(size_t)m * ldo + h * hd + d + i] = o[i];
+    }
+}
+extern "C" __global__ void attention_gqa_f(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend, unsigned* cnt) {
+    PDL_ENTRY();
+    attention_gqa_f_t(ATT_ARGS, nsplit, part, kend, cnt);
+}
+
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                            const float* sink, const float* g, int ldg, int gate_mode,

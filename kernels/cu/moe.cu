@@ -605,6 +605,170 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
         }
     }
 }
+// _sp (KernelSet moe_sp; NVFP4, decode and verify): the same per-slot arithmetic as moe_*_s
+// (lane l takes blocks l, l + 32, ... of every row, 16-term blocks scaled per block, warp_sum),
+// but a warp loads all blocks of its item's rows at once (up to 4 blocks per lane, H <= 2048)
+// before any arithmetic, keeps them in registers for every slot of the group, and the host
+// sizes the grid to one item per warp (blocks of 128 threads). down: items of 8 rows.
+// Written in session 7 without a GPU: compiled for sm_90a / sm_121a in CI, not yet run.
+// Slots one at a time (SP_SB 1: the weights stay in registers, the activations do not).
+#define SP_SB 1
+__device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                               const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
+                               const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* act) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    int per = I >> 1;
+    int total = meta[0] * per;
+    int nblk = H >> 4;
+    size_t wstride = (size_t)I * H / 2;
+    size_t sstride = (size_t)I * (H >> 4);
+    for (int it = warp; it < total; it += nwarps) {
+        int g = it / per, i = (it - g * per) * 2;
+        int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+        const u8* gwe = reinterpret_cast<const u8*>(gw) + e * wstride;
+        const u8* uwe = reinterpret_cast<const u8*>(uw) + e * wstride;
+        const u8* gse = gs + e * sstride;
+        const u8* use = us + e * sstride;
+        float gi = ginv[e], ui = uinv[e];
+        // cw[j][r] / sc[j][r]: codes and scale of block lane + 32 j of rows gate i, gate i + 1,
+        // up i, up i + 1 (load_blk's values).
+        uint2 cw[4][4];
+        float sc[4][4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int b = lane + 32 * j;
+            if (b < nblk) {
+                const u8* wr[4] = {gwe, gwe, uwe, uwe};
+                const u8* sr[4] = {gse, gse, use, use};
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    uint4 a4, c4;
+                    load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
+                    cw[j][r] = make_uint2(a4.x, a4.y);
+                }
+            }
+        }
+        for (int s0 = 0; s0 < cn; s0 += SP_SB) {
+            int ns = min(SP_SB, cn - s0);
+            int slot[SP_SB];
+            const float* xr[SP_SB];
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++) {
+                slot[r] = perm[st + s0 + (r < ns ? r : 0)];
+                xr[r] = x + (size_t)(slot[r] / KK) * H;
+            }
+            float acc[SP_SB][4];
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[r][j] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int b = lane + 32 * j;
+                if (b < nblk) {
+                    uint4 wa[4], wc[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++) {
+                        wa[q] = make_uint4(cw[j][q].x, cw[j][q].y, 0u, 0u);
+                        wc[q] = make_uint4(0u, 0u, 0u, 0u);
+                    }
+#pragma unroll
+                    for (int r = 0; r < SP_SB; r++)
+                        if (r < ns) blk16_rows4<1>(xr[r] + b * 16, wa, wc, sc[j], acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++) {
+                float g0 = warp_sum(acc[r][0]) * gi, g1 = warp_sum(acc[r][1]) * gi;
+                float u0 = warp_sum(acc[r][2]) * ui, u1 = warp_sum(acc[r][3]) * ui;
+                if (r < ns) {
+                    if (lane == 0) act[(size_t)slot[r] * I + i] = silu_f(g0) * u0;
+                    if (lane == 1) act[(size_t)slot[r] * I + i + 1] = silu_f(g1) * u1;
+                }
+            }
+        }
+    }
+}
+// down, items of 8 output rows (two groups of 4, each moe_dn_s_impl's arithmetic); I <= 512.
+__device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                               const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
+                               const int* meta, float* out) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    int per = H >> 3;
+    int total = meta[0] * per;
+    int nblk = I >> 4;
+    size_t wstride = (size_t)H * I / 2;
+    size_t sstride = (size_t)H * (I >> 4);
+    for (int it = warp; it < total; it += nwarps) {
+        int g = it / per, n = (it - g * per) * 8;
+        int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
+        const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+        const u8* dse = ds + e * sstride;
+        float di = dinv[e];
+        // wa[h][j]: rows n + 4 h + j, block lane (+ 32 for I > 512 is not supported: host checks).
+        uint2 cw[2][4];
+        float sc[2][4];
+        bool act_l = lane < nblk;
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (act_l) {
+                    uint4 a4, c4;
+                    load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
+                    cw[hh][j] = make_uint2(a4.x, a4.y);
+                }
+        for (int s0 = 0; s0 < cn; s0 += SP_SB) {
+            int ns = min(SP_SB, cn - s0);
+            int slot[SP_SB];
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++) slot[r] = perm[st + s0 + (r < ns ? r : 0)];
+            float acc[SP_SB][2][4];
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) acc[r][hh][j] = 0.f;
+            if (act_l) {
+#pragma unroll
+                for (int r = 0; r < SP_SB; r++)
+                    if (r < ns)
+#pragma unroll
+                        for (int hh = 0; hh < 2; hh++) {
+                            uint4 wa[4], wc[4];
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                wa[q] = make_uint4(cw[hh][q].x, cw[hh][q].y, 0u, 0u);
+                                wc[q] = make_uint4(0u, 0u, 0u, 0u);
+                            }
+                            blk16_rows4<1>(act + (size_t)slot[r] * I + lane * 16, wa, wc, sc[hh], acc[r][hh]);
+                        }
+            }
+#pragma unroll
+            for (int r = 0; r < SP_SB; r++)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        float v = warp_sum(acc[r][hh][j]) * di;
+                        if (r < ns && lane == j) out[(size_t)slot[r] * H + n + 4 * hh + j] = v;
+                    }
+        }
+    }
+}
+extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_sp(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
+    moe_gu_sp_impl(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_sp(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                           const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                           float* out) { PDL_ENTRY();
+    moe_dn_sp_impl(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
 extern "C" __global__ void moe_gate_up_fp4_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();

@@ -36,6 +36,15 @@ pub struct KernelSet {
     /// With `moe_skip`: also the second 16-row block of a warp's 32 rows when it is all padding
     /// (`moe_gemm_gate_up_fp4_ks16`, `moe_gemm_down_fp4_wk16`; same arithmetic for real rows).
     pub moe_skip16: bool,
+    /// Decode attention (BF16 cache) in one launch: `attention_gqa_f`, splits of >= 128 keys,
+    /// K/V tiles double-buffered, the merge done by each (row, KV head)'s last split block.
+    /// Off: written in session 7 without a GPU (compiled for sm_90a / sm_121a in CI, not yet run).
+    pub attn_fused: bool,
+    /// NVFP4 expert GEMVs (weight-streaming regime) with all of a warp's weight loads in flight
+    /// at once and one item per warp (`moe_gate_up_fp4_sp`, `moe_down_fp4_sp`; the per-slot
+    /// arithmetic of `moe_*_s`, so the same bits). Off: written in session 7 without a GPU
+    /// (compiled for sm_90a / sm_121a in CI, not yet run).
+    pub moe_sp: bool,
     /// Long passes: SiLU(gate) * up in the NVFP4 gate/up GEMM's epilogue (`moe_gemm_gate_up_fp4_ks`,
     /// interleaved gate / up columns; no f32 gate | up round trip, no `silu_mul_split`).
     pub moe_silu: bool,
@@ -60,6 +69,8 @@ impl KernelSet {
             moe_wide: false,
             moe_skip: false,
             moe_skip16: false,
+            attn_fused: false,
+            moe_sp: false,
             comb_norm: false,
             moe_silu: false,
             cublas_router: false,
@@ -78,6 +89,8 @@ impl KernelSet {
             moe_wide: true,
             moe_skip: true,
             moe_skip16: true,
+            attn_fused: false,
+            moe_sp: false,
             comb_norm: true,
             moe_silu: true,
             cublas_router: true,
@@ -106,10 +119,12 @@ impl KernelSet {
                 "moe_wide" => k.moe_wide = on,
                 "moe_skip" => k.moe_skip = on,
                 "moe_skip16" => k.moe_skip16 = on,
+                "attn_fused" => k.attn_fused = on,
+                "moe_sp" => k.moe_sp = on,
                 "comb_norm" => k.comb_norm = on,
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, comb_norm, moe_silu, cublas_router)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_fused, moe_sp, comb_norm, moe_silu, cublas_router)")),
             }
         }
         Ok(k)

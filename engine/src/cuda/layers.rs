@@ -193,9 +193,15 @@ impl CudaModel {
                 let group = if nh % nkv == 0 { nh / nkv } else { 0 };
                 let gqa =
                     self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
+                // One launch with the merge inside (BF16 cache only).
+                let fused = gqa && self.kset.attn_fused && self.kv_elt == 2;
                 let (aname, agrid, ablk) = if gqa {
                     (
-                        kv.gqa_name,
+                        if fused {
+                            "attention_gqa_f"
+                        } else {
+                            kv.gqa_name
+                        },
                         (m as u32, nkv as u32, nsplit as u32),
                         (32 * group) as u32,
                     )
@@ -207,9 +213,12 @@ impl CudaModel {
                     b.i32(nsplit as i32)
                         .u64(sc.part)
                         .u64(if self.noncausal { sc.kend } else { 0 });
+                    if fused {
+                        b.u64(sc.acnt);
+                    }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 {
+                if nsplit > 1 && !fused {
                     d.launch_p(
                         prof,
                         "attention_merge",
@@ -450,45 +459,66 @@ impl CudaModel {
                         // per-slot arithmetic whatever the number of rows; otherwise one block row
                         // per group (`_1`: single-slot groups of a 1-row pass, activation staged).
                         // Both families take the same arguments.
-                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) =
-                            if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
-                                let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
-                                let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
-                                let (g, dn) = if experts.gate.fp4 {
-                                    ("moe_gate_up_fp4_s", "moe_down_fp4_s")
-                                } else {
-                                    ("moe_gate_up_bf16_s", "moe_down_bf16_s")
-                                };
-                                (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
+                        let sp = self.kset.moe_sp
+                            && experts.gate.fp4
+                            && experts.down.fp4
+                            && h % 16 == 0
+                            && im % 16 == 0
+                            && h <= 2048
+                            && im <= 512;
+                        let mut blk = 256;
+                        let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) = if sp {
+                            // One item per warp (4 warps a block): gate/up items are 2
+                            // intermediate rows of a group, down items 8 output rows.
+                            blk = 128;
+                            let gb = ceil_div(groups as usize * im / 2, 4) as u32;
+                            let db = ceil_div(groups as usize * h / 8, 4) as u32;
+                            (
+                                "moe_gate_up_fp4_sp",
+                                (gb.max(1), 1, 1),
+                                0,
+                                "moe_down_fp4_sp",
+                                (db.max(1), 1, 1),
+                                0,
+                            )
+                        } else if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
+                            let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
+                            let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
+                            let (g, dn) = if experts.gate.fp4 {
+                                ("moe_gate_up_fp4_s", "moe_down_fp4_s")
                             } else {
-                                let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
-                                let g = match (experts.gate.fp4, one) {
-                                    (true, false) => "moe_gate_up_fp4",
-                                    (false, false) => "moe_gate_up_bf16",
-                                    (true, true) => "moe_gate_up_fp4_1",
-                                    (false, true) => "moe_gate_up_bf16_1",
-                                };
-                                let dn = match (experts.down.fp4, one) {
-                                    (true, false) => "moe_down_fp4",
-                                    (false, false) => "moe_down_bf16",
-                                    (true, true) => "moe_down_fp4_1",
-                                    (false, true) => "moe_down_bf16_1",
-                                };
-                                let (gs, ds) = if one {
-                                    ((h * 4) as u32, (im * 4) as u32)
-                                } else {
-                                    (0, 0)
-                                };
-                                (
-                                    g,
-                                    (ceil_div(im, 8) as u32, groups, 1),
-                                    gs,
-                                    dn,
-                                    (ceil_div(h, 8) as u32, groups, 1),
-                                    ds,
-                                )
+                                ("moe_gate_up_bf16_s", "moe_down_bf16_s")
                             };
-                        d.launch_p(prof, gu_name, gu_grid, (256, 1, 1), gu_shm, |b| {
+                            (g, (gb, 1, 1), 0, dn, (db, 1, 1), 0)
+                        } else {
+                            let one = m == 1 && h * 4 <= 48 * 1024 && im * 4 <= 48 * 1024;
+                            let g = match (experts.gate.fp4, one) {
+                                (true, false) => "moe_gate_up_fp4",
+                                (false, false) => "moe_gate_up_bf16",
+                                (true, true) => "moe_gate_up_fp4_1",
+                                (false, true) => "moe_gate_up_bf16_1",
+                            };
+                            let dn = match (experts.down.fp4, one) {
+                                (true, false) => "moe_down_fp4",
+                                (false, false) => "moe_down_bf16",
+                                (true, true) => "moe_down_fp4_1",
+                                (false, true) => "moe_down_bf16_1",
+                            };
+                            let (gs, ds) = if one {
+                                ((h * 4) as u32, (im * 4) as u32)
+                            } else {
+                                (0, 0)
+                            };
+                            (
+                                g,
+                                (ceil_div(im, 8) as u32, groups, 1),
+                                gs,
+                                dn,
+                                (ceil_div(h, 8) as u32, groups, 1),
+                                ds,
+                            )
+                        };
+                        d.launch_p(prof, gu_name, gu_grid, (blk, 1, 1), gu_shm, |b| {
                             b.u64(experts.gate.w)
                                 .u64(experts.gate.s)
                                 .u64(experts.gate.inv)
@@ -507,7 +537,7 @@ impl CudaModel {
                                 .u64(sc.moe_act);
                         })
                         .map_err(cerr)?;
-                        d.launch_p(prof, dn_name, dn_grid, (256, 1, 1), dn_shm, |b| {
+                        d.launch_p(prof, dn_name, dn_grid, (blk, 1, 1), dn_shm, |b| {
                             b.u64(experts.down.w)
                                 .u64(experts.down.s)
                                 .u64(experts.down.inv)
