@@ -163,6 +163,11 @@ mod tests {
         assert!(KernelSet::default_set().cublas && !KernelSet::original().cublas);
         let k = KernelSet::parse("-moe_silu,-moe_skip").unwrap();
         assert!(!k.moe_silu && !k.moe_skip && k.moe_wide);
+        let k = KernelSet::parse("-moe_skip16,-comb_norm,+attn_fused,+moe_sp").unwrap();
+        assert!(!k.moe_skip16 && !k.comb_norm && k.attn_fused && k.moe_sp && k.moe_skip);
+        // The two candidates not yet run on a GPU stay out of the default set.
+        let d = KernelSet::default_set();
+        assert!(!d.attn_fused && !d.moe_sp && d.moe_skip16 && d.comb_norm);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));
