@@ -299,6 +299,52 @@ extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part
 // own length only), so a row's result is the same in any batch. Needs hd % 8 == 0, hd <= 128,
 // nh / nkv <= 16. Partials feed attention_merge unchanged.
 #define GQ_T 32
+// One tile of tn keys (K rows at stride ldk, V rows at stride hd, BF16 in shared memory) for
+// warp w's query qq: lane j scores key j (dims in order), warp-level online softmax, then lane l
+// accumulates dims 4l..4l+3 over the keys in order.
+__device__ __forceinline__ void gqa_tile(const bf16_t* Ks, const bf16_t* Vs, int ldk, const float* qq, int tn,
+                                         int nc, int hd, int lane, float scale, float& run_max, float& run_sum,
+                                         float& a0, float& a1, float& a2, float& a3) {
+    int d = lane * 4;
+    float s = -INFINITY;
+    if (lane < tn) {
+        const uint4* kr = reinterpret_cast<const uint4*>(Ks + lane * ldk);
+        float acc = 0.f;
+        for (int c = 0; c < nc; c++) {
+            acc = dot8_acc(qq + c * 8, kr[c], acc);
+        }
+        s = acc * scale;
+    }
+    float mx = warp_max(s);
+    float nm = fmaxf(run_max, mx);
+    float e = lane < tn ? expf(s - nm) : 0.f;
+    float sm = warp_sum(e);
+    float corr = expf(run_max - nm);
+    run_max = nm;
+    run_sum = run_sum * corr + sm;
+    a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
+    for (int j = 0; j < tn; j++) {
+        float pj = __shfl_sync(0xffffffffu, e, j);
+        if (d < hd) {
+            uint2 u = *reinterpret_cast<const uint2*>(Vs + j * hd + d);
+            a0 = fmaf(pj, bflo(u.x), a0);
+            a1 = fmaf(pj, bfhi(u.x), a1);
+            a2 = fmaf(pj, bflo(u.y), a2);
+            a3 = fmaf(pj, bfhi(u.y), a3);
+        }
+    }
+}
+// Output dims d..d+3 of head h, row m: (acc / sum) * vscale, then the softplus gate.
+__device__ __forceinline__ void gqa_store(float* out, int ldo, const float* g, int ldg, int gate_mode, float vscale,
+                                          int m, int h, int hd, int d, float sum, float a0, float a1, float a2,
+                                          float a3) {
+    float o[4] = {(a0 / sum) * vscale, (a1 / sum) * vscale, (a2 / sum) * vscale, (a3 / sum) * vscale};
+    for (int i = 0; i < 4; i++) {
+        if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
+        else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
+        out[(size_t)m * ldo + h * hd + d + i] = o[i];
+    }
+}
 template <typename KV>
 __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
@@ -337,36 +383,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
             *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
         }
         __syncthreads();
-        if (w < G) {
-            float s = -INFINITY;
-            if (lane < tn) {
-                const uint4* kr = reinterpret_cast<const uint4*>(Ks + lane * ldk);
-                const float* qq = qs + w * hd;
-                float acc = 0.f;
-                for (int c = 0; c < nc; c++) {
-                    acc = dot8_acc(qq + c * 8, kr[c], acc);
-                }
-                s = acc * scale;
-            }
-            float mx = warp_max(s);
-            float nm = fmaxf(run_max, mx);
-            float e = lane < tn ? expf(s - nm) : 0.f;
-            float sm = warp_sum(e);
-            float corr = expf(run_max - nm);
-            run_max = nm;
-            run_sum = run_sum * corr + sm;
-            a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
-            for (int j = 0; j < tn; j++) {
-                float pj = __shfl_sync(0xffffffffu, e, j);
-                if (d < hd) {
-                    uint2 u = *reinterpret_cast<const uint2*>(Vs + j * hd + d);
-                    a0 = fmaf(pj, bflo(u.x), a0);
-                    a1 = fmaf(pj, bfhi(u.x), a1);
-                    a2 = fmaf(pj, bflo(u.y), a2);
-                    a3 = fmaf(pj, bfhi(u.y), a3);
-                }
-            }
-        }
+        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
     }
     if (w >= G || d >= hd) return;
     if (!final_) {
@@ -375,12 +392,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
         if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
         return;
     }
-    float o[4] = {(a0 / run_sum) * vscale, (a1 / run_sum) * vscale, (a2 / run_sum) * vscale, (a3 / run_sum) * vscale};
-    for (int i = 0; i < 4; i++) {
-        if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
-        else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
-        out[(size_t)m * ldo + h * hd + d + i] = o[i];
-    }
+    gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, run_sum, a0, a1, a2, a3);
 }
 extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
@@ -450,44 +462,12 @@ __device__ __forceinline__ void attention_gqa_f_t(ATT_PARAMS(bf16_t), int nsplit
         else cp_async_commit();
         cp_async_wait_group<1>();
         __syncthreads();
-        if (w < G) {
-            float s = -INFINITY;
-            if (lane < tn) {
-                const uint4* kr = reinterpret_cast<const uint4*>(&Ks[b][lane * ldk]);
-                const float* qq = qs + w * hd;
-                float acc = 0.f;
-                for (int c = 0; c < nc; c++) acc = dot8_acc(qq + c * 8, kr[c], acc);
-                s = acc * scale;
-            }
-            float mx = warp_max(s);
-            float nm = fmaxf(run_max, mx);
-            float e = lane < tn ? expf(s - nm) : 0.f;
-            float sm = warp_sum(e);
-            float corr = expf(run_max - nm);
-            run_max = nm;
-            run_sum = run_sum * corr + sm;
-            a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
-            for (int j = 0; j < tn; j++) {
-                float pj = __shfl_sync(0xffffffffu, e, j);
-                if (d < hd) {
-                    uint2 u = *reinterpret_cast<const uint2*>(&Vs[b][j * hd + d]);
-                    a0 = fmaf(pj, bflo(u.x), a0);
-                    a1 = fmaf(pj, bfhi(u.x), a1);
-                    a2 = fmaf(pj, bflo(u.y), a2);
-                    a3 = fmaf(pj, bfhi(u.y), a3);
-                }
-            }
-        }
+        if (w < G) gqa_tile(Ks[b], Vs[b], ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
         __syncthreads();
     }
     if (final_) {
         if (w >= G || d >= hd) return;
-        float o[4] = {(a0 / run_sum) * vscale, (a1 / run_sum) * vscale, (a2 / run_sum) * vscale, (a3 / run_sum) * vscale};
-        for (int i = 0; i < 4; i++) {
-            if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
-            else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
-            out[(size_t)m * ldo + h * hd + d + i] = o[i];
-        }
+        gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, run_sum, a0, a1, a2, a3);
         return;
     }
     if (w < G && d < hd) {
@@ -526,12 +506,7 @@ __device__ __forceinline__ void attention_gqa_f_t(ATT_PARAMS(bf16_t), int nsplit
         }
     }
     if (d >= hd) return;
-    float o[4] = {(r0 / l) * vscale, (r1 / l) * vscale, (r2 / l) * vscale, (r3 / l) * vscale};
-    for (int i = 0; i < 4; i++) {
-        if (gate_mode == 1) o[i] *= softplus_f(g[(size_t)m * ldg + h]);
-        else if (gate_mode == 2) o[i] *= softplus_f(g[(size_t)m * ldg + h * hd + d + i]);
-        out[(size_t)m * ldo + h * hd + d + i] = o[i];
-    }
+    gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, l, r0, r1, r2, r3);
 }
 extern "C" __global__ void attention_gqa_f(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend, unsigned* cnt) {
     PDL_ENTRY();

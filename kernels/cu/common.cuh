@@ -248,3 +248,13 @@ __device__ __forceinline__ void row_dot2(const void* wa, const u8* sa, float inv
         if (FMT == 1) { acca[r] *= inva; accb[r] *= invb; }
     }
 }
+// y[r, i] = v and, with xs set, its BF16 hi / lo split (hi at xs [M, H], lo at xs + M * H): what
+// rmsnorm_split and moe_combine_norm write for the GEMMs of a long pass.
+__device__ __forceinline__ void rms_store(float* y, bf16_t* xs, size_t M, int r, int H, int i, float v) {
+    y[(size_t)r * H + i] = v;
+    if (xs) {
+        bf16_t h = f2bf(v);
+        xs[(size_t)r * H + i] = h;
+        xs[M * H + (size_t)r * H + i] = f2bf(v - bf2f(h));
+    }
+}

@@ -337,15 +337,6 @@ extern "C" __global__ void moe_combine(float* x, const float* out, const float* 
 // size, so results are bit-identical to the two-kernel form. Block as rmsnorm's. With xs set (long
 // passes) y's BF16 hi / lo split is written too, as rmsnorm_split writes it (hi [M, H], lo at
 // + M * H; M = gridDim.x).
-__device__ __forceinline__ void comb_store(float* y, bf16_t* xs, int m, int H, int n, float v) {
-    y[(size_t)m * H + n] = v;
-    if (xs) {
-        size_t M = gridDim.x;
-        bf16_t h = f2bf(v);
-        xs[(size_t)m * H + n] = h;
-        xs[M * H + (size_t)m * H + n] = f2bf(v - bf2f(h));
-    }
-}
 extern "C" __global__ void moe_combine_norm(float* x, const float* out, const float* wts, const float* shared, int H,
                                             int K, float scale, const float* w, float* y, float eps, bf16_t* xs) { PDL_ENTRY();
     __shared__ float sh[32];
@@ -382,9 +373,9 @@ extern "C" __global__ void moe_combine_norm(float* x, const float* out, const fl
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int n = threadIdx.x + j * blockDim.x;
-        if (n < H) comb_store(y, xs, m, H, n, w[n] * (v[j] * inv));
+        if (n < H) rms_store(y, xs, gridDim.x, m, H, n, w[n] * (v[j] * inv));
     }
-    for (int n = threadIdx.x + 8 * blockDim.x; n < H; n += blockDim.x) comb_store(y, xs, m, H, n, w[n] * (xr[n] * inv));
+    for (int n = threadIdx.x + 8 * blockDim.x; n < H; n += blockDim.x) rms_store(y, xs, gridDim.x, m, H, n, w[n] * (xr[n] * inv));
 }
 
 // ---- small-batch MoE (passes of 1..16 rows: decode steps and DFlash verify) -------------------
@@ -611,8 +602,17 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
 // before any arithmetic, keeps them in registers for every slot of the group, and the host
 // sizes the grid to one item per warp (blocks of 128 threads). down: items of 8 rows.
 // Written in session 7 without a GPU: compiled for sm_90a / sm_121a in CI, not yet run.
-// Slots one at a time (SP_SB 1: the weights stay in registers, the activations do not).
-#define SP_SB 1
+// Slots one at a time: the weights stay in registers, the activations do not.
+// blk16_rows4 over four rows' NVFP4 codes held as (word, word) pairs (load_blk's values).
+__device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* cw, const float* sc, float* acc) {
+    uint4 wa[4], wc[4];
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        wa[q] = make_uint4(cw[q].x, cw[q].y, 0u, 0u);
+        wc[q] = make_uint4(0u, 0u, 0u, 0u);
+    }
+    blk16_rows4<1>(x16, wa, wc, sc, acc);
+}
 __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
                                const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* act) {
@@ -626,21 +626,17 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
     for (int it = warp; it < total; it += nwarps) {
         int g = it / per, i = (it - g * per) * 2;
         int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
-        const u8* gwe = reinterpret_cast<const u8*>(gw) + e * wstride;
-        const u8* uwe = reinterpret_cast<const u8*>(uw) + e * wstride;
-        const u8* gse = gs + e * sstride;
-        const u8* use = us + e * sstride;
+        const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
+                           reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
+        const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
         float gi = ginv[e], ui = uinv[e];
-        // cw[j][r] / sc[j][r]: codes and scale of block lane + 32 j of rows gate i, gate i + 1,
-        // up i, up i + 1 (load_blk's values).
+        // cw[j][r] / sc[j][r]: block lane + 32 j of rows gate i, gate i + 1, up i, up i + 1.
         uint2 cw[4][4];
         float sc[4][4];
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int b = lane + 32 * j;
             if (b < nblk) {
-                const u8* wr[4] = {gwe, gwe, uwe, uwe};
-                const u8* sr[4] = {gse, gse, use, use};
 #pragma unroll
                 for (int r = 0; r < 4; r++) {
                     uint4 a4, c4;
@@ -649,44 +645,19 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
                 }
             }
         }
-        for (int s0 = 0; s0 < cn; s0 += SP_SB) {
-            int ns = min(SP_SB, cn - s0);
-            int slot[SP_SB];
-            const float* xr[SP_SB];
-#pragma unroll
-            for (int r = 0; r < SP_SB; r++) {
-                slot[r] = perm[st + s0 + (r < ns ? r : 0)];
-                xr[r] = x + (size_t)(slot[r] / KK) * H;
-            }
-            float acc[SP_SB][4];
-#pragma unroll
-            for (int r = 0; r < SP_SB; r++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) acc[r][j] = 0.f;
+        for (int si = 0; si < cn; si++) {
+            int slot = perm[st + si];
+            const float* xr = x + (size_t)(slot / KK) * H;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int b = lane + 32 * j;
-                if (b < nblk) {
-                    uint4 wa[4], wc[4];
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        wa[q] = make_uint4(cw[j][q].x, cw[j][q].y, 0u, 0u);
-                        wc[q] = make_uint4(0u, 0u, 0u, 0u);
-                    }
-#pragma unroll
-                    for (int r = 0; r < SP_SB; r++)
-                        if (r < ns) blk16_rows4<1>(xr[r] + b * 16, wa, wc, sc[j], acc[r]);
-                }
+                if (b < nblk) blk16_rows4_fp4(xr + b * 16, cw[j], sc[j], acc);
             }
-#pragma unroll
-            for (int r = 0; r < SP_SB; r++) {
-                float g0 = warp_sum(acc[r][0]) * gi, g1 = warp_sum(acc[r][1]) * gi;
-                float u0 = warp_sum(acc[r][2]) * ui, u1 = warp_sum(acc[r][3]) * ui;
-                if (r < ns) {
-                    if (lane == 0) act[(size_t)slot[r] * I + i] = silu_f(g0) * u0;
-                    if (lane == 1) act[(size_t)slot[r] * I + i + 1] = silu_f(g1) * u1;
-                }
-            }
+            float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
+            float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
+            if (lane == 0) act[(size_t)slot * I + i] = silu_f(g0) * u0;
+            if (lane == 1) act[(size_t)slot * I + i + 1] = silu_f(g1) * u1;
         }
     }
 }
@@ -707,7 +678,7 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
         const u8* dse = ds + e * sstride;
         float di = dinv[e];
-        // wa[h][j]: rows n + 4 h + j, block lane (+ 32 for I > 512 is not supported: host checks).
+        // cw[hh][j] / sc[hh][j]: block `lane` of row n + 4 hh + j (the host keeps I <= 512).
         uint2 cw[2][4];
         float sc[2][4];
         bool act_l = lane < nblk;
@@ -720,42 +691,19 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
                     load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
                     cw[hh][j] = make_uint2(a4.x, a4.y);
                 }
-        for (int s0 = 0; s0 < cn; s0 += SP_SB) {
-            int ns = min(SP_SB, cn - s0);
-            int slot[SP_SB];
+        for (int si = 0; si < cn; si++) {
+            int slot = perm[st + si];
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if (act_l)
 #pragma unroll
-            for (int r = 0; r < SP_SB; r++) slot[r] = perm[st + s0 + (r < ns ? r : 0)];
-            float acc[SP_SB][2][4];
+                for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4(act + (size_t)slot * I + lane * 16, cw[hh], sc[hh], acc[hh]);
 #pragma unroll
-            for (int r = 0; r < SP_SB; r++)
+            for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) acc[r][hh][j] = 0.f;
-            if (act_l) {
-#pragma unroll
-                for (int r = 0; r < SP_SB; r++)
-                    if (r < ns)
-#pragma unroll
-                        for (int hh = 0; hh < 2; hh++) {
-                            uint4 wa[4], wc[4];
-#pragma unroll
-                            for (int q = 0; q < 4; q++) {
-                                wa[q] = make_uint4(cw[hh][q].x, cw[hh][q].y, 0u, 0u);
-                                wc[q] = make_uint4(0u, 0u, 0u, 0u);
-                            }
-                            blk16_rows4<1>(act + (size_t)slot[r] * I + lane * 16, wa, wc, sc[hh], acc[r][hh]);
-                        }
-            }
-#pragma unroll
-            for (int r = 0; r < SP_SB; r++)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++) {
-                        float v = warp_sum(acc[r][hh][j]) * di;
-                        if (r < ns && lane == j) out[(size_t)slot[r] * H + n + 4 * hh + j] = v;
-                    }
+                for (int j = 0; j < 4; j++) {
+                    float v = warp_sum(acc[hh][j]) * di;
+                    if (lane == j) out[(size_t)slot * H + n + 4 * hh + j] = v;
+                }
         }
     }
 }

@@ -8,14 +8,6 @@ extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* 
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
 // With xs set (rmsnorm_split, long passes), y's BF16 hi / lo split is written too (xs [M, H] hi,
 // then lo at xs + M * H; M = gridDim.x), as split_bf16 would write it, for the GEMMs that read y.
-__device__ __forceinline__ void rms_store(float* y, bf16_t* xs, size_t M, int r, int H, int i, float v) {
-    y[(size_t)r * H + i] = v;
-    if (xs) {
-        bf16_t h = f2bf(v);
-        xs[(size_t)r * H + i] = h;
-        xs[M * H + (size_t)r * H + i] = f2bf(v - bf2f(h));
-    }
-}
 __device__ __forceinline__ void rmsnorm_t(const float* x, const int* rows, const float* w, float* y, int H, float eps,
                                           bf16_t* xs) {
     __shared__ float sh[32];
