@@ -568,9 +568,23 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
 // this pass come from the stage (row sfirst + key - s0), older ones from the ring.
-template <typename KV, int SPLIT = 1>
+// 2^x by the SFU (ex2.approx.ftz: ~2 ulp, subnormal results flushed to 0; 2^-inf = 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+// EX2: softmax exponentials as 2^(log2(e) s - m) with log2(e) folded into the score scale and the
+// state kept in base-2 units (FlashAttention's and vLLM's form: one multiply and ex2.approx per
+// score instead of expf's ~8 instructions); off: expf of the natural-unit scores.
+// QS: the Q fragments (hi, lo) wait in dynamic shared memory (FA_QS_SMEM bytes: [64][FA_LD] hi
+// then lo; each warp its own 16 rows) and come back by ldmatrix per k-step instead of holding 64
+// registers, so 3 blocks fit an SM (168 registers); the same values in the same mma order.
+#define FA_QS_SMEM (2 * 64 * FA_LD * 2)
+template <typename KV, int SPLIT = 1, int EX2 = 0, int QS = 0>
 __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* tiles, const KV* ks, const KV* vs,
                                                     const int* sfirst, bf16_t* xs, int M) {
+    extern __shared__ __align__(16) bf16_t fa_q[];
     __shared__ __align__(16) bf16_t Ks[64 * FA_LD];
     __shared__ __align__(16) bf16_t Vs[64 * FA_LD];
     __shared__ unsigned koff[64];
@@ -613,12 +627,32 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                 ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
                 ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
             }
+            if constexpr (QS) {
+                // A-fragment element (row, dims d0, d0 + 1) and (row, d0 + 8, d0 + 9) as stored pairs.
+                u32* ha = reinterpret_cast<u32*>(fa_q + ra * FA_LD + d0);
+                u32* hb = reinterpret_cast<u32*>(fa_q + rb * FA_LD + d0);
+                ha[0] = qf[kk][0];
+                hb[0] = qf[kk][1];
+                ha[4] = qf[kk][2];
+                hb[4] = qf[kk][3];
+                if (SPLIT) {
+                    u32* la_ = reinterpret_cast<u32*>(fa_q + (64 + ra) * FA_LD + d0);
+                    u32* lb_ = reinterpret_cast<u32*>(fa_q + (64 + rb) * FA_LD + d0);
+                    la_[0] = ql[kk][0];
+                    lb_[0] = ql[kk][1];
+                    la_[4] = ql[kk][2];
+                    lb_[4] = ql[kk][3];
+                }
+            }
         }
     }
+    if constexpr (QS) __syncwarp();
     float o[FA_HD / 8][4];
 #pragma unroll
     for (int i = 0; i < FA_HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float ma = sink ? sink[h] : -INFINITY, mb = ma;
+    const float L2E = 1.4426950408889634f;
+    if (EX2) scale *= L2E;
+    float ma = sink ? (EX2 ? sink[h] * L2E : sink[h]) : -INFINITY, mb = ma;
     float la = sink ? 1.f : 0.f, lb = la;
     int nch = hd >> 3;  // 16-byte chunks per key
     for (int kb = klo; kb <= plast; kb += 64) {
@@ -686,11 +720,26 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                 for (int ni = 0; ni < 8; ni += 2)
                     ldsm_x4(kb_[ni][0], kb_[ni][1], kb_[ni + 1][0], kb_[ni + 1][1],
                             &Ks[(ni * 8 + (lane & 7) + ((lane >> 4) << 3)) * FA_LD + kk * 16 + ((lane >> 3) & 1) * 8]);
+                if constexpr (QS) {
+                    // This warp's rows w*16.. of Q hi (then lo) at dims kk*16..: the fragments held
+                    // in qf / ql otherwise.
+                    const bf16_t* qp = fa_q + (w * 16 + (lane & 15)) * FA_LD + kk * 16 + (lane >> 4) * 8;
+                    u32 a0, a1, a2, a3;
+                    ldsm_x4(a0, a1, a2, a3, qp);
+#pragma unroll
+                    for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], a0, a1, a2, a3, kb_[ni][0], kb_[ni][1]);
+                    if (SPLIT) {
+                        ldsm_x4(a0, a1, a2, a3, qp + 64 * FA_LD);
+#pragma unroll
+                        for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], a0, a1, a2, a3, kb_[ni][0], kb_[ni][1]);
+                    }
+                } else {
 #pragma unroll
                 for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kb_[ni][0], kb_[ni][1]);
                 if (SPLIT) {
 #pragma unroll
                     for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], kb_[ni][0], kb_[ni][1]);
+                }
                 }
             }
         }
@@ -744,16 +793,17 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
         float nma = fmaxf(ma, mxa), nmb = fmaxf(mb, mxb);
         float sa_ = nma == -INFINITY ? 0.f : nma, sb_ = nmb == -INFINITY ? 0.f : nmb;
-        float ca = expf(ma - sa_), cb = expf(mb - sb_);
+        float ca = EX2 ? ex2_approx(ma - sa_) : expf(ma - sa_), cb = EX2 ? ex2_approx(mb - sb_) : expf(mb - sb_);
         ma = nma;
         mb = nmb;
         float suma = 0.f, sumb = 0.f;
 #pragma unroll
         for (int ni = 0; ni < 8; ni++) {
-            s[ni][0] = expf(s[ni][0] - sa_);
-            s[ni][1] = expf(s[ni][1] - sa_);
-            s[ni][2] = expf(s[ni][2] - sb_);
-            s[ni][3] = expf(s[ni][3] - sb_);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[ni][e] - (e < 2 ? sa_ : sb_);
+                s[ni][e] = EX2 ? ex2_approx(x) : expf(x);
+            }
             suma += s[ni][0] + s[ni][1];
             sumb += s[ni][2] + s[ni][3];
         }
@@ -761,14 +811,17 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         suma += __shfl_xor_sync(0xffffffffu, suma, 2);
         sumb += __shfl_xor_sync(0xffffffffu, sumb, 1);
         sumb += __shfl_xor_sync(0xffffffffu, sumb, 2);
-        la = la * ca + suma;
-        lb = lb * cb + sumb;
+        la = __fmul_rn(la, ca) + suma;  // a product then a sum (never contracted to an fma)
+        lb = __fmul_rn(lb, cb) + sumb;
+        // Rescale only when some row's maximum moved (a factor of exactly 1 changes nothing).
+        if (!__all_sync(0xffffffffu, ca == 1.f && cb == 1.f)) {
 #pragma unroll
-        for (int i = 0; i < FA_HD / 8; i++) {
-            o[i][0] *= ca;
-            o[i][1] *= ca;
-            o[i][2] *= cb;
-            o[i][3] *= cb;
+            for (int i = 0; i < FA_HD / 8; i++) {
+                o[i][0] *= ca;
+                o[i][1] *= ca;
+                o[i][2] *= cb;
+                o[i][3] *= cb;
+            }
         }
 #pragma unroll
         for (int j = 0; j < 4; j++) {
@@ -844,6 +897,25 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(b
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                         const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+}
+// _x: base-2 exponentials (EX2 above; KernelSet attn_ex2).
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_x(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+                                                                      const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<bf16_t, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_x(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+                                                                          const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<u8, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+}
+// _q: _x with Q in shared memory at 3 blocks / SM (QS above; KernelSet attn_q; dynamic shared
+// memory FA_QS_SMEM).
+extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_q(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+                                                                         const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<bf16_t, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+}
+extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_fp8_q(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+                                                                             const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
+    attention_prefill_t<u8, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 // _h: Q and P rounded to BF16 alone (FlashAttention's and vLLM's numerics; one mma per fragment).
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_h(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,

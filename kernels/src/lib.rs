@@ -63,6 +63,10 @@ pub const MODULES: &[KernelModule] = &[
             "attention_prefill_fp8",
             "attention_prefill_h",
             "attention_prefill_fp8_h",
+            "attention_prefill_x",
+            "attention_prefill_q",
+            "attention_prefill_fp8_q",
+            "attention_prefill_fp8_x",
         ],
     },
     KernelModule {

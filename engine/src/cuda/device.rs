@@ -138,6 +138,8 @@ pub struct Dev {
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
     pub sms: u32,
+    /// Shared memory an SM holds (bytes): kernels sized for 3 blocks of ~70 KB stay off below it.
+    pub smem_per_sm: u32,
     allocs: Mutex<Vec<u64>>,
     /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).
     blas: std::sync::OnceLock<Option<super::blas::Blas>>,
@@ -173,13 +175,26 @@ impl Dev {
                     ))
                 })?;
             for &e in m.entries {
-                funcs.insert(e, (module.load_function(e)?, pdl && !skip.contains(&e)));
+                let f = module.load_function(e)?;
+                if let Some(&(_, bytes)) = super::BIG_SMEM.iter().find(|(n, _)| *n == e) {
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        bytes as i32,
+                    )?;
+                }
+                funcs.insert(e, (f, pdl && !skip.contains(&e)));
             }
         }
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .unwrap_or(132)
             .max(1) as u32;
+        let smem_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .unwrap_or(0)
+            .max(0) as u32;
         Ok(Dev {
             ctx,
             stream,
@@ -187,6 +202,7 @@ impl Dev {
             arch,
             name,
             sms,
+            smem_per_sm,
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
         })

@@ -40,6 +40,18 @@ pub struct KernelSet {
     /// K/V tiles double-buffered, the merge done by each (row, KV head)'s last split block.
     /// Off: correct on the device (run 78) but decode 263 -> 227 tok/s at 2K context.
     pub attn_fused: bool,
+    /// Long passes: `attention_prefill` with base-2 exponentials (`attention_prefill_x`,
+    /// `_fp8_x`: log2(e) folded into the score scale, ex2.approx per score, as FlashAttention and
+    /// vLLM compute it) instead of expf of natural-unit scores. On (run 80): 21.6 -> 20.5 ms a 2K
+    /// prefill; device-test errors against the CPU stay at their level (e.g. nvfp4-experts [gemm]
+    /// 2.796e-3 -> 2.783e-3); the largest move is a near-tied pick in perelement-softcap-dense1
+    /// [fp8] decode (5.3e-6 -> 1.7e-3, limit 2e-2; greedy still 36/36).
+    pub attn_ex2: bool,
+    /// With attn_ex2: Q fragments in shared memory, 3 blocks / SM without spills
+    /// (`attention_prefill_q`, `_fp8_q`: 157 registers, 35 KB static + 34 KB dynamic shared
+    /// memory; the same values in the same mma order as `_x`: device-test table identical). On
+    /// where an SM holds 3 such blocks (`fit`; H200 yes, GB10 no): 20.5 -> 18.5 ms (run 81).
+    pub attn_q: bool,
     /// NVFP4 expert GEMVs (weight-streaming regime) with all of a warp's weight loads in flight
     /// at once and one item per warp (`moe_gate_up_fp4_sp`, `moe_down_fp4_sp`; the per-slot
     /// arithmetic of `moe_*_s`, so the same bits: kbench and device-test, run 78). On: decode
@@ -70,6 +82,8 @@ impl KernelSet {
             moe_skip: false,
             moe_skip16: false,
             attn_fused: false,
+            attn_ex2: false,
+            attn_q: false,
             moe_sp: false,
             comb_norm: false,
             moe_silu: false,
@@ -90,6 +104,8 @@ impl KernelSet {
             moe_skip: true,
             moe_skip16: true,
             attn_fused: false,
+            attn_ex2: true,
+            attn_q: true,
             moe_sp: true,
             comb_norm: true,
             moe_silu: true,
@@ -120,14 +136,25 @@ impl KernelSet {
                 "moe_skip" => k.moe_skip = on,
                 "moe_skip16" => k.moe_skip16 = on,
                 "attn_fused" => k.attn_fused = on,
+                "attn_ex2" => k.attn_ex2 = on,
+                "attn_q" => k.attn_q = on,
                 "moe_sp" => k.moe_sp = on,
                 "comb_norm" => k.comb_norm = on,
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_fused, moe_sp, comb_norm, moe_silu, cublas_router)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_fused, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router)")),
             }
         }
         Ok(k)
+    }
+    /// The set as a device with `smem_per_sm` bytes of shared memory per SM runs it: `attn_q`,
+    /// sized for 3 prefill-attention blocks of 69 KB an SM, falls back to `attention_prefill_x`
+    /// (2 blocks of 35 KB) where they do not fit (GB10 has ~100 KB an SM).
+    pub fn fit(mut self, smem_per_sm: u32) -> KernelSet {
+        if smem_per_sm < 3 * (70 * 1024) {
+            self.attn_q = false;
+        }
+        self
     }
     pub fn from_env() -> KernelSet {
         match std::env::var("LAGUNA_KERNELS") {
@@ -165,8 +192,15 @@ mod tests {
         assert!(!k.moe_silu && !k.moe_skip && k.moe_wide);
         let k = KernelSet::parse("-moe_skip16,-comb_norm,+attn_fused,+moe_sp").unwrap();
         assert!(!k.moe_skip16 && !k.comb_norm && k.attn_fused && k.moe_sp && k.moe_skip);
+        // attn_q (3 prefill-attention blocks of 69 KB an SM) falls back on a GB10-sized SM.
+        let k = KernelSet::default_set();
+        assert_eq!(k.fit(228 * 1024), k);
+        let g = k.fit(100 * 1024);
+        assert!(g.attn_ex2 && !g.attn_q);
+        let k = KernelSet::parse("-attn_ex2,-attn_q").unwrap();
+        assert!(!k.attn_ex2 && !k.attn_q);
         let d = KernelSet::default_set();
-        assert!(!d.attn_fused && d.moe_sp && d.moe_skip16 && d.comb_norm);
+        assert!(!d.attn_fused && d.attn_ex2 && d.attn_q && d.moe_sp && d.moe_skip16 && d.comb_norm);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));

@@ -145,21 +145,32 @@ impl CudaModel {
                     .f32(l.vscale);
             };
             if flash {
-                let pname = match (kv.prefill_name, self.kset.bf16_attn) {
-                    ("attention_prefill", true) => "attention_prefill_h",
-                    ("attention_prefill_fp8", true) => "attention_prefill_fp8_h",
-                    (n, _) => n,
+                let pname = match (kv.prefill_name, self.kset.bf16_attn, self.kset.attn_ex2) {
+                    ("attention_prefill", true, _) => "attention_prefill_h",
+                    ("attention_prefill_fp8", true, _) => "attention_prefill_fp8_h",
+                    ("attention_prefill", false, true) if self.kset.attn_q => "attention_prefill_q",
+                    ("attention_prefill_fp8", false, true) if self.kset.attn_q => {
+                        "attention_prefill_fp8_q"
+                    }
+                    ("attention_prefill", false, true) => "attention_prefill_x",
+                    ("attention_prefill_fp8", false, true) => "attention_prefill_fp8_x",
+                    (n, _, _) => n,
                 };
                 // In a GEMM pass the output goes straight to the BF16 split the o_proj GEMM reads
                 // (its lo half unless the dense GEMMs take BF16 alone).
                 let to_xs = gemm_pass;
+                let pshm = if pname.ends_with("_q") {
+                    ATT_QS_SMEM
+                } else {
+                    0
+                };
                 let xs_lo = !self.kset.bf16_dense;
                 d.launch_p(
                     prof,
                     pname,
                     (sc.natiles.get() as u32, nh as u32, 1),
                     (128, 1, 1),
-                    0,
+                    pshm,
                     |b| {
                         common(b);
                         b.u64(sc.atiles)

@@ -623,6 +623,7 @@ impl CudaModel {
         }
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
+        let smem_per_sm = dev.smem_per_sm;
         Ok(CudaModel {
             cfg,
             dev,
@@ -658,7 +659,7 @@ impl CudaModel {
             noncausal: false,
             taps_on_device: false,
             taps_dev: 0,
-            kset: KernelSet::from_env(),
+            kset: KernelSet::from_env().fit(smem_per_sm),
             xs_holds: std::cell::Cell::new((0, false)),
         })
     }

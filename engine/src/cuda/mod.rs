@@ -323,6 +323,14 @@ pub struct CudaModel {
 }
 
 const NSPLIT: usize = 64;
+/// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
+/// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
+pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
+/// Kernels whose static + dynamic shared memory passes 48 KB (they opt in at load).
+pub(crate) const BIG_SMEM: &[(&str, u32)] = &[
+    ("attention_prefill_q", ATT_QS_SMEM),
+    ("attention_prefill_fp8_q", ATT_QS_SMEM),
+];
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
 const SPLIT_ROWS: usize = 64;
