@@ -112,7 +112,7 @@ impl CudaModel {
             let ablk = if hd <= 128 { 128 } else { 256 };
             // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
             // depends on its own length only.
-            let nsplit = if m <= SPLIT_ROWS { NSPLIT } else { 1 };
+            let nsplit = if m <= SPLIT_ROWS { self.nsplit } else { 1 };
             let flash = staged
                 || (m >= self.opts.gemm_min_rows
                     && hd % 16 == 0

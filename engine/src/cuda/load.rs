@@ -480,6 +480,7 @@ impl CudaModel {
             decode_bytes,
             min_in,
         } = parts;
+        let nsplit = nsplit();
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let nkv = cfg.num_kv_heads;
@@ -594,7 +595,7 @@ impl CudaModel {
             part: a(f
                 * SPLIT_ROWS.min(r)
                 * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
-                * NSPLIT
+                * nsplit
                 * (hd + 2))?,
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
@@ -660,6 +661,7 @@ impl CudaModel {
             taps_on_device: false,
             taps_dev: 0,
             kset: KernelSet::from_env().fit(smem_per_sm),
+            nsplit,
             xs_holds: std::cell::Cell::new((0, false)),
         })
     }

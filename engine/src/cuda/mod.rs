@@ -316,13 +316,24 @@ pub struct CudaModel {
     taps_dev: u64,
     /// Which weight-streaming kernel families run (see [`KernelSet`]).
     kset: KernelSet,
+    /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
+    nsplit: usize,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
     xs_holds: std::cell::Cell<(u64, bool)>,
 }
 
+/// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the
+/// merge holds at most 128). `LAGUNA_NSPLIT` overrides it for A/B runs.
 const NSPLIT: usize = 64;
+fn nsplit() -> usize {
+    std::env::var("LAGUNA_NSPLIT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .map(|n| n.clamp(1, 128))
+        .unwrap_or(NSPLIT)
+}
 /// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
