@@ -2,8 +2,8 @@
 # A/B of KernelSet variants in one device call: device-test (no DFlash) under each variant in
 # DT_VARIANTS (default: none), then the 2K bench (TTFT, decode, per-kernel prefill breakdown)
 # under each variant in VARIANTS, twice over to see run-to-run spread. Logs under $OUT.
-# Usage (device machine, repo root): VARIANTS="default +attn_fused +moe_sp" \
-#   DT_VARIANTS="+attn_fused,+moe_sp" scripts/device-ab.sh
+# Usage (device machine, repo root): VARIANTS="default -attn_q -attn_ex2,-attn_q" \
+#   DT_VARIANTS="-attn_ex2" scripts/device-ab.sh
 # Env: GEN (default 32), BENCH_ARGS, ROUNDS (default 2). Needs dist/laguna (+ dist/cache).
 set -u
 OUT="${OUT:-/tmp/laguna-out}"

@@ -57,7 +57,6 @@ pub const MODULES: &[KernelModule] = &[
             "attention_fp8",
             "attention_gqa",
             "attention_gqa_fp8",
-            "attention_gqa_f",
             "attention_merge",
             "attention_prefill",
             "attention_prefill_fp8",

@@ -36,10 +36,6 @@ pub struct KernelSet {
     /// With `moe_skip`: also the second 16-row block of a warp's 32 rows when it is all padding
     /// (`moe_gemm_gate_up_fp4_ks16`, `moe_gemm_down_fp4_wk16`; same arithmetic for real rows).
     pub moe_skip16: bool,
-    /// Decode attention (BF16 cache) in one launch: `attention_gqa_f`, splits of >= 128 keys,
-    /// K/V tiles double-buffered, the merge done by each (row, KV head)'s last split block.
-    /// Off: correct on the device (run 78) but decode 263 -> 227 tok/s at 2K context.
-    pub attn_fused: bool,
     /// Long passes: `attention_prefill` with base-2 exponentials (`attention_prefill_x`,
     /// `_fp8_x`: log2(e) folded into the score scale, ex2.approx per score, as FlashAttention and
     /// vLLM compute it) instead of expf of natural-unit scores. On (run 80): 21.6 -> 20.5 ms a 2K
@@ -81,7 +77,6 @@ impl KernelSet {
             moe_wide: false,
             moe_skip: false,
             moe_skip16: false,
-            attn_fused: false,
             attn_ex2: false,
             attn_q: false,
             moe_sp: false,
@@ -103,7 +98,6 @@ impl KernelSet {
             moe_wide: true,
             moe_skip: true,
             moe_skip16: true,
-            attn_fused: false,
             attn_ex2: true,
             attn_q: true,
             moe_sp: true,
@@ -135,14 +129,13 @@ impl KernelSet {
                 "moe_wide" => k.moe_wide = on,
                 "moe_skip" => k.moe_skip = on,
                 "moe_skip16" => k.moe_skip16 = on,
-                "attn_fused" => k.attn_fused = on,
                 "attn_ex2" => k.attn_ex2 = on,
                 "attn_q" => k.attn_q = on,
                 "moe_sp" => k.moe_sp = on,
                 "comb_norm" => k.comb_norm = on,
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_fused, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router)")),
             }
         }
         Ok(k)
@@ -190,8 +183,8 @@ mod tests {
         assert!(KernelSet::default_set().cublas && !KernelSet::original().cublas);
         let k = KernelSet::parse("-moe_silu,-moe_skip").unwrap();
         assert!(!k.moe_silu && !k.moe_skip && k.moe_wide);
-        let k = KernelSet::parse("-moe_skip16,-comb_norm,+attn_fused,+moe_sp").unwrap();
-        assert!(!k.moe_skip16 && !k.comb_norm && k.attn_fused && k.moe_sp && k.moe_skip);
+        let k = KernelSet::parse("-moe_skip16,-comb_norm,-moe_sp").unwrap();
+        assert!(!k.moe_skip16 && !k.comb_norm && !k.moe_sp && k.moe_skip);
         // attn_q (3 prefill-attention blocks of 69 KB an SM) falls back on a GB10-sized SM.
         let k = KernelSet::default_set();
         assert_eq!(k.fit(228 * 1024), k);
@@ -200,7 +193,7 @@ mod tests {
         let k = KernelSet::parse("-attn_ex2,-attn_q").unwrap();
         assert!(!k.attn_ex2 && !k.attn_q);
         let d = KernelSet::default_set();
-        assert!(!d.attn_fused && d.attn_ex2 && d.attn_q && d.moe_sp && d.moe_skip16 && d.comb_norm);
+        assert!(d.attn_ex2 && d.attn_q && d.moe_sp && d.moe_skip16 && d.comb_norm);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));

@@ -204,15 +204,9 @@ impl CudaModel {
                 let group = if nh % nkv == 0 { nh / nkv } else { 0 };
                 let gqa =
                     self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
-                // One launch with the merge inside (BF16 cache only).
-                let fused = gqa && self.kset.attn_fused && self.kv_elt == 2;
                 let (aname, agrid, ablk) = if gqa {
                     (
-                        if fused {
-                            "attention_gqa_f"
-                        } else {
-                            kv.gqa_name
-                        },
+                        kv.gqa_name,
                         (m as u32, nkv as u32, nsplit as u32),
                         (32 * group) as u32,
                     )
@@ -224,12 +218,9 @@ impl CudaModel {
                     b.i32(nsplit as i32)
                         .u64(sc.part)
                         .u64(if self.noncausal { sc.kend } else { 0 });
-                    if fused {
-                        b.u64(sc.acnt);
-                    }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 && !fused {
+                if nsplit > 1 {
                     d.launch_p(
                         prof,
                         "attention_merge",

@@ -567,7 +567,6 @@ impl CudaModel {
             meta: a(16)?,
             tiles: a(8 * (r * kk / 64 + e + 2))?,
             rcount: a(16)?,
-            acnt: a(4 * SPLIT_ROWS.min(r) * cfg.num_kv_heads)?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
             natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
@@ -599,11 +598,6 @@ impl CudaModel {
                 * (hd + 2))?,
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
-        dev.htod(
-            sc.acnt,
-            &vec![0u8; (4 * SPLIT_ROWS.min(r) * cfg.num_kv_heads).max(16)],
-        )
-        .map_err(cerr)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
         if page_elems.max(ring_elems) >= 1 << 31 {

@@ -186,8 +186,6 @@ struct Scratch {
     perm: u64,
     meta: u64,
     tiles: u64,
-    /// Finished-split counters of attention_gqa_f, one per (row, KV head) (0 between launches).
-    acnt: u64,
     /// Block counter of router_fused_1 (0 between launches).
     rcount: u64,
     moe_gu: u64,
