@@ -199,30 +199,47 @@ pub fn run(a: Args) -> Result<()> {
         d.htod(p, &v).map_err(e)?;
         Ok(p)
     };
-    let ge = ints(
-        &|i, j| {
-            if j == 8 {
-                256
-            } else {
-                ((8 * i + 31 * j) % 256) as i32
-            }
-        },
-        kk,
-    )?;
-    let gs = ints(&|_, j| j as i32, kk)?;
-    let gc = ints(&|_, _| 1, kk)?;
-    let perm = ints(&|_, j| j as i32, kk)?;
-    let meta = ints(&|_, _| kk as i32, 1)?;
-    let hn = d.alloc(4 * h).map_err(e)?;
-    d.htod(hn, &rand_f32s(&mut rng, h)).map_err(e)?;
-    let act = d.alloc(4 * kk * im).map_err(e)?;
-    let out = d.alloc(4 * kk * h).map_err(e)?;
+    // A grouping as the kernels read it, `reps` copies (launch i reads copy i): groups (expert,
+    // first slot in perm, slots), perm, meta; `x` rows of activations, `act` / `out` per slot.
+    struct Grp {
+        ge: u64,
+        gs: u64,
+        gc: u64,
+        perm: u64,
+        meta: u64,
+        groups: usize,
+        slots: usize,
+        x: u64,
+        act: u64,
+        out: u64,
+    }
+    let one = Grp {
+        ge: ints(
+            &|i, j| {
+                if j == 8 {
+                    256
+                } else {
+                    ((8 * i + 31 * j) % 256) as i32
+                }
+            },
+            kk,
+        )?,
+        gs: ints(&|_, j| j as i32, kk)?,
+        gc: ints(&|_, _| 1, kk)?,
+        perm: ints(&|_, j| j as i32, kk)?,
+        meta: ints(&|_, _| kk as i32, 1)?,
+        groups: kk,
+        slots: kk,
+        x: d.alloc(4 * h).map_err(e)?,
+        act: d.alloc(4 * kk * im).map_err(e)?,
+        out: d.alloc(4 * kk * h).map_err(e)?,
+    };
+    d.htod(one.x, &rand_f32s(&mut rng, h)).map_err(e)?;
+    let hn = one.x;
     let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
-    let gu_bytes = (kk * 2 * im * (h / 2 + h / 16)) as f64;
-    let dn_bytes = (kk * h * (im / 2 + im / 16)) as f64;
-    // The `_sp` candidates (KernelSet moe_sp) run in blocks of 128 threads, the others of 256.
+    // The `_sp` kernels (KernelSet moe_sp) run in blocks of 128 threads, the `_s` ones of 256.
     let blk = |name: &str| if name.ends_with("_sp") { 128 } else { 256 };
-    let gu = |name: &'static str, grid: u32, i: usize| {
+    let gu = |name: &'static str, grid: u32, i: usize, g: &Grp| {
         d.launch_p(&mut None, name, (grid, 1, 1), (blk(name), 1, 1), 0, |b| {
             b.u64(gate.0)
                 .u64(gate.1)
@@ -230,43 +247,58 @@ pub fn run(a: Args) -> Result<()> {
                 .u64(up.0)
                 .u64(up.1)
                 .u64(up.2)
-                .u64(hn)
+                .u64(g.x)
                 .i32(h as i32)
                 .i32(im as i32)
                 .i32(kk as i32)
-                .u64(o4(ge, i, kk))
-                .u64(o4(gs, i, kk))
-                .u64(o4(gc, i, kk))
-                .u64(o4(perm, i, kk))
-                .u64(o4(meta, i, 1))
-                .u64(act);
+                .u64(o4(g.ge, i, g.groups))
+                .u64(o4(g.gs, i, g.groups))
+                .u64(o4(g.gc, i, g.groups))
+                .u64(o4(g.perm, i, g.slots))
+                .u64(o4(g.meta, i, 1))
+                .u64(g.act);
         })
         .map_err(e)
     };
-    let dn = |name: &'static str, grid: u32, i: usize| {
+    let dn = |name: &'static str, grid: u32, i: usize, g: &Grp| {
         d.launch_p(&mut None, name, (grid, 1, 1), (blk(name), 1, 1), 0, |b| {
             b.u64(down.0)
                 .u64(down.1)
                 .u64(down.2)
-                .u64(act)
+                .u64(g.act)
                 .i32(h as i32)
                 .i32(im as i32)
-                .u64(o4(ge, i, kk))
-                .u64(o4(gs, i, kk))
-                .u64(o4(gc, i, kk))
-                .u64(o4(perm, i, kk))
-                .u64(o4(meta, i, 1))
-                .u64(out);
+                .u64(o4(g.ge, i, g.groups))
+                .u64(o4(g.gs, i, g.groups))
+                .u64(o4(g.gc, i, g.groups))
+                .u64(o4(g.perm, i, g.slots))
+                .u64(o4(g.meta, i, 1))
+                .u64(g.out);
         })
         .map_err(e)
     };
-    let s_gu_grid = (sms * 2).min((kk * im / 2).div_ceil(8) as u32);
-    let s_dn_grid = (sms * 2).min((kk * h / 4).div_ceil(8) as u32);
+    // Grids as the engine launches them (layers.rs) for `slots` slots in `groups` groups.
+    let s_grids = |g: &Grp| {
+        (
+            (sms * 2).min((g.slots * im / 2).div_ceil(8) as u32),
+            (sms * 2).min((g.slots * h / 4).div_ceil(8) as u32),
+        )
+    };
+    // (the engine sizes the `_sp` grids for min(slots, experts) groups: the count is on the device)
+    let sp_grids = |g: &Grp| {
+        let gr = g.slots.min(ne);
+        (
+            (gr * im / 2).div_ceil(4) as u32,
+            (gr * h / 8).div_ceil(4) as u32,
+        )
+    };
+    let (s_gu_grid, s_dn_grid) = s_grids(&one);
+    let (act, out) = (one.act, one.out);
     // Correctness at the real shapes: launch 0 against a float64 host reference (exact NVFP4
     // dequantisation: E2M1 code x E4M3 block scale / global scale).
-    gu("moe_gate_up_fp4_s", s_gu_grid, 0)?;
+    gu("moe_gate_up_fp4_s", s_gu_grid, 0, &one)?;
     let act_d = dtoh_f32(&d, act, kk * im)?;
-    dn("moe_down_fp4_s", s_dn_grid, 0)?;
+    dn("moe_down_fp4_s", s_dn_grid, 0, &one)?;
     let out_d = dtoh_f32(&d, out, kk * h)?;
     let xh: Vec<f64> = dtoh_f32(&d, hn, h)?.into_iter().map(|v| v as f64).collect();
     let ex: Vec<usize> = (0..kk)
@@ -311,48 +343,83 @@ pub fn run(a: Args) -> Result<()> {
     if ea > 1e-5 || eo > 1e-5 {
         bail!("the NVFP4 expert kernels disagree with the float64 reference ({ea:.2e} / {eo:.2e} > 1e-5)");
     }
-    // moe_sp (off by default until checked here): the same per-slot arithmetic as `_s`, so the
-    // same bits are expected; reported, not fatal (the timing rows still print).
-    let sp_gu_grid = (kk * im / 2).div_ceil(4) as u32;
-    let sp_dn_grid = (kk * h / 8).div_ceil(4) as u32;
-    gu("moe_gate_up_fp4_sp", sp_gu_grid, 0)?;
-    let act_sp = dtoh_f32(&d, act, kk * im)?;
-    // down from the `_s` activations, so its check does not depend on gate/up's.
-    let act_bytes: Vec<u8> = act_d.iter().flat_map(|v| v.to_le_bytes()).collect();
-    d.htod(act, &act_bytes).map_err(e)?;
-    dn("moe_down_fp4_sp", sp_dn_grid, 0)?;
-    let out_sp = dtoh_f32(&d, out, kk * h)?;
+    // The DFlash k = 6 verify regime: 7 rows of one sequence, 56 routed experts (one slot each,
+    // experts (8i + 37j) % 256, all distinct) + the shared expert holding 7 slots (slot 9r + 8 of
+    // row r), 4.5x the decode row's weight bytes a launch.
+    let vr = 7usize;
+    let (vg, vsl) = (vr * 8 + 1, vr * kk);
+    let ver = Grp {
+        ge: ints(
+            &|i, j| {
+                if j == vg - 1 {
+                    256
+                } else {
+                    ((8 * i + 37 * j) % 256) as i32
+                }
+            },
+            vg,
+        )?,
+        gs: ints(&|_, j| j as i32, vg)?,
+        gc: ints(&|_, j| if j == vg - 1 { vr as i32 } else { 1 }, vg)?,
+        perm: ints(
+            &|_, j| {
+                if j < vg - 1 {
+                    ((j / 8) * kk + j % 8) as i32
+                } else {
+                    ((j - (vg - 1)) * kk + 8) as i32
+                }
+            },
+            vsl,
+        )?,
+        meta: ints(&|_, _| vg as i32, 1)?,
+        groups: vg,
+        slots: vsl,
+        x: d.alloc(4 * vr * h).map_err(e)?,
+        act: d.alloc(4 * vsl * im).map_err(e)?,
+        out: d.alloc(4 * vsl * h).map_err(e)?,
+    };
+    d.htod(ver.x, &rand_f32s(&mut rng, vr * h)).map_err(e)?;
+    // moe_sp: the same per-slot arithmetic as `_s`, so the same bits (checked in both regimes;
+    // reported, not fatal, so the timing rows still print).
     let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-    println!(
-        "moe_*_fp4_sp vs moe_*_fp4_s: gate_up+SiLU {}, down {}",
-        if same(&act_sp, &act_d) {
-            "bit-identical"
-        } else {
-            "DIFFER"
-        },
-        if same(&out_sp, &out_d) {
-            "bit-identical"
-        } else {
-            "DIFFER"
-        }
-    );
-    for (name, grid) in [
-        ("moe_gate_up_fp4_s", s_gu_grid),
-        ("moe_gate_up_fp4_sp", sp_gu_grid),
-    ] {
-        let t = time_graph(&d, reps, &|i| gu(name, grid, i))?;
-        rows.push((
-            format!("moe gate_up 9 experts: {name}"),
-            t,
-            gu_bytes / t / 1e6,
-        ));
+    let word = |ok: bool| if ok { "bit-identical" } else { "DIFFER" };
+    for (label, g) in [("1 row", &one), ("7 rows", &ver)] {
+        let (sg, sd) = s_grids(g);
+        let (pg, pd) = sp_grids(g);
+        gu("moe_gate_up_fp4_s", sg, 0, g)?;
+        let a_s = dtoh_f32(&d, g.act, g.slots * im)?;
+        dn("moe_down_fp4_s", sd, 0, g)?;
+        let o_s = dtoh_f32(&d, g.out, g.slots * h)?;
+        gu("moe_gate_up_fp4_sp", pg, 0, g)?;
+        let a_sp = dtoh_f32(&d, g.act, g.slots * im)?;
+        // down from the `_s` activations, so its check does not depend on gate/up's.
+        let bytes: Vec<u8> = a_s.iter().flat_map(|v| v.to_le_bytes()).collect();
+        d.htod(g.act, &bytes).map_err(e)?;
+        dn("moe_down_fp4_sp", pd, 0, g)?;
+        let o_sp = dtoh_f32(&d, g.out, g.slots * h)?;
+        println!(
+            "moe_*_fp4_sp vs moe_*_fp4_s, {label}: gate_up+SiLU {}, down {}",
+            word(same(&a_sp, &a_s)),
+            word(same(&o_sp, &o_s))
+        );
     }
-    for (name, grid) in [
-        ("moe_down_fp4_s", s_dn_grid),
-        ("moe_down_fp4_sp", sp_dn_grid),
-    ] {
-        let t = time_graph(&d, reps, &|i| dn(name, grid, i))?;
-        rows.push((format!("moe down 9 experts: {name}"), t, dn_bytes / t / 1e6));
+    for (label, g) in [("1 row, 9 experts", &one), ("7 rows, 57 experts", &ver)] {
+        let gu_bytes = (g.groups * 2 * im * (h / 2 + h / 16)) as f64;
+        let dn_bytes = (g.groups * h * (im / 2 + im / 16)) as f64;
+        let (sg, sd) = s_grids(g);
+        let (pg, pd) = sp_grids(g);
+        for (name, grid) in [("moe_gate_up_fp4_s", sg), ("moe_gate_up_fp4_sp", pg)] {
+            let t = time_graph(&d, reps, &|i| gu(name, grid, i, g))?;
+            rows.push((
+                format!("moe gate_up {label}: {name}"),
+                t,
+                gu_bytes / t / 1e6,
+            ));
+        }
+        for (name, grid) in [("moe_down_fp4_s", sd), ("moe_down_fp4_sp", pd)] {
+            let t = time_graph(&d, reps, &|i| dn(name, grid, i, g))?;
+            rows.push((format!("moe down {label}: {name}"), t, dn_bytes / t / 1e6));
+        }
     }
     // ---- a tiny kernel: the floor of one graph node ------------------------------------------
     let nw = d.alloc(4 * h).map_err(e)?;
