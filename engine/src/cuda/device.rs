@@ -177,10 +177,16 @@ impl Dev {
             for &e in m.entries {
                 let f = module.load_function(e)?;
                 if let Some(&(_, bytes)) = super::BIG_SMEM.iter().find(|(n, _)| *n == e) {
-                    f.set_attribute(
+                    // A device that cannot opt in never selects the kernel (`KernelSet::fit`
+                    // needs 3 such blocks an SM), so a refusal here is not fatal.
+                    if let Err(why) = f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         bytes as i32,
-                    )?;
+                    ) {
+                        tracing::warn!(
+                            "{e}: {bytes} bytes of dynamic shared memory refused ({why:?})"
+                        );
+                    }
                 }
                 funcs.insert(e, (f, pdl && !skip.contains(&e)));
             }
