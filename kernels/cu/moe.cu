@@ -601,7 +601,7 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
 // but a warp loads all blocks of its item's rows at once (up to 4 blocks per lane, H <= 2048)
 // before any arithmetic, keeps them in registers for every slot of the group, and the host
 // sizes the grid to one item per warp (blocks of 128 threads). down: items of 8 rows.
-// Written in session 7 without a GPU: compiled for sm_90a / sm_121a in CI, not yet run.
+// Bit-identical to moe_*_s on the H200 (kbench and device-test, run 78).
 // Slots one at a time: the weights stay in registers, the activations do not.
 // blk16_rows4 over four rows' NVFP4 codes held as (word, word) pairs (load_blk's values).
 __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* cw, const float* sc, float* acc) {

@@ -176,7 +176,8 @@ impl Dev {
                 })?;
             for &e in m.entries {
                 let f = module.load_function(e)?;
-                if let Some(&(_, bytes)) = super::BIG_SMEM.iter().find(|(n, _)| *n == e) {
+                let bytes = super::big_smem(e);
+                if bytes > 0 {
                     // A device that cannot opt in never selects the kernel (`KernelSet::fit`
                     // needs 3 such blocks an SM), so a refusal here is not fatal.
                     if let Err(why) = f.set_attribute(

@@ -159,18 +159,13 @@ impl CudaModel {
                 // In a GEMM pass the output goes straight to the BF16 split the o_proj GEMM reads
                 // (its lo half unless the dense GEMMs take BF16 alone).
                 let to_xs = gemm_pass;
-                let pshm = if pname.ends_with("_q") {
-                    ATT_QS_SMEM
-                } else {
-                    0
-                };
                 let xs_lo = !self.kset.bf16_dense;
                 d.launch_p(
                     prof,
                     pname,
                     (sc.natiles.get() as u32, nh as u32, 1),
                     (128, 1, 1),
-                    pshm,
+                    big_smem(pname),
                     |b| {
                         common(b);
                         b.u64(sc.atiles)

@@ -336,10 +336,18 @@ fn nsplit() -> usize {
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
 /// Kernels whose static + dynamic shared memory passes 48 KB (they opt in at load).
-pub(crate) const BIG_SMEM: &[(&str, u32)] = &[
+const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_prefill_q", ATT_QS_SMEM),
     ("attention_prefill_fp8_q", ATT_QS_SMEM),
 ];
+/// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
+/// every other kernel.
+pub(crate) fn big_smem(name: &str) -> u32 {
+    BIG_SMEM
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |&(_, bytes)| bytes)
+}
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
 const SPLIT_ROWS: usize = 64;
