@@ -738,3 +738,207 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
     moe_dn_s_impl<0>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
 
+
+// ---- moe_block_1 (KernelSet moe_mk; one row, decode): a layer's whole MoE half in one launch ----
+// Post-attention RMSNorm, router GEMV, top-k, expert gate/up + SiLU, down, and the combine into
+// the residual, as one persistent grid with three grid-wide barriers instead of six launches
+// (rmsnorm, linear_bf16_1, router_topk, moe_gate_up_fp4_sp, moe_down_fp4_sp, moe_combine). Every
+// value is computed with the arithmetic of those kernels, in the same order, so the results are
+// the same bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever
+// this block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
+// every block on the shared logits), and gate/up / down are moe_*_sp's per-slot sums.
+// The host sizes the grid by occupancy so that every block is resident (grid_sync spins), and
+// launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
+// H <= 2048, I <= 512, KK <= 32 and E <= 1024. Dynamic shared memory: (H + KK * I) floats.
+// `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
+
+// Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
+// others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
+// where they were (cooperative groups' scheme), so it never needs a reset.
+__device__ __forceinline__ void grid_sync(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        unsigned add = blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u;
+        __threadfence();
+        unsigned old = atomicAdd(bar, add);
+        unsigned cur;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+        } while (((old ^ cur) & 0x80000000u) == 0u);
+        __threadfence();
+    }
+    __syncthreads();
+}
+// rmsnorm_t's 1 / rms of x[0..H) as a block of NB threads computes it (NB a multiple of 32, at
+// most 1024, NB >= H / 8): virtual thread v sums x[v + j NB]^2 over j < 8, virtual warps are
+// summed with warp_sum, then their sums with one more warp_sum, as block_sum does. Any blockDim
+// that is a multiple of 32 runs it (each thread plays virtual threads t, t + blockDim, ...).
+// sh: >= 32 floats. Every thread gets the result.
+__device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh) {
+    int lane = threadIdx.x & 31;
+    for (int v0 = threadIdx.x; v0 - lane < NB; v0 += blockDim.x) {
+        float ss = 0.f;
+        if (v0 < NB) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int i = v0 + j * NB;
+                float a = i < H ? x[i] : 0.f;
+                ss += a * a;
+            }
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) sh[v0 >> 5] = ss;
+    }
+    __syncthreads();
+    float t = 0.f;
+    int nw = NB >> 5;
+    if (threadIdx.x < 32) {
+        t = lane < nw ? sh[lane] : 0.f;
+        t = warp_sum(t);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    t = sh[32];
+    __syncthreads();
+    return rsqrtf(t / (float)H + eps);
+}
+// blk16_rows4_fp4 with the activations read through a generic pointer (shared memory here).
+__device__ __forceinline__ void blk16_rows4_fp4_g(const float* x16, const uint2* cw, const float* sc, float* acc) {
+    const float4* xp = reinterpret_cast<const float4*>(x16);
+    float4 v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
+    float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+    for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float t = blk16_dot<1>(cw[j].x, cw[j].y, 0u, 0u, 0u, 0u, 0u, 0u, xv);
+        acc[j] = fmaf(t, sc[j], acc[j]);
+    }
+}
+extern "C" __global__ __launch_bounds__(128, 5) void moe_block_1(
+    float* x, const float* post_w, float eps, int NB, const void* rw, float* rlog, const float* bias, int E, int K,
+    float softcap, int norm_topk, int shared_slot, float inv_scale, const void* gw, const u8* gs, const float* ginv,
+    const void* uw, const u8* us, const float* uinv, const void* dw, const u8* ds, const float* dinv, int H, int I,
+    float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar) {
+    pdl_wait();
+    extern __shared__ float smem[];
+    float* hn = smem;      // [H] the normed row
+    float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
+    __shared__ float sh[33];
+    __shared__ int s_ids[32];
+    __shared__ float s_wts[32];
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    int KK = K + shared_slot;
+    // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
+    float inv = rms_inv_nb(x, H, NB, eps, sh);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i] * (x[i] * inv);
+    __syncthreads();
+    {
+        const float* xr[1] = {hn};
+        for (int n = 2 * warp; n < E; n += 2 * nwarps) {
+            float a[1], b[1];
+            if (n + 1 < E) {
+                const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(rw) + H);
+                row_dot2<0, 1>(rw, nullptr, 1.f, w2, nullptr, 1.f, n, H, xr, 1, a, b);
+            } else {
+                row_dot<0, 1>(rw, nullptr, 1.f, n, H, xr, 1, a);
+            }
+            if (lane == 0) rlog[n] = a[0];
+            if (lane == 1 && n + 1 < E) rlog[n + 1] = b[0];
+        }
+    }
+    grid_sync(bar);
+    // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
+    if (threadIdx.x < 32)
+        router_topk_row(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
+                        nullptr, nullptr, nullptr, nullptr);
+    __syncthreads();
+    if (blockIdx.x == 0 && threadIdx.x < KK) {
+        ids_out[threadIdx.x] = s_ids[threadIdx.x];
+        wts_out[threadIdx.x] = s_wts[threadIdx.x];
+    }
+    {
+        int per = I >> 1, nblk = H >> 4;
+        size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
+        for (int it = warp; it < KK * per; it += nwarps) {
+            int g = it / per, i = (it - g * per) * 2;
+            int e = s_ids[g];
+            const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
+                               reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
+            const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
+            float gi = ginv[e], ui = uinv[e];
+            uint2 cw[4][4];
+            float sc[4][4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int b = lane + 32 * j;
+                if (b < nblk) {
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        uint4 a4, c4;
+                        load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
+                        cw[j][r] = make_uint2(a4.x, a4.y);
+                    }
+                }
+            }
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int b = lane + 32 * j;
+                if (b < nblk) blk16_rows4_fp4_g(hn + b * 16, cw[j], sc[j], acc);
+            }
+            float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
+            float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
+            if (lane == 0) act[(size_t)g * I + i] = silu_f(g0) * u0;
+            if (lane == 1) act[(size_t)g * I + i + 1] = silu_f(g1) * u1;
+        }
+    }
+    grid_sync(bar);
+    // 3. Down items: (slot, 8 output rows), one a warp, on the activations staged in shared memory.
+    for (int i = threadIdx.x; i < KK * I; i += blockDim.x) sact[i] = __ldcg(act + i);
+    __syncthreads();
+    {
+        int per = H >> 3, nblk = I >> 4;
+        size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
+        bool act_l = lane < nblk;
+        for (int it = warp; it < KK * per; it += nwarps) {
+            int g = it / per, n = (it - g * per) * 8;
+            int e = s_ids[g];
+            const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+            const u8* dse = ds + e * sstride;
+            float di = dinv[e];
+            uint2 cw[2][4];
+            float sc[2][4];
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    if (act_l) {
+                        uint4 a4, c4;
+                        load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
+                        cw[hh][j] = make_uint2(a4.x, a4.y);
+                    }
+            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            if (act_l)
+#pragma unroll
+                for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4_g(sact + (size_t)g * I + lane * 16, cw[hh], sc[hh], acc[hh]);
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float v = warp_sum(acc[hh][j]) * di;
+                    if (lane == j) out[(size_t)g * H + n + 4 * hh + j] = v;
+                }
+        }
+    }
+    grid_sync(bar);
+    // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
+    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
+        float a = 0.f;
+        for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
+        a *= scale;
+        x[n] += a;
+    }
+}

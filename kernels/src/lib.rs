@@ -91,6 +91,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gate_up_bf16_s",
             "moe_down_fp4_s",
             "moe_down_bf16_s",
+            "moe_block_1",
         ],
     },
     KernelModule {

@@ -215,6 +215,18 @@ impl Dev {
         })
     }
 
+    /// Blocks of kernel `name` with `block` threads and `smem` bytes of dynamic shared memory
+    /// that one SM holds at once (0 when the kernel is not loaded or the driver cannot say).
+    pub fn occupancy(&self, name: &str, block: u32, smem: usize) -> u32 {
+        self.funcs
+            .get(name)
+            .and_then(|(f, _)| {
+                f.occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+                    .ok()
+            })
+            .unwrap_or(0)
+    }
+
     /// The cuBLAS handle (created on the first call), or None when libcublas is not available.
     pub fn blas(&self) -> Option<&super::blas::Blas> {
         self.blas

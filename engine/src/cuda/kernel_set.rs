@@ -61,6 +61,10 @@ pub struct KernelSet {
     pub comb_norm: bool,
     /// Long passes: the router GEMM on cuBLAS too (hi and lo, like the dense Linears).
     pub cublas_router: bool,
+    /// One-row passes (decode): a MoE layer's post-attention norm, router, top-k, expert GEMVs
+    /// and combine as one persistent launch with grid-wide barriers (`moe_block_1`) instead of
+    /// six; the same arithmetic in the same order as those kernels. Off until measured on a GPU.
+    pub moe_mk: bool,
 }
 
 impl KernelSet {
@@ -83,6 +87,7 @@ impl KernelSet {
             comb_norm: false,
             moe_silu: false,
             cublas_router: false,
+            moe_mk: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -104,6 +109,7 @@ impl KernelSet {
             comb_norm: true,
             moe_silu: true,
             cublas_router: true,
+            moe_mk: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -135,7 +141,8 @@ impl KernelSet {
                 "comb_norm" => k.comb_norm = on,
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router)")),
+                "moe_mk" => k.moe_mk = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk)")),
             }
         }
         Ok(k)
@@ -192,6 +199,8 @@ mod tests {
         assert!(g.attn_ex2 && !g.attn_q);
         let k = KernelSet::parse("-attn_ex2,-attn_q").unwrap();
         assert!(!k.attn_ex2 && !k.attn_q);
+        let k = KernelSet::parse("+moe_mk").unwrap();
+        assert!(k.moe_mk && !KernelSet::default_set().moe_mk && k.moe_sp);
         let d = KernelSet::default_set();
         assert!(d.attn_ex2 && d.attn_q && d.moe_sp && d.moe_skip16 && d.comb_norm);
         assert!(KernelSet::parse("-fast")

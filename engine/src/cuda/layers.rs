@@ -243,6 +243,12 @@ impl CudaModel {
                 }
             }
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
+            if self.moe_block(prof, l, m, gemm_pass)? {
+                if let Some(f) = after.as_mut() {
+                    f(li)?;
+                }
+                continue;
+            }
             self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
             match &l.mlp {
                 MlpW::Dense { gate, up, down } => {
@@ -612,6 +618,86 @@ impl CudaModel {
             }
         }
         Ok(())
+    }
+
+    /// The MoE half of a one-row pass (post-attention norm, router, top-k, experts, combine into
+    /// sc.x) as one `moe_block_1` launch when the family is on and the layer fits it: NVFP4
+    /// experts, a BF16 router, the shared expert folded into the stacks or absent. Returns whether
+    /// it ran; the caller then skips the norm and the MoE launches of the layer.
+    fn moe_block(
+        &self,
+        prof: &mut Option<device::Prof>,
+        l: &LayerW,
+        m: usize,
+        gemm: bool,
+    ) -> Result<bool> {
+        let MlpW::Moe {
+            router,
+            bias,
+            experts,
+            shared,
+            folded,
+        } = &l.mlp
+        else {
+            return Ok(false);
+        };
+        let fp4 = experts.gate.fp4 && experts.up.fp4 && experts.down.fp4;
+        if self.mk_grid == 0
+            || m != 1
+            || gemm
+            || self.fuse
+            || router.fp4
+            || shared.is_some()
+            || !fp4
+        {
+            return Ok(false);
+        }
+        let cfg = &self.cfg;
+        let sc = &self.sc;
+        let h = cfg.hidden_size;
+        self.xs_holds.set((0, false));
+        self.dev
+            .launch_p(
+                prof,
+                "moe_block_1",
+                (self.mk_grid, 1, 1),
+                (load::MK_BLOCK, 1, 1),
+                self.mk_smem,
+                |b| {
+                    b.u64(sc.x)
+                        .u64(l.post_norm)
+                        .f32(cfg.rms_norm_eps as f32)
+                        .i32(ops::norm_block(h) as i32)
+                        .u64(router.w)
+                        .u64(sc.rlog)
+                        .u64(*bias)
+                        .i32(cfg.num_experts as i32)
+                        .i32(cfg.top_k as i32)
+                        .f32(cfg.router_softcap as f32)
+                        .i32(cfg.norm_topk_prob as i32)
+                        .i32(*folded as i32)
+                        .f32((1.0 / cfg.routed_scaling_factor) as f32)
+                        .u64(experts.gate.w)
+                        .u64(experts.gate.s)
+                        .u64(experts.gate.inv)
+                        .u64(experts.up.w)
+                        .u64(experts.up.s)
+                        .u64(experts.up.inv)
+                        .u64(experts.down.w)
+                        .u64(experts.down.s)
+                        .u64(experts.down.inv)
+                        .i32(h as i32)
+                        .i32(cfg.moe_intermediate_size as i32)
+                        .u64(sc.moe_act)
+                        .u64(sc.moe_out)
+                        .u64(sc.ids)
+                        .u64(sc.wts)
+                        .f32(cfg.routed_scaling_factor as f32)
+                        .u64(sc.gbar);
+                },
+            )
+            .map_err(cerr)?;
+        Ok(true)
     }
 
     /// Cache addressing and kernel names of a layer: its ring (page size 1, R slots per table

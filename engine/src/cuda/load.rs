@@ -567,6 +567,7 @@ impl CudaModel {
             meta: a(16)?,
             tiles: a(8 * (r * kk / 64 + e + 2))?,
             rcount: a(16)?,
+            gbar: a(16)?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
             natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
@@ -598,6 +599,7 @@ impl CudaModel {
                 * (hd + 2))?,
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
+        dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
         if page_elems.max(ring_elems) >= 1 << 31 {
@@ -619,6 +621,8 @@ impl CudaModel {
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
         let smem_per_sm = dev.smem_per_sm;
+        let kset = KernelSet::from_env().fit(smem_per_sm);
+        let (mk_grid, mk_smem) = mk_launch(&cfg, &dev, kset);
         Ok(CudaModel {
             cfg,
             dev,
@@ -654,9 +658,48 @@ impl CudaModel {
             noncausal: false,
             taps_on_device: false,
             taps_dev: 0,
-            kset: KernelSet::from_env().fit(smem_per_sm),
+            kset,
             nsplit,
+            mk_grid,
+            mk_smem,
             xs_holds: std::cell::Cell::new((0, false)),
         })
     }
+}
+
+/// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it is not used:
+/// the family is off, the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most
+/// 32 slots a row and 1024 experts, 16-multiples), or the occupancy query gives no block. The grid
+/// is every block the GPU holds at once, since its grid-wide barriers spin.
+pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev, kset: KernelSet) -> (u32, u32) {
+    let Some(smem) = mk_smem(cfg, kset) else {
+        return (0, 0);
+    };
+    let per_sm = dev.occupancy("moe_block_1", MK_BLOCK, smem as usize).min(5);
+    if per_sm == 0 {
+        tracing::warn!("moe_block_1: no block fits an SM; the MoE runs as separate launches");
+        return (0, 0);
+    }
+    (per_sm * dev.sms, smem)
+}
+
+/// Threads of a `moe_block_1` block (its launch bounds: 128 threads, 5 blocks an SM).
+pub(super) const MK_BLOCK: u32 = 128;
+
+/// `moe_block_1`'s dynamic shared memory (the normed row and every slot's activations, f32) when
+/// the family is on and the model's shapes fit it.
+pub(super) fn mk_smem(cfg: &LagunaConfig, kset: KernelSet) -> Option<u32> {
+    let h = cfg.hidden_size;
+    let im = cfg.moe_intermediate_size;
+    let kk = cfg.top_k + 1;
+    let fits = kset.moe_mk
+        && cfg.num_experts > 0
+        && cfg.num_experts <= 1024
+        && h % 16 == 0
+        && im % 16 == 0
+        && h <= 2048
+        && im <= 512
+        && kk <= 32;
+    let bytes = 4 * (h + kk * im);
+    (fits && bytes <= 40 * 1024).then_some(bytes as u32)
 }

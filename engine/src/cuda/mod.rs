@@ -188,6 +188,8 @@ struct Scratch {
     tiles: u64,
     /// Block counter of router_fused_1 (0 between launches).
     rcount: u64,
+    /// Grid barrier word of moe_block_1 (0 at allocation; grid_sync keeps its low bits).
+    gbar: u64,
     moe_gu: u64,
     /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
     xs: u64,
@@ -316,6 +318,10 @@ pub struct CudaModel {
     kset: KernelSet,
     /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
+    /// `moe_block_1` (KernelSet moe_mk): its grid (every block resident: occupancy x SMs) and
+    /// dynamic shared memory; grid 0 when the family is off or the model does not fit it.
+    mk_grid: u32,
+    mk_smem: u32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
@@ -925,6 +931,25 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// moe_block_1 is sized for the XS-2.1 shape (H 2048, I 512, 8 + 1 slots: 26.6 KB of
+    /// dynamic shared memory) and only when its family is on; wider shapes keep the six launches.
+    #[test]
+    fn moe_block_fits_the_xs_shape_only_when_on() {
+        let path = Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
+        ));
+        let mut cfg = LagunaConfig::from_file(path).unwrap();
+        let on = KernelSet::parse("+moe_mk").unwrap();
+        assert_eq!(load::mk_smem(&cfg, KernelSet::default_set()), None);
+        assert_eq!(load::mk_smem(&cfg, on), Some(4 * (2048 + 9 * 512)));
+        cfg.moe_intermediate_size = 1024;
+        assert_eq!(load::mk_smem(&cfg, on), None);
+        cfg.moe_intermediate_size = 512;
+        cfg.hidden_size = 4096;
+        assert_eq!(load::mk_smem(&cfg, on), None);
+    }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
     /// agree with the CPU on its prompt (the full device checks live in `laguna device-test`).
