@@ -740,9 +740,10 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 
 
 // ---- moe_block_1 (KernelSet moe_mk; one row, decode): a layer's whole MoE half in one launch ----
-// Post-attention RMSNorm, router GEMV, top-k, expert gate/up + SiLU, down, and the combine into
-// the residual, as one persistent grid with three grid-wide barriers instead of six launches
-// (rmsnorm, linear_bf16_1, router_topk, moe_gate_up_fp4_sp, moe_down_fp4_sp, moe_combine). Every
+// Post-attention RMSNorm, router GEMV, top-k, expert gate/up + SiLU, down, the combine into the
+// residual and (next_w set) the next layer's input RMSNorm, as one persistent grid with three (or
+// four) grid-wide barriers instead of six (seven) launches (rmsnorm, linear_bf16_1, router_topk,
+// moe_gate_up_fp4_sp, moe_down_fp4_sp, moe_combine, rmsnorm). Every
 // value is computed with the arithmetic of those kernels, in the same order, so the results are
 // the same bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever
 // this block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
@@ -775,6 +776,8 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
 // summed with warp_sum, then their sums with one more warp_sum, as block_sum does. Any blockDim
 // that is a multiple of 32 runs it (each thread plays virtual threads t, t + blockDim, ...).
 // sh: >= 32 floats. Every thread gets the result.
+// L2: read x through L2 (__ldcg), for a row other blocks of this grid wrote.
+template <bool L2>
 __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh) {
     int lane = threadIdx.x & 31;
     for (int v0 = threadIdx.x; v0 - lane < NB; v0 += blockDim.x) {
@@ -783,7 +786,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
                 int i = v0 + j * NB;
-                float a = i < H ? x[i] : 0.f;
+                float a = i < H ? (L2 ? __ldcg(x + i) : x[i]) : 0.f;
                 ss += a * a;
             }
         }
@@ -820,7 +823,7 @@ extern "C" __global__ __launch_bounds__(128, 5) void moe_block_1(
     float* x, const float* post_w, float eps, int NB, const void* rw, float* rlog, const float* bias, int E, int K,
     float softcap, int norm_topk, int shared_slot, float inv_scale, const void* gw, const u8* gs, const float* ginv,
     const void* uw, const u8* us, const float* uinv, const void* dw, const u8* ds, const float* dinv, int H, int I,
-    float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar) {
+    float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar, const float* next_w, float* hn_out) {
     pdl_wait();
     extern __shared__ float smem[];
     float* hn = smem;      // [H] the normed row
@@ -832,7 +835,7 @@ extern "C" __global__ __launch_bounds__(128, 5) void moe_block_1(
     int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
     int KK = K + shared_slot;
     // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
-    float inv = rms_inv_nb(x, H, NB, eps, sh);
+    float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
     for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i] * (x[i] * inv);
     __syncthreads();
     {
@@ -940,5 +943,13 @@ extern "C" __global__ __launch_bounds__(128, 5) void moe_block_1(
         for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
         a *= scale;
         x[n] += a;
+    }
+    // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
+    // arithmetic again), so that layer starts with its projections.
+    if (next_w) {
+        grid_sync(bar);
+        float inv2 = rms_inv_nb<true>(x, H, NB, eps, sh);
+        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
+            hn_out[i] = next_w[i] * (__ldcg(x + i) * inv2);
     }
 }

@@ -243,7 +243,10 @@ impl CudaModel {
                 }
             }
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
-            if self.moe_block(prof, l, m, gemm_pass)? {
+            let next = self.layers.get(li + 1);
+            if self.moe_block(prof, l, next, m, gemm_pass)? {
+                // It also wrote the next layer's input norm into sc.hn.
+                normed = next.is_some();
                 if let Some(f) = after.as_mut() {
                     f(li)?;
                 }
@@ -621,13 +624,15 @@ impl CudaModel {
     }
 
     /// The MoE half of a one-row pass (post-attention norm, router, top-k, experts, combine into
-    /// sc.x) as one `moe_block_1` launch when the family is on and the layer fits it: NVFP4
-    /// experts, a BF16 router, the shared expert folded into the stacks or absent. Returns whether
-    /// it ran; the caller then skips the norm and the MoE launches of the layer.
+    /// sc.x, then `next`'s input norm into sc.hn) as one `moe_block_1` launch when the family is
+    /// on and the layer fits it: NVFP4 experts, a BF16 router, the shared expert folded into the
+    /// stacks or absent. Returns whether it ran; the caller then skips the norm and the MoE
+    /// launches of the layer, and the input norm of the next.
     fn moe_block(
         &self,
         prof: &mut Option<device::Prof>,
         l: &LayerW,
+        next: Option<&LayerW>,
         m: usize,
         gemm: bool,
     ) -> Result<bool> {
@@ -693,7 +698,9 @@ impl CudaModel {
                         .u64(sc.ids)
                         .u64(sc.wts)
                         .f32(cfg.routed_scaling_factor as f32)
-                        .u64(sc.gbar);
+                        .u64(sc.gbar)
+                        .u64(next.map_or(0, |n| n.input_norm))
+                        .u64(sc.hn);
                 },
             )
             .map_err(cerr)?;
