@@ -4,7 +4,8 @@
 # under each variant in VARIANTS, twice over to see run-to-run spread. Logs under $OUT.
 # Usage (device machine, repo root): VARIANTS="default -attn_q -attn_ex2,-attn_q" \
 #   DT_VARIANTS="-attn_ex2" scripts/device-ab.sh
-# Env: GEN (default 32), BENCH_ARGS, ROUNDS (default 2). Needs dist/laguna (+ dist/cache).
+# Env: GEN (default 32), BENCH_ARGS, ROUNDS (default 2), DT_SHOW (fixture names whose device-test
+# rows to print). Needs dist/laguna (+ dist/cache).
 set -u
 OUT="${OUT:-/tmp/laguna-out}"
 mkdir -p "$OUT"
@@ -20,12 +21,14 @@ for v in ${DT_VARIANTS:-}; do
     f="$OUT/dt${v//[,+]/_}.log"
     LAGUNA_KERNELS="$v" timeout 300 "$B" device-test --fixtures tests/fixtures/models --no-dflash > "$f" 2>&1
     echo "device-test [$v]: rc $? ($(grep -c 'OK |' "$f") OK rows, $(grep -c 'FAIL |' "$f") FAIL rows)"
+    # Rows of the fixtures named in DT_SHOW (error values: equal across variants = same bits).
+    for fx in ${DT_SHOW:-}; do grep -E "$fx" "$f" | head -8; done
 done
 wait $SY
 for r in $(seq 1 "${ROUNDS:-2}"); do
     for v in ${VARIANTS:-default}; do
         f="$OUT/bench${v//[,+]/_}-$r.log"
         LAGUNA_KERNELS="$v" timeout 200 "$B" bench --model /tmp/xs21-synth --prompt-len 2048 --gen "${GEN:-32}" --runs 3 ${BENCH_ARGS:-} > "$f" 2>&1
-        echo "[$v] round $r: $(grep -E '^\| TTFT' "$f" | head -1) $(grep -E '^\| decode \(median' "$f" | head -1) $(grep -E '^\| kernels default set' "$f" | head -1)"
+        echo "[$v] round $r: $(grep -E '^\| TTFT' "$f" | head -1) $(grep -E '^\| decode \(median' "$f" | head -1) $(grep -E '^\| greedy tokens' "$f" | head -1) $(grep -E '^\| kernels default set' "$f" | head -1)"
     done
 done

@@ -376,6 +376,15 @@ pub fn run(a: Args) -> Result<()> {
     let bytes = m.decode_weight_bytes + kv_bytes;
     let roofline = bytes as f64 * tok_s / bw;
     let kernel_total: f64 = breakdown.iter().map(|b| b.1).sum();
+    // The last timed run's greedy tokens (first from the prefill, then one a decode step) as one
+    // FNV-1a 64 fingerprint: two kernel sets that give the same bits give the same value (greedy
+    // decoding of random weights turns any rounding difference into other tokens within a few
+    // steps), so an A/B of bit-identical families shows equal fingerprints.
+    let greedy_fnv = tokens_out.iter().fold(0xcbf29ce484222325u64, |h, t| {
+        t.to_le_bytes()
+            .iter()
+            .fold(h, |h, b| (h ^ *b as u64).wrapping_mul(0x100000001b3))
+    });
     if a.json {
         let ks: Vec<_> = breakdown
             .iter()
@@ -386,7 +395,7 @@ pub fn run(a: Args) -> Result<()> {
             serde_json::json!({"device": m.device_name(), "arch": m.arch(), "load_s": m.load_secs, "weight_bytes": m.weight_bytes,
                 "prompt_len": a.prompt_len, "gen": a.gen, "ttft_ms": ttft * 1e3, "decode_tok_s": tok_s, "bytes_per_token": bytes,
                 "weight_bytes_per_token": m.decode_weight_bytes, "kv_bytes_per_token": kv_bytes,
-                "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "finite": finite, "graphs": !a.no_graph, "kernels": ks,
+                "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "finite": finite, "greedy_tokens": tokens_out.len(), "greedy_fnv64": format!("{greedy_fnv:016x}"), "graphs": !a.no_graph, "kernels": ks,
                 "kernel_ms_per_step_eager": kernel_total / steps as f64,
                 "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>(),
                 "kernels_vs_original": ab_rows.iter().map(|(n, e0, e1, el)| serde_json::json!({"kernels": n, "layer0_rel_err": e0, "layer1_rel_err": e1, "logits_rel_err": el})).collect::<Vec<_>>(),
@@ -442,6 +451,10 @@ pub fn run(a: Args) -> Result<()> {
             kernel_total / steps as f64
         );
         println!("| finite | {finite} |");
+        println!(
+            "| greedy tokens ({}, FNV-1a 64) | {greedy_fnv:016x} |",
+            tokens_out.len()
+        );
         for (label, tps, ms) in &step_rows {
             println!(
                 "| decode_step ({label}, {} tokens each) | {tps:.1} tok/s ({ms:.3} ms/step) |",
