@@ -748,7 +748,8 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // the same bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever
 // this block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
 // every block on the shared logits), and gate/up / down are moe_*_sp's per-slot sums.
-// The host sizes the grid by occupancy so that every block is resident (grid_sync spins), and
+// The host launches one block of 640 threads an SM so that every block is resident (grid_sync
+// spins; a barrier that waits over 2 s traps instead of hanging), and
 // launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
 // H <= 2048, I <= 512, KK <= 32 and E <= 1024. Dynamic shared memory: (H + KK * I) floats.
 // `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
@@ -764,8 +765,14 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
         __threadfence();
         unsigned old = atomicAdd(bar, add);
         unsigned cur;
+        unsigned long long t0, t;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
         do {
             asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+            // A block that never arrives (the grid was not all resident) ends the launch with an
+            // error after 2 s instead of hanging the GPU.
+            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            if (t - t0 > 2000000000ull) __trap();
         } while (((old ^ cur) & 0x80000000u) == 0u);
         __threadfence();
     }
@@ -819,7 +826,7 @@ __device__ __forceinline__ void blk16_rows4_fp4_g(const float* x16, const uint2*
         acc[j] = fmaf(t, sc[j], acc[j]);
     }
 }
-extern "C" __global__ __launch_bounds__(128, 5) void moe_block_1(
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     float* x, const float* post_w, float eps, int NB, const void* rw, float* rlog, const float* bias, int E, int K,
     float softcap, int norm_topk, int shared_slot, float inv_scale, const void* gw, const u8* gs, const float* ginv,
     const void* uw, const u8* us, const float* uinv, const void* dw, const u8* ds, const float* dinv, int H, int I,

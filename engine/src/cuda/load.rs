@@ -670,21 +670,21 @@ impl CudaModel {
 /// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it is not used:
 /// the family is off, the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most
 /// 32 slots a row and 1024 experts, 16-multiples), or the occupancy query gives no block. The grid
-/// is every block the GPU holds at once, since its grid-wide barriers spin.
+/// is one block an SM, all resident at once, since its grid-wide barriers spin.
 pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev, kset: KernelSet) -> (u32, u32) {
     let Some(smem) = mk_smem(cfg, kset) else {
         return (0, 0);
     };
-    let per_sm = dev.occupancy("moe_block_1", MK_BLOCK, smem as usize).min(5);
-    if per_sm == 0 {
+    if dev.occupancy("moe_block_1", MK_BLOCK, smem as usize) == 0 {
         tracing::warn!("moe_block_1: no block fits an SM; the MoE runs as separate launches");
         return (0, 0);
     }
-    (per_sm * dev.sms, smem)
+    (dev.sms, smem)
 }
 
-/// Threads of a `moe_block_1` block (its launch bounds: 128 threads, 5 blocks an SM).
-pub(super) const MK_BLOCK: u32 = 128;
+/// Threads of a `moe_block_1` block, one block an SM (its launch bounds): 20 warps an SM, as many
+/// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
+pub(super) const MK_BLOCK: u32 = 640;
 
 /// `moe_block_1`'s dynamic shared memory (the normed row and every slot's activations, f32) when
 /// the family is on and the model's shapes fit it.
