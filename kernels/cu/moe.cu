@@ -754,6 +754,26 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // H <= 2048, I <= 512, KK <= 32 and E <= 1024. Dynamic shared memory: (H + KK * I) floats.
 // `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
 
+// The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
+__device__ __forceinline__ unsigned long long emu_ns() {
+    unsigned long long t;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#else
+    t = emu_host_ns();
+#endif
+    return t;
+}
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    emu_host_yield();  // spinning emulated blocks leave the CPU to the ones still working
+#endif
+    return v;
+}
 // Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
 // others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
 // where they were (cooperative groups' scheme), so it never needs a reset.
@@ -765,13 +785,12 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
         __threadfence();
         unsigned old = atomicAdd(bar, add);
         unsigned cur;
-        unsigned long long t0, t;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        unsigned long long t0 = emu_ns(), t;
         do {
-            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(cur) : "l"(bar) : "memory");
+            cur = ld_acquire_u32(bar);
             // A block that never arrives (the grid was not all resident) ends the launch with an
             // error after 2 s instead of hanging the GPU.
-            asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+            t = emu_ns();
             if (t - t0 > 2000000000ull) __trap();
         } while (((old ^ cur) & 0x80000000u) == 0u);
         __threadfence();

@@ -486,6 +486,36 @@ mod tests {
         assert_ne!(source_key(m, "sm_90a"), source_key(m, "sm_121a"));
     }
 
+    /// `moe_block_1` against the launches it replaces, in the CPU emulation of `emu/cuda_emu.h`
+    /// (the kernel sources built with g++): same bits, and a float64 reference within 1e-4.
+    /// Skips without g++ (with a reason), except under CI, where it fails.
+    #[test]
+    fn emulated_moe_block_matches_unfused_kernels() {
+        let gxx = std::process::Command::new("g++").arg("--version").output();
+        if gxx.map(|o| !o.status.success()).unwrap_or(true) {
+            if std::env::var_os("CI").is_some() {
+                panic!("CI is set but g++ is missing: install g++ (C++20) for the emulated kernel tests");
+            }
+            eprintln!("SKIP emulated_moe_block_matches_unfused_kernels: no g++");
+            return;
+        }
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/emu/run.sh");
+        let out = std::process::Command::new("bash")
+            .arg(script)
+            .output()
+            .expect("run kernels/emu/run.sh");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{text}");
+        assert!(
+            out.status.success() && text.contains("moe_block_1 emulation: PASS"),
+            "{text}"
+        );
+    }
+
     /// Compiles every kernel for sm_90a and sm_121a. Skips (with a reason) without NVRTC, except
     /// under CI (env `CI` set), where a missing NVRTC fails the test.
     #[test]

@@ -1,0 +1,202 @@
+// A CPU emulation of the CUDA features laguna's kernels use, so that kernels/cu sources build
+// with g++ and run in tests on machines without a GPU (CI). It checks logic — indices, the
+// order of every floating-point operation, barriers — not speed and not the GPU's math library:
+// expf / rsqrtf / tanhf are the host's, so compare emulated kernels with each other (same
+// source expressions give the same bits on both sides) and with an independent reference at a
+// tolerance, never with GPU output.
+//
+// Model: each block of a launch is a forked process (its `static` = __shared__ memory is its own;
+// "device" buffers live in one MAP_SHARED mapping made before the fork), each thread an OS
+// thread. __syncthreads / __syncwarp are std::barrier waits (threads that return drop out, as
+// exited CUDA threads do); warp shuffles and votes exchange through a per-warp slot array.
+// All blocks of a launch run at once, so grid-wide barriers work. 1-D blocks only.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <barrier>
+#include <chrono>
+#include <cmath>
+#include <math.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <thread>
+#include <unistd.h>
+#include <vector>
+
+#define __device__
+#define __global__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct EmuDim {
+    unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local EmuDim threadIdx;
+inline EmuDim blockIdx, blockDim, gridDim;  // per process (block) after the fork
+
+struct uint2 { unsigned x, y; };
+struct uint4 { unsigned x, y, z, w; };
+struct float2 { float x, y; };
+struct float4 { float x, y, z, w; };
+struct int2 { int x, y; };
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline size_t min(size_t a, size_t b) { return a < b ? a : b; }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// cosf, expf, fmaf, log1pf, sinf, tanhf: the C library's (<cmath> declares them globally).
+
+template <class T> inline T __ldg(const T* p) { return *p; }
+template <class T> inline T __ldcg(const T* p) { return *p; }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+[[noreturn]] inline void __trap() { std::fprintf(stderr, "emu: __trap()\n"); std::abort(); }
+template <class T> inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+// The GPU timer as kernels see it: 64 times slower than real time, so a kernel's 2 s barrier
+// timeout is ~2 minutes here (emulated blocks share a few CPU cores).
+inline unsigned long long emu_host_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+               .count() /
+           64;
+}
+inline void emu_host_yield() { std::this_thread::yield(); }
+
+// ---- block and warp state (per process) ----
+struct EmuWarp {
+    std::barrier<> bar;
+    unsigned long long slot[32];
+    explicit EmuWarp(int n) : bar(n) {}
+};
+struct EmuBlock {
+    std::barrier<> bar;
+    std::vector<std::unique_ptr<EmuWarp>> warps;
+    explicit EmuBlock(int n) : bar(n) {
+        for (int w = 0; w < (n + 31) / 32; w++) warps.emplace_back(new EmuWarp(std::min(32, n - 32 * w)));
+    }
+};
+inline EmuBlock* emu_block = nullptr;
+inline EmuWarp& emu_warp() { return *emu_block->warps[threadIdx.x / 32]; }
+inline void __syncthreads() { emu_block->bar.arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar.arrive_and_wait(); }
+template <class T> inline T emu_exchange(T v, int src) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    unsigned long long b = 0;
+    std::memcpy(&b, &v, sizeof(T));
+    w.slot[l] = b;
+    w.bar.arrive_and_wait();
+    unsigned long long r = w.slot[src & 31];
+    w.bar.arrive_and_wait();
+    T out;
+    std::memcpy(&out, &r, sizeof(T));
+    return out;
+}
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int o) { return emu_exchange(v, (threadIdx.x & 31) ^ o); }
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_exchange(v, src); }
+template <class T> inline T __shfl_up_sync(unsigned, T v, int d) {
+    int l = threadIdx.x & 31;
+    T r = emu_exchange(v, l >= d ? l - d : l);
+    return r;
+}
+template <class T> inline T __shfl_down_sync(unsigned, T v, int d) {
+    int l = threadIdx.x & 31;
+    return emu_exchange(v, l + d < 32 ? l + d : l);
+}
+inline unsigned __ballot_sync(unsigned, int p) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    w.slot[l] = p ? 1 : 0;
+    w.bar.arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)(w.slot[i] & 1) << i;
+    w.bar.arrive_and_wait();
+    return r;
+}
+
+// ---- "device" memory: one shared mapping, bump-allocated before any launch ----
+struct EmuHeap {
+    char* base = nullptr;
+    size_t cap = 0, used = 0;
+};
+inline EmuHeap emu_heap;
+inline void emu_init(size_t bytes) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) { std::perror("mmap"); std::exit(2); }
+    emu_heap.base = (char*)p;
+    emu_heap.cap = bytes;
+}
+template <class T> inline T* emu_alloc(size_t n) {
+    size_t b = (n * sizeof(T) + 255) & ~size_t(255);
+    if (emu_heap.used + b > emu_heap.cap) { std::fprintf(stderr, "emu heap exhausted\n"); std::exit(2); }
+    T* p = (T*)(emu_heap.base + emu_heap.used);
+    emu_heap.used += b;
+    std::memset((void*)p, 0, b);
+    return p;
+}
+
+// Run `kernel` over grid x block, every block a process; returns false if any block failed
+// (trap, abort, crash). `at_once`: how many blocks run at the same time (a kernel with grid-wide
+// barriers needs the whole grid: pass 0 for all).
+inline bool emu_launch(EmuDim grid, unsigned block, const std::function<void()>& kernel, unsigned at_once = 4) {
+    std::vector<pid_t> kids;
+    bool ok = true;
+    auto reap = [&](size_t keep) {
+        while (kids.size() > keep) {
+            int st = 0;
+            waitpid(kids.front(), &st, 0);
+            if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = false;
+            kids.erase(kids.begin());
+        }
+    };
+    unsigned gy = grid.y ? grid.y : 1, gz = grid.z ? grid.z : 1;
+    for (unsigned z = 0; z < gz; z++)
+        for (unsigned y = 0; y < gy; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                if (at_once) reap(at_once - 1);
+                std::fflush(nullptr);
+                pid_t pid = fork();
+                if (pid < 0) { std::perror("fork"); std::exit(2); }
+                if (pid == 0) {
+                    blockIdx = {x, y, z};
+                    gridDim = {grid.x, gy, gz};
+                    blockDim = {block, 1, 1};
+                    emu_block = new EmuBlock((int)block);
+                    std::vector<std::thread> ts;
+                    for (unsigned t = 0; t < block; t++)
+                        ts.emplace_back([t, &kernel] {
+                            threadIdx = {t, 0, 0};
+                            kernel();
+                            // An exited thread no longer takes part in barriers.
+                            emu_warp().bar.arrive_and_drop();
+                            emu_block->bar.arrive_and_drop();
+                        });
+                    for (auto& th : ts) th.join();
+                    std::fflush(nullptr);
+                    _exit(0);
+                }
+                kids.push_back(pid);
+            }
+    reap(0);
+    return ok;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds kernels/cu sources as C++ with the CPU emulation in cuda_emu.h and runs the emulated
+# kernel tests (today: moe_block.cpp). Needs g++ with C++20 (std::barrier). Usage:
+#   kernels/emu/run.sh [build dir]      (default: a temporary directory, removed afterwards)
+# Exit status 0 = every test passed.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+cu="$here/../cu"
+out="${1:-}"
+if [ -z "$out" ]; then
+    out="$(mktemp -d)"
+    trap 'rm -rf "$out"' EXIT
+fi
+mkdir -p "$out"
+# One translation unit: the shared helpers, then the modules whose kernels the tests launch.
+# `extern __shared__ T name[]` (dynamic shared memory) becomes `extern T name[]`: the test
+# defines those arrays, one copy per emulated block (process).
+{
+    cat "$cu/common.cuh"
+    for m in norm linear moe; do
+        echo "#line 1 \"$m.cu\""
+        sed 's/extern __shared__ /extern /' "$cu/$m.cu"
+    done
+} > "$out/kernels.inc"
+g++ -std=c++20 -O1 -ffp-contract=off -pthread -w -I"$out" -I"$here" "$here/moe_block.cpp" -o "$out/moe_block"
+"$out/moe_block"
