@@ -647,7 +647,8 @@ impl CudaModel {
             return Ok(false);
         };
         let fp4 = experts.gate.fp4 && experts.up.fp4 && experts.down.fp4;
-        if self.mk_grid == 0
+        if !self.kset.moe_mk
+            || self.mk_grid == 0
             || m != 1
             || gemm
             || self.fuse

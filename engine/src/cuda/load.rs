@@ -622,7 +622,7 @@ impl CudaModel {
         let free_pages = (0..num_pages as u32).rev().collect();
         let smem_per_sm = dev.smem_per_sm;
         let kset = KernelSet::from_env().fit(smem_per_sm);
-        let (mk_grid, mk_smem) = mk_launch(&cfg, &dev, kset);
+        let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
         Ok(CudaModel {
             cfg,
             dev,
@@ -667,12 +667,13 @@ impl CudaModel {
     }
 }
 
-/// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it is not used:
-/// the family is off, the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most
-/// 32 slots a row and 1024 experts, 16-multiples), or the occupancy query gives no block. The grid
-/// is one block an SM, all resident at once, since its grid-wide barriers spin.
-pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev, kset: KernelSet) -> (u32, u32) {
-    let Some(smem) = mk_smem(cfg, kset) else {
+/// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it cannot run:
+/// the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most 32 slots a row and
+/// 1024 experts, 16-multiples) or the occupancy query gives no block. The grid is one block an
+/// SM, all resident at once, since its grid-wide barriers spin. Whether it runs is the
+/// `moe_mk` family's choice (it can change at run time, `set_kernels`).
+pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
+    let Some(smem) = mk_smem(cfg) else {
         return (0, 0);
     };
     if dev.occupancy("moe_block_1", MK_BLOCK, smem as usize) == 0 {
@@ -687,13 +688,12 @@ pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev, kset: KernelSet) -> (u32,
 pub(super) const MK_BLOCK: u32 = 640;
 
 /// `moe_block_1`'s dynamic shared memory (the normed row and every slot's activations, f32) when
-/// the family is on and the model's shapes fit it.
-pub(super) fn mk_smem(cfg: &LagunaConfig, kset: KernelSet) -> Option<u32> {
+/// the model's shapes fit it.
+pub(super) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
     let h = cfg.hidden_size;
     let im = cfg.moe_intermediate_size;
     let kk = cfg.top_k + 1;
-    let fits = kset.moe_mk
-        && cfg.num_experts > 0
+    let fits = cfg.num_experts > 0
         && cfg.num_experts <= 1024
         && h % 16 == 0
         && im % 16 == 0

@@ -318,8 +318,8 @@ pub struct CudaModel {
     kset: KernelSet,
     /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
-    /// `moe_block_1` (KernelSet moe_mk): its grid (every block resident: occupancy x SMs) and
-    /// dynamic shared memory; grid 0 when the family is off or the model does not fit it.
+    /// `moe_block_1` (KernelSet moe_mk): its grid (one block an SM, all resident) and dynamic
+    /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
@@ -933,22 +933,20 @@ mod tests {
     use super::*;
 
     /// moe_block_1 is sized for the XS-2.1 shape (H 2048, I 512, 8 + 1 slots: 26.6 KB of
-    /// dynamic shared memory) and only when its family is on; wider shapes keep the six launches.
+    /// dynamic shared memory); wider shapes keep the separate launches.
     #[test]
-    fn moe_block_fits_the_xs_shape_only_when_on() {
+    fn moe_block_fits_the_xs_shape() {
         let path = Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
         ));
         let mut cfg = LagunaConfig::from_file(path).unwrap();
-        let on = KernelSet::parse("+moe_mk").unwrap();
-        assert_eq!(load::mk_smem(&cfg, KernelSet::default_set()), None);
-        assert_eq!(load::mk_smem(&cfg, on), Some(4 * (2048 + 9 * 512)));
+        assert_eq!(load::mk_smem(&cfg), Some(4 * (2048 + 9 * 512)));
         cfg.moe_intermediate_size = 1024;
-        assert_eq!(load::mk_smem(&cfg, on), None);
+        assert_eq!(load::mk_smem(&cfg), None);
         cfg.moe_intermediate_size = 512;
         cfg.hidden_size = 4096;
-        assert_eq!(load::mk_smem(&cfg, on), None);
+        assert_eq!(load::mk_smem(&cfg), None);
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
