@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kernels/cu sources as C++ with the CPU emulation in cuda_emu.h and runs the emulated
-# kernel tests (today: moe_block.cpp). Needs g++ with C++20 (std::barrier). Usage:
+# kernel tests (moe_block.cpp, invariance.cpp). Needs g++ with C++20 (std::barrier). Usage:
 #   kernels/emu/run.sh [build dir]      (default: a temporary directory, removed afterwards)
 # Exit status 0 = every test passed.
 set -euo pipefail
@@ -22,5 +22,9 @@ mkdir -p "$out"
         sed 's/extern __shared__ /extern /' "$cu/$m.cu"
     done
 } > "$out/kernels.inc"
-g++ -std=c++20 -O1 -ffp-contract=off -pthread -w -I"$out" -I"$here" "$here/moe_block.cpp" -o "$out/moe_block"
-"$out/moe_block"
+status=0
+for t in moe_block invariance; do
+    g++ -std=c++20 -O1 -ffp-contract=off -pthread -w -I"$out" -I"$here" "$here/$t.cpp" -o "$out/$t"
+    "$out/$t" || status=1
+done
+exit $status

@@ -486,17 +486,19 @@ mod tests {
         assert_ne!(source_key(m, "sm_90a"), source_key(m, "sm_121a"));
     }
 
-    /// `moe_block_1` against the launches it replaces, in the CPU emulation of `emu/cuda_emu.h`
-    /// (the kernel sources built with g++): same bits, and a float64 reference within 1e-4.
-    /// Skips without g++ (with a reason), except under CI, where it fails.
+    /// In the CPU emulation of `emu/cuda_emu.h` (the kernel sources built with g++):
+    /// `moe_block_1` against the launches it replaces (same bits, and a float64 reference within
+    /// 1e-4), and the weight-streaming kernels' batch invariance (7-row passes = each row alone,
+    /// bit for bit; `moe_*_sp` = `moe_*_s`). Skips without g++ (with a reason), except under CI,
+    /// where it fails.
     #[test]
-    fn emulated_moe_block_matches_unfused_kernels() {
+    fn emulated_kernels_match() {
         let gxx = std::process::Command::new("g++").arg("--version").output();
         if gxx.map(|o| !o.status.success()).unwrap_or(true) {
             if std::env::var_os("CI").is_some() {
                 panic!("CI is set but g++ is missing: install g++ (C++20) for the emulated kernel tests");
             }
-            eprintln!("SKIP emulated_moe_block_matches_unfused_kernels: no g++");
+            eprintln!("SKIP emulated_kernels_match: no g++");
             return;
         }
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/emu/run.sh");
@@ -511,7 +513,9 @@ mod tests {
         );
         eprintln!("{text}");
         assert!(
-            out.status.success() && text.contains("moe_block_1 emulation: PASS"),
+            out.status.success()
+                && text.contains("moe_block_1 emulation: PASS")
+                && text.contains("weight-streaming invariance emulation: PASS"),
             "{text}"
         );
     }
