@@ -61,9 +61,22 @@ struct Fp4Stack {  // [experts, rows, cols] NVFP4: codes (2 per byte, element 2i
 static Fp4Stack make_stack(std::mt19937& rng, int n, int rows, int cols) {
     Fp4Stack st{emu_alloc<unsigned char>((size_t)n * rows * cols / 2), emu_alloc<unsigned char>((size_t)n * rows * cols / 16),
                 emu_alloc<float>(n), rows, cols, n};
-    std::uniform_int_distribution<int> byte(0, 255), sc(0x30, 0x3f);  // scales ~0.5..1.9
-    for (size_t i = 0; i < (size_t)n * rows * cols / 2; i++) st.w[i] = (unsigned char)byte(rng);
-    for (size_t i = 0; i < (size_t)n * rows * cols / 16; i++) st.s[i] = (unsigned char)sc(rng);
+    // Random codes and scales (E4M3 0x30..0x3f: 0.5..1.875), 8 bytes per xorshift step.
+    unsigned long long r = rng() | 1ull;
+    auto next = [&] {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        return r;
+    };
+    for (size_t i = 0; i < (size_t)n * rows * cols / 2; i += 8) {
+        unsigned long long v = next();
+        std::memcpy(st.w + i, &v, 8);
+    }
+    for (size_t i = 0; i < (size_t)n * rows * cols / 16; i += 8) {
+        unsigned long long v = (next() & 0x0f0f0f0f0f0f0f0full) | 0x3030303030303030ull;
+        std::memcpy(st.s + i, &v, 8);
+    }
     std::uniform_real_distribution<float> g(0.02f, 0.05f);
     for (int e = 0; e < n; e++) st.inv[e] = g(rng);
     return st;
@@ -220,7 +233,7 @@ static bool run(const Shape& sh, unsigned seed) {
 }
 
 int main() {
-    emu_init(size_t(256) << 20);
+    emu_init(size_t(1) << 30);
     const Shape shapes[] = {
         // the nvfp4-experts fixture's shape, blocks smaller than a warp's multiple of items
         {"fixture", 64, 32, 8, 3, 1, 0.f, 1, 2, 64},
@@ -228,6 +241,8 @@ int main() {
         {"wide", 2048, 64, 16, 4, 1, 30.f, 1, 3, 96},
         // no shared expert, weights not renormalised, one block of XS's 640 threads
         {"single-block", 512, 128, 32, 8, 0, 0.f, 0, 1, 640},
+        // Laguna-XS 2.1's MoE layer (256 experts, top-8 + shared, I 512), 4 blocks of 640
+        {"xs-2.1", 2048, 512, 256, 8, 1, 0.f, 1, 4, 640},
     };
     bool ok = true;
     unsigned seed = 1234;
