@@ -65,30 +65,51 @@ __device__ __forceinline__ float e2m1(u32 c) {
 // memory (lanes 8i..8i+7 give the row addresses of tile i, 16-byte aligned) as mma fragments;
 // .trans gives each lane a column pair instead of a row pair.
 __device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
+    u32 a = 0;
+#if defined(__CUDA_ARCH__)
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+#endif
     return a;
 }
 __device__ __forceinline__ void ldsm_x4(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+#if defined(__CUDA_ARCH__)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(smem_addr(p)));
+#else
+    emu_ldsm_x4(p, false, r0, r1, r2, r3);  // kernels/emu (NVRTC always defines __CUDA_ARCH__)
+#endif
 }
 __device__ __forceinline__ void ldsm_x4_t(u32& r0, u32& r1, u32& r2, u32& r3, const bf16_t* p) {
+#if defined(__CUDA_ARCH__)
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(smem_addr(p)));
+#else
+    emu_ldsm_x4(p, true, r0, r1, r2, r3);
+#endif
 }
 
 // 16 bytes global -> shared without registers; n = 0 zero-fills (nothing is read). Groups:
 // commit closes the copies issued since the last commit; wait_group<N> waits until at most N
 // groups are pending (then __syncthreads makes them visible to the block).
+// (Host forms, for kernels/emu: a synchronous 16-byte copy, nothing to wait for.)
+#if defined(__CUDA_ARCH__)
 __device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 n) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(n) : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+#else
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, u32 n) {
+    if (n) memcpy(dst, src, 16);
+    else memset(dst, 0, 16);
+}
+__device__ __forceinline__ void cp_async_commit() {}
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {}
+__device__ __forceinline__ void cp_async_wait_all() {}
+#endif
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -48,15 +48,26 @@ __device__ __forceinline__ void e2m1x8_bf16(u32 w, u32 s2, u32* out) {
     p[2] = __byte_perm(l1, h1, 0x5140) | ((w >> 4) & 0x8000u) | ((w << 8) & 0x80000000u);
     p[3] = __byte_perm(l1, h1, 0x7362) | ((w >> 12) & 0x8000u) | (w & 0x80000000u);
 #pragma unroll
-    for (int i = 0; i < 4; i++) asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(p[i]), "r"(s2), "r"(0x80008000u));
+    for (int i = 0; i < 4; i++) {
+#if defined(__CUDA_ARCH__)
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(out[i]) : "r"(p[i]), "r"(s2), "r"(0x80008000u));
+#else
+        // kernels/emu: the product of two BF16 is exact in f32, then rounded to BF16 (+ -0).
+        out[i] = (u32)f2bf(bflo(p[i]) * bflo(s2)) | ((u32)f2bf(bfhi(p[i]) * bfhi(s2)) << 16);
+#endif
+    }
 }
 
 __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__)
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);  // kernels/emu: PTX's fragment layout, f32 fmas in k order
+#endif
 }
 
 // Rows of the tile: arow[r] (row of X, -1 = none) and yrow[r] (row of Y) are set by the caller in

@@ -35,6 +35,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 struct EmuDim {
     unsigned x = 0, y = 0, z = 0;
@@ -57,6 +58,13 @@ inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+// Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {y:x} (x = bytes 0..3).
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    unsigned long long v = ((unsigned long long)y << 32) | x;
+    unsigned r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+}
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
 inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
@@ -85,6 +93,7 @@ inline void emu_host_yield() { std::this_thread::yield(); }
 struct EmuWarp {
     std::barrier<> bar;
     unsigned long long slot[32];
+    unsigned frag[32][10];  // mma operands of every lane
     explicit EmuWarp(int n) : bar(n) {}
 };
 struct EmuBlock {
@@ -122,6 +131,69 @@ template <class T> inline T __shfl_up_sync(unsigned, T v, int d) {
 template <class T> inline T __shfl_down_sync(unsigned, T v, int d) {
     int l = threadIdx.x & 31;
     return emu_exchange(v, l + d < 32 ? l + d : l);
+}
+// ldmatrix .x4 (.trans): lanes 8i..8i+7 give the row addresses of 8x8 b16 matrix i; lane L gets
+// in r_i the pair (row L/4, columns 2(L%4), 2(L%4)+1) of matrix i, or of its transpose.
+inline void emu_ldsm_x4(const unsigned short* p, bool trans, unsigned& r0, unsigned& r1, unsigned& r2, unsigned& r3) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    w.slot[l] = (unsigned long long)(uintptr_t)p;
+    w.bar.arrive_and_wait();
+    unsigned r[4];
+    for (int i = 0; i < 4; i++) {
+        const unsigned short* a;
+        const unsigned short* b;
+        unsigned lo, hi;
+        if (!trans) {
+            a = (const unsigned short*)(uintptr_t)w.slot[8 * i + l / 4];
+            lo = a[2 * (l % 4)];
+            hi = a[2 * (l % 4) + 1];
+        } else {
+            a = (const unsigned short*)(uintptr_t)w.slot[8 * i + 2 * (l % 4)];
+            b = (const unsigned short*)(uintptr_t)w.slot[8 * i + 2 * (l % 4) + 1];
+            lo = a[l / 4];
+            hi = b[l / 4];
+        }
+        r[i] = lo | (hi << 16);
+    }
+    w.bar.arrive_and_wait();
+    r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
+}
+// mma.sync m16n8k16 row.col f32.bf16.bf16.f32 with PTX's fragment layout (g = lane / 4,
+// t = lane % 4): A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t.., n g),
+// b1 (k 2t+8.., n g); C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1). Each output is
+// C + the 16 products added by f32 fmas in k order (the tensor core's own order and precision
+// are not modelled: compare emulated kernels with each other).
+inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    unsigned* f = w.frag[l];
+    f[0] = a0; f[1] = a1; f[2] = a2; f[3] = a3; f[4] = b0; f[5] = b1;
+    w.bar.arrive_and_wait();
+    auto bf = [](unsigned v, int half) {
+        unsigned u = (half ? v >> 16 : v & 0xffffu) << 16;
+        float x;
+        std::memcpy(&x, &u, 4);
+        return x;
+    };
+    auto A = [&](int row, int k) {
+        int lane = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+        return bf(w.frag[lane][reg], k % 2);
+    };
+    auto B = [&](int k, int col) {
+        int lane = col * 4 + (k % 8) / 2, reg = 4 + (k >= 8 ? 1 : 0);
+        return bf(w.frag[lane][reg], k % 2);
+    };
+    int g = l / 4, t = l % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; k++) acc = fmaf(A(row, k), B(k, col), acc);
+        out[i] = acc;
+    }
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = out[i];
 }
 inline unsigned __ballot_sync(unsigned, int p) {
     EmuWarp& w = emu_warp();

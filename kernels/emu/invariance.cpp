@@ -4,8 +4,10 @@
 //   * linear_{bf16,fp4}_m8 over 7 rows = linear_{bf16,fp4}_1 on each row alone;
 //   * moe_{gate_up,down}_fp4_sp over 7 rows (57-ish experts, grouped, an expert shared by
 //     several rows read once) = the same kernels on each row alone (direct grouping);
-//   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows.
-// Each comparison is bit for bit. Built and run by kernels/emu/run.sh; exit status 0 = pass.
+//   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
+//   * linear_tc_bf16 (4 and 16 warps a block) over 7 rows = each row alone;
+// each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
+// cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
 alignas(16) float xs[1 << 16];
@@ -98,6 +100,67 @@ int main() {
             std::printf("linear_%s_m8 over %d rows = linear_%s_1 on each row: %s\n", fmt ? "fp4" : "bf16", M, fmt ? "fp4" : "bf16",
                         eq ? "yes" : "NO");
             ok &= eq;
+        }
+    }
+
+    // ---- tensor-core GEMV (decode / verify BF16 Linears) and the prefill GEMMs ----
+    {
+        const int N = 72, K = 512, MG = 100;
+        float* x = emu_alloc<float>((size_t)MG * K);
+        for (int i = 0; i < MG * K; i++) x[i] = nd(rng);
+        unsigned short* wb = emu_alloc<unsigned short>((size_t)N * K);
+        for (int i = 0; i < N * K; i++) wb[i] = f2bf(0.05f * nd(rng));
+        Fp4 wf = fp4(rng, 1, N, K);
+        auto wval = [&](int fmt, int n, int k) -> double {
+            if (!fmt) return bf2f(wb[(size_t)n * K + k]);
+            unsigned char b = wf.w[((size_t)n * K + k) / 2];
+            unsigned c = k % 2 ? b >> 4 : b & 15;
+            static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+            unsigned char e8 = wf.s[(size_t)n * (K / 16) + k / 16];
+            int e = (e8 >> 3) & 15, m = e8 & 7;
+            double sc = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+            return (c & 8 ? -1 : 1) * mag[c & 7] * sc * wf.inv[0];
+        };
+        // Worst |y - float64| over the rows, relative to the largest |y|.
+        auto ref_err = [&](int fmt, const float* y, int rows) {
+            double err = 0, mag = 0;
+            for (int r = 0; r < rows; r++)
+                for (int n = 0; n < N; n++) {
+                    double a = 0;
+                    for (int k = 0; k < K; k++) a += wval(fmt, n, k) * x[(size_t)r * K + k];
+                    err = std::max(err, std::fabs(a - y[(size_t)r * N + n]));
+                    mag = std::max(mag, std::fabs(a));
+                }
+            return err / mag;
+        };
+        for (int S : {4, 16}) {
+            float* ym = emu_alloc<float>((size_t)M * N);
+            float* y1 = emu_alloc<float>((size_t)M * N);
+            ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                             [&] { linear_tc_bf16(wb, nullptr, 1.f, x, K, ym, N, M, N, K, 0); });
+            for (int r = 0; r < M; r++)
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16(wb, nullptr, 1.f, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0); });
+            bool eq = same("linear_tc_bf16 7 rows vs 1", ym, y1, (size_t)M * N);
+            double e = ref_err(0, ym, M);
+            std::printf("linear_tc_bf16 (%d warps a block) over %d rows = each row alone: %s; vs float64 %.1e %s\n", S, M,
+                        eq ? "yes" : "NO", e, e < 1e-4 ? "ok" : "TOO LARGE");
+            ok &= eq && e < 1e-4;
+        }
+        // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
+        // permutes) on activations split into BF16 hi + lo, against float64.
+        unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);
+        ok &= emu_launch({(unsigned)ceil_div(K, 256), (unsigned)MG, 1}, 256, [&] { split_bf16(x, K, MG, K, xs2, 1); });
+        for (int fmt = 0; fmt < 2; fmt++) {
+            float* y = emu_alloc<float>((size_t)MG * N);
+            ok &= emu_launch({(unsigned)ceil_div(N, 64), (unsigned)ceil_div(MG, 64), 1}, 128, [&] {
+                if (fmt) gemm_fp4(wf.w, wf.s, wf.inv[0], xs2, K, y, N, MG, N, K, 0);
+                else gemm_bf16(wb, nullptr, 1.f, xs2, K, y, N, MG, N, K, 0);
+            });
+            double e = ref_err(fmt, y, MG);
+            std::printf("gemm_%s (%d rows, hi + lo activations) vs float64: %.1e %s\n", fmt ? "fp4" : "bf16", MG, e,
+                        e < 1e-4 ? "ok" : "TOO LARGE");
+            ok &= e < 1e-4;
         }
     }
 
