@@ -19,9 +19,13 @@ __device__ __forceinline__ u32 e4m3_bf16(u32 b) {
 }
 __device__ __forceinline__ u32 e4m3x2_bf16x2(u32 w) { return e4m3_bf16(w & 0xffu) | (e4m3_bf16((w >> 8) & 0xffu) << 16); }
 __device__ __forceinline__ u8 f2e4m3(float x) {
+#if defined(__CUDA_ARCH__)
     unsigned short r;
     asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(0.f), "f"(x));
     return (u8)(r & 0xffu);
+#else
+    return emu_f2e4m3(x);  // kernels/emu (NVRTC always defines __CUDA_ARCH__)
+#endif
 }
 // a + q[0..8) . k, k = 8 BF16 (element 0 in the low half of u.x), fused multiply-adds in order.
 __device__ __forceinline__ float dot8_acc(const float* q, uint4 u, float a) {
@@ -447,11 +451,15 @@ extern "C" __global__ void attention_merge(const float* part, int nsplit, float*
 #define FA_HD 128
 #define FA_LD (FA_HD + 8)
 __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__)
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);
+#endif
 }
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
 // Staged ring layers (ks set): keys at or after the first position s0 of the tile's sequence in
@@ -459,7 +467,12 @@ __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo,
 // 2^x by the SFU (ex2.approx.ftz: ~2 ulp, subnormal results flushed to 0; 2^-inf = 0).
 __device__ __forceinline__ float ex2_approx(float x) {
     float y;
+#if defined(__CUDA_ARCH__)
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+#else
+    y = exp2f(x);
+    if (y < 0x1p-126f) y = 0.f;  // ftz
+#endif
     return y;
 }
 // EX2: softmax exponentials as 2^(log2(e) s - m) with log2(e) folded into the score scale and the

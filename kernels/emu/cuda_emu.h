@@ -195,6 +195,28 @@ inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsign
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = out[i];
 }
+// f32 -> OCP E4M3FN, round to nearest even, saturated to +-448 (cvt.rn.satfinite; NaN -> 0x7f).
+inline unsigned char emu_f2e4m3(float x) {
+    if (std::isnan(x)) return 0x7f;
+    unsigned char sign = std::signbit(x) ? 0x80 : 0;
+    double a = std::fabs((double)x);
+    int best = 0;
+    double bd = 1e300;
+    for (int c = 0; c < 0x7f; c++) {  // 0x7f is NaN
+        int e = c >> 3, m = c & 7;
+        double v = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+        double d = std::fabs(v - a);
+        if (d < bd || (d == bd && (c & 1) == 0)) {
+            bd = d;
+            best = c;
+        }
+    }
+    return (unsigned char)(sign | best);
+}
+// Intrinsics with explicit rounding: with -ffp-contract=off every host operation already rounds.
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fdividef(float a, float b) { return a / b; }
 inline unsigned __ballot_sync(unsigned, int p) {
     EmuWarp& w = emu_warp();
     int l = threadIdx.x & 31;
@@ -205,6 +227,16 @@ inline unsigned __ballot_sync(unsigned, int p) {
     w.bar.arrive_and_wait();
     return r;
 }
+inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, p) == 0xffffffffu; }
+inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0u; }
+
+// ---- dynamic shared memory: the kernels' `extern __shared__ T name[]` (run.sh drops __shared__
+// from those lines, so they name these arrays; one copy per emulated block = process) ----
+alignas(16) inline float xs[1 << 16];
+alignas(16) inline int shm[1 << 16];
+alignas(16) inline float xsh[1 << 16];
+alignas(16) inline float smem[1 << 16];
+alignas(16) inline unsigned short fa_q[1 << 16];
 
 // ---- "device" memory: one shared mapping, bump-allocated before any launch ----
 struct EmuHeap {

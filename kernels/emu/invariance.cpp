@@ -10,10 +10,6 @@
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
-alignas(16) float xs[1 << 16];
-alignas(16) int shm[1 << 16];
-alignas(16) float xsh[1 << 16];
-alignas(16) float smem[1 << 16];
 
 #include "kernels.inc"
 

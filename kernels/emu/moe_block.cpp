@@ -6,12 +6,6 @@
 // (not from the kernels). Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
-// Dynamic shared memory of the kernels (`extern __shared__ T name[]` in the sources; run.sh drops
-// __shared__ from those lines so they name these per-process arrays).
-alignas(16) float xs[1 << 16];
-alignas(16) int shm[1 << 16];
-alignas(16) float xsh[1 << 16];
-alignas(16) float smem[1 << 16];
 
 #include "kernels.inc"
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kernels/cu sources as C++ with the CPU emulation in cuda_emu.h and runs the emulated
-# kernel tests (moe_block.cpp, invariance.cpp). Needs g++ with C++20 (std::barrier). Usage:
+# kernel tests (moe_block.cpp, invariance.cpp, attention.cpp). Needs g++ with C++20 (std::barrier). Usage:
 #   kernels/emu/run.sh [build dir]      (default: a temporary directory, removed afterwards)
 # Exit status 0 = every test passed.
 set -euo pipefail
@@ -17,13 +17,13 @@ mkdir -p "$out"
 # defines those arrays, one copy per emulated block (process).
 {
     cat "$cu/common.cuh"
-    for m in norm linear moe gemm; do
+    for m in norm linear moe gemm attention; do
         echo "#line 1 \"$m.cu\""
         sed 's/extern __shared__ /extern /' "$cu/$m.cu"
     done
 } > "$out/kernels.inc"
 status=0
-for t in moe_block invariance; do
+for t in moe_block invariance attention; do
     g++ -std=c++20 -O1 -ffp-contract=off -pthread -w -I"$out" -I"$here" "$here/$t.cpp" -o "$out/$t"
     "$out/$t" || status=1
 done

@@ -489,7 +489,10 @@ mod tests {
     /// In the CPU emulation of `emu/cuda_emu.h` (the kernel sources built with g++):
     /// `moe_block_1` against the launches it replaces (same bits, and a float64 reference within
     /// 1e-4), and the weight-streaming kernels' batch invariance (7-row passes = each row alone,
-    /// bit for bit; `moe_*_sp` = `moe_*_s`). Skips without g++ (with a reason), except under CI,
+    /// bit for bit; `moe_*_sp` = `moe_*_s`; the tensor-core GEMV and prefill GEMMs against
+    /// float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
+    /// attention and merge; BF16 and FP8 caches, full and sliding window) against float64 and
+    /// 3-row passes against each row alone. Skips without g++ (with a reason), except under CI,
     /// where it fails.
     #[test]
     fn emulated_kernels_match() {
@@ -515,7 +518,8 @@ mod tests {
         assert!(
             out.status.success()
                 && text.contains("moe_block_1 emulation: PASS")
-                && text.contains("weight-streaming invariance emulation: PASS"),
+                && text.contains("weight-streaming invariance emulation: PASS")
+                && text.contains("decode attention emulation: PASS"),
             "{text}"
         );
     }
