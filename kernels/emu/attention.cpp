@@ -1,10 +1,11 @@
-// The decode attention path in the CPU emulation (cuda_emu.h): qk_norm_rope_kv (q/k RMSNorm,
+// The attention kernels in the CPU emulation (cuda_emu.h). Decode: qk_norm_rope_kv (q/k RMSNorm,
 // partial NeoX RoPE, K/V into a paged cache), attention_gqa over 64 key splits and
 // attention_merge, with BF16 and FP8 (scaled) caches, full and sliding-window layers, a sink
 // logit and the per-head softplus gate; against a float64 evaluation of the same attention (from
 // the model's formulas, on the values the cache holds), and a 3-row pass against each row alone
-// (bit for bit: a DFlash verify row attends like the decoded row). Built and run by
-// kernels/emu/run.sh; exit status 0 = pass.
+// (bit for bit: a DFlash verify row attends like the decoded row). Prefill: the flash attention
+// variants against float64 (run_prefill below). Built and run by kernels/emu/run.sh; exit
+// status 0 = pass.
 #include "cuda_emu.h"
 
 #include "kernels.inc"
@@ -169,12 +170,111 @@ static bool run(bool fp8, int window, unsigned seed) {
     return ok && same && close;
 }
 
+// The prefill flash attention (tensor-core tiles of 64 queries x 64 keys, Q and P split into
+// BF16 hi + lo) on a 100-row prompt in query tiles of 64 and 36 rows: every variant against
+// float64, and `_q` (Q fragments in shared memory) bit for bit against `_x`.
+template <typename KV>
+static bool run_prefill(bool fp8, int window, unsigned seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const int nh = 8, nkv = 2, G = nh / nkv, hd = 128, half = 32, ps = 16, max_pages = 16, M = 100;
+    const int qw = nh * hd, kvw = nkv * hd, ld = qw + 2 * kvw + nh;
+    const float eps = 1e-6f, kscale = fp8 ? 0.5f : 1.f, vscale = fp8 ? 0.25f : 1.f;
+    const int slots = max_pages * ps;
+    KV* kc = emu_alloc<KV>((size_t)slots * kvw);
+    KV* vc = emu_alloc<KV>((size_t)slots * kvw);
+    int* bt = emu_alloc<int>(max_pages);
+    for (int i = 0; i < max_pages; i++) bt[i] = (i * 7 + 3) % max_pages;
+    float* q = emu_alloc<float>((size_t)M * ld);
+    for (int i = 0; i < M * ld; i++) q[i] = nd(rng);
+    float* qn_w = emu_alloc<float>(hd);
+    float* kn_w = emu_alloc<float>(hd);
+    float* inv_freq = emu_alloc<float>(half);
+    float* sink = emu_alloc<float>(nh);
+    for (int i = 0; i < hd; i++) qn_w[i] = kn_w[i] = 1.f;
+    for (int i = 0; i < half; i++) inv_freq[i] = std::pow(10000.f, -(float)i / half);
+    for (int h = 0; h < nh; h++) sink[h] = 0.5f * nd(rng);
+    int* pos = emu_alloc<int>(M);
+    int* seqrow = emu_alloc<int>(M);
+    for (int r = 0; r < M; r++) pos[r] = r;
+    int* tiles = emu_alloc<int>(4);
+    int tl[4] = {0, 64, 64, 36};
+    std::memcpy(tiles, tl, sizeof tl);
+    const float scale = (float)((1.0 / std::sqrt((double)hd)) * kscale);
+    bool ok = emu_launch({(unsigned)M, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
+        if constexpr (sizeof(KV) == 1)
+            qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages,
+                                ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+        else
+            qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages, ps,
+                            kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+    });
+    const float* g = q + qw + 2 * kvw;
+    // float64 reference.
+    auto kval = [&](const KV* c, size_t i) { return fp8 ? e4m3_val((unsigned char)c[i]) : (double)bf2f((bf16_t)c[i]); };
+    std::vector<double> ref((size_t)M * qw);
+    double mag = 0;
+    for (int r = 0; r < M; r++)
+        for (int h = 0; h < nh; h++) {
+            int kh = h / G, lo = window > 0 ? std::max(0, r + 1 - window) : 0;
+            std::vector<double> sc;
+            double mx = sink[h];
+            for (int t = lo; t <= r; t++) {
+                size_t base = ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd;
+                double a = 0;
+                for (int d = 0; d < hd; d++) a += (double)q[(size_t)r * ld + h * hd + d] * kval(kc, base + d);
+                sc.push_back(a * scale);
+                mx = std::max(mx, a * scale);
+            }
+            double den = std::exp(sink[h] - mx);
+            for (double& v : sc) den += (v = std::exp(v - mx));
+            double gate = std::log1p(std::exp((double)g[(size_t)r * ld + h]));
+            for (int d = 0; d < hd; d++) {
+                double o = 0;
+                for (int t = lo; t <= r; t++) o += sc[t - lo] * kval(vc, ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd + d);
+                ref[(size_t)r * qw + h * hd + d] = o / den * vscale * gate;
+                mag = std::max(mag, std::fabs(o / den * vscale * gate));
+            }
+        }
+    std::vector<std::vector<float>> outs;
+    const char* names[3] = {"attention_prefill", "_x (base-2 exponentials)", "_q (Q in shared memory)"};
+    for (int v = 0; v < 3; v++) {
+        float* out = emu_alloc<float>((size_t)M * qw);
+        ok &= emu_launch({2, (unsigned)nh, 1}, 128, [&] {
+#define PF_ARGS q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, g, ld, 1, scale, vscale, tiles, nullptr, nullptr, nullptr, nullptr, M
+            if constexpr (sizeof(KV) == 1) {
+                if (v == 0) attention_prefill_fp8(PF_ARGS);
+                else if (v == 1) attention_prefill_fp8_x(PF_ARGS);
+                else attention_prefill_fp8_q(PF_ARGS);
+            } else {
+                if (v == 0) attention_prefill(PF_ARGS);
+                else if (v == 1) attention_prefill_x(PF_ARGS);
+                else attention_prefill_q(PF_ARGS);
+            }
+#undef PF_ARGS
+        });
+        double err = 0;
+        for (size_t i = 0; i < (size_t)M * qw; i++) err = std::max(err, std::fabs(ref[i] - out[i]));
+        bool close = err / mag < 2e-5;
+        std::printf("prefill %s (%s cache, %s, 100 rows in tiles of 64 and 36) vs float64: %.1e %s\n", names[v], fp8 ? "FP8" : "BF16",
+                    window ? "window 40" : "causal", err / mag, close ? "ok" : "TOO LARGE");
+        ok &= close;
+        outs.emplace_back(out, out + (size_t)M * qw);
+    }
+    bool same = std::memcmp(outs[1].data(), outs[2].data(), 4 * outs[1].size()) == 0;
+    std::printf("prefill _q = _x bit for bit: %s\n", same ? "yes" : "NO");
+    return ok && same;
+}
+
 int main() {
     emu_init(size_t(64) << 20);
     bool ok = run<unsigned short>(false, 0, 11);
     ok &= run<unsigned short>(false, 128, 12);
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
-    std::printf(ok ? "decode attention emulation: PASS\n" : "decode attention emulation: FAIL\n");
+    ok &= run_prefill<unsigned short>(false, 0, 21);
+    ok &= run_prefill<unsigned short>(false, 40, 22);
+    ok &= run_prefill<unsigned char>(true, 0, 23);
+    std::printf(ok ? "attention emulation: PASS\n" : "attention emulation: FAIL\n");
     return ok ? 0 : 1;
 }
