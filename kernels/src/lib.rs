@@ -492,7 +492,8 @@ mod tests {
     /// bit for bit; `moe_*_sp` = `moe_*_s`; the tensor-core GEMV and prefill GEMMs against
     /// float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
     /// attention and merge; BF16 and FP8 caches, full and sliding window) against float64 and
-    /// 3-row passes against each row alone, and the prefill flash attention against float64.
+    /// 3-row passes against each row alone, the prefill flash attention against float64, and
+    /// the prefill MoE (grouping, the grouped NVFP4 GEMMs in their three forms) against float64.
     /// Skips without g++ (with a reason), except under CI, where it fails.
     #[test]
     fn emulated_kernels_match() {
@@ -519,7 +520,8 @@ mod tests {
             out.status.success()
                 && text.contains("moe_block_1 emulation: PASS")
                 && text.contains("weight-streaming invariance emulation: PASS")
-                && text.contains("attention emulation: PASS"),
+                && text.contains("attention emulation: PASS")
+                && text.contains("prefill MoE emulation: PASS"),
             "{text}"
         );
     }

@@ -1,0 +1,131 @@
+// The prefill MoE in the CPU emulation (cuda_emu.h): moe_group (slots grouped by expert, 64-slot
+// tiles, the folded shared expert placed by position), then the NVFP4 grouped expert GEMMs in the
+// forms the KernelSet selects: the default (gate/up with SiLU in the epilogue and padding skipped
+// per 16 rows, `_ks16`; down 128 wide, `_wk16`), the same without the 16-row skip (`_ks`, `_wk`:
+// must give the same bits), and the original unfused chain (`moe_gemm_gate_up_fp4` ->
+// `silu_mul_split` -> `moe_gemm_down_fp4`); every slot's output against float64. Built and run by
+// kernels/emu/run.sh; exit status 0 = pass.
+#include "cuda_emu.h"
+
+#include "kernels.inc"
+
+#include <random>
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+int main() {
+    emu_init(size_t(256) << 20);
+    std::mt19937 rng(99);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    const int M = 40, H = 256, I = 128, E = 16, K = 4, KK = K + 1, NE = E + 1, S = M * KK;
+    struct Fp4 {
+        unsigned char *w, *s;
+        float* inv;
+    };
+    auto stack = [&](int rows, int cols) {
+        Fp4 f{emu_alloc<unsigned char>((size_t)NE * rows * cols / 2), emu_alloc<unsigned char>((size_t)NE * rows * cols / 16),
+              emu_alloc<float>(NE)};
+        std::uniform_int_distribution<int> byte(0, 255), sc(0x30, 0x3f);
+        for (size_t i = 0; i < (size_t)NE * rows * cols / 2; i++) f.w[i] = (unsigned char)byte(rng);
+        for (size_t i = 0; i < (size_t)NE * rows * cols / 16; i++) f.s[i] = (unsigned char)sc(rng);
+        for (int e = 0; e < NE; e++) f.inv[e] = 0.02f + 0.001f * e;
+        return f;
+    };
+    Fp4 gate = stack(I, H), up = stack(I, H), down = stack(H, I);
+    auto wv = [&](const Fp4& f, int rows, int cols, int e, int r, int c) {
+        unsigned char b = f.w[((size_t)e * rows + r) * (cols / 2) + c / 2];
+        unsigned code = c % 2 ? b >> 4 : b & 15;
+        static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+        unsigned char e8 = f.s[((size_t)e * rows + r) * (cols / 16) + c / 16];
+        int ex = (e8 >> 3) & 15, m = e8 & 7;
+        double scv = ex == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, ex - 7);
+        return (code & 8 ? -1 : 1) * mag[code & 7] * scv * f.inv[e];
+    };
+    float* x = emu_alloc<float>((size_t)M * H);
+    for (int i = 0; i < M * H; i++) x[i] = nd(rng);
+    int* ids = emu_alloc<int>(S);
+    for (int m = 0; m < M; m++) {
+        for (int k = 0; k < K; k++) ids[m * KK + k] = (3 * m + 4 * k + (m % 3)) % E;  // distinct in a row
+        ids[m * KK + K] = E;                                                          // the shared expert
+    }
+    int *ge = emu_alloc<int>(S), *gs = emu_alloc<int>(S), *gc = emu_alloc<int>(S), *perm = emu_alloc<int>(S),
+        *meta = emu_alloc<int>(4);
+    const int max_tiles = S / 64 + std::min(S, NE) + 1;
+    int* tiles = emu_alloc<int>(2 * (max_tiles + 1));
+    bool ok = emu_launch({1, 1, 1}, (unsigned)std::min(32, std::max(1, ceil_div(S, 32))) * 32,
+                         [&] { moe_group(ids, S, NE, ge, gs, gc, perm, meta, tiles, KK, E); });
+    unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * M * H);
+    ok &= emu_launch({(unsigned)ceil_div(H, 256), (unsigned)M, 1}, 256, [&] { split_bf16(x, H, M, H, xs2, 1); });
+
+    // Default forms, and the same without the 16-row padding skip.
+    std::vector<std::vector<float>> outs;
+    for (int v = 0; v < 2; v++) {
+        unsigned short* act = emu_alloc<unsigned short>((size_t)2 * S * I);
+        float* out = emu_alloc<float>((size_t)S * H);
+        ok &= emu_launch({(unsigned)ceil_div(2 * I, 64), (unsigned)max_tiles, 1}, 128, [&] {
+            if (v == 0)
+                moe_gemm_gate_up_fp4_ks16(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xs2, (size_t)M * H, H, I, KK, ge, gs, gc, perm,
+                                          meta, tiles, (float*)act, (size_t)S * I);
+            else
+                moe_gemm_gate_up_fp4_ks(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xs2, (size_t)M * H, H, I, KK, ge, gs, gc, perm,
+                                        meta, tiles, (float*)act, (size_t)S * I);
+        });
+        ok &= emu_launch({(unsigned)ceil_div(H, 128), (unsigned)max_tiles, 1}, 128, [&] {
+            if (v == 0)
+                moe_gemm_down_fp4_wk16(down.w, down.s, down.inv, act, (size_t)S * I, H, I, ge, gs, gc, perm, meta, tiles, out);
+            else
+                moe_gemm_down_fp4_wk(down.w, down.s, down.inv, act, (size_t)S * I, H, I, ge, gs, gc, perm, meta, tiles, out);
+        });
+        outs.emplace_back(out, out + (size_t)S * H);
+    }
+    // The original chain: f32 gate | up, SiLU * up split into BF16 hi + lo, 64-wide down.
+    {
+        float* gu = emu_alloc<float>((size_t)S * 2 * I);
+        unsigned short* act = emu_alloc<unsigned short>((size_t)2 * S * I);
+        float* out = emu_alloc<float>((size_t)S * H);
+        ok &= emu_launch({(unsigned)ceil_div(2 * I, 64), (unsigned)max_tiles, 1}, 128, [&] {
+            moe_gemm_gate_up_fp4(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xs2, (size_t)M * H, H, I, KK, ge, gs, gc, perm, meta,
+                                 tiles, gu);
+        });
+        ok &= emu_launch({(unsigned)ceil_div(I, 256), (unsigned)S, 1}, 256, [&] { silu_mul_split(gu, act, S, I, 1); });
+        ok &= emu_launch({(unsigned)ceil_div(H, 64), (unsigned)max_tiles, 1}, 128, [&] {
+            moe_gemm_down_fp4(down.w, down.s, down.inv, act, (size_t)S * I, H, I, ge, gs, gc, perm, meta, tiles, out);
+        });
+        outs.emplace_back(out, out + (size_t)S * H);
+    }
+    // float64: every slot's expert on its row.
+    std::vector<double> ref((size_t)S * H);
+    double mag = 0;
+    for (int s = 0; s < S; s++) {
+        int e = ids[s], m = s / KK;
+        std::vector<double> a(I);
+        for (int j = 0; j < I; j++) {
+            double g = 0, u = 0;
+            for (int i = 0; i < H; i++) {
+                g += wv(gate, I, H, e, j, i) * x[(size_t)m * H + i];
+                u += wv(up, I, H, e, j, i) * x[(size_t)m * H + i];
+            }
+            a[j] = g / (1.0 + std::exp(-g)) * u;
+        }
+        for (int n = 0; n < H; n++) {
+            double d = 0;
+            for (int j = 0; j < I; j++) d += wv(down, H, I, e, n, j) * a[j];
+            ref[(size_t)s * H + n] = d;
+            mag = std::max(mag, std::fabs(d));
+        }
+    }
+    const char* names[3] = {"_ks16 + _wk16 (default)", "_ks + _wk", "gate_up -> silu_mul_split -> down (original)"};
+    for (int v = 0; v < 3; v++) {
+        double err = 0;
+        for (size_t i = 0; i < ref.size(); i++) err = std::max(err, std::fabs(ref[i] - outs[v][i]));
+        bool close = err / mag < 1e-4;
+        std::printf("prefill MoE %s, %d rows x %d slots in %d groups: vs float64 %.1e %s\n", names[v], M, KK, meta[0], err / mag,
+                    close ? "ok" : "TOO LARGE");
+        ok &= close;
+    }
+    bool same = std::memcmp(outs[0].data(), outs[1].data(), 4 * outs[0].size()) == 0;
+    std::printf("prefill MoE 16-row padding skip changes no bit: %s\n", same ? "yes" : "NO");
+    ok &= same;
+    std::printf(ok ? "prefill MoE emulation: PASS\n" : "prefill MoE emulation: FAIL\n");
+    return ok ? 0 : 1;
+}
