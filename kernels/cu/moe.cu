@@ -431,10 +431,17 @@ __device__ __forceinline__ float blk16_dot(u32 w0, u32 w1, u32 w2, u32 w3, u32 w
 }
 // The 16 activations at x16 (pre-scaled by 2^100 for NVFP4, see blk16_dot) dotted with the
 // current block of four weight rows (words wa/wc, block scales sc), added into acc[0..4).
-template <int FMT>
+// LDG: activations through the read-only path (global memory written before the launch); off,
+// through a generic pointer (shared memory, or data this launch wrote).
+template <int FMT, bool LDG = true>
 __device__ __forceinline__ void blk16_rows4(const float* x16, const uint4* wa, const uint4* wc, const float* sc, float* acc) {
     const float4* xp = reinterpret_cast<const float4*>(x16);
-    float4 v0 = __ldg(xp), v1 = __ldg(xp + 1), v2 = __ldg(xp + 2), v3 = __ldg(xp + 3);
+    float4 v0, v1, v2, v3;
+    if (LDG) {
+        v0 = __ldg(xp), v1 = __ldg(xp + 1), v2 = __ldg(xp + 2), v3 = __ldg(xp + 3);
+    } else {
+        v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
+    }
     float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
     if (FMT == 1)
 #pragma unroll
@@ -604,6 +611,7 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
 // Bit-identical to moe_*_s on the H200 (kbench and device-test, run 78).
 // Slots one at a time: the weights stay in registers, the activations do not.
 // blk16_rows4 over four rows' NVFP4 codes held as (word, word) pairs (load_blk's values).
+template <bool LDG = true>
 __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* cw, const float* sc, float* acc) {
     uint4 wa[4], wc[4];
 #pragma unroll
@@ -611,7 +619,76 @@ __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* c
         wa[q] = make_uint4(cw[q].x, cw[q].y, 0u, 0u);
         wc[q] = make_uint4(0u, 0u, 0u, 0u);
     }
-    blk16_rows4<1>(x16, wa, wc, sc, acc);
+    blk16_rows4<1, LDG>(x16, wa, wc, sc, acc);
+}
+// A gate/up item of expert e: cw[j][r] / sc[j][r] = block lane + 32 j of rows gate i, gate i + 1,
+// up i, up i + 1 (H <= 2048), all loaded before any arithmetic.
+__device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
+                                           int I, int lane, uint2 (&cw)[4][4], float (&sc)[4][4]) {
+    size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
+    const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
+                       reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
+    const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
+    int nblk = H >> 4;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int b = lane + 32 * j;
+        if (b < nblk) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                uint4 a4, c4;
+                load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
+                cw[j][r] = make_uint2(a4.x, a4.y);
+            }
+        }
+    }
+}
+// One slot of a gate/up item: o[i], o[i + 1] = SiLU(gate) * up for the activation row xr.
+template <bool LDG>
+__device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const float (&sc)[4][4], int H, int lane,
+                                           float gi, float ui, float* o, int i) {
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int b = lane + 32 * j;
+        if (b < (H >> 4)) blk16_rows4_fp4<LDG>(xr + b * 16, cw[j], sc[j], acc);
+    }
+    float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
+    float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
+    if (lane == 0) o[i] = silu_f(g0) * u0;
+    if (lane == 1) o[i + 1] = silu_f(g1) * u1;
+}
+// A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512).
+__device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
+                                           uint2 (&cw)[2][4], float (&sc)[2][4]) {
+    size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
+    const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
+    const u8* dse = ds + e * sstride;
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            if (lane < (I >> 4)) {
+                uint4 a4, c4;
+                load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
+                cw[hh][j] = make_uint2(a4.x, a4.y);
+            }
+}
+// One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
+template <bool LDG>
+__device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][4], const float (&sc)[2][4], int I, int lane,
+                                           float di, float* o, int n) {
+    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    if (lane < (I >> 4))
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4<LDG>(a + lane * 16, cw[hh], sc[hh], acc[hh]);
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float v = warp_sum(acc[hh][j]) * di;
+            if (lane == j) o[n + 4 * hh + j] = v;
+        }
 }
 __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
@@ -620,44 +697,16 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
     int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
     int per = I >> 1;
     int total = meta[0] * per;
-    int nblk = H >> 4;
-    size_t wstride = (size_t)I * H / 2;
-    size_t sstride = (size_t)I * (H >> 4);
     for (int it = warp; it < total; it += nwarps) {
         int g = it / per, i = (it - g * per) * 2;
         int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
-        const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
-                           reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
-        const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
         float gi = ginv[e], ui = uinv[e];
-        // cw[j][r] / sc[j][r]: block lane + 32 j of rows gate i, gate i + 1, up i, up i + 1.
         uint2 cw[4][4];
         float sc[4][4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int b = lane + 32 * j;
-            if (b < nblk) {
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    uint4 a4, c4;
-                    load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
-                    cw[j][r] = make_uint2(a4.x, a4.y);
-                }
-            }
-        }
+        sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
-            const float* xr = x + (size_t)(slot / KK) * H;
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int b = lane + 32 * j;
-                if (b < nblk) blk16_rows4_fp4(xr + b * 16, cw[j], sc[j], acc);
-            }
-            float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
-            float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
-            if (lane == 0) act[(size_t)slot * I + i] = silu_f(g0) * u0;
-            if (lane == 1) act[(size_t)slot * I + i + 1] = silu_f(g1) * u1;
+            sp_gu_slot<true>(x + (size_t)(slot / KK) * H, cw, sc, H, lane, gi, ui, act + (size_t)slot * I, i);
         }
     }
 }
@@ -669,41 +718,16 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
     int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
     int per = H >> 3;
     int total = meta[0] * per;
-    int nblk = I >> 4;
-    size_t wstride = (size_t)H * I / 2;
-    size_t sstride = (size_t)H * (I >> 4);
     for (int it = warp; it < total; it += nwarps) {
         int g = it / per, n = (it - g * per) * 8;
         int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
-        const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
-        const u8* dse = ds + e * sstride;
         float di = dinv[e];
-        // cw[hh][j] / sc[hh][j]: block `lane` of row n + 4 hh + j (the host keeps I <= 512).
         uint2 cw[2][4];
         float sc[2][4];
-        bool act_l = lane < nblk;
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-            for (int j = 0; j < 4; j++)
-                if (act_l) {
-                    uint4 a4, c4;
-                    load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
-                    cw[hh][j] = make_uint2(a4.x, a4.y);
-                }
+        sp_dn_load(dw, ds, e, n, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
-            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            if (act_l)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4(act + (size_t)slot * I + lane * 16, cw[hh], sc[hh], acc[hh]);
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float v = warp_sum(acc[hh][j]) * di;
-                    if (lane == j) out[(size_t)slot * H + n + 4 * hh + j] = v;
-                }
+            sp_dn_slot<true>(act + (size_t)slot * I, cw, sc, I, lane, di, out + (size_t)slot * H, n);
         }
     }
 }
@@ -747,7 +771,7 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // value is computed with the arithmetic of those kernels, in the same order, so the results are
 // the same bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever
 // this block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
-// every block on the shared logits), and gate/up / down are moe_*_sp's per-slot sums.
+// every block on the shared logits), and gate/up / down are moe_*_sp's items (the same sp_*_load / sp_*_slot helpers).
 // The host launches one block of 640 threads an SM so that every block is resident (grid_sync
 // spins; a barrier that waits over 2 s traps instead of hanging), and
 // launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
@@ -832,19 +856,6 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
     __syncthreads();
     return rsqrtf(t / (float)H + eps);
 }
-// blk16_rows4_fp4 with the activations read through a generic pointer (shared memory here).
-__device__ __forceinline__ void blk16_rows4_fp4_g(const float* x16, const uint2* cw, const float* sc, float* acc) {
-    const float4* xp = reinterpret_cast<const float4*>(x16);
-    float4 v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
-    float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-#pragma unroll
-    for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        float t = blk16_dot<1>(cw[j].x, cw[j].y, 0u, 0u, 0u, 0u, 0u, 0u, xv);
-        acc[j] = fmaf(t, sc[j], acc[j]);
-    }
-}
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     float* x, const float* post_w, float eps, int NB, const void* rw, float* rlog, const float* bias, int E, int K,
     float softcap, int norm_topk, int shared_slot, float inv_scale, const void* gw, const u8* gs, const float* ginv,
@@ -889,39 +900,15 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         wts_out[threadIdx.x] = s_wts[threadIdx.x];
     }
     {
-        int per = I >> 1, nblk = H >> 4;
-        size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
+        int per = I >> 1;
         for (int it = warp; it < KK * per; it += nwarps) {
             int g = it / per, i = (it - g * per) * 2;
             int e = s_ids[g];
-            const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
-                               reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
-            const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
             float gi = ginv[e], ui = uinv[e];
             uint2 cw[4][4];
             float sc[4][4];
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int b = lane + 32 * j;
-                if (b < nblk) {
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        uint4 a4, c4;
-                        load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
-                        cw[j][r] = make_uint2(a4.x, a4.y);
-                    }
-                }
-            }
-            float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int b = lane + 32 * j;
-                if (b < nblk) blk16_rows4_fp4_g(hn + b * 16, cw[j], sc[j], acc);
-            }
-            float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
-            float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
-            if (lane == 0) act[(size_t)g * I + i] = silu_f(g0) * u0;
-            if (lane == 1) act[(size_t)g * I + i + 1] = silu_f(g1) * u1;
+            sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
+            sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
     }
     grid_sync(bar);
@@ -929,37 +916,15 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     for (int i = threadIdx.x; i < KK * I; i += blockDim.x) sact[i] = __ldcg(act + i);
     __syncthreads();
     {
-        int per = H >> 3, nblk = I >> 4;
-        size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
-        bool act_l = lane < nblk;
+        int per = H >> 3;
         for (int it = warp; it < KK * per; it += nwarps) {
             int g = it / per, n = (it - g * per) * 8;
             int e = s_ids[g];
-            const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
-            const u8* dse = ds + e * sstride;
             float di = dinv[e];
             uint2 cw[2][4];
             float sc[2][4];
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int j = 0; j < 4; j++)
-                    if (act_l) {
-                        uint4 a4, c4;
-                        load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
-                        cw[hh][j] = make_uint2(a4.x, a4.y);
-                    }
-            float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            if (act_l)
-#pragma unroll
-                for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4_g(sact + (size_t)g * I + lane * 16, cw[hh], sc[hh], acc[hh]);
-#pragma unroll
-            for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    float v = warp_sum(acc[hh][j]) * di;
-                    if (lane == j) out[(size_t)g * H + n + 4 * hh + j] = v;
-                }
+            sp_dn_load(dw, ds, e, n, H, I, lane, cw, sc);
+            sp_dn_slot<false>(sact + (size_t)g * I, cw, sc, I, lane, di, out + (size_t)g * H, n);
         }
     }
     grid_sync(bar);
