@@ -10,13 +10,34 @@
 
 #include "kernels.inc"
 
-#include <random>
+#include "emu_test.h"
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-static double e4m3_val(unsigned char b) {
-    int e = (b >> 3) & 15, m = b & 7;
-    double v = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-    return b & 0x80 ? -v : v;
+// Attention of one query head in float64: q (hd values) over keys lo..p of KV head kh in the
+// paged cache (the stored values: BF16, or E4M3 with FP8), softmax with the sink logit, then
+// times the V scale and the gate. o: hd outputs.
+template <typename KV>
+static void ref_attention(const float* q, const KV* kc, const KV* vc, const int* bt, int ps, int kvw, int kh, int hd, int lo, int p,
+                          double scale, double sink, double gate, double vscale, double* o) {
+    auto val = [](const KV* c, size_t i) {
+        if constexpr (sizeof(KV) == 1) return e4m3_val((unsigned char)c[i]);
+        else return (double)bf2f((bf16_t)c[i]);
+    };
+    auto row = [&](int t) { return ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd; };
+    std::vector<double> sc;
+    double mx = sink;
+    for (int t = lo; t <= p; t++) {
+        double a = 0;
+        for (int d = 0; d < hd; d++) a += (double)q[d] * val(kc, row(t) + d);
+        sc.push_back(a * scale);
+        mx = std::max(mx, a * scale);
+    }
+    double den = std::exp(sink - mx);
+    for (double& v : sc) den += (v = std::exp(v - mx));
+    for (int d = 0; d < hd; d++) {
+        double a = 0;
+        for (int t = lo; t <= p; t++) a += sc[t - lo] * val(vc, row(t) + d);
+        o[d] = a / den * vscale * gate;
+    }
 }
 
 template <typename KV>
@@ -108,7 +129,6 @@ static bool run(bool fp8, int window, unsigned seed) {
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
     // ---- float64 reference (on the cache the kernels wrote) ----
-    auto kval = [&](const KV* c, size_t i) { return fp8 ? e4m3_val((unsigned char)c[i]) : (double)bf2f((bf16_t)c[i]); };
     double qerr = 0, err = 0, mag = 0;
     for (int r = 0; r < R; r++) {
         int p = P + r;
@@ -137,28 +157,12 @@ static bool run(bool fp8, int window, unsigned seed) {
             std::vector<double> qh = norm(x + h * hd, qn_w);
             rope(qh);
             for (int d = 0; d < hd; d++) qerr = std::max(qerr, std::fabs(qh[d] - q3[(size_t)r * ld + h * hd + d]));
-            int kh = h / G;
-            std::vector<double> sc;
-            double mx = sink[h];
-            for (int t = lo; t <= p; t++) {
-                size_t base = ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd;
-                double a = 0;
-                for (int d = 0; d < hd; d++) a += (double)q3[(size_t)r * ld + h * hd + d] * kval(kc, base + d);
-                sc.push_back(a * scale);
-                mx = std::max(mx, a * scale);
-            }
-            double den = std::exp(sink[h] - mx);
-            for (double& v : sc) den += (v = std::exp(v - mx));
             double gate = std::log1p(std::exp((double)x[qw + 2 * kvw + h]));
+            std::vector<double> o(hd);
+            ref_attention(q3 + (size_t)r * ld + h * hd, kc, vc, bt, ps, kvw, h / G, hd, lo, p, scale, sink[h], gate, vscale, o.data());
             for (int d = 0; d < hd; d++) {
-                double o = 0;
-                for (int t = lo; t <= p; t++) {
-                    size_t base = ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd;
-                    o += sc[t - lo] * kval(vc, base + d);
-                }
-                o = o / den * vscale * gate;
-                err = std::max(err, std::fabs(o - o3[(size_t)r * qw + h * hd + d]));
-                mag = std::max(mag, std::fabs(o));
+                err = std::max(err, std::fabs(o[d] - o3[(size_t)r * qw + h * hd + d]));
+                mag = std::max(mag, std::fabs(o[d]));
             }
         }
     }
@@ -211,30 +215,15 @@ static bool run_prefill(bool fp8, int window, unsigned seed) {
     });
     const float* g = q + qw + 2 * kvw;
     // float64 reference.
-    auto kval = [&](const KV* c, size_t i) { return fp8 ? e4m3_val((unsigned char)c[i]) : (double)bf2f((bf16_t)c[i]); };
     std::vector<double> ref((size_t)M * qw);
     double mag = 0;
     for (int r = 0; r < M; r++)
         for (int h = 0; h < nh; h++) {
-            int kh = h / G, lo = window > 0 ? std::max(0, r + 1 - window) : 0;
-            std::vector<double> sc;
-            double mx = sink[h];
-            for (int t = lo; t <= r; t++) {
-                size_t base = ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd;
-                double a = 0;
-                for (int d = 0; d < hd; d++) a += (double)q[(size_t)r * ld + h * hd + d] * kval(kc, base + d);
-                sc.push_back(a * scale);
-                mx = std::max(mx, a * scale);
-            }
-            double den = std::exp(sink[h] - mx);
-            for (double& v : sc) den += (v = std::exp(v - mx));
+            int lo = window > 0 ? std::max(0, r + 1 - window) : 0;
             double gate = std::log1p(std::exp((double)g[(size_t)r * ld + h]));
-            for (int d = 0; d < hd; d++) {
-                double o = 0;
-                for (int t = lo; t <= r; t++) o += sc[t - lo] * kval(vc, ((size_t)bt[t / ps] * ps + t % ps) * kvw + kh * hd + d);
-                ref[(size_t)r * qw + h * hd + d] = o / den * vscale * gate;
-                mag = std::max(mag, std::fabs(o / den * vscale * gate));
-            }
+            double* o = ref.data() + (size_t)r * qw + h * hd;
+            ref_attention(q + (size_t)r * ld + h * hd, kc, vc, bt, ps, kvw, h / G, hd, lo, r, scale, sink[h], gate, vscale, o);
+            for (int d = 0; d < hd; d++) mag = std::max(mag, std::fabs(o[d]));
         }
     std::vector<std::vector<float>> outs;
     const char* names[3] = {"attention_prefill", "_x (base-2 exponentials)", "_q (Q in shared memory)"};

@@ -13,32 +13,9 @@
 
 #include "kernels.inc"
 
+#include "emu_test.h"
+
 #include <map>
-#include <random>
-
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-static bool same(const char* what, const float* a, const float* b, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        if (std::memcmp(&a[i], &b[i], 4) != 0) {
-            std::printf("  %s differs at %zu: %.9g vs %.9g\n", what, i, a[i], b[i]);
-            return false;
-        }
-    return true;
-}
-
-struct Fp4 {
-    unsigned char *w, *s;
-    float* inv;
-};
-static Fp4 fp4(std::mt19937& rng, int n, int rows, int cols) {
-    Fp4 f{emu_alloc<unsigned char>((size_t)n * rows * cols / 2), emu_alloc<unsigned char>((size_t)n * rows * cols / 16),
-          emu_alloc<float>(n)};
-    std::uniform_int_distribution<int> byte(0, 255), sc(0x30, 0x3f);
-    for (size_t i = 0; i < (size_t)n * rows * cols / 2; i++) f.w[i] = (unsigned char)byte(rng);
-    for (size_t i = 0; i < (size_t)n * rows * cols / 16; i++) f.s[i] = (unsigned char)sc(rng);
-    for (int e = 0; e < n; e++) f.inv[e] = 0.03f + 0.001f * e;
-    return f;
-}
 
 // Grouping of M rows x KK slots by expert, as moe_group / router_topk's direct form describe it:
 // groups in expert order, perm = slots of each group.
@@ -76,7 +53,7 @@ int main() {
         for (int i = 0; i < M * K; i++) x[i] = nd(rng);
         unsigned short* wb = emu_alloc<unsigned short>((size_t)N * K);
         for (int i = 0; i < N * K; i++) wb[i] = f2bf(0.05f * nd(rng));
-        Fp4 wf = fp4(rng, 1, N, K);
+        Fp4Stack wf = make_fp4_stack(rng, 1, N, K);
         for (int fmt = 0; fmt < 2; fmt++) {
             const void* w = fmt ? (const void*)wf.w : (const void*)wb;
             const unsigned char* s = fmt ? wf.s : nullptr;
@@ -92,7 +69,7 @@ int main() {
                     if (fmt) linear_fp4_1(w, s, inv, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0);
                     else linear_bf16_1(w, s, inv, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0);
                 });
-            bool eq = same(fmt ? "linear_fp4_m8 vs _1" : "linear_bf16_m8 vs _1", ym, y1, (size_t)M * N);
+            bool eq = same_bits(fmt ? "linear_fp4_m8 vs _1" : "linear_bf16_m8 vs _1", ym, y1, (size_t)M * N);
             std::printf("linear_%s_m8 over %d rows = linear_%s_1 on each row: %s\n", fmt ? "fp4" : "bf16", M, fmt ? "fp4" : "bf16",
                         eq ? "yes" : "NO");
             ok &= eq;
@@ -106,17 +83,8 @@ int main() {
         for (int i = 0; i < MG * K; i++) x[i] = nd(rng);
         unsigned short* wb = emu_alloc<unsigned short>((size_t)N * K);
         for (int i = 0; i < N * K; i++) wb[i] = f2bf(0.05f * nd(rng));
-        Fp4 wf = fp4(rng, 1, N, K);
-        auto wval = [&](int fmt, int n, int k) -> double {
-            if (!fmt) return bf2f(wb[(size_t)n * K + k]);
-            unsigned char b = wf.w[((size_t)n * K + k) / 2];
-            unsigned c = k % 2 ? b >> 4 : b & 15;
-            static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-            unsigned char e8 = wf.s[(size_t)n * (K / 16) + k / 16];
-            int e = (e8 >> 3) & 15, m = e8 & 7;
-            double sc = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-            return (c & 8 ? -1 : 1) * mag[c & 7] * sc * wf.inv[0];
-        };
+        Fp4Stack wf = make_fp4_stack(rng, 1, N, K);
+        auto wval = [&](int fmt, int n, int k) -> double { return fmt ? wf.at(0, n, k) : bf2f(wb[(size_t)n * K + k]); };
         // Worst |y - float64| over the rows, relative to the largest |y|.
         auto ref_err = [&](int fmt, const float* y, int rows) {
             double err = 0, mag = 0;
@@ -137,7 +105,7 @@ int main() {
             for (int r = 0; r < M; r++)
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16(wb, nullptr, 1.f, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0); });
-            bool eq = same("linear_tc_bf16 7 rows vs 1", ym, y1, (size_t)M * N);
+            bool eq = same_bits("linear_tc_bf16 7 rows vs 1", ym, y1, (size_t)M * N);
             double e = ref_err(0, ym, M);
             std::printf("linear_tc_bf16 (%d warps a block) over %d rows = each row alone: %s; vs float64 %.1e %s\n", S, M,
                         eq ? "yes" : "NO", e, e < 1e-4 ? "ok" : "TOO LARGE");
@@ -163,7 +131,7 @@ int main() {
     // ---- experts: E routed + 1 shared, KK = K + 1 slots a row ----
     {
         const int H = 256, I = 64, E = 64, K = 8, KK = K + 1, NE = E + 1;
-        Fp4 gate = fp4(rng, NE, I, H), up = fp4(rng, NE, I, H), down = fp4(rng, NE, H, I);
+        Fp4Stack gate = make_fp4_stack(rng, NE, I, H), up = make_fp4_stack(rng, NE, I, H), down = make_fp4_stack(rng, NE, H, I);
         float* x = emu_alloc<float>((size_t)M * H);
         for (int i = 0; i < M * H; i++) x[i] = nd(rng);
         // Rows pick 8 distinct experts each, some shared between rows; slot K is the shared expert.
@@ -202,15 +170,15 @@ int main() {
             // A one-row pass's slots are 0..KK-1; its outputs land in row r's slots here.
             run(true, one, x + (size_t)r * H, 1, act1 + (size_t)r * KK * I, out1 + (size_t)r * KK * H);
         }
-        bool eq = same("moe_*_sp activations, 7 rows vs 1", act7, act1, (size_t)M * KK * I) &&
-                  same("moe_*_sp outputs, 7 rows vs 1", out7, out1, (size_t)M * KK * H);
+        bool eq = same_bits("moe_*_sp activations, 7 rows vs 1", act7, act1, (size_t)M * KK * I) &&
+                  same_bits("moe_*_sp outputs, 7 rows vs 1", out7, out1, (size_t)M * KK * H);
         std::printf("moe_*_fp4_sp over %d rows (%d groups) = each row alone: %s\n", M, all.meta[0], eq ? "yes" : "NO");
         ok &= eq;
         float* acts = emu_alloc<float>((size_t)M * KK * I);
         float* outs = emu_alloc<float>((size_t)M * KK * H);
         run(false, all, x, M, acts, outs);
-        bool eq2 = same("moe_*_s vs _sp activations", acts, act7, (size_t)M * KK * I) &&
-                   same("moe_*_s vs _sp outputs", outs, out7, (size_t)M * KK * H);
+        bool eq2 = same_bits("moe_*_s vs _sp activations", acts, act7, (size_t)M * KK * I) &&
+                   same_bits("moe_*_s vs _sp outputs", outs, out7, (size_t)M * KK * H);
         std::printf("moe_*_fp4_sp = moe_*_fp4_s over %d rows: %s\n", M, eq2 ? "yes" : "NO");
         ok &= eq2;
     }

@@ -6,10 +6,9 @@
 // (not from the kernels). Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
-
 #include "kernels.inc"
 
-#include <random>
+#include "emu_test.h"
 
 struct Shape {
     const char* name;
@@ -23,68 +22,6 @@ static unsigned norm_block(int h) {  // ops.rs norm_block
     unsigned b = ((h + 7) / 8 + 31) / 32 * 32;
     return std::min(1024u, std::max(32u, b));
 }
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// FP8 E4M3 (no NaN 0x7f/0xff) and E2M1 values, as the model defines them.
-static double e4m3_val(unsigned char b) {
-    int e = (b >> 3) & 15, m = b & 7;
-    return e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
-}
-static double e2m1_val(unsigned c) {
-    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-    return (c & 8 ? -1 : 1) * mag[c & 7];
-}
-static double bf16_val(unsigned short h) {
-    unsigned u = (unsigned)h << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-struct Fp4Stack {  // [experts, rows, cols] NVFP4: codes (2 per byte, element 2i low), E4M3 block scales, f32 global
-    unsigned char* w;
-    unsigned char* s;
-    float* inv;
-    int rows, cols, n;
-    double at(int e, int r, int c) const {
-        unsigned char b = w[((size_t)e * rows + r) * (cols / 2) + c / 2];
-        unsigned code = c % 2 ? b >> 4 : b & 15;
-        return e2m1_val(code) * e4m3_val(s[((size_t)e * rows + r) * (cols / 16) + c / 16]) * inv[e];
-    }
-};
-static Fp4Stack make_stack(std::mt19937& rng, int n, int rows, int cols) {
-    Fp4Stack st{emu_alloc<unsigned char>((size_t)n * rows * cols / 2), emu_alloc<unsigned char>((size_t)n * rows * cols / 16),
-                emu_alloc<float>(n), rows, cols, n};
-    // Random codes and scales (E4M3 0x30..0x3f: 0.5..1.875), 8 bytes per xorshift step.
-    unsigned long long r = rng() | 1ull;
-    auto next = [&] {
-        r ^= r << 13;
-        r ^= r >> 7;
-        r ^= r << 17;
-        return r;
-    };
-    for (size_t i = 0; i < (size_t)n * rows * cols / 2; i += 8) {
-        unsigned long long v = next();
-        std::memcpy(st.w + i, &v, 8);
-    }
-    for (size_t i = 0; i < (size_t)n * rows * cols / 16; i += 8) {
-        unsigned long long v = (next() & 0x0f0f0f0f0f0f0f0full) | 0x3030303030303030ull;
-        std::memcpy(st.s + i, &v, 8);
-    }
-    std::uniform_real_distribution<float> g(0.02f, 0.05f);
-    for (int e = 0; e < n; e++) st.inv[e] = g(rng);
-    return st;
-}
-
-static bool same_bits(const char* what, const float* a, const float* b, int n) {
-    for (int i = 0; i < n; i++)
-        if (std::memcmp(&a[i], &b[i], 4) != 0) {
-            std::printf("  %s differs at %d: %.9g vs %.9g\n", what, i, a[i], b[i]);
-            return false;
-        }
-    return true;
-}
-
 static bool run(const Shape& sh, unsigned seed) {
     std::mt19937 rng(seed);
     const int H = sh.H, I = sh.I, E = sh.E, K = sh.K, KK = K + sh.shared, NE = E + sh.shared;
@@ -102,7 +39,7 @@ static bool run(const Shape& sh, unsigned seed) {
     }
     for (size_t i = 0; i < (size_t)E * H; i++) rw[i] = f2bf(0.05f * nd(rng));
     for (int e = 0; e < E; e++) bias[e] = 0.05f * nd(rng);
-    Fp4Stack gate = make_stack(rng, NE, I, H), up = make_stack(rng, NE, I, H), down = make_stack(rng, NE, H, I);
+    Fp4Stack gate = make_fp4_stack(rng, NE, I, H), up = make_fp4_stack(rng, NE, I, H), down = make_fp4_stack(rng, NE, H, I);
 
     // ---- the seven launches (layers.rs, one row, moe_sp family) ----
     float* xa = emu_alloc<float>(H);
@@ -177,7 +114,7 @@ static bool run(const Shape& sh, unsigned seed) {
     for (int i = 0; i < H; i++) hn[i] = post_w[i] * (x0[i] * inv);
     for (int e = 0; e < E; e++) {
         double a = 0;
-        for (int i = 0; i < H; i++) a += bf16_val(rw[(size_t)e * H + i]) * hn[i];
+        for (int i = 0; i < H; i++) a += bf2f(rw[(size_t)e * H + i]) * hn[i];
         if (sh.softcap > 0) a = std::tanh(a / sh.softcap) * sh.softcap;
         lg[e] = a;
         sc[e] = 1.0 / (1.0 + std::exp(-a));

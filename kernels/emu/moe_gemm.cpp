@@ -9,38 +9,14 @@
 
 #include "kernels.inc"
 
-#include <random>
-
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+#include "emu_test.h"
 
 int main() {
     emu_init(size_t(256) << 20);
     std::mt19937 rng(99);
     std::normal_distribution<float> nd(0.f, 1.f);
     const int M = 40, H = 256, I = 128, E = 16, K = 4, KK = K + 1, NE = E + 1, S = M * KK;
-    struct Fp4 {
-        unsigned char *w, *s;
-        float* inv;
-    };
-    auto stack = [&](int rows, int cols) {
-        Fp4 f{emu_alloc<unsigned char>((size_t)NE * rows * cols / 2), emu_alloc<unsigned char>((size_t)NE * rows * cols / 16),
-              emu_alloc<float>(NE)};
-        std::uniform_int_distribution<int> byte(0, 255), sc(0x30, 0x3f);
-        for (size_t i = 0; i < (size_t)NE * rows * cols / 2; i++) f.w[i] = (unsigned char)byte(rng);
-        for (size_t i = 0; i < (size_t)NE * rows * cols / 16; i++) f.s[i] = (unsigned char)sc(rng);
-        for (int e = 0; e < NE; e++) f.inv[e] = 0.02f + 0.001f * e;
-        return f;
-    };
-    Fp4 gate = stack(I, H), up = stack(I, H), down = stack(H, I);
-    auto wv = [&](const Fp4& f, int rows, int cols, int e, int r, int c) {
-        unsigned char b = f.w[((size_t)e * rows + r) * (cols / 2) + c / 2];
-        unsigned code = c % 2 ? b >> 4 : b & 15;
-        static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
-        unsigned char e8 = f.s[((size_t)e * rows + r) * (cols / 16) + c / 16];
-        int ex = (e8 >> 3) & 15, m = e8 & 7;
-        double scv = ex == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, ex - 7);
-        return (code & 8 ? -1 : 1) * mag[code & 7] * scv * f.inv[e];
-    };
+    Fp4Stack gate = make_fp4_stack(rng, NE, I, H), up = make_fp4_stack(rng, NE, I, H), down = make_fp4_stack(rng, NE, H, I);
     float* x = emu_alloc<float>((size_t)M * H);
     for (int i = 0; i < M * H; i++) x[i] = nd(rng);
     int* ids = emu_alloc<int>(S);
@@ -102,14 +78,14 @@ int main() {
         for (int j = 0; j < I; j++) {
             double g = 0, u = 0;
             for (int i = 0; i < H; i++) {
-                g += wv(gate, I, H, e, j, i) * x[(size_t)m * H + i];
-                u += wv(up, I, H, e, j, i) * x[(size_t)m * H + i];
+                g += gate.at(e, j, i) * x[(size_t)m * H + i];
+                u += up.at(e, j, i) * x[(size_t)m * H + i];
             }
             a[j] = g / (1.0 + std::exp(-g)) * u;
         }
         for (int n = 0; n < H; n++) {
             double d = 0;
-            for (int j = 0; j < I; j++) d += wv(down, H, I, e, n, j) * a[j];
+            for (int j = 0; j < I; j++) d += down.at(e, n, j) * a[j];
             ref[(size_t)s * H + n] = d;
             mag = std::max(mag, std::fabs(d));
         }

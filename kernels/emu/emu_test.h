@@ -1,0 +1,66 @@
+// Helpers shared by the emulated kernel tests (include after kernels.inc): launch arithmetic,
+// bit comparison, the model's FP8 / E2M1 values, and random NVFP4 expert stacks with a float64
+// decode of every weight.
+#pragma once
+#include <random>
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// Whether a[0..n) and b[0..n) are the same bits; prints the first difference.
+static bool same_bits(const char* what, const float* a, const float* b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (std::memcmp(&a[i], &b[i], 4) != 0) {
+            std::printf("  %s differs at %zu: %.9g vs %.9g\n", what, i, a[i], b[i]);
+            return false;
+        }
+    return true;
+}
+
+// OCP FP8 E4M3FN (0x7f / 0xff are NaN and never stored) and E2M1 values, as the model defines them.
+static double e4m3_val(unsigned char b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    double v = e == 0 ? m * std::ldexp(1.0, -9) : (1.0 + m / 8.0) * std::ldexp(1.0, e - 7);
+    return b & 0x80 ? -v : v;
+}
+static double e2m1_val(unsigned c) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (c & 8 ? -1 : 1) * mag[c & 7];
+}
+
+// [n, rows, cols] NVFP4 weights in "device" memory: codes (2 a byte, element 2i in the low
+// nibble), E4M3 block scales (one per 16 columns), an f32 global scale per matrix.
+struct Fp4Stack {
+    unsigned char* w;
+    unsigned char* s;
+    float* inv;
+    int rows, cols, n;
+    double at(int e, int r, int c) const {
+        unsigned char b = w[((size_t)e * rows + r) * (cols / 2) + c / 2];
+        unsigned code = c % 2 ? b >> 4 : b & 15;
+        return e2m1_val(code) * e4m3_val(s[((size_t)e * rows + r) * (cols / 16) + c / 16]) * inv[e];
+    }
+};
+// Random codes, scales 0x30..0x3f (0.5..1.875) and global scales in [0.02, 0.05); 8 bytes a
+// xorshift step (XS-sized stacks are hundreds of MB).
+static Fp4Stack make_fp4_stack(std::mt19937& rng, int n, int rows, int cols) {
+    Fp4Stack st{emu_alloc<unsigned char>((size_t)n * rows * cols / 2), emu_alloc<unsigned char>((size_t)n * rows * cols / 16),
+                emu_alloc<float>(n), rows, cols, n};
+    unsigned long long r = rng() | 1ull;
+    auto next = [&] {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        return r;
+    };
+    for (size_t i = 0; i < (size_t)n * rows * cols / 2; i += 8) {
+        unsigned long long v = next();
+        std::memcpy(st.w + i, &v, 8);
+    }
+    for (size_t i = 0; i < (size_t)n * rows * cols / 16; i += 8) {
+        unsigned long long v = (next() & 0x0f0f0f0f0f0f0f0full) | 0x3030303030303030ull;
+        std::memcpy(st.s + i, &v, 8);
+    }
+    std::uniform_real_distribution<float> g(0.02f, 0.05f);
+    for (int e = 0; e < n; e++) st.inv[e] = g(rng);
+    return st;
+}
