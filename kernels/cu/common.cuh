@@ -23,6 +23,12 @@ __device__ __forceinline__ void pdl_launch() {
 #endif
 }
 #define PDL_ENTRY() do { pdl_wait(); pdl_launch(); } while (0)
+// Ask for the 128-byte line at p to be brought into L2 (no register result, no wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#endif
+}
 
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {

@@ -6,45 +6,79 @@
 // wts[m*K + k]. Ties go to the lower expert index.
 // With shared_slot, slot K of each row is the shared expert (stacked as expert E) with weight
 // 1/routed_scale, so the combine's scale brings it back to 1.
+// Order-preserving key of a top-k candidate: larger float -> larger key, -0 as +0; NaN gets 0,
+// below every number, as do padding and picked entries.
+__device__ __forceinline__ unsigned topk_key(float v) {
+    if (!(v == v)) return 0u;
+    unsigned u = __float_as_uint(v + 0.0f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+// One warp: lane l owns experts l + 32 j, j < PER (E <= 32 PER), all in registers. Every logit
+// and bias is loaded before any is used (one memory round trip, not PER), then K rounds of: the
+// largest key by one warp reduction, the lowest expert index holding it by another, and the owner
+// dropping it. Same picks, weights and order of the weight sum as a scan in expert order.
+template <int PER>
+__device__ __forceinline__ void router_topk_regs(int m, const float* logits, const float* bias, int E, int K,
+                                                 float softcap, int norm_topk, int* ids, float* wts, int KK, float* sc) {
+    int lane = threadIdx.x & 31;
+    float lg[PER], bs[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int e = lane + 32 * j;
+        lg[j] = e < E ? __ldcg(logits + (size_t)m * E + e) : 0.f;
+        bs[j] = e < E ? bias[e] : 0.f;
+    }
+    unsigned key[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int e = lane + 32 * j;
+        float l = lg[j];
+        if (softcap > 0.f) l = tanhf(l / softcap) * softcap;
+        float s = sigmoid_f(l);
+        if (e < E) sc[e] = s;
+        key[j] = e < E ? topk_key(s + bs[j]) : 0u;
+    }
+    __syncwarp();
+    float total = 0.f;
+    int my_id = 0;
+    float my_s = 0.f;
+    for (int k = 0; k < K; k++) {
+        unsigned best = key[0];
+#pragma unroll
+        for (int j = 1; j < PER; j++) best = max(best, key[j]);
+        unsigned kmax = __reduce_max_sync(0xffffffffu, best);
+        unsigned cand = 0xffffffffu;
+#pragma unroll
+        for (int j = PER - 1; j >= 0; j--)
+            if (key[j] == kmax) cand = (unsigned)(lane + 32 * j);
+        int bidx = (int)__reduce_min_sync(0xffffffffu, cand);
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            if (bidx == lane + 32 * j) key[j] = 0u;
+        float s = sc[bidx];
+        total += s;
+        if (lane == k) {
+            my_id = bidx;
+            my_s = s;
+        }
+    }
+    if (lane < K) {
+        ids[m * KK + lane] = my_id;
+        wts[m * KK + lane] = norm_topk ? my_s / total : my_s;
+    }
+}
+// MAXPER: E <= 32 MAXPER (moe_block_1 takes 8, so its registers hold no 32-expert form).
+template <int MAXPER = 32>
 __device__ void router_topk_row(int m, const float* logits, const float* bias, int E, int K, float softcap,
                                 int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
                                 int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
     int KK = K + shared_slot;
     __shared__ float sc[1024];
-    __shared__ float sel[1024];
     int lane = threadIdx.x & 31;
-    for (int e = lane; e < E; e += 32) {
-        float l = __ldcg(logits + (size_t)m * E + e);
-        if (softcap > 0.f) l = tanhf(l / softcap) * softcap;
-        float s = sigmoid_f(l);
-        sc[e] = s;
-        sel[e] = s + bias[e];
-    }
-    __syncwarp();
-    float total = 0.f;
-    for (int k = 0; k < K; k++) {
-        float best = -INFINITY;
-        int bidx = 0x7fffffff;
-        for (int e = lane; e < E; e += 32) {
-            float v = sel[e];
-            if (v > best) { best = v; bidx = e; }
-        }
-        for (int o = 16; o > 0; o >>= 1) {
-            float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-            if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
-        }
-        float s = sc[bidx];
-        total += s;
-        if (lane == 0) {
-            ids[m * KK + k] = bidx;
-            wts[m * KK + k] = s;
-        }
-        __syncwarp();
-        if (lane == (bidx & 31)) sel[bidx] = -INFINITY;
-        __syncwarp();
-    }
-    if (norm_topk && lane < K) wts[m * KK + lane] = sc[ids[m * KK + lane]] / total;
+    if (MAXPER <= 8 || E <= 256)
+        router_topk_regs<8>(m, logits, bias, E, K, softcap, norm_topk, ids, wts, KK, sc);
+    else
+        router_topk_regs<32>(m, logits, bias, E, K, softcap, norm_topk, ids, wts, KK, sc);
     if (shared_slot && lane == 0) {
         ids[m * KK + K] = E;
         wts[m * KK + K] = inv_scale;
@@ -775,7 +809,7 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // The host launches one block of 640 threads an SM so that every block is resident (grid_sync
 // spins; a barrier that waits over 2 s traps instead of hanging), and
 // launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
-// H <= 2048, I <= 512, KK <= 32 and E <= 1024. Dynamic shared memory: (H + KK * I) floats.
+// H <= 2048, I <= 512, KK <= 32 and E <= 256. Dynamic shared memory: (H + KK * I) floats.
 // `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
 
 // The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
@@ -821,6 +855,15 @@ __device__ __forceinline__ void grid_sync(unsigned* bar) {
     }
     __syncthreads();
 }
+// grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
+__device__ __forceinline__ void mk_sync(unsigned* bar, unsigned long long* tp, int i) {
+    if (tp) {
+        __syncthreads();
+        if (threadIdx.x == 0) atomicMax(tp + 2 * i + 1, emu_ns());
+    }
+    grid_sync(bar);
+    if (tp && threadIdx.x == 0) atomicMax(tp + 2 * i + 2, emu_ns());
+}
 // rmsnorm_t's 1 / rms of x[0..H) as a block of NB threads computes it (NB a multiple of 32, at
 // most 1024, NB >= H / 8): virtual thread v sums x[v + j NB]^2 over j < 8, virtual warps are
 // summed with warp_sum, then their sums with one more warp_sum, as block_sum does. Any blockDim
@@ -860,16 +903,32 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     float* x, const float* post_w, float eps, int NB, const void* rw, float* rlog, const float* bias, int E, int K,
     float softcap, int norm_topk, int shared_slot, float inv_scale, const void* gw, const u8* gs, const float* ginv,
     const void* uw, const u8* us, const float* uinv, const void* dw, const u8* ds, const float* dinv, int H, int I,
-    float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar, const float* next_w, float* hn_out) {
+    float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar, const float* next_w, float* hn_out,
+    unsigned long long* tp) {
+    int lane = threadIdx.x & 31;
+    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
+    // Router rows: pair n / 2 goes to warp n / 2 of the order that takes one warp from every
+    // block before a second from any (spread over the SMs). The weights do not depend on the
+    // previous launch, so their lines are asked into L2 before waiting for it.
+    int rwarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+    if (2 * rwarp < E) {
+        const char* r0 = reinterpret_cast<const char*>(rw) + (size_t)2 * rwarp * H * 2;
+        int lines = (min(2, E - 2 * rwarp) * H * 2 + 127) >> 7;
+        for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
+    }
     pdl_wait();
+    // Every block is resident once all have passed this point (the launch needs all of them to
+    // trigger), so a dependent launch cannot take the resources of a block still to start.
+    pdl_launch();
+    // tp (laguna kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
+    // barrier i, [2i+2] last departure from it, [9] last block end (globaltimer ns).
+    if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
     extern __shared__ float smem[];
     float* hn = smem;      // [H] the normed row
     float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
     __shared__ float sh[33];
     __shared__ int s_ids[32];
     __shared__ float s_wts[32];
-    int lane = threadIdx.x & 31;
-    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
     int KK = K + shared_slot;
     // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
     float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
@@ -877,7 +936,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     __syncthreads();
     {
         const float* xr[1] = {hn};
-        for (int n = 2 * warp; n < E; n += 2 * nwarps) {
+        for (int n = 2 * rwarp; n < E; n += 2 * nwarps) {
             float a[1], b[1];
             if (n + 1 < E) {
                 const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(rw) + H);
@@ -889,10 +948,10 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
             if (lane == 1 && n + 1 < E) rlog[n + 1] = b[0];
         }
     }
-    grid_sync(bar);
+    mk_sync(bar, tp, 0);
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
-        router_topk_row(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
+        router_topk_row<8>(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
                         nullptr, nullptr, nullptr, nullptr);
     __syncthreads();
     if (blockIdx.x == 0 && threadIdx.x < KK) {
@@ -911,36 +970,49 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
             sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
     }
-    grid_sync(bar);
+    // The down weights of this warp's first item depend only on the routing: loaded before the
+    // barrier, so their latency overlaps it and the staging of the activations.
+    int dper = H >> 3, ditems = KK * dper;
+    uint2 dcw[2][4];
+    float dsc[2][4];
+    float ddi = 0.f;
+    if (warp < ditems) {
+        int g = warp / dper, n = (warp - g * dper) * 8;
+        ddi = dinv[s_ids[g]];
+        sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+    }
+    mk_sync(bar, tp, 1);
     // 3. Down items: (slot, 8 output rows), one a warp, on the activations staged in shared memory.
     for (int i = threadIdx.x; i < KK * I; i += blockDim.x) sact[i] = __ldcg(act + i);
     __syncthreads();
-    {
-        int per = H >> 3;
-        for (int it = warp; it < KK * per; it += nwarps) {
-            int g = it / per, n = (it - g * per) * 8;
-            int e = s_ids[g];
-            float di = dinv[e];
-            uint2 cw[2][4];
-            float sc[2][4];
-            sp_dn_load(dw, ds, e, n, H, I, lane, cw, sc);
-            sp_dn_slot<false>(sact + (size_t)g * I, cw, sc, I, lane, di, out + (size_t)g * H, n);
+    for (int it = warp; it < ditems; it += nwarps) {
+        int g = it / dper, n = (it - g * dper) * 8;
+        if (it != warp) {
+            ddi = dinv[s_ids[g]];
+            sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
         }
+        sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
     }
-    grid_sync(bar);
+    mk_sync(bar, tp, 2);
     // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
     for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
         float a = 0.f;
         for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
-        a *= scale;
-        x[n] += a;
+        // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the mul and
+        // the add apart, so the same bits).
+        a = __fmul_rn(a, scale);
+        x[n] = x[n] + a;
     }
     // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
     // arithmetic again), so that layer starts with its projections.
     if (next_w) {
-        grid_sync(bar);
+        mk_sync(bar, tp, 3);
         float inv2 = rms_inv_nb<true>(x, H, NB, eps, sh);
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
             hn_out[i] = next_w[i] * (__ldcg(x + i) * inv2);
+    }
+    if (tp) {
+        __syncthreads();
+        if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }

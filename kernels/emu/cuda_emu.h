@@ -79,6 +79,16 @@ inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_block() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 [[noreturn]] inline void __trap() { std::fprintf(stderr, "emu: __trap()\n"); std::abort(); }
 template <class T> inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <class T> inline T atomicMax(T* p, T v) {
+    T o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return o;
+}
+template <class T> inline T atomicMin(T* p, T v) {
+    T o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (o > v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return o;
+}
 // The GPU timer as kernels see it: 64 times slower than real time, so a kernel's 2 s barrier
 // timeout is ~2 minutes here (emulated blocks share a few CPU cores).
 inline unsigned long long emu_host_ns() {
@@ -228,6 +238,16 @@ inline unsigned __ballot_sync(unsigned, int p) {
     return r;
 }
 inline int __all_sync(unsigned m, int p) { return __ballot_sync(m, p) == 0xffffffffu; }
+inline unsigned __reduce_max_sync(unsigned, unsigned v) {
+    unsigned r = v;
+    for (int o = 1; o < 32; o <<= 1) r = std::max(r, __shfl_xor_sync(0xffffffffu, r, o));
+    return r;
+}
+inline unsigned __reduce_min_sync(unsigned, unsigned v) {
+    unsigned r = v;
+    for (int o = 1; o < 32; o <<= 1) r = std::min(r, __shfl_xor_sync(0xffffffffu, r, o));
+    return r;
+}
 inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0u; }
 
 // ---- dynamic shared memory: the kernels' `extern __shared__ T name[]` (run.sh drops __shared__

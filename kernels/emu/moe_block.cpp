@@ -83,11 +83,20 @@ static bool run(const Shape& sh, unsigned seed) {
     float* act_b = emu_alloc<float>((size_t)KK * I);
     float* out_b = emu_alloc<float>((size_t)KK * H);
     unsigned* bar = emu_alloc<unsigned>(4);
+    // Phase timestamps (what laguna kbench reads): start <= each barrier's last arrival <= its
+    // last departure <= the next arrival <= end.
+    unsigned long long* tp = emu_alloc<unsigned long long>(10);
+    tp[0] = ~0ull;
     step("moe_block_1", emu_launch({sh.grid, 1, 1}, sh.block, [&] {
         moe_block_1(xb, post_w, eps, (int)nb, rw, rlog_b, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w,
                     gate.s, gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, act_b, out_b, ids_b, wts_b, scale, bar,
-                    next_w, hn2_b);
+                    next_w, hn2_b, tp);
     }, 0));
+    for (int i = 0; i < 9; i++)
+        if (tp[i] > tp[i + 1] || tp[i + 1] == 0) {
+            std::printf("%s: phase timestamps out of order at %d\n", sh.name, i);
+            ok = false;
+        }
     if (!ok) {
         std::printf("%s: a launch failed\n", sh.name);
         return false;
@@ -163,6 +172,59 @@ static bool run(const Shape& sh, unsigned seed) {
     return same && close;
 }
 
+// router_topk against the rule written out on the host: the K largest sigmoid(logit) + bias
+// (ties to the lower expert index, a NaN never picked), weights sigmoid / their sum in pick order
+// (or the sigmoids), then the shared slot. Logits drawn from a few values, so ties are common.
+static bool topk_cases() {
+    std::mt19937 rng(77);
+    bool ok = true;
+    int cases = 0;
+    const int Es[] = {8, 40, 256, 1000};
+    for (int E : Es)
+        for (int K : {1, 3, 8})
+            for (int levels : {2, 5, 1000})
+                for (int nan : {0, 1}) {
+                    if (K > E || (nan && K == E)) continue;
+                    float* lg = emu_alloc<float>(E);
+                    float* bias = emu_alloc<float>(E);
+                    int* ids = emu_alloc<int>(64);
+                    float* wts = emu_alloc<float>(64);
+                    std::uniform_int_distribution<int> lv(0, levels - 1);
+                    for (int e = 0; e < E; e++) {
+                        lg[e] = (float)lv(rng) * 0.25f - 1.f;
+                        bias[e] = levels == 1000 ? 0.01f * (float)lv(rng) / 1000.f : 0.f;
+                    }
+                    if (nan) lg[E / 2] = NAN;
+                    int norm = (E + K) & 1, shared = K & 1;
+                    bool launched = emu_launch({1, 1, 1}, 32, [&] {
+                        router_topk(lg, bias, E, K, 0.f, norm, ids, wts, shared, 0.4f, nullptr, nullptr, nullptr, nullptr,
+                                    nullptr);
+                    });
+                    std::vector<float> s(E), sel(E);
+                    for (int e = 0; e < E; e++) {
+                        s[e] = 1.0f / (1.0f + std::exp(-lg[e]));
+                        sel[e] = s[e] + bias[e];
+                    }
+                    std::vector<int> order;
+                    for (int e = 0; e < E; e++)
+                        if (!std::isnan(sel[e])) order.push_back(e);
+                    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[a] > sel[b]; });
+                    float total = 0.f;
+                    for (int k = 0; k < K; k++) total += s[order[k]];
+                    bool same = launched;
+                    for (int k = 0; k < K; k++) {
+                        float w = norm ? s[order[k]] / total : s[order[k]];
+                        same &= ids[k] == order[k] && same_bits("weight", &wts[k], &w, 1);
+                    }
+                    if (shared) same &= ids[K] == E && wts[K] == 0.4f;
+                    if (!same) std::printf("  router_topk E %d K %d levels %d nan %d: DIFFERS from the host rule\n", E, K, levels, nan);
+                    ok &= same;
+                    cases++;
+                }
+    std::printf("router_topk vs the host rule (ties, NaN, E 8..1000): %d cases, %s\n", cases, ok ? "all equal" : "SOME DIFFER");
+    return ok;
+}
+
 int main() {
     emu_init(size_t(1) << 30);
     const Shape shapes[] = {
@@ -178,6 +240,7 @@ int main() {
     bool ok = true;
     unsigned seed = 1234;
     for (const Shape& s : shapes) ok &= run(s, seed++);
+    ok &= topk_cases();
     std::printf(ok ? "moe_block_1 emulation: PASS\n" : "moe_block_1 emulation: FAIL\n");
     return ok ? 0 : 1;
 }

@@ -126,6 +126,39 @@ pub fn run(a: Args) -> Result<()> {
             t,
             bytes as f64 / t / 1e6,
         ));
+        // The same matrix every launch (L2-resident when it fits the 50 MB L2): what a GEMV
+        // would gain from weights already in L2.
+        if n <= 10304 {
+            let sw: u32 = if n <= 2048 { 16 } else { 4 };
+            let t = time_graph(&d, reps, &|_| {
+                d.launch_p(
+                    &mut None,
+                    "linear_tc_bf16",
+                    ((n as u32).div_ceil(16), 1, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(wpool)
+                            .u64(0)
+                            .f32(1.0)
+                            .u64(x)
+                            .i32(k as i32)
+                            .u64(y)
+                            .i32(n as i32)
+                            .i32(1)
+                            .i32(n as i32)
+                            .i32(k as i32)
+                            .i32(0);
+                    },
+                )
+                .map_err(e)
+            })?;
+            rows.push((
+                format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}, same weights (L2)"),
+                t,
+                bytes as f64 / t / 1e6,
+            ));
+        }
         for (kern, sws) in [("linear_tc_bf16", [2u32, 4, 8, 16])] {
             for sw in sws {
                 let t = time_graph(&d, reps, &|i| {
@@ -406,6 +439,9 @@ pub fn run(a: Args) -> Result<()> {
             rows.push((format!("moe down {label}: {name}"), t, dn_bytes / t / 1e6));
         }
     }
+    // ---- the MoE half of a decode layer: moe_block_1 against the seven launches it replaces ----
+    moe_layer(&d, &mut rng, reps, &mut rows, (gate, up, down))?;
+
     // ---- a tiny kernel: the floor of one graph node ------------------------------------------
     let nw = d.alloc(4 * h).map_err(e)?;
     d.htod(nw, &rand_f32s(&mut rng, h)).map_err(e)?;
@@ -426,6 +462,343 @@ pub fn run(a: Args) -> Result<()> {
     println!("|---|---|---|");
     for (n, t, bw) in rows {
         println!("| {n} | {t:.2} | {bw:.2} |");
+    }
+    Ok(())
+}
+
+/// `moe_block_1` (KernelSet moe_mk) at the XS-2.1 shape against the seven launches it replaces
+/// (rmsnorm, router GEMV, top-k, gate/up, down, combine, the next layer's rmsnorm): the same bits
+/// (residual, next layer's normed row, routing) from the same inputs, time per layer in a graph
+/// (each launch its own router matrix, so the picks and the expert bytes read change as in a
+/// decode step), and moe_block_1's phases and barriers from its globaltimer stamps.
+fn moe_layer(
+    d: &Dev,
+    rng: &mut Rng,
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+    (gate, up, down): ((u64, u64, u64), (u64, u64, u64), (u64, u64, u64)),
+) -> Result<()> {
+    let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
+    let (eps, scale) = (1e-6f32, 2.5f32);
+    let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+    let up_f32 = |r: &mut Rng, n: usize, lo: f32, span: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                (lo + span * ((r.next() >> 40) as f32 / (1u64 << 24) as f32)).to_le_bytes()
+            })
+            .collect()
+    };
+    let buf = |bytes: &[u8]| -> Result<u64> {
+        let p = d.alloc(bytes.len()).map_err(e)?;
+        d.htod(p, bytes).map_err(e)?;
+        Ok(p)
+    };
+    // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
+    let rw_bytes = e_n * h * 2;
+    let rw_all: Vec<u8> = (0..reps * e_n * h)
+        .flat_map(|_| {
+            let f = ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+            ((f.to_bits() >> 16) as u16).to_le_bytes()
+        })
+        .collect();
+    let rw = buf(&rw_all)?;
+    let bias = buf(&up_f32(rng, e_n, -0.01, 0.02))?;
+    let post_w = buf(&up_f32(rng, h, 0.5, 1.0))?;
+    let next_w = buf(&up_f32(rng, h, 0.5, 1.0))?;
+    let x0 = up_f32(rng, h, -1.0, 2.0);
+    let x = buf(&x0)?;
+    let z = |n: usize| -> Result<u64> {
+        let p = d.alloc(n.max(4)).map_err(e)?;
+        d.memset_d32(p, 0, n.max(4) / 4).map_err(e)?;
+        Ok(p)
+    };
+    let (hn, hn2, rlog) = (z(4 * h)?, z(4 * h)?, z(4 * e_n)?);
+    let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
+    let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
+    let gbar = z(16)?;
+    let tp = z(8 * 10 * reps)?;
+    let smem = (4 * (h + kk * im)) as u32;
+    let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
+    let block_1 = |i: usize, tpp: u64| {
+        d.launch_p(
+            &mut None,
+            "moe_block_1",
+            (d.sms, 1, 1),
+            (640, 1, 1),
+            smem,
+            |b| {
+                b.u64(x)
+                    .u64(post_w)
+                    .f32(eps)
+                    .i32(nb as i32)
+                    .u64(rwi(i))
+                    .u64(rlog)
+                    .u64(bias)
+                    .i32(e_n as i32)
+                    .i32(k as i32)
+                    .f32(0.0)
+                    .i32(1)
+                    .i32(1)
+                    .f32(1.0 / scale)
+                    .u64(gate.0)
+                    .u64(gate.1)
+                    .u64(gate.2)
+                    .u64(up.0)
+                    .u64(up.1)
+                    .u64(up.2)
+                    .u64(down.0)
+                    .u64(down.1)
+                    .u64(down.2)
+                    .i32(h as i32)
+                    .i32(im as i32)
+                    .u64(act)
+                    .u64(out)
+                    .u64(ids)
+                    .u64(wts)
+                    .f32(scale)
+                    .u64(gbar)
+                    .u64(next_w)
+                    .u64(hn2)
+                    .u64(tpp);
+            },
+        )
+        .map_err(e)
+    };
+    let seven = |i: usize| -> Result<()> {
+        let norm = |w: u64, y: u64| {
+            d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
+                b.u64(x).u64(0).u64(w).u64(y).i32(h as i32).f32(eps);
+            })
+            .map_err(e)
+        };
+        norm(post_w, hn)?;
+        d.launch_p(
+            &mut None,
+            "linear_bf16_1",
+            (e_n.div_ceil(16) as u32, 1, 1),
+            (256, 1, 1),
+            (h * 4) as u32,
+            |b| {
+                b.u64(rwi(i))
+                    .u64(0)
+                    .f32(1.0)
+                    .u64(hn)
+                    .i32(h as i32)
+                    .u64(rlog)
+                    .i32(e_n as i32)
+                    .i32(1)
+                    .i32(e_n as i32)
+                    .i32(h as i32)
+                    .i32(0);
+            },
+        )
+        .map_err(e)?;
+        d.launch_p(&mut None, "router_topk", (1, 1, 1), (32, 1, 1), 0, |b| {
+            b.u64(rlog)
+                .u64(bias)
+                .i32(e_n as i32)
+                .i32(k as i32)
+                .f32(0.0)
+                .i32(1)
+                .u64(ids)
+                .u64(wts)
+                .i32(1)
+                .f32(1.0 / scale)
+                .u64(ge)
+                .u64(gs)
+                .u64(gc)
+                .u64(perm)
+                .u64(meta);
+        })
+        .map_err(e)?;
+        let groups = kk;
+        let gb = (groups * im / 2).div_ceil(4) as u32;
+        d.launch_p(
+            &mut None,
+            "moe_gate_up_fp4_sp",
+            (gb, 1, 1),
+            (128, 1, 1),
+            0,
+            |b| {
+                b.u64(gate.0)
+                    .u64(gate.1)
+                    .u64(gate.2)
+                    .u64(up.0)
+                    .u64(up.1)
+                    .u64(up.2)
+                    .u64(hn)
+                    .i32(h as i32)
+                    .i32(im as i32)
+                    .i32(kk as i32)
+                    .u64(ge)
+                    .u64(gs)
+                    .u64(gc)
+                    .u64(perm)
+                    .u64(meta)
+                    .u64(act);
+            },
+        )
+        .map_err(e)?;
+        let db = (groups * h / 8).div_ceil(4) as u32;
+        d.launch_p(
+            &mut None,
+            "moe_down_fp4_sp",
+            (db, 1, 1),
+            (128, 1, 1),
+            0,
+            |b| {
+                b.u64(down.0)
+                    .u64(down.1)
+                    .u64(down.2)
+                    .u64(act)
+                    .i32(h as i32)
+                    .i32(im as i32)
+                    .u64(ge)
+                    .u64(gs)
+                    .u64(gc)
+                    .u64(perm)
+                    .u64(meta)
+                    .u64(out);
+            },
+        )
+        .map_err(e)?;
+        d.launch_p(
+            &mut None,
+            "moe_combine",
+            (h.div_ceil(256) as u32, 1, 1),
+            (256, 1, 1),
+            0,
+            |b| {
+                b.u64(x)
+                    .u64(out)
+                    .u64(wts)
+                    .u64(0)
+                    .i32(h as i32)
+                    .i32(kk as i32)
+                    .f32(scale);
+            },
+        )
+        .map_err(e)?;
+        norm(next_w, hn2)
+    };
+    // Same inputs, same bits: four router matrices, each from the same residual row.
+    let ints = |p: u64, n: usize| -> Result<Vec<i32>> {
+        let mut b = vec![0u8; 4 * n];
+        d.dtoh(&mut b, p).map_err(e)?;
+        Ok(b.chunks(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    };
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
+    let mut differ = vec![];
+    for i in 0..4 {
+        let mut got = vec![];
+        for fused in [false, true] {
+            d.htod(x, &x0).map_err(e)?;
+            if fused {
+                block_1(i, 0)?;
+            } else {
+                seven(i)?;
+            }
+            d.sync().map_err(e)?;
+            got.push((
+                bits(dtoh_f32(d, x, h)?),
+                bits(dtoh_f32(d, hn2, h)?),
+                ints(ids, kk)?,
+                bits(dtoh_f32(d, wts, kk)?),
+            ));
+        }
+        let (a, b) = (&got[0], &got[1]);
+        for (name, same) in [
+            ("residual", a.0 == b.0),
+            ("next normed row", a.1 == b.1),
+            ("expert ids", a.2 == b.2),
+            ("routing weights", a.3 == b.3),
+        ] {
+            if !same {
+                differ.push(format!("router {i}: {name}"));
+            }
+        }
+    }
+    if differ.is_empty() {
+        println!("moe_block_1 = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+    } else {
+        println!(
+            "moe_block_1 vs the seven launches DIFFER: {}",
+            differ.join(", ")
+        );
+    }
+    d.htod(x, &x0).map_err(e)?;
+    // Bytes a layer reads: router + 9 experts' gate, up, down (codes + scales).
+    let bytes = (rw_bytes + kk * 3 * im * h * 9 / 16) as f64;
+    let t7 = time_graph(d, reps, &|i| seven(i))?;
+    rows.push((
+        "moe layer, 1 row: seven launches".into(),
+        t7,
+        bytes / t7 / 1e6,
+    ));
+    let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
+    rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
+    // Phase stamps: one graph of reps launches, launch i stamping tp[10 i ..]; run once to warm
+    // up, then once more from fresh stamps.
+    let mut init = vec![0u8; 8 * 10 * reps];
+    for i in 0..reps {
+        init[80 * i..80 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+    }
+    d.begin_capture().map_err(e)?;
+    for i in 0..reps {
+        block_1(i, tp + (80 * i) as u64)?;
+    }
+    let g = d.end_capture().map_err(e)?;
+    g.launch().map_err(e)?;
+    d.sync().map_err(e)?;
+    d.htod(tp, &init).map_err(e)?;
+    let a = d.event().map_err(e)?;
+    g.launch().map_err(e)?;
+    let b = d.event().map_err(e)?;
+    b.sync().map_err(e)?;
+    let tt = a.ms_to(&b) * 1e3 / reps as f64;
+    let mut raw = vec![0u8; 8 * 10 * reps];
+    d.dtoh(&mut raw, tp).map_err(e)?;
+    let t: Vec<u64> = raw
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let names = [
+        "norm + router GEMV",
+        "barrier 1",
+        "top-k + gate/up",
+        "barrier 2",
+        "down",
+        "barrier 3",
+        "combine",
+        "barrier 4",
+        "next norm",
+    ];
+    let mut sum = [0f64; 9];
+    let mut gap = 0f64;
+    for i in 0..reps {
+        let s = &t[10 * i..10 * i + 10];
+        for j in 0..9 {
+            sum[j] += s[j + 1].saturating_sub(s[j]) as f64 / 1e3;
+        }
+        if i > 0 {
+            gap += s[0].saturating_sub(t[10 * (i - 1) + 9]) as f64 / 1e3;
+        }
+    }
+    println!("moe_block_1 phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
+    for (j, n) in names.iter().enumerate() {
+        println!("  {n}: {:.2}", sum[j] / reps as f64);
+    }
+    println!(
+        "  launch gap (last block end -> next launch's first start): {:.2}",
+        gap / (reps - 1) as f64
+    );
+    for p in [
+        rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
+        gbar, tp,
+    ] {
+        d.free(p);
     }
     Ok(())
 }

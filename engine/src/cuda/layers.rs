@@ -701,7 +701,8 @@ impl CudaModel {
                         .f32(cfg.routed_scaling_factor as f32)
                         .u64(sc.gbar)
                         .u64(next.map_or(0, |n| n.input_norm))
-                        .u64(sc.hn);
+                        .u64(sc.hn)
+                        .u64(0);
                 },
             )
             .map_err(cerr)?;

@@ -233,10 +233,12 @@ impl CudaModel {
                 "hidden_size {h} must be a multiple of 16 for the CUDA backend"
             )));
         }
-        if cfg.num_experts > 1024 {
-            return Err(EngineError::Other(
-                "more than 1024 experts is not supported by the CUDA router".into(),
-            ));
+        if cfg.num_experts > 1024 || cfg.top_k > 32 {
+            return Err(EngineError::Other(format!(
+                "the CUDA router supports up to 1024 experts and top-k 32 (this model: {} experts, \
+                 top-k {}); run it with --device cpu",
+                cfg.num_experts, cfg.top_k
+            )));
         }
         let pb = if opts.progress {
             let pb = indicatif::ProgressBar::new(store.data_bytes());
@@ -669,7 +671,7 @@ impl CudaModel {
 
 /// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it cannot run:
 /// the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most 32 slots a row and
-/// 1024 experts, 16-multiples) or the occupancy query gives no block. The grid is one block an
+/// 256 experts, 16-multiples) or the occupancy query gives no block. The grid is one block an
 /// SM, all resident at once, since its grid-wide barriers spin. Whether it runs is the
 /// `moe_mk` family's choice (it can change at run time, `set_kernels`).
 pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
@@ -694,7 +696,7 @@ pub(super) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
     let im = cfg.moe_intermediate_size;
     let kk = cfg.top_k + 1;
     let fits = cfg.num_experts > 0
-        && cfg.num_experts <= 1024
+        && cfg.num_experts <= 256
         && h % 16 == 0
         && im % 16 == 0
         && h <= 2048
