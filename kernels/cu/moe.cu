@@ -921,7 +921,8 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     // trigger), so a dependent launch cannot take the resources of a block still to start.
     pdl_launch();
     // tp (laguna kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
-    // barrier i, [2i+2] last departure from it, [9] last block end (globaltimer ns).
+    // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
+    // block (globaltimer ns).
     if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
     extern __shared__ float smem[];
     float* hn = smem;      // [H] the normed row
@@ -954,6 +955,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         router_topk_row<8>(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
                         nullptr, nullptr, nullptr, nullptr);
     __syncthreads();
+    if (tp && threadIdx.x == 0) atomicMax(tp + 10, emu_ns());
     if (blockIdx.x == 0 && threadIdx.x < KK) {
         ids_out[threadIdx.x] = s_ids[threadIdx.x];
         wts_out[threadIdx.x] = s_wts[threadIdx.x];

@@ -83,18 +83,19 @@ static bool run(const Shape& sh, unsigned seed) {
     float* act_b = emu_alloc<float>((size_t)KK * I);
     float* out_b = emu_alloc<float>((size_t)KK * H);
     unsigned* bar = emu_alloc<unsigned>(4);
-    // Phase timestamps (what laguna kbench reads): start <= each barrier's last arrival <= its
-    // last departure <= the next arrival <= end.
-    unsigned long long* tp = emu_alloc<unsigned long long>(10);
+    // Phase timestamps (what laguna kbench reads): start, barrier 0 in / out, top-k done,
+    // barriers 1..3 in / out, end: in that order.
+    unsigned long long* tp = emu_alloc<unsigned long long>(11);
     tp[0] = ~0ull;
     step("moe_block_1", emu_launch({sh.grid, 1, 1}, sh.block, [&] {
         moe_block_1(xb, post_w, eps, (int)nb, rw, rlog_b, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w,
                     gate.s, gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, act_b, out_b, ids_b, wts_b, scale, bar,
                     next_w, hn2_b, tp);
     }, 0));
-    for (int i = 0; i < 9; i++)
-        if (tp[i] > tp[i + 1] || tp[i + 1] == 0) {
-            std::printf("%s: phase timestamps out of order at %d\n", sh.name, i);
+    const int stamp[] = {0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9};
+    for (int i = 0; i + 1 < 11; i++)
+        if (tp[stamp[i]] > tp[stamp[i + 1]] || tp[stamp[i + 1]] == 0) {
+            std::printf("%s: phase timestamps out of order at %d\n", sh.name, stamp[i + 1]);
             ok = false;
         }
     if (!ok) {

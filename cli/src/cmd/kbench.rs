@@ -516,7 +516,7 @@ fn moe_layer(
     let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
     let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
     let gbar = z(16)?;
-    let tp = z(8 * 10 * reps)?;
+    let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
     let block_1 = |i: usize, tpp: u64| {
@@ -739,15 +739,15 @@ fn moe_layer(
     ));
     let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
     rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
-    // Phase stamps: one graph of reps launches, launch i stamping tp[10 i ..]; run once to warm
+    // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
     // up, then once more from fresh stamps.
-    let mut init = vec![0u8; 8 * 10 * reps];
+    let mut init = vec![0u8; 8 * 16 * reps];
     for i in 0..reps {
-        init[80 * i..80 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
+        init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     }
     d.begin_capture().map_err(e)?;
     for i in 0..reps {
-        block_1(i, tp + (80 * i) as u64)?;
+        block_1(i, tp + (128 * i) as u64)?;
     }
     let g = d.end_capture().map_err(e)?;
     g.launch().map_err(e)?;
@@ -758,16 +758,20 @@ fn moe_layer(
     let b = d.event().map_err(e)?;
     b.sync().map_err(e)?;
     let tt = a.ms_to(&b) * 1e3 / reps as f64;
-    let mut raw = vec![0u8; 8 * 10 * reps];
+    let mut raw = vec![0u8; 8 * 16 * reps];
     d.dtoh(&mut raw, tp).map_err(e)?;
     let t: Vec<u64> = raw
         .chunks(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
+    // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
+    // out, end.
+    let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
     let names = [
         "norm + router GEMV",
         "barrier 1",
-        "top-k + gate/up",
+        "top-k",
+        "gate/up",
         "barrier 2",
         "down",
         "barrier 3",
@@ -775,15 +779,15 @@ fn moe_layer(
         "barrier 4",
         "next norm",
     ];
-    let mut sum = [0f64; 9];
+    let mut sum = [0f64; 10];
     let mut gap = 0f64;
     for i in 0..reps {
-        let s = &t[10 * i..10 * i + 10];
-        for j in 0..9 {
-            sum[j] += s[j + 1].saturating_sub(s[j]) as f64 / 1e3;
+        let s = &t[16 * i..16 * i + 16];
+        for j in 0..10 {
+            sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
         }
         if i > 0 {
-            gap += s[0].saturating_sub(t[10 * (i - 1) + 9]) as f64 / 1e3;
+            gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
         }
     }
     println!("moe_block_1 phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
