@@ -834,34 +834,41 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
 }
 // Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
 // others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
-// where they were (cooperative groups' scheme), so it never needs a reset.
-__device__ __forceinline__ void grid_sync(unsigned* bar) {
+// where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a release
+// reduction (no value comes back, so no round trip to wait for) and the wait an acquire load:
+// thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start, it
+// cannot flip before every block has arrived), then flips its copy.
+__device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#endif
+}
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned nb = gridDim.x * gridDim.y * gridDim.z;
         unsigned add = blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u;
-        __threadfence();
-        unsigned old = atomicAdd(bar, add);
-        unsigned cur;
+        red_release_add_u32(bar, add);
         unsigned long long t0 = emu_ns(), t;
-        do {
-            cur = ld_acquire_u32(bar);
+        while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
             // A block that never arrives (the grid was not all resident) ends the launch with an
             // error after 2 s instead of hanging the GPU.
             t = emu_ns();
             if (t - t0 > 2000000000ull) __trap();
-        } while (((old ^ cur) & 0x80000000u) == 0u);
-        __threadfence();
+        }
+        phase ^= 0x80000000u;
     }
     __syncthreads();
 }
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
-__device__ __forceinline__ void mk_sync(unsigned* bar, unsigned long long* tp, int i) {
+__device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned long long* tp, int i) {
     if (tp) {
         __syncthreads();
         if (threadIdx.x == 0) atomicMax(tp + 2 * i + 1, emu_ns());
     }
-    grid_sync(bar);
+    grid_sync(bar, phase);
     if (tp && threadIdx.x == 0) atomicMax(tp + 2 * i + 2, emu_ns());
 }
 // rmsnorm_t's 1 / rms of x[0..H) as a block of NB threads computes it (NB a multiple of 32, at
@@ -924,6 +931,10 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
     // block (globaltimer ns).
     if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
+    // The barrier word's phase bit (thread 0's, in shared memory to spare a register; the load
+    // overlaps the norm below).
+    __shared__ unsigned gphase;
+    if (threadIdx.x == 0) gphase = ld_acquire_u32(bar) & 0x80000000u;
     extern __shared__ float smem[];
     float* hn = smem;      // [H] the normed row
     float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
@@ -949,7 +960,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
             if (lane == 1 && n + 1 < E) rlog[n + 1] = b[0];
         }
     }
-    mk_sync(bar, tp, 0);
+    mk_sync(bar, gphase, tp, 0);
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
         router_topk_row<8>(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
@@ -983,7 +994,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         ddi = dinv[s_ids[g]];
         sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
-    mk_sync(bar, tp, 1);
+    mk_sync(bar, gphase, tp, 1);
     // 3. Down items: (slot, 8 output rows), one a warp, on the activations staged in shared memory.
     for (int i = threadIdx.x; i < KK * I; i += blockDim.x) sact[i] = __ldcg(act + i);
     __syncthreads();
@@ -995,7 +1006,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         }
         sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
     }
-    mk_sync(bar, tp, 2);
+    mk_sync(bar, gphase, tp, 2);
     // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
     for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
         float a = 0.f;
@@ -1008,7 +1019,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
     // arithmetic again), so that layer starts with its projections.
     if (next_w) {
-        mk_sync(bar, tp, 3);
+        mk_sync(bar, gphase, tp, 3);
         float inv2 = rms_inv_nb<true>(x, H, NB, eps, sh);
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
             hn_out[i] = next_w[i] * (__ldcg(x + i) * inv2);
