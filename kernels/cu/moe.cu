@@ -996,7 +996,19 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     }
     mk_sync(bar, gphase, tp, 1);
     // 3. Down items: (slot, 8 output rows), one a warp, on the activations staged in shared memory.
-    for (int i = threadIdx.x; i < KK * I; i += blockDim.x) sact[i] = __ldcg(act + i);
+    // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
+    {
+        const float4* a4 = reinterpret_cast<const float4*>(act);
+        float4* s4 = reinterpret_cast<float4*>(sact);
+        int n4 = (KK * I) >> 2;
+        for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * blockDim.x) {
+            int i1 = i0 + blockDim.x;
+            float4 v0 = __ldcg(a4 + i0);
+            float4 v1 = i1 < n4 ? __ldcg(a4 + i1) : make_float4(0.f, 0.f, 0.f, 0.f);
+            s4[i0] = v0;
+            if (i1 < n4) s4[i1] = v1;
+        }
+    }
     __syncthreads();
     for (int it = warp; it < ditems; it += nwarps) {
         int g = it / dper, n = (it - g * dper) * 8;
