@@ -349,7 +349,11 @@ __device__ __forceinline__ void gqa_store(float* out, int ldo, const float* g, i
         out[(size_t)m * ldo + h * hd + d + i] = o[i];
     }
 }
-template <typename KV>
+// LAT (attention_gqa_l, KernelSet gqa_ld): a thread's share of q, and of a key tile three items
+// at a time (page-table entries first, then their K/V rows; one batch for groups of 6+ heads), is
+// loaded before any of it is used, instead of one round trip per loop iteration; the same values
+// land in the same shared arrays, so the same bits.
+template <typename KV, int LAT = 0>
 __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
@@ -364,7 +368,22 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     int len = last + 1 - lo;
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
-    for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
+    if (!LAT) {
+        for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
+    } else {
+        // G * hd / blockDim = hd / 32 <= 4 elements a thread.
+        float qv[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            qv[u] = i < G * hd ? q[(size_t)m * ldq + (size_t)kvh * G * hd + i] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < G * hd) qs[i] = qv[u];
+        }
+    }
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     const int* btr = bt + (size_t)seqrow[m] * max_pages;
@@ -378,13 +397,46 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     for (int t0 = k0; t0 < k1; t0 += GQ_T) {
         int tn = min(GQ_T, k1 - t0);
         __syncthreads();
-        for (int i = threadIdx.x; i < tn * nc; i += blockDim.x) {
-            int j = i / nc, c = i - j * nc;
-            int t = t0 + j;
-            int page = btr[(t / page_size) % max_pages];
-            size_t off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
-            *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = Kv<KV>::ld8(kc + off);
-            *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
+        if (!LAT) {
+            for (int i = threadIdx.x; i < tn * nc; i += blockDim.x) {
+                int j = i / nc, c = i - j * nc;
+                int t = t0 + j;
+                int page = btr[(t / page_size) % max_pages];
+                size_t off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+                *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = Kv<KV>::ld8(kc + off);
+                *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
+            }
+        } else {
+            for (int i0 = threadIdx.x; i0 < tn * nc; i0 += 3 * blockDim.x) {
+                int page[3];
+#pragma unroll
+                for (int u = 0; u < 3; u++) {
+                    int i = i0 + u * blockDim.x;
+                    int t = t0 + i / nc;
+                    page[u] = i < tn * nc ? btr[(t / page_size) % max_pages] : 0;
+                }
+                uint4 kv4[3], vv4[3];
+#pragma unroll
+                for (int u = 0; u < 3; u++) {
+                    int i = i0 + u * blockDim.x;
+                    if (i < tn * nc) {
+                        int j = i / nc, c = i - j * nc;
+                        int t = t0 + j;
+                        size_t off = (((size_t)page[u] * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+                        kv4[u] = Kv<KV>::ld8(kc + off);
+                        vv4[u] = Kv<KV>::ld8(vc + off);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < 3; u++) {
+                    int i = i0 + u * blockDim.x;
+                    if (i < tn * nc) {
+                        int j = i / nc, c = i - j * nc;
+                        *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = kv4[u];
+                        *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = vv4[u];
+                    }
+                }
+            }
         }
         __syncthreads();
         if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
@@ -403,6 +455,12 @@ extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* 
 }
 extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ void attention_gqa_l(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+    attention_gqa_t<bf16_t, 1>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+    attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
 }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.

@@ -91,7 +91,7 @@ static bool run(bool fp8, int window, unsigned seed) {
     std::memcpy((void*)vc0, (void*)vc, sizeof(KV) * (size_t)slots * kvw);
     bool ok = true;
     // One pass of `rows` rows starting at row r0 (rows of `raw` copied, so q is normed in place).
-    auto pass = [&](int r0, int rows, float* q, float* out) {
+    auto pass = [&](int r0, int rows, float* q, float* out, bool lat = false) {
         std::memcpy(q, raw + (size_t)r0 * ld, 4 * (size_t)rows * ld);
         const int* pp = pos + r0;
         const int* sr = seqrow + r0;
@@ -104,12 +104,21 @@ static bool run(bool fp8, int window, unsigned seed) {
                                 max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
         });
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)nsplit}, 32 * G, [&] {
-            if constexpr (sizeof(KV) == 1)
-                attention_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
+            if constexpr (sizeof(KV) == 1) {
+                if (lat)
+                    attention_gqa_fp8_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                                        q + qw + 2 * kvw, ld, 1, scale, vscale, nsplit, part, nullptr);
+                else
+                    attention_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                                      q + qw + 2 * kvw, ld, 1, scale, vscale, nsplit, part, nullptr);
+            } else {
+                if (lat)
+                    attention_gqa_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
+                                    ld, 1, scale, vscale, nsplit, part, nullptr);
+                else
+                    attention_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
                                   ld, 1, scale, vscale, nsplit, part, nullptr);
-            else
-                attention_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw, ld, 1,
-                              scale, vscale, nsplit, part, nullptr);
+            }
         }, 8);
         ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
             attention_merge(part, nsplit, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
@@ -127,6 +136,13 @@ static bool run(bool fp8, int window, unsigned seed) {
     for (int r = 0; r < R; r++) pass(r, 1, q1 + (size_t)r * ld, o1 + (size_t)r * qw);
     bool same = std::memcmp(o3, o1, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
+    // attention_gqa_l (KernelSet gqa_ld) on the three rows, fresh cache: the same bits as attention_gqa.
+    std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+    std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+    float* qL = emu_alloc<float>((size_t)R * ld);
+    float* oL = emu_alloc<float>((size_t)R * qw);
+    pass(0, R, qL, oL, true);
+    bool same_l = std::memcmp(o3, oL, 4 * (size_t)R * qw) == 0;
 
     // ---- float64 reference (on the cache the kernels wrote) ----
     double qerr = 0, err = 0, mag = 0;
@@ -169,9 +185,10 @@ static bool run(bool fp8, int window, unsigned seed) {
     double rel = err / mag;
     bool close = rel < 2e-5 && qerr < 1e-4;
     std::printf("decode attention (%s cache, %s, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
-                "q after norm + RoPE vs float64 %.1e, output vs float64 %.1e %s\n",
-                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", same ? "yes" : "NO", qerr, rel, close ? "ok" : "TOO LARGE");
-    return ok && same && close;
+                "_l = attention_gqa: %s; q after norm + RoPE vs float64 %.1e, output vs float64 %.1e %s\n",
+                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", same ? "yes" : "NO", same_l ? "yes" : "NO", qerr, rel,
+                close ? "ok" : "TOO LARGE");
+    return ok && same && same_l && close;
 }
 
 // The prefill flash attention (tensor-core tiles of 64 queries x 64 keys, Q and P split into

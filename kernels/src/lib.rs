@@ -57,6 +57,8 @@ pub const MODULES: &[KernelModule] = &[
             "attention_fp8",
             "attention_gqa",
             "attention_gqa_fp8",
+            "attention_gqa_l",
+            "attention_gqa_fp8_l",
             "attention_merge",
             "attention_prefill",
             "attention_prefill_fp8",

@@ -159,7 +159,9 @@ impl Dev {
         let root = laguna_kernels::cache_root();
         let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
         let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
-            "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_merge".into()
+            "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_gqa_l,\
+             attention_gqa_fp8_l,attention_merge"
+                .into()
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
         let mut funcs = HashMap::new();

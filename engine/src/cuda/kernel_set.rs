@@ -66,6 +66,10 @@ pub struct KernelSet {
     /// six; the same arithmetic in the same order as those kernels (same bits, checked by
     /// `laguna kbench` and the bench's greedy fingerprint on the H200: 292 vs 268 tok/s).
     pub moe_mk: bool,
+    /// Decode attention with each thread's q and key-tile loads issued together
+    /// (`attention_gqa_l`: page-table entries, then K/V rows, three items at a time) instead of one
+    /// round trip per loop iteration; the same bits. Off until measured on a GPU.
+    pub gqa_ld: bool,
 }
 
 impl KernelSet {
@@ -89,6 +93,7 @@ impl KernelSet {
             moe_silu: false,
             cublas_router: false,
             moe_mk: false,
+            gqa_ld: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -111,6 +116,7 @@ impl KernelSet {
             moe_silu: true,
             cublas_router: true,
             moe_mk: true,
+            gqa_ld: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -143,7 +149,8 @@ impl KernelSet {
                 "moe_silu" => k.moe_silu = on,
                 "cublas_router" => k.cublas_router = on,
                 "moe_mk" => k.moe_mk = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk)")),
+                "gqa_ld" => k.gqa_ld = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld)")),
             }
         }
         Ok(k)
@@ -200,6 +207,8 @@ mod tests {
         assert!(g.attn_ex2 && !g.attn_q);
         let k = KernelSet::parse("-attn_ex2,-attn_q").unwrap();
         assert!(!k.attn_ex2 && !k.attn_q);
+        let k = KernelSet::parse("+gqa_ld").unwrap();
+        assert!(k.gqa_ld && !KernelSet::default_set().gqa_ld);
         let k = KernelSet::parse("-moe_mk").unwrap();
         assert!(!k.moe_mk && KernelSet::default_set().moe_mk && k.moe_sp);
         let d = KernelSet::default_set();

@@ -728,10 +728,11 @@ impl CudaModel {
                 "qk_norm_rope_kv"
             },
             attn_name: if fp8 { "attention_fp8" } else { "attention" },
-            gqa_name: if fp8 {
-                "attention_gqa_fp8"
-            } else {
-                "attention_gqa"
+            gqa_name: match (fp8, self.kset.gqa_ld) {
+                (true, false) => "attention_gqa_fp8",
+                (false, false) => "attention_gqa",
+                (true, true) => "attention_gqa_fp8_l",
+                (false, true) => "attention_gqa_l",
             },
             prefill_name: if fp8 {
                 "attention_prefill_fp8"
