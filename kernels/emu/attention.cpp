@@ -96,12 +96,21 @@ static bool run(bool fp8, int window, unsigned seed) {
         const int* pp = pos + r0;
         const int* sr = seqrow + r0;
         ok &= emu_launch({(unsigned)rows, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
-            if constexpr (sizeof(KV) == 1)
-                qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+            if constexpr (sizeof(KV) == 1) {
+                if (lat)
+                    qk_norm_rope_kv_fp8_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr,
+                                          bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+                else
+                    qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+                                        max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+            } else {
+                if (lat)
+                    qk_norm_rope_kv_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+                                      max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+                else
+                    qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
                                     max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-            else
-                qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
-                                max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+            }
         });
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)nsplit}, 32 * G, [&] {
             if constexpr (sizeof(KV) == 1) {
@@ -136,13 +145,16 @@ static bool run(bool fp8, int window, unsigned seed) {
     for (int r = 0; r < R; r++) pass(r, 1, q1 + (size_t)r * ld, o1 + (size_t)r * qw);
     bool same = std::memcmp(o3, o1, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-    // attention_gqa_l (KernelSet gqa_ld) on the three rows, fresh cache: the same bits as attention_gqa.
+    // qk_norm_rope_kv_l + attention_gqa_l (KernelSet qk_ld, gqa_ld) on the three rows, fresh cache:
+    // the same normed q, cache and output bits as the standard kernels.
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
     float* qL = emu_alloc<float>((size_t)R * ld);
     float* oL = emu_alloc<float>((size_t)R * qw);
     pass(0, R, qL, oL, true);
-    bool same_l = std::memcmp(o3, oL, 4 * (size_t)R * qw) == 0;
+    bool same_l = std::memcmp(o3, oL, 4 * (size_t)R * qw) == 0 && std::memcmp(q3, qL, 4 * (size_t)R * ld) == 0 &&
+                  std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
+                  std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
     // ---- float64 reference (on the cache the kernels wrote) ----
     double qerr = 0, err = 0, mag = 0;
@@ -185,7 +197,7 @@ static bool run(bool fp8, int window, unsigned seed) {
     double rel = err / mag;
     bool close = rel < 2e-5 && qerr < 1e-4;
     std::printf("decode attention (%s cache, %s, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
-                "_l = attention_gqa: %s; q after norm + RoPE vs float64 %.1e, output vs float64 %.1e %s\n",
+                "_l kernels = standard: %s; q after norm + RoPE vs float64 %.1e, output vs float64 %.1e %s\n",
                 fp8 ? "FP8" : "BF16", window ? "window 128" : "full", same ? "yes" : "NO", same_l ? "yes" : "NO", qerr, rel,
                 close ? "ok" : "TOO LARGE");
     return ok && same && same_l && close;

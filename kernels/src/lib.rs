@@ -52,6 +52,8 @@ pub const MODULES: &[KernelModule] = &[
         entries: &[
             "qk_norm_rope_kv",
             "qk_norm_rope_kv_fp8",
+            "qk_norm_rope_kv_l",
+            "qk_norm_rope_kv_fp8_l",
             "ring_commit",
             "attention",
             "attention_fp8",

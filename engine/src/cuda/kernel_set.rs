@@ -70,6 +70,9 @@ pub struct KernelSet {
     /// (`attention_gqa_l`: page-table entries, then K/V rows, three items at a time) instead of one
     /// round trip per loop iteration; the same bits. Off until measured on a GPU.
     pub gqa_ld: bool,
+    /// Decode q/k norm + RoPE + K/V write with its independent loads issued first
+    /// (`qk_norm_rope_kv_l`); the same bits. Off until measured on a GPU.
+    pub qk_ld: bool,
 }
 
 impl KernelSet {
@@ -94,6 +97,7 @@ impl KernelSet {
             cublas_router: false,
             moe_mk: false,
             gqa_ld: false,
+            qk_ld: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -117,6 +121,7 @@ impl KernelSet {
             cublas_router: true,
             moe_mk: true,
             gqa_ld: false,
+            qk_ld: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -150,7 +155,8 @@ impl KernelSet {
                 "cublas_router" => k.cublas_router = on,
                 "moe_mk" => k.moe_mk = on,
                 "gqa_ld" => k.gqa_ld = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld)")),
+                "qk_ld" => k.qk_ld = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld)")),
             }
         }
         Ok(k)
@@ -207,8 +213,13 @@ mod tests {
         assert!(g.attn_ex2 && !g.attn_q);
         let k = KernelSet::parse("-attn_ex2,-attn_q").unwrap();
         assert!(!k.attn_ex2 && !k.attn_q);
-        let k = KernelSet::parse("+gqa_ld").unwrap();
-        assert!(k.gqa_ld && !KernelSet::default_set().gqa_ld);
+        let k = KernelSet::parse("+gqa_ld,+qk_ld").unwrap();
+        assert!(
+            k.gqa_ld
+                && k.qk_ld
+                && !KernelSet::default_set().gqa_ld
+                && !KernelSet::default_set().qk_ld
+        );
         let k = KernelSet::parse("-moe_mk").unwrap();
         assert!(!k.moe_mk && KernelSet::default_set().moe_mk && k.moe_sp);
         let d = KernelSet::default_set();

@@ -722,10 +722,11 @@ impl CudaModel {
             bt,
             max_pages,
             page_size,
-            qk_name: if fp8 {
-                "qk_norm_rope_kv_fp8"
-            } else {
-                "qk_norm_rope_kv"
+            qk_name: match (fp8, self.kset.qk_ld) {
+                (true, false) => "qk_norm_rope_kv_fp8",
+                (false, false) => "qk_norm_rope_kv",
+                (true, true) => "qk_norm_rope_kv_fp8_l",
+                (false, true) => "qk_norm_rope_kv_l",
             },
             attn_name: if fp8 { "attention_fp8" } else { "attention" },
             gqa_name: match (fp8, self.kset.gqa_ld) {
