@@ -27,12 +27,20 @@ fn rand_bytes(r: &mut Rng, n: usize) -> Vec<u8> {
 
 /// `n` f32 uniform in [-1, 1), little-endian bytes.
 fn rand_f32s(r: &mut Rng, n: usize) -> Vec<u8> {
+    rand_f32_in(r, n, -1.0, 2.0)
+}
+
+/// `n` f32 uniform in [lo, lo + span), little-endian bytes.
+fn rand_f32_in(r: &mut Rng, n: usize, lo: f32, span: f32) -> Vec<u8> {
     (0..n)
-        .flat_map(|_| ((r.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0).to_le_bytes())
+        .flat_map(|_| (lo + span * ((r.next() >> 40) as f32 / (1u64 << 24) as f32)).to_le_bytes())
         .collect()
 }
 
 const INV_GS: f32 = 1.0 / 448.0;
+
+/// An NVFP4 expert stack on the device: (codes, E4M3 scales, 1 / global scale per expert).
+type DevStack = (u64, u64, u64);
 
 fn e2m1_ref(c: u8) -> f64 {
     let m = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize];
@@ -126,70 +134,48 @@ pub fn run(a: Args) -> Result<()> {
             t,
             bytes as f64 / t / 1e6,
         ));
+        // One linear_tc_bf16 launch on the matrix at w with S warps a block.
+        let tc = |w: u64, sw: u32| {
+            d.launch_p(
+                &mut None,
+                "linear_tc_bf16",
+                ((n as u32).div_ceil(16), 1, 1),
+                (32 * sw, 1, 1),
+                0,
+                |b| {
+                    b.u64(w)
+                        .u64(0)
+                        .f32(1.0)
+                        .u64(x)
+                        .i32(k as i32)
+                        .u64(y)
+                        .i32(n as i32)
+                        .i32(1)
+                        .i32(n as i32)
+                        .i32(k as i32)
+                        .i32(0);
+                },
+            )
+            .map_err(e)
+        };
         // The same matrix every launch (L2-resident when it fits the 50 MB L2): what a GEMV
         // would gain from weights already in L2.
         if n <= 10304 {
             let sw: u32 = if n <= 2048 { 16 } else { 4 };
-            let t = time_graph(&d, reps, &|_| {
-                d.launch_p(
-                    &mut None,
-                    "linear_tc_bf16",
-                    ((n as u32).div_ceil(16), 1, 1),
-                    (32 * sw, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(wpool)
-                            .u64(0)
-                            .f32(1.0)
-                            .u64(x)
-                            .i32(k as i32)
-                            .u64(y)
-                            .i32(n as i32)
-                            .i32(1)
-                            .i32(n as i32)
-                            .i32(k as i32)
-                            .i32(0);
-                    },
-                )
-                .map_err(e)
-            })?;
+            let t = time_graph(&d, reps, &|_| tc(wpool, sw))?;
             rows.push((
                 format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}, same weights (L2)"),
                 t,
                 bytes as f64 / t / 1e6,
             ));
         }
-        for (kern, sws) in [("linear_tc_bf16", [2u32, 4, 8, 16])] {
-            for sw in sws {
-                let t = time_graph(&d, reps, &|i| {
-                    d.launch_p(
-                        &mut None,
-                        kern,
-                        ((n as u32).div_ceil(16), 1, 1),
-                        (32 * sw, 1, 1),
-                        0,
-                        |b| {
-                            b.u64(off(i))
-                                .u64(0)
-                                .f32(1.0)
-                                .u64(x)
-                                .i32(k as i32)
-                                .u64(y)
-                                .i32(n as i32)
-                                .i32(1)
-                                .i32(n as i32)
-                                .i32(k as i32)
-                                .i32(0);
-                        },
-                    )
-                    .map_err(e)
-                })?;
-                rows.push((
-                    format!("{label} N={n} K={k}: {kern} S={sw}"),
-                    t,
-                    bytes as f64 / t / 1e6,
-                ));
-            }
+        for sw in [2u32, 4, 8, 16] {
+            let t = time_graph(&d, reps, &|i| tc(off(i), sw))?;
+            rows.push((
+                format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}"),
+                t,
+                bytes as f64 / t / 1e6,
+            ));
         }
     }
     d.free(wpool);
@@ -199,7 +185,7 @@ pub fn run(a: Args) -> Result<()> {
     let wbytes = ne * im * h / 2;
     let sbytes = ne * im * h / 16;
     // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
-    type Stack = ((u64, u64, u64), Vec<u8>, Vec<u8>);
+    type Stack = (DevStack, Vec<u8>, Vec<u8>);
     let mut stack = || -> Result<Stack> {
         let codes = rand_bytes(&mut rng, wbytes);
         let w = d.alloc(wbytes).map_err(e)?;
@@ -476,18 +462,11 @@ fn moe_layer(
     rng: &mut Rng,
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
-    (gate, up, down): ((u64, u64, u64), (u64, u64, u64), (u64, u64, u64)),
+    (gate, up, down): (DevStack, DevStack, DevStack),
 ) -> Result<()> {
     let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
     let (eps, scale) = (1e-6f32, 2.5f32);
     let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    let up_f32 = |r: &mut Rng, n: usize, lo: f32, span: f32| -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| {
-                (lo + span * ((r.next() >> 40) as f32 / (1u64 << 24) as f32)).to_le_bytes()
-            })
-            .collect()
-    };
     let buf = |bytes: &[u8]| -> Result<u64> {
         let p = d.alloc(bytes.len()).map_err(e)?;
         d.htod(p, bytes).map_err(e)?;
@@ -502,10 +481,10 @@ fn moe_layer(
         })
         .collect();
     let rw = buf(&rw_all)?;
-    let bias = buf(&up_f32(rng, e_n, -0.01, 0.02))?;
-    let post_w = buf(&up_f32(rng, h, 0.5, 1.0))?;
-    let next_w = buf(&up_f32(rng, h, 0.5, 1.0))?;
-    let x0 = up_f32(rng, h, -1.0, 2.0);
+    let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
+    let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+    let next_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+    let x0 = rand_f32_in(rng, h, -1.0, 2.0);
     let x = buf(&x0)?;
     let z = |n: usize| -> Result<u64> {
         let p = d.alloc(n.max(4)).map_err(e)?;
