@@ -44,6 +44,7 @@ template <> struct Kv<bf16_t> {
     static __device__ __forceinline__ uint4 ld8(const bf16_t* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
     static __device__ __forceinline__ uint2 ld4(const bf16_t* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
     static __device__ __forceinline__ bf16_t cvt(float x) { return f2bf(x); }
+    static __device__ __forceinline__ bf16_t to_bf16(bf16_t x) { return x; }
 };
 template <> struct Kv<u8> {
     static __device__ __forceinline__ uint4 ld8(const u8* p) {
@@ -55,6 +56,7 @@ template <> struct Kv<u8> {
         return make_uint2(e4m3x2_bf16x2(r), e4m3x2_bf16x2(r >> 16));
     }
     static __device__ __forceinline__ u8 cvt(float x) { return f2e4m3(x); }
+    static __device__ __forceinline__ bf16_t to_bf16(u8 x) { return (bf16_t)e4m3_bf16(x); }
 };
 
 // grid (M, ceil((nh + nkv) / 4)), block 128: one warp per head (query heads, then KV heads), lane
@@ -483,6 +485,180 @@ extern "C" __global__ void attention_gqa_l(ATT_PARAMS(bf16_t), int nsplit, float
 extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
 }
+
+// attention_gqa_qk (KernelSet attn_qk): qk_norm_rope_kv_l and attention_gqa_l as one launch, for
+// passes in which every row is the only row of its sequence (decode steps; not DFlash, whose rows
+// see each other's keys). Block (m, kvh, z) norms and rotates its G query heads itself, into
+// shared memory (the same expressions as qk_norm_rope_kv_t, so the same values the two-kernel path
+// reads back from q); the block whose split holds the row's own key (the split's last key)
+// also norms and rotates the KV head's new key in warp G, writes K and V into the cache and keeps
+// the stored values in shared memory (kp, vp), from which its last tile takes that key (nothing
+// reads the slot from memory in this launch; only the writer block's split reaches position p). The first tile's page-table entries and K/V rows are loaded
+// before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
+template <typename KV>
+__device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
+                                                   const int* pos, const int* seqrow, const int* bt, int max_pages,
+                                                   int page_size, int nh, int nkv, int hd, int window, const float* sink,
+                                                   const float* g, int ldg, int gate_mode, float scale, float vscale,
+                                                   int nsplit, float* part, const float* k, const float* v, int ldkv,
+                                                   const float* qn_w, const float* kn_w, const float* inv_freq, int half,
+                                                   float attn_factor, float eps, float kinv, float vinv) {
+    __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
+    __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
+    __shared__ __align__(16) float qs[16 * 128];
+    __shared__ float buf[17][128];
+    __shared__ float rc[64], rs[64];
+    __shared__ __align__(16) bf16_t kp[128], vp[128];
+    int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    int G = nh / nkv;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int h = kvh * G + w;
+    int srow = seqrow[m];
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int last = p;
+    int len = last + 1 - lo;
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
+    if (z >= ns) return;
+    int chunk = (len + ns - 1) / ns;
+    // The split holding the row's own key (not always the last: with 64 splits of a long row
+    // the last ones can be empty).
+    bool writer = z == (last - lo) / chunk;
+    bool isq = w < G, isk = w == G && writer;
+    // This warp's head (query head h, or the new key in warp G of the writer block), its norm
+    // weights and, for the key, the V row: lane l holds dims l, l + 32, ... (hd <= 128).
+    const float* src = isq ? q + (size_t)m * ldq + h * hd : k + (size_t)m * ldkv + kvh * hd;
+    const float* nw = isq ? qn_w : kn_w;
+    float xv[4], nwv[4], vv[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int d = lane + 32 * j;
+        bool in = (isq || isk) && d < hd;
+        xv[j] = in ? src[d] : 0.f;
+        nwv[j] = in ? nw[d] : 0.f;
+        vv[j] = in && isk ? v[(size_t)m * ldkv + kvh * hd + d] : 0.f;
+    }
+    const int* btr = bt + (size_t)srow * max_pages;
+    int kpage = isk ? btr[(p / page_size) % max_pages] : 0;
+    float fr = threadIdx.x < half ? inv_freq[threadIdx.x] : 0.f;
+    int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
+    const int ldk = hd + 8;
+    const int nc = hd >> 3;
+    // One batch of a tile's loads (three items a thread: page-table entries, then K/V rows) and
+    // its stores into shared memory; in the writer block the row's own key comes from kp / vp.
+    uint4 kv4[3], vv4[3];
+    auto load3 = [&](int t0, int tn, int i0) {
+        int page[3];
+#pragma unroll
+        for (int u = 0; u < 3; u++) {
+            int i = i0 + u * blockDim.x;
+            int t = t0 + i / nc;
+            page[u] = i < tn * nc ? btr[(t / page_size) % max_pages] : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < 3; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < tn * nc) {
+                int j = i / nc, c = i - j * nc;
+                int t = t0 + j;
+                size_t off = (((size_t)page[u] * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+                if (t != p) {
+                    kv4[u] = Kv<KV>::ld8(kc + off);
+                    vv4[u] = Kv<KV>::ld8(vc + off);
+                }
+            }
+        }
+    };
+    auto store3 = [&](int t0, int tn, int i0) {
+#pragma unroll
+        for (int u = 0; u < 3; u++) {
+            int i = i0 + u * blockDim.x;
+            if (i < tn * nc) {
+                int j = i / nc, c = i - j * nc;
+                bool own = t0 + j == p;
+                *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = own ? *reinterpret_cast<const uint4*>(kp + c * 8) : kv4[u];
+                *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = own ? *reinterpret_cast<const uint4*>(vp + c * 8) : vv4[u];
+            }
+        }
+    };
+    if (k0 < k1) load3(k0, min(GQ_T, k1 - k0), threadIdx.x);
+    // cos / sin (times attn_factor) of the row's rotary angles (half <= 64).
+    if (threadIdx.x < half) {
+        float ang = (float)p * fr;
+        rc[threadIdx.x] = cosf(ang) * attn_factor;
+        rs[threadIdx.x] = sinf(ang) * attn_factor;
+    }
+    __syncthreads();
+    if (isq || isk) {
+        float ss = 0.f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) ss = fmaf(xv[j], xv[j], ss);
+        ss = warp_sum(ss);
+        float inv = rsqrtf(ss / (float)hd + eps);
+        float* bw = buf[w];
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int d = lane + 32 * j;
+            if (d < hd) bw[d] = nwv[j] * (xv[j] * inv);
+        }
+        __syncwarp();
+        size_t off = isk ? (((size_t)kpage * page_size + p % page_size) * nkv + kvh) * hd : 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int d = lane + 32 * j;
+            if (d >= hd) break;
+            float y = bw[d];
+            if (d < half) {
+                y = bw[d] * rc[d] - bw[d + half] * rs[d];
+            } else if (d < 2 * half) {
+                int i = d - half;
+                y = bw[d] * rc[i] + bw[i] * rs[i];
+            }
+            if (isq) {
+                qs[w * hd + d] = y;
+            } else {
+                KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(vv[j] * vinv);
+                kc[off + d] = kq;
+                vc[off + d] = vq;
+                kp[d] = Kv<KV>::to_bf16(kq);
+                vp[d] = Kv<KV>::to_bf16(vq);
+            }
+        }
+    }
+    bool final_ = nsplit == 1;
+    float run_max = (final_ && sink && w < G) ? sink[h] : -INFINITY;
+    float run_sum = (final_ && sink) ? 1.f : 0.f;
+    float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+    int d = lane * 4;
+    for (int t0 = k0; t0 < k1; t0 += GQ_T) {
+        int tn = min(GQ_T, k1 - t0);
+        __syncthreads();
+        for (int i0 = threadIdx.x; i0 < tn * nc; i0 += 3 * blockDim.x) {
+            if (t0 != k0 || i0 != (int)threadIdx.x) load3(t0, tn, i0);
+            store3(t0, tn, i0);
+        }
+        __syncthreads();
+        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
+    }
+    if (w >= G || d >= hd) return;
+    if (!final_) {
+        float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
+        pp[2 + d] = a0; pp[3 + d] = a1; pp[4 + d] = a2; pp[5 + d] = a3;
+        if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
+        return;
+    }
+    gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, run_sum, a0, a1, a2, a3);
+}
+#define GQK_PARAMS(KV)                                                                                             \
+    const float *q, int ldq, float *out, int ldo, KV *kc, KV *vc, const int *pos, const int *seqrow, const int *bt, \
+        int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink, const float *g,       \
+        int ldg, int gate_mode, float scale, float vscale, int nsplit, float *part, const float *k, const float *v,  \
+        int ldkv, const float *qn_w, const float *kn_w, const float *inv_freq, int half, float attn_factor,          \
+        float eps, float kinv, float vinv
+#define GQK_ARGS q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, \
+    gate_mode, scale, vscale, nsplit, part, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { PDL_ENTRY(); attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { PDL_ENTRY(); attention_gqa_qk_t<u8>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,

@@ -41,10 +41,11 @@ static void ref_attention(const float* q, const KV* kc, const KV* vc, const int*
 }
 
 template <typename KV>
-static bool run(bool fp8, int window, unsigned seed) {
+static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> nd(0.f, 1.f);
-    const int nh = 8, nkv = 2, G = nh / nkv, hd = 128, half = 32, ps = 16, max_pages = 64, P = 300, R = 3;
+    // P = 2050: 64 splits of 33 keys, the last one empty (the row's own key is in split 62).
+    const int nh = 8, nkv = 2, G = nh / nkv, hd = 128, half = 32, ps = 16, max_pages = P > 900 ? 160 : 64, R = 3;
     const int qw = nh * hd, kvw = nkv * hd, nsplit = 64;
     const float eps = 1e-6f, attn_factor = 1.1f, kscale = fp8 ? 0.5f : 1.f, vscale = fp8 ? 0.25f : 1.f;
     const int slots = max_pages * ps;
@@ -156,6 +157,72 @@ static bool run(bool fp8, int window, unsigned seed) {
                   std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                   std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
+    // attention_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
+    // for passes whose rows are each alone in their sequence): each row alone, in order, fresh
+    // cache, with 64 splits and with one (the output written directly): the same cache and output
+    // bits as qk_norm_rope_kv + attention_gqa (+ attention_merge) on that row.
+    auto fused = [&](int r, int ns, float* out) {
+        const float* x = raw + (size_t)r * ld;
+        ok &= emu_launch({1, (unsigned)nkv, (unsigned)ns}, 32 * (G + 1), [&] {
+#define QK_F_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, 1, \
+    scale, vscale, ns, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
+            if constexpr (sizeof(KV) == 1) attention_gqa_qk_fp8(QK_F_ARGS);
+            else attention_gqa_qk(QK_F_ARGS);
+#undef QK_F_ARGS
+        }, 8);
+        if (ns > 1)
+            ok &= emu_launch({1, (unsigned)nh, 1}, 128, [&] {
+                attention_merge(part, ns, out, qw, nh, hd, sink, x + qw + 2 * kvw, ld, 1, pos + r, window, nullptr, vscale);
+            });
+    };
+    std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+    std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+    float* oF = emu_alloc<float>((size_t)R * qw);
+    for (int r = 0; r < R; r++) fused(r, nsplit, oF + (size_t)r * qw);
+    bool same_f = std::memcmp(o1, oF, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
+                  std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
+    // KernelSet swa_ns: a sliding layer's grid of ceil(window / 32) splits (4 here) instead of 64,
+    // the same splits, so the same bits.
+    if (window > 0) {
+        std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+        std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+        float* oW = emu_alloc<float>((size_t)R * qw);
+        for (int r = 0; r < R; r++) fused(r, ceil_div(window, 32), oW + (size_t)r * qw);
+        same_f &= std::memcmp(oF, oW, 4 * (size_t)R * qw) == 0;
+    }
+    // One split: the standard kernels on each row alone (nsplit 1), then the fused kernel.
+    std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+    std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+    float* oS = emu_alloc<float>((size_t)R * qw);
+    float* qS = emu_alloc<float>((size_t)ld);
+    for (int r = 0; r < R; r++) {
+        std::memcpy(qS, raw + (size_t)r * ld, 4 * (size_t)ld);
+        float* o = oS + (size_t)r * qw;
+        ok &= emu_launch({1, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
+            if constexpr (sizeof(KV) == 1)
+                qk_norm_rope_kv_fp8(qS, ld, qS + qw, qS + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                                    seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+            else
+                qk_norm_rope_kv(qS, ld, qS + qw, qS + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                                seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+        });
+        ok &= emu_launch({1, (unsigned)nkv, 1}, 32 * G, [&] {
+            if constexpr (sizeof(KV) == 1)
+                attention_gqa_fp8(qS, ld, o, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                                  qS + qw + 2 * kvw, ld, 1, scale, vscale, 1, part, nullptr);
+            else
+                attention_gqa(qS, ld, o, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                              qS + qw + 2 * kvw, ld, 1, scale, vscale, 1, part, nullptr);
+        });
+    }
+    std::vector<KV> kcS(kc, kc + (size_t)slots * kvw), vcS(vc, vc + (size_t)slots * kvw);
+    std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+    std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+    float* oF1 = emu_alloc<float>((size_t)R * qw);
+    for (int r = 0; r < R; r++) fused(r, 1, oF1 + (size_t)r * qw);
+    same_f &= std::memcmp(oS, oF1, 4 * (size_t)R * qw) == 0 && std::memcmp(kcS.data(), kc, sizeof(KV) * kcS.size()) == 0 &&
+              std::memcmp(vcS.data(), vc, sizeof(KV) * vcS.size()) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0;
+
     // ---- float64 reference (on the cache the kernels wrote) ----
     double qerr = 0, err = 0, mag = 0;
     for (int r = 0; r < R; r++) {
@@ -196,11 +263,12 @@ static bool run(bool fp8, int window, unsigned seed) {
     }
     double rel = err / mag;
     bool close = rel < 2e-5 && qerr < 1e-4;
-    std::printf("decode attention (%s cache, %s, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
-                "_l kernels = standard: %s; q after norm + RoPE vs float64 %.1e, output vs float64 %.1e %s\n",
-                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", same ? "yes" : "NO", same_l ? "yes" : "NO", qerr, rel,
-                close ? "ok" : "TOO LARGE");
-    return ok && same && same_l && close;
+    std::printf("decode attention (%s cache, %s, %d cached keys, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
+                "_l kernels = standard: %s; fused attention_gqa_qk = standard (64 splits, 1 split, window / 32 splits): %s; q after norm + RoPE vs "
+                "float64 %.1e, output vs float64 %.1e %s\n",
+                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", P, same ? "yes" : "NO", same_l ? "yes" : "NO", same_f ? "yes" : "NO",
+                qerr, rel, close ? "ok" : "TOO LARGE");
+    return ok && same && same_l && same_f && close;
 }
 
 // The prefill flash attention (tensor-core tiles of 64 queries x 64 keys, Q and P split into
@@ -290,6 +358,7 @@ int main() {
     ok &= run<unsigned short>(false, 128, 12);
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
+    ok &= run<unsigned short>(false, 0, 15, 2050);
     ok &= run_prefill<unsigned short>(false, 0, 21);
     ok &= run_prefill<unsigned short>(false, 40, 22);
     ok &= run_prefill<unsigned char>(true, 0, 23);

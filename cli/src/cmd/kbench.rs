@@ -14,6 +14,9 @@ pub struct Args {
     /// Launches per timed graph.
     #[arg(long, default_value_t = 64)]
     reps: usize,
+    /// Only the decode attention section (skips the GEMV and MoE sections).
+    #[arg(long)]
+    attn_only: bool,
 }
 
 fn rand_bytes(r: &mut Rng, n: usize) -> Vec<u8> {
@@ -101,6 +104,13 @@ pub fn run(a: Args) -> Result<()> {
     let mut rng = Rng(0x9e3779b97f4a7c15);
     let mut rows: Vec<(String, f64, f64)> = vec![];
     let sms = d.sms;
+
+    // ---- the attention of a decode layer: default launches against attn_qk's ------------------
+    attn_layer(&d, &mut rng, reps, &mut rows)?;
+    if a.attn_only {
+        print_rows(rows);
+        return Ok(());
+    }
 
     // ---- BF16 GEMV (one activation row) -------------------------------------------------------
     let pool_bytes: usize = 1536 << 20;
@@ -444,10 +454,281 @@ pub fn run(a: Args) -> Result<()> {
         (8 * h) as f64 / t / 1e6,
     ));
 
+    print_rows(rows);
+    Ok(())
+}
+
+fn print_rows(rows: Vec<(String, f64, f64)>) {
     println!("| kernel | us / launch | TB/s |");
     println!("|---|---|---|");
     for (n, t, bw) in rows {
         println!("| {n} | {t:.2} | {bw:.2} |");
+    }
+}
+
+/// The attention of a decode layer at the XS-2.1 shape (64 query heads on 8 KV heads, head dim
+/// 128, gate per head, no sink), one row at position 2,112: the default set's three launches
+/// (`qk_norm_rope_kv_l`, `attention_gqa_l`, `attention_merge`) against `attn_qk`'s two
+/// (`attention_gqa_qk`, `attention_merge`), for a full-attention layer (paged pool, pages of 64)
+/// and a sliding-window one (ring of 527 one-slot pages, window 512): the same bits (output row,
+/// new K and V rows) from the same inputs, and the time of each chain and launch in a graph.
+fn attn_layer(
+    d: &Dev,
+    rng: &mut Rng,
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<()> {
+    let (nh, nkv, hd) = (64usize, 8usize, 128usize);
+    let (qw, kvw, g) = (nh * hd, nkv * hd, nh / nkv);
+    let ld = qw + 2 * kvw + nh;
+    let p = 2048 + 64usize;
+    let buf = |bytes: &[u8]| -> Result<u64> {
+        let p = d.alloc(bytes.len().max(4)).map_err(e)?;
+        d.htod(p, bytes).map_err(e)?;
+        Ok(p)
+    };
+    let bf16s = |rng: &mut Rng, n: usize| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                let f = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                ((f.to_bits() >> 16) as u16).to_le_bytes()
+            })
+            .collect()
+    };
+    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    for (label, window, ps, max_pages, half, theta, factor, nsplit) in [
+        (
+            "full", 0usize, 64usize, 64usize, 32usize, 500000f32, 1.3466f32, 64usize,
+        ),
+        ("sliding 512", 512, 1, 527, 64, 10000.0, 1.0, 64),
+        // KernelSet swa_ns: the grid of a sliding layer sized by its window (the same splits).
+        (
+            "sliding 512, grid of 16 splits",
+            512,
+            1,
+            527,
+            64,
+            10000.0,
+            1.0,
+            16,
+        ),
+    ] {
+        let kc = buf(&bf16s(rng, max_pages * ps * kvw))?;
+        let vc = buf(&bf16s(rng, max_pages * ps * kvw))?;
+        let bt = buf(&ints(&(0..max_pages as i32).collect::<Vec<_>>()))?;
+        let q0 = rand_f32_in(rng, ld, -1.0, 2.0);
+        let q = buf(&q0)?;
+        let qn = buf(&rand_f32_in(rng, hd, 0.5, 1.0))?;
+        let kn = buf(&rand_f32_in(rng, hd, 0.5, 1.0))?;
+        let inv_freq: Vec<u8> = (0..half)
+            .flat_map(|i| theta.powf(-(i as f32) / half as f32).to_le_bytes())
+            .collect();
+        let inv_freq = buf(&inv_freq)?;
+        let pos = buf(&ints(&[p as i32]))?;
+        let seqrow = buf(&ints(&[0]))?;
+        let out = buf(&vec![0u8; 4 * qw])?;
+        let part = buf(&vec![0u8; 4 * nh * nsplit * (hd + 2)])?;
+        let (kp, vp, gp) = (
+            q + 4 * qw as u64,
+            q + 4 * (qw + kvw) as u64,
+            q + 4 * (qw + 2 * kvw) as u64,
+        );
+        let scale = 1.0 / (hd as f32).sqrt();
+        let common = |b: &mut laguna_engine::cuda::Args| {
+            b.u64(q)
+                .i32(ld as i32)
+                .u64(out)
+                .i32(qw as i32)
+                .u64(kc)
+                .u64(vc)
+                .u64(pos)
+                .u64(seqrow)
+                .u64(bt)
+                .i32(max_pages as i32)
+                .i32(ps as i32)
+                .i32(nh as i32)
+                .i32(nkv as i32)
+                .i32(hd as i32)
+                .i32(window as i32)
+                .u64(0)
+                .u64(gp)
+                .i32(ld as i32)
+                .i32(1)
+                .f32(scale)
+                .f32(1.0);
+        };
+        let qk = || {
+            d.launch_p(
+                &mut None,
+                "qk_norm_rope_kv_l",
+                (1, (nh + nkv).div_ceil(4) as u32, 1),
+                (128, 1, 1),
+                0,
+                |b| {
+                    b.u64(q)
+                        .i32(ld as i32)
+                        .u64(kp)
+                        .u64(vp)
+                        .i32(ld as i32)
+                        .u64(qn)
+                        .u64(kn)
+                        .u64(inv_freq)
+                        .i32(half as i32)
+                        .f32(factor)
+                        .f32(1e-6)
+                        .u64(pos)
+                        .u64(seqrow)
+                        .u64(bt)
+                        .i32(max_pages as i32)
+                        .i32(ps as i32)
+                        .u64(kc)
+                        .u64(vc)
+                        .i32(nh as i32)
+                        .i32(nkv as i32)
+                        .i32(hd as i32)
+                        .u64(0)
+                        .u64(0)
+                        .f32(1.0)
+                        .f32(1.0);
+                },
+            )
+            .map_err(e)
+        };
+        let gqa = || {
+            d.launch_p(
+                &mut None,
+                "attention_gqa_l",
+                (1, nkv as u32, nsplit as u32),
+                (32 * g as u32, 1, 1),
+                0,
+                |b| {
+                    common(b);
+                    b.i32(nsplit as i32).u64(part).u64(0);
+                },
+            )
+            .map_err(e)
+        };
+        let fused = |name: &'static str| {
+            d.launch_p(
+                &mut None,
+                name,
+                (1, nkv as u32, nsplit as u32),
+                (32 * (g as u32 + 1), 1, 1),
+                0,
+                |b| {
+                    common(b);
+                    b.i32(nsplit as i32)
+                        .u64(part)
+                        .u64(kp)
+                        .u64(vp)
+                        .i32(ld as i32)
+                        .u64(qn)
+                        .u64(kn)
+                        .u64(inv_freq)
+                        .i32(half as i32)
+                        .f32(factor)
+                        .f32(1e-6)
+                        .f32(1.0)
+                        .f32(1.0);
+                },
+            )
+            .map_err(e)
+        };
+        let merge = |name: &'static str| {
+            d.launch_p(
+                &mut None,
+                name,
+                (1, nh as u32, 1),
+                (hd as u32, 1, 1),
+                0,
+                |b| {
+                    b.u64(part)
+                        .i32(nsplit as i32)
+                        .u64(out)
+                        .i32(qw as i32)
+                        .i32(nh as i32)
+                        .i32(hd as i32)
+                        .u64(0)
+                        .u64(gp)
+                        .i32(ld as i32)
+                        .i32(1)
+                        .u64(pos)
+                        .i32(window as i32)
+                        .u64(0)
+                        .f32(1.0);
+                },
+            )
+            .map_err(e)
+        };
+        // Bits: both chains from the same q (the default chain norms q in place).
+        let slot = if window > 0 { p % max_pages } else { p };
+        let row = |c: u64| -> Result<Vec<u8>> {
+            let mut b = vec![0u8; 2 * kvw];
+            d.dtoh(&mut b, c + (2 * slot * kvw) as u64).map_err(e)?;
+            Ok(b)
+        };
+        let mut got = vec![];
+        let variants: [(Option<&'static str>, &'static str); 2] = [
+            (None, "attention_merge"),
+            (Some("attention_gqa_qk"), "attention_merge"),
+        ];
+        for (f, mname) in variants {
+            d.htod(q, &q0).map_err(e)?;
+            if let Some(fname) = f {
+                fused(fname)?;
+            } else {
+                qk()?;
+                gqa()?;
+            }
+            merge(mname)?;
+            d.sync().map_err(e)?;
+            let o: Vec<u32> = dtoh_f32(d, out, qw)?
+                .into_iter()
+                .map(f32::to_bits)
+                .collect();
+            got.push((o, row(kc)?, row(vc)?));
+        }
+        let a = &got[0];
+        for (b, name) in got[1..].iter().zip(["attention_gqa_qk + attention_merge"]) {
+            println!(
+                "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+                if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
+                if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
+                if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
+            );
+        }
+        d.htod(q, &q0).map_err(e)?;
+        let keys = if window > 0 { window } else { p + 1 };
+        let bytes = (keys * kvw * 2 * 2) as f64;
+        let chains: [(&str, &dyn Fn() -> Result<()>); 6] = [
+            (
+                "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
+                &|| {
+                    qk()?;
+                    gqa()?;
+                    merge("attention_merge")
+                },
+            ),
+            ("attention_gqa_qk + attention_merge", &|| {
+                fused("attention_gqa_qk")?;
+                merge("attention_merge")
+            }),
+            ("qk_norm_rope_kv_l alone", &qk),
+            ("attention_gqa_l alone", &gqa),
+            ("attention_gqa_qk alone", &|| fused("attention_gqa_qk")),
+            ("attention_merge alone", &|| merge("attention_merge")),
+        ];
+        for (name, f) in chains {
+            let t = time_graph(d, reps, &|_| f())?;
+            rows.push((
+                format!("attention {label} at {p}: {name}"),
+                t,
+                bytes / t / 1e6,
+            ));
+        }
+        for x in [kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part] {
+            d.free(x);
+        }
     }
     Ok(())
 }

@@ -20,7 +20,7 @@ mod ops;
 pub mod ring;
 pub mod spec;
 
-pub use device::{Dev, DevError, Prof};
+pub use device::{Args, Dev, DevError, Prof};
 pub use kernel_set::KernelSet;
 
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
@@ -215,6 +215,9 @@ struct Scratch {
     /// This pass writes ring layers through the stage (some sequence has more rows than the
     /// ring's spare slots + 1): ring layers run attention_prefill, then ring_commit.
     staged: std::cell::Cell<bool>,
+    /// Every row of the pass is the only row of its sequence (a decode step of a causal model):
+    /// the decode attention may write a row's new key itself (`KernelSet::attn_qk`).
+    solo: std::cell::Cell<bool>,
     // logits path
     lrows: usize,
     sel: u64,
@@ -236,6 +239,7 @@ struct KvArgs {
     qk_name: &'static str,
     attn_name: &'static str,
     gqa_name: &'static str,
+    gqa_qk_name: &'static str,
     prefill_name: &'static str,
 }
 
@@ -357,6 +361,8 @@ pub(crate) fn big_smem(name: &str) -> u32 {
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
 const SPLIT_ROWS: usize = 64;
+/// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in attention.cu).
+const ATT_CHUNK: usize = 32;
 
 fn ceil_div(a: usize, b: usize) -> usize {
     a.div_ceil(b)
@@ -558,6 +564,7 @@ impl CudaModel {
             self.dev.htod(sc.sspan, as_bytes(&span)).map_err(cerr)?;
         }
         sc.staged.set(staged);
+        sc.solo.set(longest == 1 && !self.noncausal);
         self.dev.htod(sc.tokens, as_bytes(tokens)).map_err(cerr)?;
         self.dev.htod(sc.pos, as_bytes(pos)).map_err(cerr)?;
         self.dev.htod(sc.seqrow, as_bytes(seqrow)).map_err(cerr)?;
