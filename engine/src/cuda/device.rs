@@ -160,7 +160,8 @@ impl Dev {
         let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
         let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
             "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_gqa_l,\
-             attention_gqa_fp8_l,attention_merge"
+             attention_gqa_fp8_l,attention_gqa_qk,\
+             attention_gqa_qk_fp8,attention_merge"
                 .into()
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();

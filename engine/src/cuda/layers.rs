@@ -69,56 +69,80 @@ impl CudaModel {
             } else {
                 (0, 0)
             };
-            d.launch_p(
-                prof,
-                kv.qk_name,
-                (m as u32, (nh + nkv).div_ceil(4) as u32, 1),
-                (128, 1, 1),
-                0,
-                |b| {
-                    b.u64(qp)
-                        .i32(ldq as i32)
-                        .u64(kp)
-                        .u64(vp)
-                        .i32(ldkv as i32)
-                        .u64(l.q_norm)
-                        .u64(l.k_norm)
-                        .u64(l.inv_freq)
-                        .i32(l.half as i32)
-                        .f32(l.attn_factor)
-                        .f32(eps)
-                        .u64(sc.pos)
-                        .u64(sc.seqrow)
-                        .u64(kv.bt)
-                        .i32(kv.max_pages as i32)
-                        .i32(kv.page_size as i32)
-                        .u64(l.kc)
-                        .u64(l.vc)
-                        .i32(nh as i32)
-                        .i32(nkv as i32)
-                        .i32(hd as i32)
-                        .u64(ks)
-                        .u64(vs)
-                        .f32(1.0 / l.kscale)
-                        .f32(1.0 / l.vscale);
-                },
-            )
-            .map_err(cerr)?;
-            let gate_mode = match (l.g.is_some(), cfg.gating) {
-                (false, _) | (_, Gating::None) => 0,
-                (true, Gating::PerHead) => 1,
-                (true, Gating::PerElement) => 2,
-            };
             let ablk = if hd <= 128 { 128 } else { 256 };
             // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
             // depends on its own length only.
-            let nsplit = if m <= SPLIT_ROWS { self.nsplit } else { 1 };
+            let mut nsplit = if m <= SPLIT_ROWS { self.nsplit } else { 1 };
+            if nsplit > 1 && l.window > 0 && self.kset.swa_ns {
+                // A sliding-window row never sees more than window keys (2 x window - 1 for a
+                // non-causal draft block), so its split count, min(nsplit, ceil(keys / 32)),
+                // never exceeds this: the same splits in a grid without the blocks that would
+                // return at once (at least 2, so the merge path and its bits stay).
+                let keys = if self.noncausal {
+                    2 * l.window
+                } else {
+                    l.window
+                };
+                nsplit = nsplit.min(keys.div_ceil(ATT_CHUNK)).max(2);
+            }
             let flash = staged
                 || (m >= self.opts.gemm_min_rows
                     && hd % 16 == 0
                     && hd <= 128
                     && nh % nkv == 0
                     && !self.noncausal);
+            let group = if nh % nkv == 0 { nh / nkv } else { 0 };
+            let gqa = !flash
+                && self.kset.attn_gqa
+                && hd % 8 == 0
+                && hd <= 128
+                && (1..=16).contains(&group);
+            // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`) when
+            // every row of the pass is alone in its sequence (no row reads another's new key).
+            let fuse_qk =
+                gqa && self.kset.attn_qk && sc.solo.get() && !self.noncausal && group <= 8;
+            if !fuse_qk {
+                d.launch_p(
+                    prof,
+                    kv.qk_name,
+                    (m as u32, (nh + nkv).div_ceil(4) as u32, 1),
+                    (128, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(qp)
+                            .i32(ldq as i32)
+                            .u64(kp)
+                            .u64(vp)
+                            .i32(ldkv as i32)
+                            .u64(l.q_norm)
+                            .u64(l.k_norm)
+                            .u64(l.inv_freq)
+                            .i32(l.half as i32)
+                            .f32(l.attn_factor)
+                            .f32(eps)
+                            .u64(sc.pos)
+                            .u64(sc.seqrow)
+                            .u64(kv.bt)
+                            .i32(kv.max_pages as i32)
+                            .i32(kv.page_size as i32)
+                            .u64(l.kc)
+                            .u64(l.vc)
+                            .i32(nh as i32)
+                            .i32(nkv as i32)
+                            .i32(hd as i32)
+                            .u64(ks)
+                            .u64(vs)
+                            .f32(1.0 / l.kscale)
+                            .f32(1.0 / l.vscale);
+                    },
+                )
+                .map_err(cerr)?;
+            }
+            let gate_mode = match (l.g.is_some(), cfg.gating) {
+                (false, _) | (_, Gating::None) => 0,
+                (true, Gating::PerHead) => 1,
+                (true, Gating::PerElement) => 2,
+            };
             // Arguments shared by the prefill and the decode attention kernels.
             let common = |b: &mut device::Args| {
                 b.u64(qp)
@@ -196,10 +220,13 @@ impl CudaModel {
                     .map_err(cerr)?;
                 }
             } else {
-                let group = if nh % nkv == 0 { nh / nkv } else { 0 };
-                let gqa =
-                    self.kset.attn_gqa && hd % 8 == 0 && hd <= 128 && (1..=16).contains(&group);
-                let (aname, agrid, ablk) = if gqa {
+                let (aname, agrid, ablk) = if fuse_qk {
+                    (
+                        kv.gqa_qk_name,
+                        (m as u32, nkv as u32, nsplit as u32),
+                        (32 * (group + 1)) as u32,
+                    )
+                } else if gqa {
                     (
                         kv.gqa_name,
                         (m as u32, nkv as u32, nsplit as u32),
@@ -210,9 +237,22 @@ impl CudaModel {
                 };
                 d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
                     common(b);
-                    b.i32(nsplit as i32)
-                        .u64(sc.part)
-                        .u64(if self.noncausal { sc.kend } else { 0 });
+                    b.i32(nsplit as i32).u64(sc.part);
+                    if fuse_qk {
+                        b.u64(kp)
+                            .u64(vp)
+                            .i32(ldkv as i32)
+                            .u64(l.q_norm)
+                            .u64(l.k_norm)
+                            .u64(l.inv_freq)
+                            .i32(l.half as i32)
+                            .f32(l.attn_factor)
+                            .f32(eps)
+                            .f32(1.0 / l.kscale)
+                            .f32(1.0 / l.vscale);
+                    } else {
+                        b.u64(if self.noncausal { sc.kend } else { 0 });
+                    }
                 })
                 .map_err(cerr)?;
                 if nsplit > 1 {
@@ -729,6 +769,12 @@ impl CudaModel {
                 (false, true) => "qk_norm_rope_kv_l",
             },
             attn_name: if fp8 { "attention_fp8" } else { "attention" },
+            gqa_qk_name: if fp8 {
+                "attention_gqa_qk_fp8"
+            } else {
+                "attention_gqa_qk"
+            },
+
             gqa_name: match (fp8, self.kset.gqa_ld) {
                 (true, false) => "attention_gqa_fp8",
                 (false, false) => "attention_gqa",

@@ -587,6 +587,7 @@ impl CudaModel {
             vstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
             sspan: a(8 * r)?,
             staged: std::cell::Cell::new(false),
+            solo: std::cell::Cell::new(false),
             lrows,
             sel: a(4 * lrows)?,
             hsel: a(f * lrows * h)?,

@@ -318,6 +318,7 @@ impl CudaSpec {
         up(draft.cseq, &seqrow)?;
         dm.upload_tables(&dseqs)?;
         dm.sc.staged.set(false);
+        dm.sc.solo.set(false);
         up(dm.sc.sel, &dsel)?;
         if dm.noncausal {
             up(dm.sc.kend, &kend)?;
@@ -327,6 +328,7 @@ impl CudaSpec {
         up(target.sc.seqrow, &seqrow)?;
         target.upload_tables(&tseqs)?;
         target.sc.staged.set(false);
+        target.sc.solo.set(false);
         up(target.sc.sel, &tsel)?;
 
         if self.use_graphs && !self.graphs.contains_key(&(k, nb)) {
