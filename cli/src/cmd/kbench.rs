@@ -3,7 +3,8 @@
 //! weights rotate through buffers larger than L2, so every launch streams from HBM. Reports
 //! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
 //! stream of the same bytes) as the practical roofline for a kernel of that size. The NVFP4
-//! expert kernels are also checked against a float64 host reference at these shapes.
+//! expert kernels are also checked against a float64 host reference at these shapes, and the
+//! fused kernels (`moe_block_1`, `attention_gqa_qk`) bit for bit against the launches they replace.
 use super::synth::Rng;
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -467,7 +468,7 @@ fn print_rows(rows: Vec<(String, f64, f64)>) {
 }
 
 /// The attention of a decode layer at the XS-2.1 shape (64 query heads on 8 KV heads, head dim
-/// 128, gate per head, no sink), one row at position 2,112: the default set's three launches
+/// 128, gate per head, no sink), one row at position 2,112: the unfused three launches
 /// (`qk_norm_rope_kv_l`, `attention_gqa_l`, `attention_merge`) against `attn_qk`'s two
 /// (`attention_gqa_qk`, `attention_merge`), for a full-attention layer (paged pool, pages of 64)
 /// and a sliding-window one (ring of 527 one-slot pages, window 512): the same bits (output row,
