@@ -99,8 +99,12 @@ impl CudaModel {
                 && (1..=16).contains(&group);
             // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`) when
             // every row of the pass is alone in its sequence (no row reads another's new key).
-            let fuse_qk =
-                gqa && self.kset.attn_qk && sc.solo.get() && !self.noncausal && group <= 8;
+            let fuse_qk = gqa
+                && self.kset.attn_qk
+                && (l.window > 0 || self.kset.qk_full)
+                && sc.solo.get()
+                && !self.noncausal
+                && group <= 8;
             if !fuse_qk {
                 d.launch_p(
                     prof,
