@@ -63,6 +63,8 @@ pub const MODULES: &[KernelModule] = &[
             "attention_gqa_fp8_l",
             "attention_gqa_qk",
             "attention_gqa_qk_fp8",
+            "attention_gqa_qk_w",
+            "attention_gqa_qk_fp8_w",
             "attention_merge",
             "attention_prefill",
             "attention_prefill_fp8",

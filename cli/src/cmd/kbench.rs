@@ -614,7 +614,8 @@ fn attn_layer(
                 &mut None,
                 name,
                 (1, nkv as u32, nsplit as u32),
-                (32 * (g as u32 + 1), 1, 1),
+                // `_w` (KernelSet qk_w0): no extra warp for the new key.
+                (32 * (g as u32 + u32::from(!name.ends_with("_w"))), 1, 1),
                 0,
                 |b| {
                     common(b);
@@ -669,9 +670,10 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 2] = [
+        let variants: [(Option<&'static str>, &'static str); 3] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
+            (Some("attention_gqa_qk_w"), "attention_merge"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -690,7 +692,10 @@ fn attn_layer(
             got.push((o, row(kc)?, row(vc)?));
         }
         let a = &got[0];
-        for (b, name) in got[1..].iter().zip(["attention_gqa_qk + attention_merge"]) {
+        for (b, name) in got[1..].iter().zip([
+            "attention_gqa_qk + attention_merge",
+            "attention_gqa_qk_w + attention_merge",
+        ]) {
             println!(
                 "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
                 if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
@@ -701,7 +706,7 @@ fn attn_layer(
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 6] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 8] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -714,9 +719,14 @@ fn attn_layer(
                 fused("attention_gqa_qk")?;
                 merge("attention_merge")
             }),
+            ("attention_gqa_qk_w + attention_merge", &|| {
+                fused("attention_gqa_qk_w")?;
+                merge("attention_merge")
+            }),
             ("qk_norm_rope_kv_l alone", &qk),
             ("attention_gqa_l alone", &gqa),
             ("attention_gqa_qk alone", &|| fused("attention_gqa_qk")),
+            ("attention_gqa_qk_w alone", &|| fused("attention_gqa_qk_w")),
             ("attention_merge alone", &|| merge("attention_merge")),
         ];
         for (name, f) in chains {

@@ -89,6 +89,10 @@ pub struct KernelSet {
     /// fused kernel's 9 warps at 72 registers fit 3 blocks an SM against `attention_gqa_l`'s 4
     /// (H200: 131K-context decode 8.65 ms a step with it, 8.23 without; 2K 319.0 vs 317.5 tok/s).
     pub qk_full: bool,
+    /// With `attn_qk`: `attention_gqa_qk_w`, no ninth warp (warp 0 norms the new key after its
+    /// query head): 8 warps at <= 64 registers, 4 blocks an SM like `attention_gqa_l`, a few
+    /// spills; the same bits (kernels/emu). Off until measured on a GPU (with `qk_full`).
+    pub qk_w0: bool,
 }
 
 impl KernelSet {
@@ -117,6 +121,7 @@ impl KernelSet {
             attn_qk: false,
             swa_ns: false,
             qk_full: false,
+            qk_w0: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -144,6 +149,7 @@ impl KernelSet {
             attn_qk: true,
             swa_ns: true,
             qk_full: false,
+            qk_w0: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -181,7 +187,8 @@ impl KernelSet {
                 "attn_qk" => k.attn_qk = on,
                 "swa_ns" => k.swa_ns = on,
                 "qk_full" => k.qk_full = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full)")),
+                "qk_w0" => k.qk_w0 = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0)")),
             }
         }
         Ok(k)
