@@ -69,6 +69,19 @@ template <> struct Kv<u8> {
 // row's sequence index are loaded before the rotary table is built, and the page-table entry as
 // soon as the position is known, instead of each after the step before it; the same arithmetic
 // on the same values, so the same bits.
+// Dim d of a normed head in bw after partial NeoX RoPE (rc / rs: cos / sin times attn_factor of
+// the half rotary angles; dims past 2 * half unrotated). One expression for every kernel that
+// rotates, so they round alike.
+__device__ __forceinline__ float rope_at(const float* bw, const float* rc, const float* rs, int d, int half) {
+    float y = bw[d];
+    if (d < half) {
+        y = bw[d] * rc[d] - bw[d + half] * rs[d];
+    } else if (d < 2 * half) {
+        int i = d - half;
+        y = bw[d] * rc[i] + bw[i] * rs[i];
+    }
+    return y;
+}
 template <typename KV, int LAT = 0>
 __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float* k, const float* v, int ldkv,
                                                   const float* qn_w, const float* kn_w, const float* inv_freq, int half,
@@ -133,13 +146,7 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
     for (int j = 0; j < 8; j++) {
         int d = lane + 32 * j;
         if (d >= hd) break;
-        float y = bw[d];
-        if (d < half) {
-            y = bw[d] * rc[d] - bw[d + half] * rs[d];
-        } else if (d < 2 * half) {
-            int i = d - half;
-            y = bw[d] * rc[i] + bw[i] * rs[i];
-        }
+        float y = rope_at(bw, rc, rs, d, half);
         if (isq) {
             q[(size_t)m * ldq + h * hd + d] = y;
         } else {
@@ -623,13 +630,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         for (int j = 0; j < 4; j++) {
             int d = lane + 32 * j;
             if (d >= hd) break;
-            float y = bw[d];
-            if (d < half) {
-                y = bw[d] * rc[d] - bw[d + half] * rs[d];
-            } else if (d < 2 * half) {
-                int i = d - half;
-                y = bw[d] * rc[i] + bw[i] * rs[i];
-            }
+            float y = rope_at(bw, rc, rs, d, half);
             if (toq) {
                 qs[w * hd + d] = y;
             } else {

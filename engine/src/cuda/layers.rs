@@ -98,13 +98,22 @@ impl CudaModel {
                 && hd <= 128
                 && (1..=16).contains(&group);
             // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`) when
-            // every row of the pass is alone in its sequence (no row reads another's new key).
+            // every row of the pass is alone in its sequence (no row reads another's new key; `solo`
+            // is never set for a non-causal model).
             let fuse_qk = gqa
                 && self.kset.attn_qk
                 && (l.window > 0 || self.kset.qk_full)
                 && sc.solo.get()
-                && !self.noncausal
                 && group <= 8;
+            // The q/k norm + RoPE arguments both kernels take (after the K/V row pointers).
+            let rope = |b: &mut device::Args| {
+                b.u64(l.q_norm)
+                    .u64(l.k_norm)
+                    .u64(l.inv_freq)
+                    .i32(l.half as i32)
+                    .f32(l.attn_factor)
+                    .f32(eps);
+            };
             if !fuse_qk {
                 d.launch_p(
                     prof,
@@ -113,18 +122,9 @@ impl CudaModel {
                     (128, 1, 1),
                     0,
                     |b| {
-                        b.u64(qp)
-                            .i32(ldq as i32)
-                            .u64(kp)
-                            .u64(vp)
-                            .i32(ldkv as i32)
-                            .u64(l.q_norm)
-                            .u64(l.k_norm)
-                            .u64(l.inv_freq)
-                            .i32(l.half as i32)
-                            .f32(l.attn_factor)
-                            .f32(eps)
-                            .u64(sc.pos)
+                        b.u64(qp).i32(ldq as i32).u64(kp).u64(vp).i32(ldkv as i32);
+                        rope(b);
+                        b.u64(sc.pos)
                             .u64(sc.seqrow)
                             .u64(kv.bt)
                             .i32(kv.max_pages as i32)
@@ -243,17 +243,9 @@ impl CudaModel {
                     common(b);
                     b.i32(nsplit as i32).u64(sc.part);
                     if fuse_qk {
-                        b.u64(kp)
-                            .u64(vp)
-                            .i32(ldkv as i32)
-                            .u64(l.q_norm)
-                            .u64(l.k_norm)
-                            .u64(l.inv_freq)
-                            .i32(l.half as i32)
-                            .f32(l.attn_factor)
-                            .f32(eps)
-                            .f32(1.0 / l.kscale)
-                            .f32(1.0 / l.vscale);
+                        b.u64(kp).u64(vp).i32(ldkv as i32);
+                        rope(b);
+                        b.f32(1.0 / l.kscale).f32(1.0 / l.vscale);
                     } else {
                         b.u64(if self.noncausal { sc.kend } else { 0 });
                     }
