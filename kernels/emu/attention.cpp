@@ -92,7 +92,9 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     std::memcpy((void*)vc0, (void*)vc, sizeof(KV) * (size_t)slots * kvw);
     bool ok = true;
     // One pass of `rows` rows starting at row r0 (rows of `raw` copied, so q is normed in place).
-    auto pass = [&](int r0, int rows, float* q, float* out, bool lat = false) {
+    // ns: key splits (0: nsplit; 1: the attention writes the output itself, no merge).
+    auto pass = [&](int r0, int rows, float* q, float* out, bool lat = false, int ns = 0) {
+        if (ns == 0) ns = nsplit;
         std::memcpy(q, raw + (size_t)r0 * ld, 4 * (size_t)rows * ld);
         const int* pp = pos + r0;
         const int* sr = seqrow + r0;
@@ -113,26 +115,27 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
                                     max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
             }
         });
-        ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)nsplit}, 32 * G, [&] {
+        ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)ns}, 32 * G, [&] {
             if constexpr (sizeof(KV) == 1) {
                 if (lat)
                     attention_gqa_fp8_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                        q + qw + 2 * kvw, ld, 1, scale, vscale, nsplit, part, nullptr);
+                                        q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
                 else
                     attention_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                      q + qw + 2 * kvw, ld, 1, scale, vscale, nsplit, part, nullptr);
+                                      q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
             } else {
                 if (lat)
                     attention_gqa_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
-                                    ld, 1, scale, vscale, nsplit, part, nullptr);
+                                    ld, 1, scale, vscale, ns, part, nullptr);
                 else
                     attention_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
-                                  ld, 1, scale, vscale, nsplit, part, nullptr);
+                                  ld, 1, scale, vscale, ns, part, nullptr);
             }
         }, 8);
-        ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-            attention_merge(part, nsplit, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
-        });
+        if (ns > 1)
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
+                attention_merge(part, ns, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+            });
     };
     // The three rows in one pass, then (fresh cache) each row alone, in order.
     float* q3 = emu_alloc<float>((size_t)R * ld);
@@ -207,27 +210,8 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
     float* oS = emu_alloc<float>((size_t)R * qw);
-    float* qS = emu_alloc<float>((size_t)ld);
-    for (int r = 0; r < R; r++) {
-        std::memcpy(qS, raw + (size_t)r * ld, 4 * (size_t)ld);
-        float* o = oS + (size_t)r * qw;
-        ok &= emu_launch({1, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
-            if constexpr (sizeof(KV) == 1)
-                qk_norm_rope_kv_fp8(qS, ld, qS + qw, qS + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
-                                    seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-            else
-                qk_norm_rope_kv(qS, ld, qS + qw, qS + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
-                                seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-        });
-        ok &= emu_launch({1, (unsigned)nkv, 1}, 32 * G, [&] {
-            if constexpr (sizeof(KV) == 1)
-                attention_gqa_fp8(qS, ld, o, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                  qS + qw + 2 * kvw, ld, 1, scale, vscale, 1, part, nullptr);
-            else
-                attention_gqa(qS, ld, o, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                              qS + qw + 2 * kvw, ld, 1, scale, vscale, 1, part, nullptr);
-        });
-    }
+    float* qS = emu_alloc<float>((size_t)R * ld);
+    for (int r = 0; r < R; r++) pass(r, 1, qS + (size_t)r * ld, oS + (size_t)r * qw, false, 1);
     std::vector<KV> kcS(kc, kc + (size_t)slots * kvw), vcS(vc, vc + (size_t)slots * kvw);
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
