@@ -421,13 +421,41 @@ extern "C" __global__ void moe_combine_norm(float* x, const float* out, const fl
 // the grouping or the batch, so a row verified with k others is bit-identical to the row decoded
 // alone. Slots of a group are taken SB at a time (weights re-read from L1 for the next SB).
 #define MOE_SB 2
-// The E2M1 code at nibble P of w as a float equal to its value times 2^-126: magnitude bits to
-// f32 bits 22..24, sign to bit 31 (codes 0/1 are f32 subnormals, exact: no flush to zero).
-template <int P>
-__device__ __forceinline__ float e2m1_at(u32 w) {
-    u32 mag = (P * 4 <= 22 ? (w << (22 - 4 * P)) : (w >> (4 * P - 22))) & 0x01c00000u;
-    u32 sgn = (w << (28 - 4 * P)) & 0x80000000u;
-    return __uint_as_float(mag | sgn);
+// Four E4M3 bytes (byte i -> o[i]) as floats, exact: on sm_89+ two cvt.rn.f16x2.e4m3x2 and four
+// f16 -> f32 conversions (every value blk16_dot builds is a normal f16).
+__device__ __forceinline__ void e4m3x4_f32(u32 w, float& o0, float& o1, float& o2, float& o3) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    asm("{.reg .b16 a0, a1, f0, f1, f2, f3;\n\t"
+        ".reg .b32 h0, h1;\n\t"
+        "mov.b32 {a0, a1}, %4;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h0, a0;\n\t"
+        "cvt.rn.f16x2.e4m3x2 h1, a1;\n\t"
+        "mov.b32 {f0, f1}, h0;\n\t"
+        "mov.b32 {f2, f3}, h1;\n\t"
+        "cvt.f32.f16 %0, f0;\n\t"
+        "cvt.f32.f16 %1, f1;\n\t"
+        "cvt.f32.f16 %2, f2;\n\t"
+        "cvt.f32.f16 %3, f3;\n\t}"
+        : "=f"(o0), "=f"(o1), "=f"(o2), "=f"(o3)
+        : "r"(w));
+#else
+    auto sg = [](u32 b, float v) { return (b & 0x80u) ? -v : v; };
+    o0 = sg(w & 0xffu, e4m3u(w & 0x7fu));
+    o1 = sg((w >> 8) & 0xffu, e4m3u((w >> 8) & 0x7fu));
+    o2 = sg((w >> 16) & 0xffu, e4m3u((w >> 16) & 0x7fu));
+    o3 = sg(w >> 24, e4m3u((w >> 24) & 0x7fu));
+#endif
+}
+// The 8 E2M1 codes of w (element 2i in the low nibble of byte i) as floats equal to their values
+// times 2^-6: code s.e1e0.m becomes the E4M3 byte s.00e1e0.m00, which is exactly e2m1 * 2^-6 (for
+// e > 0: 2^(e-7) (1 + m/2) against 2^(e-1) (1 + m/2); for e = 0: 2^-6 m/2 against m/2). Even
+// elements from the low nibbles, odd ones from the high nibbles: 7 integer ops, 4 conversions of
+// two and 8 f16 -> f32 conversions for 8 codes.
+__device__ __forceinline__ void e2m1x8_f32(u32 w, float* c) {
+    u32 ev = ((w << 4) & 0x80808080u) | ((w << 2) & 0x1c1c1c1cu);
+    u32 od = (w & 0x80808080u) | ((w >> 2) & 0x1c1c1c1cu);
+    e4m3x4_f32(ev, c[0], c[2], c[4], c[6]);
+    e4m3x4_f32(od, c[1], c[3], c[5], c[7]);
 }
 template <int FMT>
 __device__ __forceinline__ float blk16_dot(u32 w0, u32 w1, u32 w2, u32 w3, u32 w4, u32 w5, u32 w6, u32 w7, const float* xv) {
@@ -441,30 +469,21 @@ __device__ __forceinline__ float blk16_dot(u32 w0, u32 w1, u32 w2, u32 w3, u32 w
             t = fmaf(bfhi(q[e]), xv[2 * e + 1], t);
         }
     } else {
-        // xv is pre-scaled by 2^100 and each code is read as e2m1 * 2^-126 (e2m1_at), so every
-        // product and partial sum is the unscaled one times 2^-26 exactly: the caller folds 2^26
-        // into the block scale (load_blk). Same bits as decoding with e2m1(), ~half the instructions.
-        t = fmaf(e2m1_at<0>(w0), xv[0], t);
-        t = fmaf(e2m1_at<1>(w0), xv[1], t);
-        t = fmaf(e2m1_at<2>(w0), xv[2], t);
-        t = fmaf(e2m1_at<3>(w0), xv[3], t);
-        t = fmaf(e2m1_at<4>(w0), xv[4], t);
-        t = fmaf(e2m1_at<5>(w0), xv[5], t);
-        t = fmaf(e2m1_at<6>(w0), xv[6], t);
-        t = fmaf(e2m1_at<7>(w0), xv[7], t);
-        t = fmaf(e2m1_at<0>(w1), xv[8], t);
-        t = fmaf(e2m1_at<1>(w1), xv[9], t);
-        t = fmaf(e2m1_at<2>(w1), xv[10], t);
-        t = fmaf(e2m1_at<3>(w1), xv[11], t);
-        t = fmaf(e2m1_at<4>(w1), xv[12], t);
-        t = fmaf(e2m1_at<5>(w1), xv[13], t);
-        t = fmaf(e2m1_at<6>(w1), xv[14], t);
-        t = fmaf(e2m1_at<7>(w1), xv[15], t);
+        // Codes read as e2m1 * 2^-6 (e2m1x8_f32), so every product and partial sum is the unscaled
+        // one times 2^-6 exactly (no f32 subnormal or overflow at activation magnitudes): the
+        // caller folds 2^6 into the block scale (load_blk). The same bits as decoding to the
+        // codes' values, and as the e2m1_at * 2^100-activation form it replaced.
+        float c[8];
+        e2m1x8_f32(w0, c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) t = fmaf(c[i], xv[i], t);
+        e2m1x8_f32(w1, c);
+#pragma unroll
+        for (int i = 0; i < 8; i++) t = fmaf(c[i], xv[8 + i], t);
     }
     return t;
 }
-// The 16 activations at x16 (pre-scaled by 2^100 for NVFP4, see blk16_dot) dotted with the
-// current block of four weight rows (words wa/wc, block scales sc), added into acc[0..4).
+// The 16 activations at x16 dotted with the current block of four weight rows (words wa/wc, block scales sc), added into acc[0..4).
 // LDG: activations through the read-only path (global memory written before the launch); off,
 // through a generic pointer (shared memory, or data this launch wrote).
 template <int FMT, bool LDG = true>
@@ -477,9 +496,6 @@ __device__ __forceinline__ void blk16_rows4(const float* x16, const uint4* wa, c
         v0 = xp[0], v1 = xp[1], v2 = xp[2], v3 = xp[3];
     }
     float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w, v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
-    if (FMT == 1)
-#pragma unroll
-        for (int q = 0; q < 16; q++) xv[q] *= 0x1p100f;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         float t = blk16_dot<FMT>(wa[j].x, wa[j].y, wa[j].z, wa[j].w, wc[j].x, wc[j].y, wc[j].z, wc[j].w, xv);
@@ -499,7 +515,7 @@ __device__ __forceinline__ void load_blk(const u8* base, const u8* sbase, int n,
         uint2 u = __ldg(reinterpret_cast<const uint2*>(base + (size_t)n * (K >> 1) + (size_t)b * 8));
         a = make_uint4(u.x, u.y, 0u, 0u);
         c = make_uint4(0u, 0u, 0u, 0u);
-        sc = e4m3u(__ldg(sbase + (size_t)n * (K >> 4) + b)) * 0x1p26f;  // 2^26: see blk16_dot
+        sc = e4m3u(__ldg(sbase + (size_t)n * (K >> 4) + b)) * 64.f;  // 2^6: see blk16_dot
     }
 }
 // gate/up: item = (group, 2 consecutive intermediate rows). act[slot, i] = silu(g) * u.
@@ -913,14 +929,15 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     float* act, float* out, int* ids_out, float* wts_out, float scale, unsigned* bar, const float* next_w, float* hn_out,
     unsigned long long* tp) {
     int lane = threadIdx.x & 31;
-    int warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), nwarps = gridDim.x * (blockDim.x >> 5);
-    // Router rows: pair n / 2 goes to warp n / 2 of the order that takes one warp from every
-    // block before a second from any (spread over the SMs). The weights do not depend on the
-    // previous launch, so their lines are asked into L2 before waiting for it.
-    int rwarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
-    if (2 * rwarp < E) {
-        const char* r0 = reinterpret_cast<const char*>(rw) + (size_t)2 * rwarp * H * 2;
-        int lines = (min(2, E - 2 * rwarp) * H * 2 + 127) >> 7;
+    int nwarps = gridDim.x * (blockDim.x >> 5);
+    // Work is dealt to warps in the order that takes one warp from every block before a second
+    // from any (swarp), so it spreads over all SMs. Router rows: pair n / 2 goes to warp n / 2.
+    // The weights do not depend on the previous launch, so their lines are asked into L2 before
+    // waiting for it.
+    int swarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+    if (2 * swarp < E) {
+        const char* r0 = reinterpret_cast<const char*>(rw) + (size_t)2 * swarp * H * 2;
+        int lines = (min(2, E - 2 * swarp) * H * 2 + 127) >> 7;
         for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
     }
     pdl_wait();
@@ -948,7 +965,7 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     __syncthreads();
     {
         const float* xr[1] = {hn};
-        for (int n = 2 * rwarp; n < E; n += 2 * nwarps) {
+        for (int n = 2 * swarp; n < E; n += 2 * nwarps) {
             float a[1], b[1];
             if (n + 1 < E) {
                 const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(rw) + H);
@@ -971,9 +988,11 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         ids_out[threadIdx.x] = s_ids[threadIdx.x];
         wts_out[threadIdx.x] = s_wts[threadIdx.x];
     }
+    // (By swarp: the XS shape's 2,304 items spread over all 132 SMs, 17-18 each, instead of
+    // filling 116 SMs' 20 warps and leaving 16 idle.)
     {
         int per = I >> 1;
-        for (int it = warp; it < KK * per; it += nwarps) {
+        for (int it = swarp; it < KK * per; it += nwarps) {
             int g = it / per, i = (it - g * per) * 2;
             int e = s_ids[g];
             float gi = ginv[e], ui = uinv[e];
@@ -989,8 +1008,8 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
     uint2 dcw[2][4];
     float dsc[2][4];
     float ddi = 0.f;
-    if (warp < ditems) {
-        int g = warp / dper, n = (warp - g * dper) * 8;
+    if (swarp < ditems) {
+        int g = swarp / dper, n = (swarp - g * dper) * 8;
         ddi = dinv[s_ids[g]];
         sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
@@ -1010,9 +1029,9 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(
         }
     }
     __syncthreads();
-    for (int it = warp; it < ditems; it += nwarps) {
+    for (int it = swarp; it < ditems; it += nwarps) {
         int g = it / dper, n = (it - g * dper) * 8;
-        if (it != warp) {
+        if (it != swarp) {
             ddi = dinv[s_ids[g]];
             sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
         }

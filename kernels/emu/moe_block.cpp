@@ -226,6 +226,48 @@ static bool topk_cases() {
     return ok;
 }
 
+// blk16_dot's NVFP4 decode (codes as E4M3 bytes = e2m1 * 2^-6, e2m1x8_f32) against the form it
+// replaced, written out here: each code's magnitude bits at f32 bits 22..24 and its sign at bit
+// 31 (e2m1 * 2^-126, subnormal for codes 1 and 9) times the activation scaled by 2^100, so that
+// form's sums are the new ones times 2^-20. Every one of the 16 positions takes every code, with
+// activations over many magnitudes: the same bits wherever neither form leaves the normal range.
+static bool decode_cases() {
+    std::mt19937 rng(77);
+    std::uniform_int_distribution<unsigned> word(0, 0xffffffffu);
+    std::uniform_real_distribution<float> mant(-1.f, 1.f);
+    std::uniform_int_distribution<int> ex(-40, 20);
+    auto old_code = [](unsigned w, int p) {
+        unsigned mag = (p * 4 <= 22 ? (w << (22 - 4 * p)) : (w >> (4 * p - 22))) & 0x01c00000u;
+        unsigned sgn = (w << (28 - 4 * p)) & 0x80000000u;
+        return __uint_as_float(mag | sgn);
+    };
+    int cases = 0, bad = 0;
+    for (int it = 0; it < 20000; it++) {
+        unsigned w0 = word(rng), w1 = word(rng);
+        if (it < 16 * 16) {  // code it % 16 at position it / 16, the rest random
+            int pos = it / 16, code = it % 16;
+            unsigned& w = pos < 8 ? w0 : w1;
+            int sh = 4 * (pos & 7);
+            w = (w & ~(15u << sh)) | ((unsigned)code << sh);
+        }
+        float xv[16], xs[16];
+        for (int i = 0; i < 16; i++) {
+            xv[i] = std::ldexp(mant(rng), ex(rng));
+            xs[i] = xv[i] * 0x1p100f;
+        }
+        float t_new = blk16_dot<1>(w0, w1, 0, 0, 0, 0, 0, 0, xv);
+        float t_old = 0.f;
+        for (int i = 0; i < 16; i++) t_old = std::fma(old_code(i < 8 ? w0 : w1, i & 7), xs[i], t_old);
+        float want = std::ldexp(t_old, 20);
+        cases++;
+        if (__float_as_uint(t_new) != __float_as_uint(want)) {
+            if (bad++ < 5) std::printf("  decode %08x %08x: %a vs %a\n", w0, w1, t_new, want);
+        }
+    }
+    std::printf("NVFP4 block decode (E4M3 bytes) vs the e2m1_at form: %d cases, %s\n", cases, bad ? "SOME DIFFER" : "all the same bits");
+    return bad == 0;
+}
+
 int main() {
     emu_init(size_t(1) << 30);
     const Shape shapes[] = {
@@ -242,6 +284,7 @@ int main() {
     unsigned seed = 1234;
     for (const Shape& s : shapes) ok &= run(s, seed++);
     ok &= topk_cases();
+    ok &= decode_cases();
     std::printf(ok ? "moe_block_1 emulation: PASS\n" : "moe_block_1 emulation: FAIL\n");
     return ok ? 0 : 1;
 }
