@@ -333,6 +333,31 @@ extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part
 // own length only), so a row's result is the same in any batch. Needs hd % 8 == 0, hd <= 128,
 // nh / nkv <= 16. Partials feed attention_merge unchanged.
 #define GQ_T 32
+// Where the keys t0 + j (j < GQ_T) of a tile live: page-table index (t / page_size) % max_pages
+// and in-page position t % page_size, for a power-of-two page_size (the pool's, checked at load;
+// the rings' 1): one division a tile, then per key an add, a shift, a mask and a wrap, instead of
+// three divisions a key. The same integers.
+struct TilePages {
+    int b0, r0, lg, msk, mp;
+    __device__ __forceinline__ TilePages(int t0, int page_size, int max_pages) {
+        lg = __ffs(page_size) - 1;
+        msk = page_size - 1;
+        mp = max_pages;
+        b0 = (t0 >> lg) % max_pages;
+        r0 = t0 & msk;
+    }
+    __device__ __forceinline__ int index(int j, int& in) const {
+        int q = r0 + j;
+        int pi = b0 + (q >> lg);
+        while (pi >= mp) pi -= mp;
+        in = q & msk;
+        return pi;
+    }
+};
+// i / nc without a division: (i * ceil(2^20 / nc)) >> 20 equals it for i < 1024 and nc <= 32
+// (nc = hd / 8; ceil(2^20 / nc) * nc exceeds 2^20 by e < nc, and i * e < 2^20).
+__device__ __forceinline__ int nc_mul(int nc) { return ((1 << 20) + nc - 1) / nc; }
+__device__ __forceinline__ int div_nc(int i, int m) { return (i * m) >> 20; }
 // One tile of tn keys (K rows at stride ldk, V rows at stride hd, BF16 in shared memory) for
 // warp w's query qq: lane j scores key j (dims in order), warp-level online softmax, then lane l
 // accumulates dims 4l..4l+3 over the keys in order.
@@ -422,7 +447,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     float run_sum = (final_ && sink) ? 1.f : 0.f;
     float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
     const int ldk = hd + 8;
-    const int nc = hd >> 3;
+    const int nc = hd >> 3, ncm = nc_mul(nc);
     int d = lane * 4;
     for (int t0 = k0; t0 < k1; t0 += GQ_T) {
         int tn = min(GQ_T, k1 - t0);
@@ -437,22 +462,22 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
                 *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
             }
         } else {
+            TilePages tp(t0, page_size, max_pages);
             for (int i0 = threadIdx.x; i0 < tn * nc; i0 += 3 * blockDim.x) {
-                int page[3];
+                int page[3], in[3];
 #pragma unroll
                 for (int u = 0; u < 3; u++) {
                     int i = i0 + u * blockDim.x;
-                    int t = t0 + i / nc;
-                    page[u] = i < tn * nc ? btr[(t / page_size) % max_pages] : 0;
+                    int pi = tp.index(div_nc(i, ncm), in[u]);
+                    page[u] = i < tn * nc ? btr[pi] : 0;
                 }
                 uint4 kv4[3], vv4[3];
 #pragma unroll
                 for (int u = 0; u < 3; u++) {
                     int i = i0 + u * blockDim.x;
                     if (i < tn * nc) {
-                        int j = i / nc, c = i - j * nc;
-                        int t = t0 + j;
-                        size_t off = (((size_t)page[u] * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+                        int j = div_nc(i, ncm), c = i - j * nc;
+                        size_t off = (((size_t)page[u] * page_size + in[u]) * nkv + kvh) * hd + c * 8;
                         kv4[u] = Kv<KV>::ld8(kc + off);
                         vv4[u] = Kv<KV>::ld8(vc + off);
                     }
@@ -461,7 +486,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
                 for (int u = 0; u < 3; u++) {
                     int i = i0 + u * blockDim.x;
                     if (i < tn * nc) {
-                        int j = i / nc, c = i - j * nc;
+                        int j = div_nc(i, ncm), c = i - j * nc;
                         *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = kv4[u];
                         *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = vv4[u];
                     }
@@ -560,25 +585,26 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     float fr2 = KW && threadIdx.x + blockDim.x < half ? inv_freq[threadIdx.x + blockDim.x] : 0.f;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     const int ldk = hd + 8;
-    const int nc = hd >> 3;
+    const int nc = hd >> 3, ncm = nc_mul(nc);
     // One batch of a tile's loads (three items a thread: page-table entries, then K/V rows) and
     // its stores into shared memory; in the writer block the row's own key comes from kp / vp.
     uint4 kv4[3], vv4[3];
     auto load3 = [&](int t0, int tn, int i0) {
-        int page[3];
+        TilePages tp(t0, page_size, max_pages);
+        int page[3], in[3];
 #pragma unroll
         for (int u = 0; u < 3; u++) {
             int i = i0 + u * blockDim.x;
-            int t = t0 + i / nc;
-            page[u] = i < tn * nc ? btr[(t / page_size) % max_pages] : 0;
+            int pi = tp.index(div_nc(i, ncm), in[u]);
+            page[u] = i < tn * nc ? btr[pi] : 0;
         }
 #pragma unroll
         for (int u = 0; u < 3; u++) {
             int i = i0 + u * blockDim.x;
             if (i < tn * nc) {
-                int j = i / nc, c = i - j * nc;
+                int j = div_nc(i, ncm), c = i - j * nc;
                 int t = t0 + j;
-                size_t off = (((size_t)page[u] * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
+                size_t off = (((size_t)page[u] * page_size + in[u]) * nkv + kvh) * hd + c * 8;
                 if (t != p) {
                     kv4[u] = Kv<KV>::ld8(kc + off);
                     vv4[u] = Kv<KV>::ld8(vc + off);
@@ -591,7 +617,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         for (int u = 0; u < 3; u++) {
             int i = i0 + u * blockDim.x;
             if (i < tn * nc) {
-                int j = i / nc, c = i - j * nc;
+                int j = div_nc(i, ncm), c = i - j * nc;
                 bool own = t0 + j == p;
                 *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = own ? *reinterpret_cast<const uint4*>(kp + c * 8) : kv4[u];
                 *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = own ? *reinterpret_cast<const uint4*>(vp + c * 8) : vv4[u];

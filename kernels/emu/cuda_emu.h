@@ -58,6 +58,7 @@ inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; 
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __ffs(int v) { return v ? __builtin_ctz((unsigned)v) + 1 : 0; }
 // Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {y:x} (x = bytes 0..3).
 inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     unsigned long long v = ((unsigned long long)y << 32) | x;

@@ -233,6 +233,12 @@ impl CudaModel {
                 "hidden_size {h} must be a multiple of 16 for the CUDA backend"
             )));
         }
+        if !opts.page_size.max(1).is_power_of_two() {
+            return Err(EngineError::Other(format!(
+                "K/V page size {} must be a power of two for the CUDA attention kernels",
+                opts.page_size
+            )));
+        }
         if cfg.num_experts > 1024 || cfg.top_k > 32 {
             return Err(EngineError::Other(format!(
                 "the CUDA router supports up to 1024 experts and top-k 32 (this model: {} experts, \
