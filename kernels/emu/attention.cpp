@@ -40,6 +40,8 @@ static void ref_attention(const float* q, const KV* kc, const KV* vc, const int*
     }
 }
 
+static int merge16_cases = 0, merge16_bad = 0;
+
 template <typename KV>
 static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     std::mt19937 rng(seed);
@@ -132,10 +134,18 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
                                   ld, 1, scale, vscale, ns, part, nullptr);
             }
         }, 8);
-        if (ns > 1)
+        if (ns > 1) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
                 attention_merge(part, ns, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
+            // attention_merge_16 (KernelSet merge16) on the same partials: the same bits.
+            float* o16 = emu_alloc<float>((size_t)rows * qw);
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
+                attention_merge_16(part, ns, o16, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+            });
+            merge16_cases++;
+            if (std::memcmp(o16, out, 4 * (size_t)rows * qw) != 0) merge16_bad++;
+        }
     };
     // The three rows in one pass, then (fresh cache) each row alone, in order.
     float* q3 = emu_alloc<float>((size_t)R * ld);
@@ -361,6 +371,9 @@ int main() {
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
     ok &= run<unsigned short>(false, 0, 15, 2050);
+    std::printf("attention_merge_16 vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
+                merge16_bad ? "SOME DIFFER" : "the same bits");
+    ok &= merge16_bad == 0 && merge16_cases > 0;
     ok &= run_prefill<unsigned short>(false, 0, 21);
     ok &= run_prefill<unsigned short>(false, 40, 22);
     ok &= run_prefill<unsigned char>(true, 0, 23);

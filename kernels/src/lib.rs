@@ -66,6 +66,7 @@ pub const MODULES: &[KernelModule] = &[
             "attention_gqa_qk_w",
             "attention_gqa_qk_fp8_w",
             "attention_merge",
+            "attention_merge_16",
             "attention_prefill",
             "attention_prefill_fp8",
             "attention_prefill_h",

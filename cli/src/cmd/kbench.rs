@@ -670,10 +670,11 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 3] = [
+        let variants: [(Option<&'static str>, &'static str); 4] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
             (Some("attention_gqa_qk_w"), "attention_merge"),
+            (Some("attention_gqa_qk"), "attention_merge_16"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -695,6 +696,7 @@ fn attn_layer(
         for (b, name) in got[1..].iter().zip([
             "attention_gqa_qk + attention_merge",
             "attention_gqa_qk_w + attention_merge",
+            "attention_gqa_qk + attention_merge_16",
         ]) {
             println!(
                 "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
@@ -706,7 +708,7 @@ fn attn_layer(
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 8] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 10] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -728,6 +730,11 @@ fn attn_layer(
             ("attention_gqa_qk alone", &|| fused("attention_gqa_qk")),
             ("attention_gqa_qk_w alone", &|| fused("attention_gqa_qk_w")),
             ("attention_merge alone", &|| merge("attention_merge")),
+            ("attention_gqa_qk + attention_merge_16", &|| {
+                fused("attention_gqa_qk")?;
+                merge("attention_merge_16")
+            }),
+            ("attention_merge_16 alone", &|| merge("attention_merge_16")),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;

@@ -94,6 +94,9 @@ pub struct KernelSet {
     /// spills; the same bits (kernels/emu). Off: slower on the H200 (run 102: 2K 313.6 vs 317.2
     /// tok/s; with `qk_full` at 131K 8.88 vs 8.23 ms a step).
     pub qk_w0: bool,
+    /// `attention_merge_16`: a thread's split values loaded sixteen at a time instead of eight
+    /// (a sliding layer's 16 splits in one L2 round trip); the same arithmetic, so the same bits.
+    pub merge16: bool,
 }
 
 impl KernelSet {
@@ -123,6 +126,7 @@ impl KernelSet {
             swa_ns: false,
             qk_full: false,
             qk_w0: false,
+            merge16: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -151,6 +155,7 @@ impl KernelSet {
             swa_ns: true,
             qk_full: false,
             qk_w0: false,
+            merge16: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -189,7 +194,8 @@ impl KernelSet {
                 "swa_ns" => k.swa_ns = on,
                 "qk_full" => k.qk_full = on,
                 "qk_w0" => k.qk_w0 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0)")),
+                "merge16" => k.merge16 = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0, merge16)")),
             }
         }
         Ok(k)

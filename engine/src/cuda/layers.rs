@@ -254,7 +254,11 @@ impl CudaModel {
                 if nsplit > 1 {
                     d.launch_p(
                         prof,
-                        "attention_merge",
+                        if self.kset.merge16 {
+                            "attention_merge_16"
+                        } else {
+                            "attention_merge"
+                        },
                         (m as u32, nh as u32, 1),
                         (blk, 1, 1),
                         0,
