@@ -28,6 +28,43 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { P
     block_argmax(best, idx, bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
+// argmax_rows_p (KernelSet argmax_p): the same argmax with gridDim.y blocks a row. Each block
+// reduces its chunk as argmax_rows does, then folds (value, index) into the row's 64-bit slot by
+// atomicMax on (order-preserving key of the value << 32 | ~index): the largest value, among equal
+// ones the lowest index, whatever the order of arrival (+0 and -0 fold to the same key, as they
+// compare equal). The row's last block (counter) writes the index and zeroes slot and counter for
+// the next launch (both zero at allocation). A chunk of NaN alone adds nothing; a row of NaN
+// alone gives 0x7fffffff, as argmax_rows.
+extern "C" __global__ void argmax_rows_p(const float* logits, int V, int* out, unsigned long long* slot,
+                                         unsigned* cnt) { PDL_ENTRY();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    int row = blockIdx.x;
+    const float* l = logits + (size_t)row * V;
+    int chunk = (V + gridDim.y - 1) / gridDim.y;
+    int lo = blockIdx.y * chunk, hi = min(V, lo + chunk);
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float v = l[i];
+        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+    }
+    block_argmax(best, idx, bv, bi);
+    if (threadIdx.x == 0) {
+        if (idx != 0x7fffffff) {
+            u32 f = best == 0.f ? 0u : __float_as_uint(best);
+            u32 key = (f & 0x80000000u) ? ~f : (f | 0x80000000u);
+            atomicMax(slot + row, ((unsigned long long)key << 32) | (unsigned long long)(0xffffffffu - (u32)idx));
+        }
+        __threadfence();
+        if (atomicAdd(cnt + row, 1u) == gridDim.y - 1) {
+            __threadfence();
+            unsigned long long sv = atomicExch(slot + row, 0ull);
+            out[row] = sv == 0ull ? 0x7fffffff : (int)(0xffffffffu - (u32)(sv & 0xffffffffull));
+            cnt[row] = 0u;
+        }
+    }
+}
 // Device copy bandwidth probe: dst[i] = src[i] (uint4), grid-stride.
 extern "C" __global__ void copy_u4(const uint4* src, uint4* dst, size_t n) { PDL_ENTRY();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) dst[i] = src[i];

@@ -137,6 +137,7 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/sample.cu"),
         entries: &[
             "argmax_rows",
+            "argmax_rows_p",
             "copy_u4",
             "spec_accept",
             "scatter_drafts",

@@ -106,6 +106,9 @@ pub fn run(a: Args) -> Result<()> {
     let mut rows: Vec<(String, f64, f64)> = vec![];
     let sms = d.sms;
 
+    // ---- the greedy argmax: argmax_rows_p against argmax_rows, bit for bit on the index -------
+    argmax_check(&d, &mut rng, reps, &mut rows)?;
+
     // ---- the attention of a decode layer: default launches against attn_qk's ------------------
     attn_layer(&d, &mut rng, reps, &mut rows)?;
     if a.attn_only {
@@ -465,6 +468,128 @@ fn print_rows(rows: Vec<(String, f64, f64)>) {
     for (n, t, bw) in rows {
         println!("| {n} | {t:.2} | {bw:.2} |");
     }
+}
+
+/// `argmax_rows_p` (KernelSet argmax_p: 64 blocks a row, folded by a 64-bit atomicMax) against
+/// `argmax_rows` (one block a row) on XS-sized rows (vocabulary 100,352): random rows, rows whose
+/// maximum repeats at a later and an earlier index, one at the last index, rows of -inf, +0 / -0
+/// maxima, NaN sprinkled in, and a row of NaN alone; the same index every time, over 3 launches
+/// (the slots reset themselves). Then both timed on one row.
+fn argmax_check(
+    d: &Dev,
+    rng: &mut Rng,
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<()> {
+    let v = 100352usize;
+    let n = 10usize;
+    let mut host: Vec<f32> = Vec::with_capacity(n * v);
+    for r in 0..n {
+        let row: Vec<f32> = rand_f32s(rng, v)
+            .chunks(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * 8.0)
+            .collect();
+        host.extend(row);
+        let base = r * v;
+        let h = &mut host[base..base + v];
+        match r {
+            1 => {
+                // the maximum at 70,000 and again at 90,000 and 5: index 5 wins
+                h[70000] = 100.0;
+                h[90000] = 100.0;
+                h[5] = 100.0;
+            }
+            2 => h[v - 1] = 1000.0,
+            3 => h.iter_mut().for_each(|x| *x = f32::NEG_INFINITY),
+            4 => {
+                h.iter_mut().for_each(|x| *x = -1.0 - x.abs());
+                h[60000] = 0.0;
+                h[30000] = -0.0;
+            }
+            5 => {
+                for i in (0..v).step_by(97) {
+                    h[i] = f32::NAN;
+                }
+            }
+            6 => h.iter_mut().for_each(|x| *x = f32::NAN),
+            7 => {
+                h[1568] = 50.0; // the first index of the second block's chunk
+                h[1567] = 50.0; // the last of the first block's: wins
+            }
+            _ => {}
+        }
+    }
+    let bytes: Vec<u8> = host.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let lg = d.alloc(4 * n * v).map_err(e)?;
+    d.htod(lg, &bytes).map_err(e)?;
+    let (o1, o2) = (d.alloc(4 * n).map_err(e)?, d.alloc(4 * n).map_err(e)?);
+    let slot = d.alloc(8 * n).map_err(e)?;
+    let cnt = d.alloc(4 * n).map_err(e)?;
+    d.memset_d32(slot, 0, 2 * n).map_err(e)?;
+    d.memset_d32(cnt, 0, n).map_err(e)?;
+    let one = |rows_: usize, out: u64| {
+        d.launch_p(
+            &mut None,
+            "argmax_rows",
+            (rows_ as u32, 1, 1),
+            (1024, 1, 1),
+            0,
+            |b| {
+                b.u64(lg).i32(v as i32).u64(out);
+            },
+        )
+        .map_err(e)
+    };
+    let par = |rows_: usize, out: u64| {
+        d.launch_p(
+            &mut None,
+            "argmax_rows_p",
+            (rows_ as u32, 64, 1),
+            (256, 1, 1),
+            0,
+            |b| {
+                b.u64(lg).i32(v as i32).u64(out).u64(slot).u64(cnt);
+            },
+        )
+        .map_err(e)
+    };
+    let ints = |p: u64| -> Result<Vec<i32>> {
+        let mut b = vec![0u8; 4 * n];
+        d.dtoh(&mut b, p).map_err(e)?;
+        Ok(b.chunks(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    };
+    one(n, o1)?;
+    let a = ints(o1)?;
+    let mut same = true;
+    for _ in 0..3 {
+        d.memset_d32(o2, 0, n).map_err(e)?;
+        par(n, o2)?;
+        d.sync().map_err(e)?;
+        same &= ints(o2)? == a;
+    }
+    println!(
+        "argmax_rows_p vs argmax_rows, {n} rows of {v} (ties, -inf, +-0, NaN), 3 launches: {} (indices {:?})",
+        if same { "the same indices" } else { "DIFFER" },
+        a
+    );
+    let t1 = time_graph(d, reps, &|_| one(1, o1))?;
+    let t2 = time_graph(d, reps, &|_| par(1, o2))?;
+    rows.push((
+        "argmax of one 100,352-logit row: argmax_rows".into(),
+        t1,
+        (4 * v) as f64 / t1 / 1e6,
+    ));
+    rows.push((
+        "argmax of one 100,352-logit row: argmax_rows_p".into(),
+        t2,
+        (4 * v) as f64 / t2 / 1e6,
+    ));
+    for p in [lg, o1, o2, slot, cnt] {
+        d.free(p);
+    }
+    Ok(())
 }
 
 /// The attention of a decode layer at the XS-2.1 shape (64 query heads on 8 KV heads, head dim

@@ -97,6 +97,9 @@ pub struct KernelSet {
     /// `attention_merge_16`: a thread's split values loaded sixteen at a time instead of eight
     /// (a sliding layer's 16 splits in one L2 round trip); the same arithmetic, so the same bits.
     pub merge16: bool,
+    /// Greedy argmax of the logits rows by `argmax_rows_p` (up to 64 blocks a row, folded by a
+    /// 64-bit atomicMax) instead of one block a row (`argmax_rows`); the same index.
+    pub argmax_p: bool,
 }
 
 impl KernelSet {
@@ -127,6 +130,7 @@ impl KernelSet {
             qk_full: false,
             qk_w0: false,
             merge16: false,
+            argmax_p: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -156,6 +160,7 @@ impl KernelSet {
             qk_full: false,
             qk_w0: false,
             merge16: true,
+            argmax_p: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -195,7 +200,8 @@ impl KernelSet {
                 "qk_full" => k.qk_full = on,
                 "qk_w0" => k.qk_w0 = on,
                 "merge16" => k.merge16 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0, merge16)")),
+                "argmax_p" => k.argmax_p = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0, merge16, argmax_p)")),
             }
         }
         Ok(k)

@@ -599,6 +599,8 @@ impl CudaModel {
             hsel: a(f * lrows * h)?,
             logits: a(f * lrows * cfg.vocab_size)?,
             amax: a(4 * lrows)?,
+            amax_slot: a(8 * lrows)?,
+            amax_cnt: a(4 * lrows)?,
             sparams: a(8 * 4 * lrows)?,
             samp_e: a(8 * DECODE_ROWS * cfg.vocab_size)?,
             part: a(f
@@ -609,6 +611,9 @@ impl CudaModel {
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
+        dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
+            .map_err(cerr)?;
+        dev.htod(sc.amax_cnt, &vec![0u8; 4 * lrows]).map_err(cerr)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
         if page_elems.max(ring_elems) >= 1 << 31 {

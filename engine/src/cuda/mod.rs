@@ -224,6 +224,9 @@ struct Scratch {
     hsel: u64,
     logits: u64,
     amax: u64,
+    /// `argmax_rows_p`'s per-row (key, index) slots and block counters (zero between launches).
+    amax_slot: u64,
+    amax_cnt: u64,
     /// Sampling parameters per sampled row: (temperature, top_k, top_p, u) as f64.
     sparams: u64,
     /// Fixed-point probabilities of sample_rows, DECODE_ROWS rows of vocab.
@@ -883,6 +886,27 @@ impl CudaModel {
     fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
         let sc = &self.sc;
         self.final_logits(prof, n)?;
+        if self.kset.argmax_p && n <= self.sc.lrows {
+            // 64 blocks a row (1,568 logits each at XS's vocabulary) instead of one.
+            let nb = ceil_div(self.cfg.vocab_size, 1536).clamp(1, 64) as u32;
+            return self
+                .dev
+                .launch_p(
+                    prof,
+                    "argmax_rows_p",
+                    (n as u32, nb, 1),
+                    (256, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(sc.logits)
+                            .i32(self.cfg.vocab_size as i32)
+                            .u64(out)
+                            .u64(sc.amax_slot)
+                            .u64(sc.amax_cnt);
+                    },
+                )
+                .map_err(cerr);
+        }
         self.dev
             .launch_p(
                 prof,
