@@ -527,9 +527,7 @@ extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float
 // the stored values in shared memory (kp, vp), from which its last tile takes that key (nothing
 // reads the slot from memory in this launch; only the writer block's split reaches position p). The first tile's page-table entries and K/V rows are loaded
 // before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
-// KW (attention_gqa_qk_w, KernelSet qk_w0): no extra warp; warp 0 norms the new key after its
-// query head (block 32 * G: 8 warps at <= 64 registers, 4 blocks an SM like attention_gqa_l).
-template <typename KV, int KW = 0>
+template <typename KV>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
                                                    int page_size, int nh, int nkv, int hd, int window, const float* sink,
@@ -558,31 +556,23 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     // The split holding the row's own key (not always the last: with 64 splits of a long row
     // the last ones can be empty).
     bool writer = z == (last - lo) / chunk;
-    bool isq = w < G, isk = (KW ? w == 0 : w == G) && writer;
+    bool isq = w < G, isk = w == G && writer;
     // This warp's head (query head h, or the new key in warp G of the writer block), its norm
-    // weights and, for the key, the V row: lane l holds dims l, l + 32, ... (hd <= 128). KW: xv
-    // is always the query head, the key's values go to kx / knw.
-    const float* src = (KW || isq) ? q + (size_t)m * ldq + h * hd : k + (size_t)m * ldkv + kvh * hd;
-    const float* nw = (KW || isq) ? qn_w : kn_w;
+    // weights and, for the key, the V row: lane l holds dims l, l + 32, ... (hd <= 128).
+    const float* src = isq ? q + (size_t)m * ldq + h * hd : k + (size_t)m * ldkv + kvh * hd;
+    const float* nw = isq ? qn_w : kn_w;
     float xv[4], nwv[4], vv[4];
-    float kx[KW ? 4 : 1], knw[KW ? 4 : 1];
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int d = lane + 32 * j;
-        bool in = (KW ? isq : (isq || isk)) && d < hd;
+        bool in = (isq || isk) && d < hd;
         xv[j] = in ? src[d] : 0.f;
         nwv[j] = in ? nw[d] : 0.f;
         vv[j] = isk && d < hd ? v[(size_t)m * ldkv + kvh * hd + d] : 0.f;
-        if constexpr (KW != 0) {
-            kx[j] = isk && d < hd ? k[(size_t)m * ldkv + kvh * hd + d] : 0.f;
-            knw[j] = isk && d < hd ? kn_w[d] : 0.f;
-        }
     }
     const int* btr = bt + (size_t)srow * max_pages;
     int kpage = isk ? btr[(p / page_size) % max_pages] : 0;
     float fr = threadIdx.x < half ? inv_freq[threadIdx.x] : 0.f;
-    // KW with one warp a block: half can pass blockDim (half <= 64 <= 2 * blockDim).
-    float fr2 = KW && threadIdx.x + blockDim.x < half ? inv_freq[threadIdx.x + blockDim.x] : 0.f;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     const int ldk = hd + 8;
     const int nc = hd >> 3, ncm = nc_mul(nc);
@@ -631,11 +621,6 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         rc[threadIdx.x] = cosf(ang) * attn_factor;
         rs[threadIdx.x] = sinf(ang) * attn_factor;
     }
-    if (KW && threadIdx.x + blockDim.x < half) {
-        float ang = (float)p * fr2;
-        rc[threadIdx.x + blockDim.x] = cosf(ang) * attn_factor;
-        rs[threadIdx.x + blockDim.x] = sinf(ang) * attn_factor;
-    }
     __syncthreads();
     // RMSNorm + RoPE of one head (values x4, norm weights w4) in buffer bw: to qs (a query head)
     // or, as stored values, to the cache and kp / vp (the new key, with vv its V row).
@@ -668,12 +653,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
             }
         }
     };
-    if constexpr (KW == 0) {
-        if (isq || isk) head(xv, nwv, buf[w], isq);
-    } else {
-        if (isq) head(xv, nwv, buf[w], true);
-        if (isk) head(kx, knw, buf[G], false);
-    }
+    if (isq || isk) head(xv, nwv, buf[w], isq);
     bool final_ = nsplit == 1;
     float run_max = (final_ && sink && w < G) ? sink[h] : -INFINITY;
     float run_sum = (final_ && sink) ? 1.f : 0.f;
@@ -708,8 +688,6 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     gate_mode, scale, vscale, nsplit, part, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { PDL_ENTRY(); attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { PDL_ENTRY(); attention_gqa_qk_t<u8>(GQK_ARGS); }
-extern "C" __global__ __launch_bounds__(256, 4) void attention_gqa_qk_w(GQK_PARAMS(bf16_t)) { PDL_ENTRY(); attention_gqa_qk_t<bf16_t, 1>(GQK_ARGS); }
-extern "C" __global__ __launch_bounds__(256, 4) void attention_gqa_qk_fp8_w(GQK_PARAMS(u8)) { PDL_ENTRY(); attention_gqa_qk_t<u8, 1>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,

@@ -63,8 +63,6 @@ pub const MODULES: &[KernelModule] = &[
             "attention_gqa_fp8_l",
             "attention_gqa_qk",
             "attention_gqa_qk_fp8",
-            "attention_gqa_qk_w",
-            "attention_gqa_qk_fp8_w",
             "attention_merge",
             "attention_merge_16",
             "attention_prefill",

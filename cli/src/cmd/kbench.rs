@@ -739,8 +739,7 @@ fn attn_layer(
                 &mut None,
                 name,
                 (1, nkv as u32, nsplit as u32),
-                // `_w` (KernelSet qk_w0): no extra warp for the new key.
-                (32 * (g as u32 + u32::from(!name.ends_with("_w"))), 1, 1),
+                (32 * (g as u32 + 1), 1, 1),
                 0,
                 |b| {
                     common(b);
@@ -795,10 +794,9 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 4] = [
+        let variants: [(Option<&'static str>, &'static str); 3] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
-            (Some("attention_gqa_qk_w"), "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge_16"),
         ];
         for (f, mname) in variants {
@@ -820,7 +818,6 @@ fn attn_layer(
         let a = &got[0];
         for (b, name) in got[1..].iter().zip([
             "attention_gqa_qk + attention_merge",
-            "attention_gqa_qk_w + attention_merge",
             "attention_gqa_qk + attention_merge_16",
         ]) {
             println!(
@@ -833,7 +830,7 @@ fn attn_layer(
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 10] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 8] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -846,14 +843,9 @@ fn attn_layer(
                 fused("attention_gqa_qk")?;
                 merge("attention_merge")
             }),
-            ("attention_gqa_qk_w + attention_merge", &|| {
-                fused("attention_gqa_qk_w")?;
-                merge("attention_merge")
-            }),
             ("qk_norm_rope_kv_l alone", &qk),
             ("attention_gqa_l alone", &gqa),
             ("attention_gqa_qk alone", &|| fused("attention_gqa_qk")),
-            ("attention_gqa_qk_w alone", &|| fused("attention_gqa_qk_w")),
             ("attention_merge alone", &|| merge("attention_merge")),
             ("attention_gqa_qk + attention_merge_16", &|| {
                 fused("attention_gqa_qk")?;

@@ -89,11 +89,6 @@ pub struct KernelSet {
     /// fused kernel's 9 warps at 72 registers fit 3 blocks an SM against `attention_gqa_l`'s 4
     /// (H200: 131K-context decode 8.65 ms a step with it, 8.23 without; 2K 319.0 vs 317.5 tok/s).
     pub qk_full: bool,
-    /// With `attn_qk`: `attention_gqa_qk_w`, no ninth warp (warp 0 norms the new key after its
-    /// query head): 8 warps at <= 64 registers, 4 blocks an SM like `attention_gqa_l`, a few
-    /// spills; the same bits (kernels/emu). Off: slower on the H200 (run 102: 2K 313.6 vs 317.2
-    /// tok/s; with `qk_full` at 131K 8.88 vs 8.23 ms a step).
-    pub qk_w0: bool,
     /// `attention_merge_16`: a thread's split values loaded sixteen at a time instead of eight
     /// (a sliding layer's 16 splits in one L2 round trip); the same arithmetic, so the same bits.
     pub merge16: bool,
@@ -128,7 +123,6 @@ impl KernelSet {
             attn_qk: false,
             swa_ns: false,
             qk_full: false,
-            qk_w0: false,
             merge16: false,
             argmax_p: false,
         }
@@ -158,7 +152,6 @@ impl KernelSet {
             attn_qk: true,
             swa_ns: true,
             qk_full: false,
-            qk_w0: false,
             merge16: true,
             argmax_p: true,
         }
@@ -198,10 +191,9 @@ impl KernelSet {
                 "attn_qk" => k.attn_qk = on,
                 "swa_ns" => k.swa_ns = on,
                 "qk_full" => k.qk_full = on,
-                "qk_w0" => k.qk_w0 = on,
                 "merge16" => k.merge16 = on,
                 "argmax_p" => k.argmax_p = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, qk_w0, merge16, argmax_p)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p)")),
             }
         }
         Ok(k)

@@ -228,7 +228,7 @@ impl CudaModel {
                     (
                         kv.gqa_qk_name,
                         (m as u32, nkv as u32, nsplit as u32),
-                        (32 * (group + usize::from(!self.kset.qk_w0))) as u32,
+                        (32 * (group + 1)) as u32,
                     )
                 } else if gqa {
                     (
@@ -769,11 +769,10 @@ impl CudaModel {
                 (false, true) => "qk_norm_rope_kv_l",
             },
             attn_name: if fp8 { "attention_fp8" } else { "attention" },
-            gqa_qk_name: match (fp8, self.kset.qk_w0) {
-                (true, false) => "attention_gqa_qk_fp8",
-                (false, false) => "attention_gqa_qk",
-                (true, true) => "attention_gqa_qk_fp8_w",
-                (false, true) => "attention_gqa_qk_w",
+            gqa_qk_name: if fp8 {
+                "attention_gqa_qk_fp8"
+            } else {
+                "attention_gqa_qk"
             },
 
             gqa_name: match (fp8, self.kset.gqa_ld) {
