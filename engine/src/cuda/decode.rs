@@ -110,11 +110,19 @@ impl CudaModel {
         self.dev
             .htod(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
+        // Every row greedy (KernelSet serve_argmax): the tokens by `argmax_rows_p` instead of
+        // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
+        // one block a row). One graph per (n, greedy).
+        let greedy = self.kset.serve_argmax
+            && self.kset.argmax_p
+            && n <= self.sc.lrows
+            && items.iter().all(|it| it.params.is_greedy());
+        let key = (n, greedy);
         let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
-        if use_graph && !self.step_graphs.contains_key(&n) {
-            match self.capture(|m| m.decode_step_body(&mut None, n)) {
+        if use_graph && !self.step_graphs.contains_key(&key) {
+            match self.capture(|m| m.decode_step_body(&mut None, n, greedy)) {
                 Ok(g) => {
-                    self.step_graphs.insert(n, g);
+                    self.step_graphs.insert(key, g);
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, running eagerly: {e}");
@@ -122,9 +130,9 @@ impl CudaModel {
                 }
             }
         }
-        match self.step_graphs.get(&n).filter(|_| use_graph) {
+        match self.step_graphs.get(&key).filter(|_| use_graph) {
             Some(g) => g.launch().map_err(cerr)?,
-            None => self.decode_step_body(&mut None, n)?,
+            None => self.decode_step_body(&mut None, n, greedy)?,
         }
         let mut out = vec![0i32; n];
         self.dev
@@ -137,9 +145,20 @@ impl CudaModel {
         Ok(out.into_iter().map(|t| t as u32).collect())
     }
 
-    pub(super) fn decode_step_body(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+    pub(super) fn decode_step_body(
+        &self,
+        prof: &mut Option<device::Prof>,
+        n: usize,
+        greedy: bool,
+    ) -> Result<()> {
         self.run_layers(n, prof)?;
-        self.sample_rows(prof, n)
+        if greedy {
+            // The rows listed in sc.sel are 0..n (decode_step_dev), so greedy_rows' argmax of
+            // logits row i is row i's token, in sc.amax as sample_rows leaves it.
+            self.greedy_rows(prof, n, self.sc.amax)
+        } else {
+            self.sample_rows(prof, n)
+        }
     }
 
     /// Final norm + lm_head over the rows listed in sc.sel (n of them), then one token per row

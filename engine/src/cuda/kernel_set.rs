@@ -95,6 +95,9 @@ pub struct KernelSet {
     /// Greedy argmax of the logits rows by `argmax_rows_p` (up to 64 blocks a row, folded by a
     /// 64-bit atomicMax) instead of one block a row (`argmax_rows`); the same index.
     pub argmax_p: bool,
+    /// With `argmax_p`: a `decode_step` (serving) whose rows are all greedy takes its tokens from
+    /// `argmax_rows_p` instead of `sample_rows` (the same index). Off until measured on a GPU.
+    pub serve_argmax: bool,
 }
 
 impl KernelSet {
@@ -125,6 +128,7 @@ impl KernelSet {
             qk_full: false,
             merge16: false,
             argmax_p: false,
+            serve_argmax: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -154,6 +158,7 @@ impl KernelSet {
             qk_full: false,
             merge16: true,
             argmax_p: true,
+            serve_argmax: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -193,7 +198,8 @@ impl KernelSet {
                 "qk_full" => k.qk_full = on,
                 "merge16" => k.merge16 = on,
                 "argmax_p" => k.argmax_p = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p)")),
+                "serve_argmax" => k.serve_argmax = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax)")),
             }
         }
         Ok(k)

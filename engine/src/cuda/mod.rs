@@ -307,7 +307,7 @@ pub struct CudaModel {
     graph: Option<device::Graph>,
     graph_failed: bool,
     /// Captured `decode_step` bodies by batch size.
-    step_graphs: HashMap<usize, device::Graph>,
+    step_graphs: HashMap<(usize, bool), device::Graph>,
     /// Fused single-row launches (router_fused_1, moe_combine_norm): opt-in with env LAGUNA_FUSE.
     /// Off by default: fewer launches but single-block kernels, 194 vs 202.5 tok/s on the H200
     /// (docs/PERF.md, run 13).
