@@ -690,40 +690,10 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { PDL_ENTRY(); attention_gqa_qk_t<u8>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
-extern "C" __global__ void attention_merge(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
-                                           const float* sink, const float* g, int ldg, int gate_mode,
-                                           const int* pos, int window, const int* kend, float vscale) { PDL_ENTRY();
-    __shared__ float sm[128], sl[128];
-    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-    int p = pos[m];
-    int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int len = key_last(p, kend, m, window) + 1 - lo;
-    int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
-    for (int z = tid; z < ns; z += blockDim.x) {
-        sm[z] = pp[z * (hd + 2)];
-        sl[z] = pp[z * (hd + 2) + 1];
-    }
-    __syncthreads();
-    if (tid >= hd) return;
-    float mx = sink ? sink[h] : -INFINITY;
-    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
-    float l = sink ? expf(sink[h] - mx) : 0.f;
-    float a = 0.f;
-#pragma unroll 8
-    for (int z = 0; z < ns; z++) {
-        float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
-        l += sl[z] * c;
-        a += (c == 0.f ? 0.f : pp[z * (hd + 2) + 2 + tid] * c);
-    }
-    float o = (a / l) * vscale;
-    if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
-    else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
-    out[(size_t)m * ldo + h * hd + tid] = o;
-}
-// attention_merge_16 (KernelSet merge16): U split values loaded at once a thread (a sliding
-// layer's 16 splits in one L2 round trip, a full layer's 64 in four, against rounds of 8); the
-// same arithmetic in the same order as attention_merge, so the same bits.
+// U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
+// KernelSet merge16, U = 16): a thread's U next split values loaded at once (a sliding layer's 16
+// splits in one L2 round trip, a full layer's 64 in four), then the same arithmetic in the same
+// order, so the same bits.
 template <int U>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
@@ -745,18 +715,27 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
     for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
     float l = sink ? expf(sink[h] - mx) : 0.f;
     float a = 0.f;
-    for (int z0 = 0; z0 < ns; z0 += U) {
-        // Every split below ns wrote its partial (an empty one: sum 0, so c = 0 below).
-        float v[U];
+    if constexpr (U == 0) {
+#pragma unroll 8
+        for (int z = 0; z < ns; z++) {
+            float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+            l += sl[z] * c;
+            a += (c == 0.f ? 0.f : pp[z * (hd + 2) + 2 + tid] * c);
+        }
+    } else {
+        for (int z0 = 0; z0 < ns; z0 += U) {
+            // Every split below ns wrote its partial (an empty one: sum 0, so c = 0 below).
+            float v[U > 0 ? U : 1];
 #pragma unroll
-        for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
+            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            int z = z0 + u;
-            if (z < ns) {
-                float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
-                l += sl[z] * c;
-                a += (c == 0.f ? 0.f : v[u] * c);
+            for (int u = 0; u < U; u++) {
+                int z = z0 + u;
+                if (z < ns) {
+                    float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+                    l += sl[z] * c;
+                    a += (c == 0.f ? 0.f : v[u] * c);
+                }
             }
         }
     }
@@ -768,6 +747,7 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
+extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<0>(MERGE_ARGS); }
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).

@@ -15,17 +15,24 @@ __device__ __forceinline__ void block_argmax(float& best, int& idx, float* bv, i
         if (bv[j] > best || (bv[j] == best && bi[j] < idx)) { best = bv[j]; idx = bi[j]; }
 }
 // On-device greedy sampling: argmax over each logits row (lowest index wins ties).
-extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { PDL_ENTRY();
-    __shared__ float bv[32];
-    __shared__ int bi[32];
-    const float* l = logits + (size_t)blockIdx.x * V;
+// The largest of l[lo..hi) and, among equal maxima, its lowest index, over the block (every
+// thread gets them; NaN never wins; idx stays 0x7fffffff when nothing does). bv / bi: 32 slots.
+__device__ __forceinline__ int range_argmax(const float* l, int lo, int hi, float& best_out, float* bv, int* bi) {
     float best = -INFINITY;
     int idx = 0x7fffffff;
-    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
         float v = l[i];
         if (v > best || (v == best && i < idx)) { best = v; idx = i; }
     }
     block_argmax(best, idx, bv, bi);
+    best_out = best;
+    return idx;
+}
+extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { PDL_ENTRY();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    float best;
+    int idx = range_argmax(logits + (size_t)blockIdx.x * V, 0, V, best, bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
 // argmax_rows_p (KernelSet argmax_p): the same argmax with gridDim.y blocks a row. Each block
@@ -40,16 +47,10 @@ extern "C" __global__ void argmax_rows_p(const float* logits, int V, int* out, u
     __shared__ float bv[32];
     __shared__ int bi[32];
     int row = blockIdx.x;
-    const float* l = logits + (size_t)row * V;
     int chunk = (V + gridDim.y - 1) / gridDim.y;
-    int lo = blockIdx.y * chunk, hi = min(V, lo + chunk);
-    float best = -INFINITY;
-    int idx = 0x7fffffff;
-    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
-        float v = l[i];
-        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
-    }
-    block_argmax(best, idx, bv, bi);
+    int lo = blockIdx.y * chunk;
+    float best;
+    int idx = range_argmax(logits + (size_t)row * V, lo, min(V, lo + chunk), best, bv, bi);
     if (threadIdx.x == 0) {
         if (idx != 0x7fffffff) {
             u32 f = best == 0.f ? 0u : __float_as_uint(best);

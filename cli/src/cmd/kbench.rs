@@ -683,6 +683,18 @@ fn attn_layer(
                 .f32(scale)
                 .f32(1.0);
         };
+        // The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
+        let rope = |b: &mut laguna_engine::cuda::Args| {
+            b.u64(kp)
+                .u64(vp)
+                .i32(ld as i32)
+                .u64(qn)
+                .u64(kn)
+                .u64(inv_freq)
+                .i32(half as i32)
+                .f32(factor)
+                .f32(1e-6);
+        };
         let qk = || {
             d.launch_p(
                 &mut None,
@@ -691,18 +703,9 @@ fn attn_layer(
                 (128, 1, 1),
                 0,
                 |b| {
-                    b.u64(q)
-                        .i32(ld as i32)
-                        .u64(kp)
-                        .u64(vp)
-                        .i32(ld as i32)
-                        .u64(qn)
-                        .u64(kn)
-                        .u64(inv_freq)
-                        .i32(half as i32)
-                        .f32(factor)
-                        .f32(1e-6)
-                        .u64(pos)
+                    b.u64(q).i32(ld as i32);
+                    rope(b);
+                    b.u64(pos)
                         .u64(seqrow)
                         .u64(bt)
                         .i32(max_pages as i32)
@@ -743,19 +746,9 @@ fn attn_layer(
                 0,
                 |b| {
                     common(b);
-                    b.i32(nsplit as i32)
-                        .u64(part)
-                        .u64(kp)
-                        .u64(vp)
-                        .i32(ld as i32)
-                        .u64(qn)
-                        .u64(kn)
-                        .u64(inv_freq)
-                        .i32(half as i32)
-                        .f32(factor)
-                        .f32(1e-6)
-                        .f32(1.0)
-                        .f32(1.0);
+                    b.i32(nsplit as i32).u64(part);
+                    rope(b);
+                    b.f32(1.0).f32(1.0);
                 },
             )
             .map_err(e)
