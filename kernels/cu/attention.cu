@@ -691,9 +691,9 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
-// KernelSet merge16, U = 16): a thread's U next split values loaded at once (a sliding layer's 16
-// splits in one L2 round trip, a full layer's 64 in four), then the same arithmetic in the same
-// order, so the same bits.
+// KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
+// loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
+// in one with U = 64), then the same arithmetic in the same order, so the same bits.
 template <int U>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
@@ -749,6 +749,8 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
 extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<0>(MERGE_ARGS); }
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
+// KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
+extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
 // One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive

@@ -143,8 +143,14 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
                 attention_merge_16(part, ns, o16, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
+            // attention_merge_64 (KernelSet merge64) likewise.
+            float* o64 = emu_alloc<float>((size_t)rows * qw);
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
+                attention_merge_64(part, ns, o64, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+            });
             merge16_cases++;
-            if (std::memcmp(o16, out, 4 * (size_t)rows * qw) != 0) merge16_bad++;
+            if (std::memcmp(o16, out, 4 * (size_t)rows * qw) != 0 || std::memcmp(o64, out, 4 * (size_t)rows * qw) != 0)
+                merge16_bad++;
         }
     };
     // The three rows in one pass, then (fresh cache) each row alone, in order.
@@ -356,7 +362,7 @@ int main() {
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
     ok &= run<unsigned short>(false, 0, 15, 2050);
-    std::printf("attention_merge_16 vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
+    std::printf("attention_merge_16 and _64 vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
                 merge16_bad ? "SOME DIFFER" : "the same bits");
     ok &= merge16_bad == 0 && merge16_cases > 0;
     ok &= run_prefill<unsigned short>(false, 0, 21);

@@ -65,6 +65,7 @@ pub const MODULES: &[KernelModule] = &[
             "attention_gqa_qk_fp8",
             "attention_merge",
             "attention_merge_16",
+            "attention_merge_64",
             "attention_prefill",
             "attention_prefill_fp8",
             "attention_prefill_h",

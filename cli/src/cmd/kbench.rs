@@ -787,10 +787,11 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 3] = [
+        let variants: [(Option<&'static str>, &'static str); 4] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge_16"),
+            (None, "attention_merge_64"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -812,6 +813,7 @@ fn attn_layer(
         for (b, name) in got[1..].iter().zip([
             "attention_gqa_qk + attention_merge",
             "attention_gqa_qk + attention_merge_16",
+            "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
         ]) {
             println!(
                 "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
@@ -823,7 +825,7 @@ fn attn_layer(
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 8] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 10] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -845,6 +847,15 @@ fn attn_layer(
                 merge("attention_merge_16")
             }),
             ("attention_merge_16 alone", &|| merge("attention_merge_16")),
+            (
+                "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
+                &|| {
+                    qk()?;
+                    gqa()?;
+                    merge("attention_merge_64")
+                },
+            ),
+            ("attention_merge_64 alone", &|| merge("attention_merge_64")),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;

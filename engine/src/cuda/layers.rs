@@ -254,7 +254,9 @@ impl CudaModel {
                 if nsplit > 1 {
                     d.launch_p(
                         prof,
-                        if self.kset.merge16 {
+                        if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
+                            "attention_merge_64"
+                        } else if self.kset.merge16 {
                             "attention_merge_16"
                         } else {
                             "attention_merge"
