@@ -115,6 +115,35 @@ static bool run(const Shape& sh, unsigned seed) {
         same = false;
     }
 
+    // ---- moe_block_1c (KernelSet moe_cn: no fourth barrier, every block combines and norms the
+    // row itself): the same bits as moe_block_1 in every output ----
+    float* xc = emu_alloc<float>(H);
+    std::memcpy(xc, x0, 4 * H);
+    float* hn2_c = emu_alloc<float>(H);
+    float* rlog_c = emu_alloc<float>(E);
+    int* ids_c = emu_alloc<int>(32);
+    float* wts_c = emu_alloc<float>(32);
+    float* act_c = emu_alloc<float>((size_t)KK * I);
+    float* out_c = emu_alloc<float>((size_t)KK * H);
+    unsigned long long* tpc = emu_alloc<unsigned long long>(11);
+    tpc[0] = ~0ull;
+    step("moe_block_1c", emu_launch({sh.grid, 1, 1}, sh.block, [&] {
+        moe_block_1c(xc, post_w, eps, (int)nb, rw, rlog_c, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w,
+                     gate.s, gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, act_c, out_c, ids_c, wts_c, scale, bar,
+                     next_w, hn2_c, tpc);
+    }, 0));
+    for (int i = 0; i + 1 < 11; i++)
+        if (tpc[stamp[i]] > tpc[stamp[i + 1]] || tpc[stamp[i + 1]] == 0) {
+            std::printf("%s: moe_block_1c phase timestamps out of order at %d\n", sh.name, stamp[i + 1]);
+            same = false;
+        }
+    bool same_c = same_bits("moe_block_1c residual", xb, xc, H) && same_bits("moe_block_1c next input norm", hn2_b, hn2_c, H) &&
+                  same_bits("moe_block_1c expert outputs", out_b, out_c, KK * H) && same_bits("moe_block_1c routing weights", wts_b, wts_c, KK);
+    for (int k = 0; k < KK; k++) same_c &= ids_b[k] == ids_c[k];
+    if ((bar[0] & 0x7fffffffu) != 0) same_c = false;
+    std::printf("%s: moe_block_1c (no fourth barrier) = moe_block_1: %s\n", sh.name, same_c ? "yes" : "NO");
+    same &= same_c;
+
     // ---- float64 reference of the layer (model math: RMSNorm, sigmoid router with softcap and
     // biased top-k selection, renormalised weights, SwiGLU experts, routed scale, shared expert).
     std::vector<double> hn(H), lg(E), sc(E), xr(H);

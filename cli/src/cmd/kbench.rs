@@ -918,51 +918,45 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    let block_1 = |i: usize, tpp: u64| {
-        d.launch_p(
-            &mut None,
-            "moe_block_1",
-            (d.sms, 1, 1),
-            (640, 1, 1),
-            smem,
-            |b| {
-                b.u64(x)
-                    .u64(post_w)
-                    .f32(eps)
-                    .i32(nb as i32)
-                    .u64(rwi(i))
-                    .u64(rlog)
-                    .u64(bias)
-                    .i32(e_n as i32)
-                    .i32(k as i32)
-                    .f32(0.0)
-                    .i32(1)
-                    .i32(1)
-                    .f32(1.0 / scale)
-                    .u64(gate.0)
-                    .u64(gate.1)
-                    .u64(gate.2)
-                    .u64(up.0)
-                    .u64(up.1)
-                    .u64(up.2)
-                    .u64(down.0)
-                    .u64(down.1)
-                    .u64(down.2)
-                    .i32(h as i32)
-                    .i32(im as i32)
-                    .u64(act)
-                    .u64(out)
-                    .u64(ids)
-                    .u64(wts)
-                    .f32(scale)
-                    .u64(gbar)
-                    .u64(next_w)
-                    .u64(hn2)
-                    .u64(tpp);
-            },
-        )
+    let block_n = |name: &'static str, i: usize, tpp: u64| {
+        d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
+            b.u64(x)
+                .u64(post_w)
+                .f32(eps)
+                .i32(nb as i32)
+                .u64(rwi(i))
+                .u64(rlog)
+                .u64(bias)
+                .i32(e_n as i32)
+                .i32(k as i32)
+                .f32(0.0)
+                .i32(1)
+                .i32(1)
+                .f32(1.0 / scale)
+                .u64(gate.0)
+                .u64(gate.1)
+                .u64(gate.2)
+                .u64(up.0)
+                .u64(up.1)
+                .u64(up.2)
+                .u64(down.0)
+                .u64(down.1)
+                .u64(down.2)
+                .i32(h as i32)
+                .i32(im as i32)
+                .u64(act)
+                .u64(out)
+                .u64(ids)
+                .u64(wts)
+                .f32(scale)
+                .u64(gbar)
+                .u64(next_w)
+                .u64(hn2)
+                .u64(tpp);
+        })
         .map_err(e)
     };
+    let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
     let seven = |i: usize| -> Result<()> {
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
@@ -1092,12 +1086,13 @@ fn moe_layer(
     let mut differ = vec![];
     for i in 0..4 {
         let mut got = vec![];
-        for fused in [false, true] {
+        // The seven launches, moe_block_1, moe_block_1c (KernelSet moe_cn).
+        for v in 0..3 {
             d.htod(x, &x0).map_err(e)?;
-            if fused {
-                block_1(i, 0)?;
-            } else {
-                seven(i)?;
+            match v {
+                0 => seven(i)?,
+                1 => block_1(i, 0)?,
+                _ => block_n("moe_block_1c", i, 0)?,
             }
             d.sync().map_err(e)?;
             got.push((
@@ -1107,23 +1102,25 @@ fn moe_layer(
                 bits(dtoh_f32(d, wts, kk)?),
             ));
         }
-        let (a, b) = (&got[0], &got[1]);
-        for (name, same) in [
-            ("residual", a.0 == b.0),
-            ("next normed row", a.1 == b.1),
-            ("expert ids", a.2 == b.2),
-            ("routing weights", a.3 == b.3),
-        ] {
-            if !same {
-                differ.push(format!("router {i}: {name}"));
+        let a = &got[0];
+        for (b, which) in [(&got[1], "moe_block_1"), (&got[2], "moe_block_1c")] {
+            for (name, same) in [
+                ("residual", a.0 == b.0),
+                ("next normed row", a.1 == b.1),
+                ("expert ids", a.2 == b.2),
+                ("routing weights", a.3 == b.3),
+            ] {
+                if !same {
+                    differ.push(format!("{which}, router {i}: {name}"));
+                }
             }
         }
     }
     if differ.is_empty() {
-        println!("moe_block_1 = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+        println!("moe_block_1 and moe_block_1c = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
     } else {
         println!(
-            "moe_block_1 vs the seven launches DIFFER: {}",
+            "moe_block_1 / moe_block_1c vs the seven launches DIFFER: {}",
             differ.join(", ")
         );
     }
@@ -1138,6 +1135,12 @@ fn moe_layer(
     ));
     let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
     rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
+    let t1c = time_graph(d, reps, &|i| block_n("moe_block_1c", i, 0))?;
+    rows.push((
+        "moe layer, 1 row: moe_block_1c".into(),
+        t1c,
+        bytes / t1c / 1e6,
+    ));
     // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
     // up, then once more from fresh stamps.
     let mut init = vec![0u8; 8 * 16 * reps];
