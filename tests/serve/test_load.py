@@ -86,17 +86,19 @@ def test_admission_limit_429():
     from conftest import TINY_CHAT, Server
     s = Server(["--model", str(TINY_CHAT), "--device", "cpu", "--served-model-name", "tiny", "--max-num-seqs", "1", "--max-waiting", "1"], "admission")
     try:
-        body = json.dumps({"prompt": "Once", "max_tokens": 2000, "stream": True, "ignore_eos": True})
+        # As long as the context allows (4,096 positions), so the first request is still running
+        # when the second arrives even on a fast machine (a 2,000-token request could finish
+        # within the 0.3 s a fixed sleep gave it).
+        body = json.dumps({"prompt": "Once", "max_tokens": 4000, "stream": True, "ignore_eos": True})
         socks = []
-        for _ in range(2):  # one running, one waiting
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):  # one running, then one waiting
             k = socket.create_connection(("127.0.0.1", s.port))
             k.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n" + body).encode())
             socks.append(k)
-            time.sleep(0.3)
-        t0 = time.time()
-        while metric(requests.get(s.url + "/metrics").text, "vllm:num_requests_waiting", model_name="tiny") != 1:
-            assert time.time() - t0 < 10
-            time.sleep(0.05)
+            t0 = time.time()
+            while metric(requests.get(s.url + "/metrics").text, name, model_name="tiny") != 1:
+                assert time.time() - t0 < 10, f"{name} never reached 1"
+                time.sleep(0.005)
         r = requests.post(s.url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
         assert r.status_code == 429, r.text
         assert r.json()["error"]["type"] == "RateLimitError"
