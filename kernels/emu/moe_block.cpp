@@ -73,31 +73,44 @@ static bool run(const Shape& sh, unsigned seed) {
     step("moe_combine", emu_launch({(unsigned)ceil_div(H, 256), 1, 1}, 256, [&] { moe_combine(xa, out_a, wts_a, nullptr, H, KK, scale); }));
     step("rmsnorm (next)", emu_launch({1, 1, 1}, nb, [&] { rmsnorm(xa, nullptr, next_w, hn2_a, H, eps); }));
 
-    // ---- moe_block_1 ----
-    float* xb = emu_alloc<float>(H);
-    std::memcpy(xb, x0, 4 * H);
-    float* hn2_b = emu_alloc<float>(H);
-    float* rlog_b = emu_alloc<float>(E);
-    int* ids_b = emu_alloc<int>(32);
-    float* wts_b = emu_alloc<float>(32);
-    float* act_b = emu_alloc<float>((size_t)KK * I);
-    float* out_b = emu_alloc<float>((size_t)KK * H);
+    // ---- moe_block_1, and moe_block_1c (KernelSet moe_cn: no fourth barrier, every block combines
+    // and norms the row itself), each from x0 with its own outputs ----
+    struct Fused {
+        float *x, *hn2, *rlog, *wts, *act, *out;
+        int* ids;
+    };
     unsigned* bar = emu_alloc<unsigned>(4);
     // Phase timestamps (what laguna kbench reads): start, barrier 0 in / out, top-k done,
-    // barriers 1..3 in / out, end: in that order.
-    unsigned long long* tp = emu_alloc<unsigned long long>(11);
-    tp[0] = ~0ull;
-    step("moe_block_1", emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-        moe_block_1(xb, post_w, eps, (int)nb, rw, rlog_b, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w,
-                    gate.s, gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, act_b, out_b, ids_b, wts_b, scale, bar,
-                    next_w, hn2_b, tp);
-    }, 0));
+    // barriers 1..3 in / out, end: in that order (moe_block_1c stamps its end for barrier 3).
     const int stamp[] = {0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9};
-    for (int i = 0; i + 1 < 11; i++)
-        if (tp[stamp[i]] > tp[stamp[i + 1]] || tp[stamp[i + 1]] == 0) {
-            std::printf("%s: phase timestamps out of order at %d\n", sh.name, stamp[i + 1]);
+    auto fused = [&](bool c) {
+        Fused f{emu_alloc<float>(H),      emu_alloc<float>(H),           emu_alloc<float>(E),
+                emu_alloc<float>(32),     emu_alloc<float>((size_t)KK * I), emu_alloc<float>((size_t)KK * H),
+                emu_alloc<int>(32)};
+        std::memcpy(f.x, x0, 4 * H);
+        unsigned long long* tp = emu_alloc<unsigned long long>(11);
+        tp[0] = ~0ull;
+        const char* name = c ? "moe_block_1c" : "moe_block_1";
+        step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
+            auto k = c ? moe_block_1c : moe_block_1;
+            k(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+              gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
+              tp);
+        }, 0));
+        for (int i = 0; i + 1 < 11; i++)
+            if (tp[stamp[i]] > tp[stamp[i + 1]] || tp[stamp[i + 1]] == 0) {
+                std::printf("%s: %s phase timestamps out of order at %d\n", sh.name, name, stamp[i + 1]);
+                ok = false;
+            }
+        if ((bar[0] & 0x7fffffffu) != 0) {
+            std::printf("  %s: barrier word's low bits not back to 0: %08x\n", name, bar[0]);
             ok = false;
         }
+        return f;
+    };
+    Fused fb = fused(false), fc = fused(true);
+    float *xb = fb.x, *hn2_b = fb.hn2, *rlog_b = fb.rlog, *wts_b = fb.wts, *act_b = fb.act, *out_b = fb.out;
+    int* ids_b = fb.ids;
     if (!ok) {
         std::printf("%s: a launch failed\n", sh.name);
         return false;
@@ -110,37 +123,11 @@ static bool run(const Shape& sh, unsigned seed) {
             std::printf("  expert id of slot %d: %d vs %d\n", k, ids_a[k], ids_b[k]);
             same = false;
         }
-    if ((bar[0] & 0x7fffffffu) != 0) {
-        std::printf("  barrier word's low bits not back to 0: %08x\n", bar[0]);
-        same = false;
-    }
 
-    // ---- moe_block_1c (KernelSet moe_cn: no fourth barrier, every block combines and norms the
-    // row itself): the same bits as moe_block_1 in every output ----
-    float* xc = emu_alloc<float>(H);
-    std::memcpy(xc, x0, 4 * H);
-    float* hn2_c = emu_alloc<float>(H);
-    float* rlog_c = emu_alloc<float>(E);
-    int* ids_c = emu_alloc<int>(32);
-    float* wts_c = emu_alloc<float>(32);
-    float* act_c = emu_alloc<float>((size_t)KK * I);
-    float* out_c = emu_alloc<float>((size_t)KK * H);
-    unsigned long long* tpc = emu_alloc<unsigned long long>(11);
-    tpc[0] = ~0ull;
-    step("moe_block_1c", emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-        moe_block_1c(xc, post_w, eps, (int)nb, rw, rlog_c, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w,
-                     gate.s, gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, act_c, out_c, ids_c, wts_c, scale, bar,
-                     next_w, hn2_c, tpc);
-    }, 0));
-    for (int i = 0; i + 1 < 11; i++)
-        if (tpc[stamp[i]] > tpc[stamp[i + 1]] || tpc[stamp[i + 1]] == 0) {
-            std::printf("%s: moe_block_1c phase timestamps out of order at %d\n", sh.name, stamp[i + 1]);
-            same = false;
-        }
-    bool same_c = same_bits("moe_block_1c residual", xb, xc, H) && same_bits("moe_block_1c next input norm", hn2_b, hn2_c, H) &&
-                  same_bits("moe_block_1c expert outputs", out_b, out_c, KK * H) && same_bits("moe_block_1c routing weights", wts_b, wts_c, KK);
-    for (int k = 0; k < KK; k++) same_c &= ids_b[k] == ids_c[k];
-    if ((bar[0] & 0x7fffffffu) != 0) same_c = false;
+    bool same_c = same_bits("moe_block_1c residual", xb, fc.x, H) && same_bits("moe_block_1c next input norm", hn2_b, fc.hn2, H) &&
+                  same_bits("moe_block_1c expert outputs", out_b, fc.out, KK * H) &&
+                  same_bits("moe_block_1c routing weights", wts_b, fc.wts, KK);
+    for (int k = 0; k < KK; k++) same_c &= ids_b[k] == fc.ids[k];
     std::printf("%s: moe_block_1c (no fourth barrier) = moe_block_1: %s\n", sh.name, same_c ? "yes" : "NO");
     same &= same_c;
 
