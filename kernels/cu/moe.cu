@@ -922,11 +922,6 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
     __syncthreads();
     return rsqrtf(t / (float)H + eps);
 }
-// CN (moe_block_1c, KernelSet moe_cn): with next_w, no fourth barrier: every block reads the
-// residual row into shared memory before the third barrier (nothing writes it before then), and
-// after it adds the combined expert outputs to the whole row itself (moe_combine's arithmetic),
-// the block owning an element under moe_block_1's mapping storing it, then takes the RMSNorm of
-// its copy (rms_inv_nb's reduction on the same values) for its share of hn_out: the same bits.
 #define MOE_BLOCK_PARAMS                                                                                             \
     float *x, const float *post_w, float eps, int NB, const void *rw, float *rlog, const float *bias, int E, int K, \
         float softcap, int norm_topk, int shared_slot, float inv_scale, const void *gw, const u8 *gs,               \
@@ -936,7 +931,6 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
-template <int CN>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1047,39 +1041,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         }
         sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
     }
-    // CN: the residual row into hn (free since the gate/up items; the barrier after the staging
-    // above ordered this block's last reads of it), before any block can pass the barrier below
-    // and write the row.
-    if (CN && next_w)
-        for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = x[i];
     mk_sync(bar, gphase, tp, 2);
-    if (CN && next_w) {
-        // 4 + 5 in every block: the combined row in hn, stored by the owner of each element
-        // (block (n / blockDim) % gridDim, as in the grid-stride loop below), then its norm.
-        for (int n = threadIdx.x; n < H; n += blockDim.x) {
-            float a = 0.f;
-            for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
-            a = __fmul_rn(a, scale);
-            float v = hn[n] + a;
-            hn[n] = v;
-            if ((n / (int)blockDim.x) % (int)gridDim.x == (int)blockIdx.x) x[n] = v;
-        }
-        __syncthreads();
-        float inv2 = rms_inv_nb<false>(hn, H, NB, eps, sh);
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
-            hn_out[i] = next_w[i] * (hn[i] * inv2);
-        if (tp) {
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                // No fourth barrier: its stamps are this block's end, so the phases stay ordered.
-                unsigned long long t = emu_ns();
-                atomicMax(tp + 7, t);
-                atomicMax(tp + 8, t);
-                atomicMax(tp + 9, t);
-            }
-        }
-        return;
-    }
     // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
     for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
         float a = 0.f;
@@ -1102,5 +1064,4 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t<0>(MOE_BLOCK_ARGS); }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1c(MOE_BLOCK_PARAMS) { moe_block_1_t<1>(MOE_BLOCK_ARGS); }
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t(MOE_BLOCK_ARGS); }

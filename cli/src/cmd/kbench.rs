@@ -1086,13 +1086,12 @@ fn moe_layer(
     let mut differ = vec![];
     for i in 0..4 {
         let mut got = vec![];
-        // The seven launches, moe_block_1, moe_block_1c (KernelSet moe_cn).
-        for v in 0..3 {
+        // The seven launches, then moe_block_1.
+        for v in 0..2 {
             d.htod(x, &x0).map_err(e)?;
             match v {
                 0 => seven(i)?,
-                1 => block_1(i, 0)?,
-                _ => block_n("moe_block_1c", i, 0)?,
+                _ => block_1(i, 0)?,
             }
             d.sync().map_err(e)?;
             got.push((
@@ -1103,7 +1102,7 @@ fn moe_layer(
             ));
         }
         let a = &got[0];
-        for (b, which) in [(&got[1], "moe_block_1"), (&got[2], "moe_block_1c")] {
+        for (b, which) in [(&got[1], "moe_block_1")] {
             for (name, same) in [
                 ("residual", a.0 == b.0),
                 ("next normed row", a.1 == b.1),
@@ -1117,10 +1116,10 @@ fn moe_layer(
         }
     }
     if differ.is_empty() {
-        println!("moe_block_1 and moe_block_1c = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+        println!("moe_block_1 = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
     } else {
         println!(
-            "moe_block_1 / moe_block_1c vs the seven launches DIFFER: {}",
+            "moe_block_1 vs the seven launches DIFFER: {}",
             differ.join(", ")
         );
     }
@@ -1135,12 +1134,6 @@ fn moe_layer(
     ));
     let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
     rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
-    let t1c = time_graph(d, reps, &|i| block_n("moe_block_1c", i, 0))?;
-    rows.push((
-        "moe layer, 1 row: moe_block_1c".into(),
-        t1c,
-        bytes / t1c / 1e6,
-    ));
     // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
     // up, then once more from fresh stamps.
     let mut init = vec![0u8; 8 * 16 * reps];

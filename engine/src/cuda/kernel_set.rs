@@ -105,11 +105,6 @@ pub struct KernelSet {
     /// 2K-token row's 64 splits instead of four); the same arithmetic, so the same bits (kbench,
     /// kernels/emu, greedy fingerprint). Run 115: 8.21 -> 8.00 us a full layer's merge alone.
     pub merge64: bool,
-    /// With `moe_mk`: `moe_block_1c` for a layer followed by another: no fourth grid barrier;
-    /// every block combines the expert outputs into its own copy of the residual row and norms
-    /// it (the same arithmetic and order, so the same bits: kernels/emu/moe_block.cpp). Off until
-    /// measured on a GPU.
-    pub moe_cn: bool,
 }
 
 impl KernelSet {
@@ -142,7 +137,6 @@ impl KernelSet {
             argmax_p: false,
             serve_argmax: false,
             merge64: false,
-            moe_cn: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -174,7 +168,6 @@ impl KernelSet {
             argmax_p: true,
             serve_argmax: true,
             merge64: true,
-            moe_cn: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -216,8 +209,7 @@ impl KernelSet {
                 "argmax_p" => k.argmax_p = on,
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
-                "moe_cn" => k.moe_cn = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, moe_cn)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64)")),
             }
         }
         Ok(k)
@@ -293,7 +285,6 @@ mod tests {
         assert!(d.merge64 && d.serve_argmax && !KernelSet::original().merge64);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
-        assert!(!d.moe_cn && KernelSet::parse("+moe_cn").unwrap().moe_cn);
         assert!(KernelSet::parse("-fast")
             .unwrap_err()
             .contains("unknown kernel family `fast`"));

@@ -707,11 +707,7 @@ impl CudaModel {
         self.dev
             .launch_p(
                 prof,
-                if self.kset.moe_cn && next.is_some() {
-                    "moe_block_1c"
-                } else {
-                    "moe_block_1"
-                },
+                "moe_block_1",
                 (self.mk_grid, 1, 1),
                 (load::MK_BLOCK, 1, 1),
                 self.mk_smem,
