@@ -435,8 +435,12 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_
 // output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
 // decoded alone and the same row verified with k others are bit-identical.
 // grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
-extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
-                                          float* y, int ldy, int M, int N, int K, int accumulate) {
+// TL (linear_tc_bf16_tl, a kbench diagnostic, not a result): the same kernel reading its weight
+// fragments from a tile-interleaved layout (each 16-row x 32-K tile one contiguous 1 KB piece,
+// lane l's 16 bytes at 16 l and 512 + 16 l): what the GEMV would take with weights stored that way.
+template <int TL>
+__device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                                 float* y, int ldy, int M, int N, int K, int accumulate) {
     __shared__ float red[16][32][4];
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
@@ -451,13 +455,19 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
     // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
     // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait.
     uint4 A0[4], A1[4];
+    const bf16_t* wt = w + (size_t)blockIdx.x * nk * 512 + 8 * lane;
     auto ldw = [&](int kt0) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
             if (kt < nk) {
-                A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
-                A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
+                if (TL) {
+                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
+                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
+                } else {
+                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
+                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
+                }
             }
         }
     };
@@ -515,6 +525,51 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
             *o = accumulate ? *o + c[i] : c[i];
         }
     }
+}
+extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                          float* y, int ldy, int M, int N, int K, int accumulate) {
+    linear_tc_bf16_t<0>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                             float* y, int ldy, int M, int N, int K, int accumulate) {
+    linear_tc_bf16_t<1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// Diagnostic (laguna kbench): linear_tc_bf16's weight loads alone, the same grid, block, rounds
+// of four K tiles a lane and (tiled 0) addresses: 64 bytes of each of 16 rows a warp load; with
+// tiled 1 each (16-row group, K tile) is read as one contiguous 1 KB piece (512 bytes a load), the
+// order a tile-interleaved weight layout would give. Words folded by XOR, nothing computed.
+extern "C" __global__ void read_tc_pattern(const void* wv, int N, int K, unsigned* out, int tiled) {
+    PDL_ENTRY();
+    const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
+    int S = blockDim.x >> 5;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int n0 = blockIdx.x * 16;
+    int nk = K >> 5;
+    const bf16_t* wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
+    const bf16_t* wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
+    const bf16_t* wt = w + (size_t)blockIdx.x * nk * 512 + 8 * lane;
+    unsigned acc = 0;
+    for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
+        uint4 A0[4], A1[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int kt = kt0 + u * S;
+            A0[u] = make_uint4(0u, 0u, 0u, 0u);
+            A1[u] = A0[u];
+            if (kt < nk) {
+                if (tiled) {
+                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
+                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
+                } else {
+                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
+                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) acc ^= A0[u].x ^ A0[u].y ^ A0[u].z ^ A0[u].w ^ A1[u].x ^ A1[u].y ^ A1[u].z ^ A1[u].w;
+    }
+    if (acc == 0x9e3779b9u) out[blockIdx.x] = acc;
 }
 // Read-only streaming of n uint4 (the practical read roofline for a kernel of the same size):
 // each thread sums its words, one value per block is written. grid-stride, 4 loads in flight.

@@ -128,7 +128,9 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_gate_up_fp4_ks16",
             "moe_gemm_down_fp4_wk16",
             "linear_tc_bf16",
+            "linear_tc_bf16_tl",
             "read_u4",
+            "read_tc_pattern",
         ],
     },
     KernelModule {

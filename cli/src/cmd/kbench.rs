@@ -148,11 +148,41 @@ pub fn run(a: Args) -> Result<()> {
             t,
             bytes as f64 / t / 1e6,
         ));
-        // One linear_tc_bf16 launch on the matrix at w with S warps a block.
-        let tc = |w: u64, sw: u32| {
+        // linear_tc_bf16's weight loads alone (read_tc_pattern): its own addresses, then the
+        // same rounds reading each (16-row group, K tile) as one contiguous 1 KB piece.
+        for (tiled, sw) in [(0, 4u32), (1, 4), (0, 16), (1, 16)] {
+            let t = time_graph(&d, reps, &|i| {
+                d.launch_p(
+                    &mut None,
+                    "read_tc_pattern",
+                    ((n as u32).div_ceil(16), 1, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(off(i))
+                            .i32(n as i32)
+                            .i32(k as i32)
+                            .u64(sink)
+                            .i32(tiled);
+                    },
+                )
+                .map_err(e)
+            })?;
+            rows.push((
+                format!(
+                    "{label} N={n} K={k}: read_tc_pattern S={sw} {}",
+                    if tiled == 1 { "tiled" } else { "row-major" }
+                ),
+                t,
+                bytes as f64 / t / 1e6,
+            ));
+        }
+        // One launch of linear_tc_bf16 (or `name`: linear_tc_bf16_tl reads the same bytes as a
+        // tile-interleaved layout, a timing of that layout only) on the matrix at w, S warps.
+        let tcn = |name: &'static str, w: u64, sw: u32| {
             d.launch_p(
                 &mut None,
-                "linear_tc_bf16",
+                name,
                 ((n as u32).div_ceil(16), 1, 1),
                 (32 * sw, 1, 1),
                 0,
@@ -172,6 +202,7 @@ pub fn run(a: Args) -> Result<()> {
             )
             .map_err(e)
         };
+        let tc = |w: u64, sw: u32| tcn("linear_tc_bf16", w, sw);
         // The same matrix every launch (L2-resident when it fits the 50 MB L2): what a GEMV
         // would gain from weights already in L2.
         if n <= 10304 {
@@ -187,6 +218,16 @@ pub fn run(a: Args) -> Result<()> {
             let t = time_graph(&d, reps, &|i| tc(off(i), sw))?;
             rows.push((
                 format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}"),
+                t,
+                bytes as f64 / t / 1e6,
+            ));
+        }
+        for sw in [4u32, 16] {
+            let t = time_graph(&d, reps, &|i| tcn("linear_tc_bf16_tl", off(i), sw))?;
+            rows.push((
+                format!(
+                    "{label} N={n} K={k}: linear_tc_bf16_tl S={sw} (tiled layout, timing only)"
+                ),
                 t,
                 bytes as f64 / t / 1e6,
             ));
