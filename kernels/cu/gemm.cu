@@ -435,9 +435,10 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_
 // output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
 // decoded alone and the same row verified with k others are bit-identical.
 // grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
-// TL (linear_tc_bf16_tl, a kbench diagnostic, not a result): the same kernel reading its weight
-// fragments from a tile-interleaved layout (each 16-row x 32-K tile one contiguous 1 KB piece,
-// lane l's 16 bytes at 16 l and 512 + 16 l): what the GEMV would take with weights stored that way.
+// TL (linear_tc_bf16_tl, KernelSet tc_tl): the same kernel reading its weight fragments from the
+// tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one contiguous 1 KB piece,
+// lane l's 16 bytes at 16 l and 512 + 16 l): a warp's load is 512 contiguous bytes instead of
+// 64 bytes of 8 rows. The same values in the same fragments, so the same bits.
 template <int TL>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {
@@ -533,6 +534,20 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
 extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                              float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
+// rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,
+// K 32 kt + 8 (l % 4) ..) at 8 l and those of row + 8 at 256 + 8 l; rows past N repeat row N - 1
+// (what linear_tc_bf16 loads for them). grid (ceil(N / 16), K / 32), block 32. K % 32 == 0.
+extern "C" __global__ void tile_bf16(const bf16_t* w, bf16_t* dst, int N, int K) {
+    PDL_ENTRY();
+    int rg = blockIdx.x, kt = blockIdx.y, lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    int nk = K >> 5;
+    const bf16_t* a = w + (size_t)min(rg * 16 + g, N - 1) * K + kt * 32 + 8 * t;
+    const bf16_t* b = w + (size_t)min(rg * 16 + g + 8, N - 1) * K + kt * 32 + 8 * t;
+    bf16_t* o = dst + ((size_t)rg * nk + kt) * 512 + 8 * lane;
+    *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(a);
+    *reinterpret_cast<uint4*>(o + 256) = *reinterpret_cast<const uint4*>(b);
 }
 // Diagnostic (laguna kbench): linear_tc_bf16's weight loads alone, the same grid, block, rounds
 // of four K tiles a lane and (tiled 0) addresses: 64 bytes of each of 16 rows a warp load; with

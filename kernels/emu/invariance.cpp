@@ -5,7 +5,8 @@
 //   * moe_{gate_up,down}_fp4_sp over 7 rows (57-ish experts, grouped, an expert shared by
 //     several rows read once) = the same kernels on each row alone (direct grouping);
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
-//   * linear_tc_bf16 (4 and 16 warps a block) over 7 rows = each row alone;
+//   * linear_tc_bf16 (4 and 16 warps a block) over 7 rows = each row alone (and = linear_tc_bf16_tl
+//     on tile_bf16's tile-interleaved copy);
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -106,6 +107,18 @@ int main() {
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16(wb, nullptr, 1.f, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0); });
             bool eq = same_bits("linear_tc_bf16 7 rows vs 1", ym, y1, (size_t)M * N);
+            {
+                // linear_tc_bf16_tl (KernelSet tc_tl) on tile_bf16's copy: the same bits, 7 rows.
+                unsigned short* wt = emu_alloc<unsigned short>((size_t)ceil_div(N, 16) * 16 * K);
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), (unsigned)(K / 32), 1}, 32,
+                                 [&] { tile_bf16(wb, wt, N, K); });
+                float* yt = emu_alloc<float>((size_t)M * N);
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tl(wt, nullptr, 1.f, x, K, yt, N, M, N, K, 0); });
+                bool et = same_bits("linear_tc_bf16_tl vs linear_tc_bf16", yt, ym, (size_t)M * N);
+                std::printf("linear_tc_bf16_tl on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S, et ? "yes" : "NO");
+                eq &= et;
+            }
             double e = ref_err(0, ym, M);
             std::printf("linear_tc_bf16 (%d warps a block) over %d rows = each row alone: %s; vs float64 %.1e %s\n", S, M,
                         eq ? "yes" : "NO", e, e < 1e-4 ? "ok" : "TOO LARGE");

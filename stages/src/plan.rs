@@ -56,6 +56,8 @@ pub struct KvPlan {
     pub device: Device,
     pub kv_dtype: KvCacheDtype,
     pub weights: WeightBytes,
+    /// CUDA: the GEMV's tile-interleaved copies of the BF16 Linears (0 on CPU).
+    pub gemv_copies: u64,
     pub full_layers: usize,
     pub sliding_layers: usize,
     pub kv_bytes_per_token_layer: u64,
@@ -179,7 +181,12 @@ impl KvPlan {
         let cap = recipe
             .memory_cap_bytes
             .map_or(util_cap, |c| c.min(util_cap));
-        let fixed = weights.target + weights.draft + activations + reserve;
+        let gemv_copies = if recipe.device == Device::Cpu {
+            0
+        } else {
+            weights::gemv_copy_bytes(cfg, draft)
+        };
+        let fixed = weights.target + weights.draft + gemv_copies + activations + reserve;
         let (kv_budget, kv_budget_given) = match recipe.kv_cache_memory_bytes {
             Some(kv) => (kv, true),
             None => (cap.saturating_sub(fixed), false),
@@ -195,6 +202,7 @@ impl KvPlan {
             device: recipe.device,
             kv_dtype: recipe.kv_cache_dtype,
             weights,
+            gemv_copies,
             full_layers,
             sliding_layers,
             kv_bytes_per_token_layer,
@@ -251,7 +259,11 @@ impl KvPlan {
                 human(self.memory.total)
             ),
         };
-        let fixed = self.weights.target + self.weights.draft + self.activations + self.reserve;
+        let fixed = self.weights.target
+            + self.weights.draft
+            + self.gemv_copies
+            + self.activations
+            + self.reserve;
         if self.max_model_len > self.max_position_embeddings {
             return Err(PlanError::DoesNotFit(format!(
                 "max_model_len {} exceeds the model's max_position_embeddings {}; lower max_model_len",
@@ -271,7 +283,7 @@ impl KvPlan {
         if !self.kv_budget_given && self.kv_budget == 0 {
             return Err(PlanError::DoesNotFit(format!(
                 "weights {} + activations {} + reserve {} = {} leave no room for the KV cache under the cap {} ({cap_desc}); raise gpu_memory_utilization or memory_cap_bytes, or lower max_num_batched_tokens",
-                human(self.weights.target + self.weights.draft), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
             )));
         }
         if self.kv_budget <= self.ring_bytes() {
@@ -292,14 +304,14 @@ impl KvPlan {
         if self.total > self.cap && fixed >= self.cap {
             return Err(PlanError::DoesNotFit(format!(
                 "weights {} + activations {} + reserve {} = {} alone exceed the cap {} ({cap_desc}), before any KV cache; raise gpu_memory_utilization or memory_cap_bytes, lower max_num_batched_tokens, or plan for the real device with --device-memory",
-                human(self.weights.target + self.weights.draft), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
             )));
         }
         if self.total > self.cap {
             let room = self.cap.saturating_sub(fixed);
             return Err(PlanError::DoesNotFit(format!(
                 "total {} (weights {} + KV {} + activations {} + reserve {}) exceeds the cap {} ({cap_desc}); lower kv_cache_memory_bytes to at most {} or raise gpu_memory_utilization / memory_cap_bytes",
-                human(self.total), human(self.weights.target + self.weights.draft), human(self.kv_budget), human(self.activations), human(self.reserve), human(self.cap), commas(room)
+                human(self.total), human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.kv_budget), human(self.activations), human(self.reserve), human(self.cap), commas(room)
             )));
         }
         if self.total > self.memory.free {
@@ -330,6 +342,13 @@ impl fmt::Display for KvPlan {
             commas(self.weights.draft),
             human(self.weights.target + self.weights.draft)
         )?;
+        if self.gemv_copies > 0 {
+            writeln!(
+                f,
+                "  GEMV copies:        {} (tile-interleaved BF16 Linears for the decode GEMV)",
+                human(self.gemv_copies)
+            )?;
+        }
         writeln!(
             f,
             "  KV per token:       {} B per full-attention layer x {} layers = {} B/token",

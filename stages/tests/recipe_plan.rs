@@ -255,7 +255,15 @@ fn xs21_plan_numbers() {
     assert_eq!(act, 887_472_128);
     assert_eq!(p.activations, act);
     assert_eq!(p.reserve, GIB);
-    assert_eq!(p.total, wt + wd + 12_884_901_888 + act + GIB);
+    // The CUDA GEMV's tile-interleaved copies: every BF16 Linear it reads once more (rows are
+    // multiples of 16 here): the target's attention q/k/v/o/g, layer 0's dense MLP and lm_head,
+    // and the draft's 5 layers of q|k|v|g [10304, 2048], o [2048, 8192], MLP 3 x [8192, 2048].
+    let copies: u64 = 2_861_957_120
+        + 100_663_296
+        + 411_041_792
+        + 2 * 5 * (10_304 * 2048 + 2048 * 8192 + 3 * 8192 * 2048);
+    assert_eq!(p.gemv_copies, copies);
+    assert_eq!(p.total, wt + wd + copies + 12_884_901_888 + act + GIB);
     assert_eq!(p.cap, 64 * GIB);
     p.check().unwrap();
     let text = p.to_string();

@@ -203,6 +203,47 @@ pub fn run(a: Args) -> Result<()> {
             .map_err(e)
         };
         let tc = |w: u64, sw: u32| tcn("linear_tc_bf16", w, sw);
+        // linear_tc_bf16_tl (KernelSet tc_tl) on tile_bf16's copy of a random matrix against
+        // linear_tc_bf16 on the matrix: the same bits (1 row; S = 4 and 16).
+        if n <= 10304 {
+            let wr = d.alloc(bytes).map_err(e)?;
+            let wt = d.alloc(n.div_ceil(16) * 16 * k * 2).map_err(e)?;
+            let wb: Vec<u8> = (0..n * k)
+                .flat_map(|_| {
+                    let f = ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+                    ((f.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect();
+            d.htod(wr, &wb).map_err(e)?;
+            d.launch_p(
+                &mut None,
+                "tile_bf16",
+                ((n as u32).div_ceil(16), (k / 32) as u32, 1),
+                (32, 1, 1),
+                0,
+                |b| {
+                    b.u64(wr).u64(wt).i32(n as i32).i32(k as i32);
+                },
+            )
+            .map_err(e)?;
+            let mut same = true;
+            for sw in [4u32, 16] {
+                tcn("linear_tc_bf16", wr, sw)?;
+                d.sync().map_err(e)?;
+                let a = dtoh_f32(&d, y, n)?;
+                d.memset_d32(y, 0, n).map_err(e)?;
+                tcn("linear_tc_bf16_tl", wt, sw)?;
+                d.sync().map_err(e)?;
+                let b = dtoh_f32(&d, y, n)?;
+                same &= a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
+            }
+            println!(
+                "linear_tc_bf16_tl on tile_bf16's copy vs linear_tc_bf16, {label} N={n} K={k}, S=4 and 16: {}",
+                if same { "bit-identical" } else { "DIFFER" }
+            );
+            d.free(wr);
+            d.free(wt);
+        }
         // The same matrix every launch (L2-resident when it fits the 50 MB L2): what a GEMV
         // would gain from weights already in L2.
         if n <= 10304 {
@@ -225,9 +266,7 @@ pub fn run(a: Args) -> Result<()> {
         for sw in [4u32, 16] {
             let t = time_graph(&d, reps, &|i| tcn("linear_tc_bf16_tl", off(i), sw))?;
             rows.push((
-                format!(
-                    "{label} N={n} K={k}: linear_tc_bf16_tl S={sw} (tiled layout, timing only)"
-                ),
+                format!("{label} N={n} K={k}: linear_tc_bf16_tl S={sw} (tiled layout)"),
                 t,
                 bytes as f64 / t / 1e6,
             ));

@@ -179,6 +179,7 @@ impl CudaDraft {
                 inv_gs: 1.0,
                 n: 2 * kvw,
                 k: h,
+                t: 0,
             });
             let dummy = |n: usize| Lin {
                 fp4: false,
@@ -187,6 +188,7 @@ impl CudaDraft {
                 inv_gs: 1.0,
                 n,
                 k: h,
+                t: 0,
             };
             let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
             let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;

@@ -105,6 +105,12 @@ pub struct KernelSet {
     /// 2K-token row's 64 splits instead of four); the same arithmetic, so the same bits (kbench,
     /// kernels/emu, greedy fingerprint). Run 115: 8.21 -> 8.00 us a full layer's merge alone.
     pub merge64: bool,
+    /// With `tc_gemv`: BF16 GEMVs read a tile-interleaved copy of their weights
+    /// (`linear_tc_bf16_tl`; each warp load 512 contiguous bytes instead of 64 bytes of 8 rows),
+    /// made at load by `tile_bf16` next to the row-major matrix the prefill GEMMs read (the
+    /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, counted by
+    /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
+    pub tc_tl: bool,
 }
 
 impl KernelSet {
@@ -137,6 +143,7 @@ impl KernelSet {
             argmax_p: false,
             serve_argmax: false,
             merge64: false,
+            tc_tl: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -168,6 +175,7 @@ impl KernelSet {
             argmax_p: true,
             serve_argmax: true,
             merge64: true,
+            tc_tl: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -209,7 +217,8 @@ impl KernelSet {
                 "argmax_p" => k.argmax_p = on,
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64)")),
+                "tc_tl" => k.tc_tl = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl)")),
             }
         }
         Ok(k)
@@ -283,6 +292,9 @@ mod tests {
         let d = KernelSet::default_set();
         assert!(d.attn_ex2 && d.attn_q && d.moe_sp && d.moe_skip16 && d.comb_norm);
         assert!(d.merge64 && d.serve_argmax && !KernelSet::original().merge64);
+        assert!(
+            d.tc_tl && !KernelSet::original().tc_tl && !KernelSet::parse("-tc_tl").unwrap().tc_tl
+        );
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

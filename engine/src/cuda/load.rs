@@ -84,6 +84,7 @@ impl<'a> Loader<'a> {
                     inv_gs: 1.0,
                     n: out,
                     k: inp,
+                    t: 0,
                 })
             }
             LinearSource::Nvfp4 {
@@ -102,6 +103,7 @@ impl<'a> Loader<'a> {
                     inv_gs: (1.0f64 / global_scale as f64) as f32,
                     n: out,
                     k: inp,
+                    t: 0,
                 })
             }
         }
@@ -132,6 +134,7 @@ impl<'a> Loader<'a> {
             inv_gs: 1.0,
             n: total,
             k: inp,
+            t: 0,
         }))
     }
 
@@ -300,6 +303,7 @@ impl CudaModel {
                 inv_gs: 1.0,
                 n,
                 k: h,
+                t: 0,
             };
             let (q, k, v, g) = if let Some(f) = &qkvg {
                 decode_bytes += lin_bytes(f);
@@ -448,6 +452,7 @@ impl CudaModel {
                 inv_gs: 1.0,
                 n: cfg.vocab_size,
                 k: h,
+                t: 0,
             }
         } else {
             ld.lin("lm_head", cfg.vocab_size, h)?
@@ -527,6 +532,55 @@ impl CudaModel {
             if !opts.kv_fp8 {
                 (l.kscale, l.vscale) = (1.0, 1.0);
             }
+        }
+        // The kernel set is fixed before the K/V pool is sized: `tc_tl`'s weight copies take
+        // device memory.
+        let smem_per_sm = dev.smem_per_sm;
+        let kset = KernelSet::from_env().fit(smem_per_sm);
+        let mut lm_head = lm_head;
+        if kset.tc_gemv && kset.tc_tl {
+            // Tile-interleaved copies of the BF16 Linears the tensor-core GEMV reads (the
+            // row-major matrices stay for the prefill GEMMs).
+            let tile = |l: &mut Lin| -> Result<()> {
+                if l.fp4 || l.w == 0 || l.k % 32 != 0 || l.t != 0 {
+                    return Ok(());
+                }
+                let rg = l.n.div_ceil(16);
+                let t = dev.alloc(rg * 16 * l.k * 2).map_err(cerr)?;
+                dev.launch_p(
+                    &mut None,
+                    "tile_bf16",
+                    (rg as u32, (l.k / 32) as u32, 1),
+                    (32, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(l.w).u64(t).i32(l.n as i32).i32(l.k as i32);
+                    },
+                )
+                .map_err(cerr)?;
+                l.t = t;
+                Ok(())
+            };
+            for l in layers.iter_mut() {
+                if let Some(f) = l.qkvg.as_mut() {
+                    tile(f)?;
+                } else {
+                    tile(&mut l.q)?;
+                    tile(&mut l.k)?;
+                    tile(&mut l.v)?;
+                    if let Some(g) = l.g.as_mut() {
+                        tile(g)?;
+                    }
+                }
+                tile(&mut l.o)?;
+                if let MlpW::Dense { gate, up, down } = &mut l.mlp {
+                    tile(gate)?;
+                    tile(up)?;
+                    tile(down)?;
+                }
+            }
+            tile(&mut lm_head)?;
+            dev.sync().map_err(cerr)?;
         }
         let max_seqs = opts.max_seqs.max(1);
         let (free, _total) = dev.mem_info().map_err(cerr)?;
@@ -634,8 +688,6 @@ impl CudaModel {
         }
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
-        let smem_per_sm = dev.smem_per_sm;
-        let kset = KernelSet::from_env().fit(smem_per_sm);
         let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
         Ok(CudaModel {
             cfg,

@@ -104,6 +104,9 @@ struct Lin {
     inv_gs: f32,
     n: usize,
     k: usize,
+    /// BF16 only, with KernelSet `tc_tl`: a tile-interleaved copy of w for the tensor-core GEMV
+    /// (`tile_bf16`; each 16-row x 32-K tile one contiguous 1 KB piece in fragment order), 0 if none.
+    t: u64,
 }
 
 /// A stack of per-expert matrices [E, n, k].

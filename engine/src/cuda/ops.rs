@@ -122,8 +122,8 @@ impl CudaModel {
         acc: bool,
     ) -> Result<()> {
         // Every Linear kernel takes the same arguments (x: the activations it reads).
-        let args = |b: &mut device::Args, x: u64| {
-            b.u64(l.w)
+        let args_w = |b: &mut device::Args, w: u64, x: u64| {
+            b.u64(w)
                 .u64(l.s)
                 .f32(l.inv_gs)
                 .u64(x)
@@ -135,6 +135,7 @@ impl CudaModel {
                 .i32(l.k as i32)
                 .i32(acc as i32);
         };
+        let args = |b: &mut device::Args, x: u64| args_w(b, l.w, x);
         if m >= self.opts.gemm_min_rows {
             // The router keeps ~f32 precision (hi + lo BF16 split) so top-k picks match the reference.
             let name = match (l.fp4, tag == "router") {
@@ -209,15 +210,20 @@ impl CudaModel {
             } else {
                 4
             };
+            // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
             return self
                 .dev
                 .launch_p(
                     prof,
-                    "linear_tc_bf16",
+                    if l.t != 0 {
+                        "linear_tc_bf16_tl"
+                    } else {
+                        "linear_tc_bf16"
+                    },
                     (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
                     (32 * sw, 1, 1),
                     0,
-                    |b| args(b, x),
+                    |b| args_w(b, if l.t != 0 { l.t } else { l.w }, x),
                 )
                 .map_err(cerr);
         }

@@ -77,3 +77,30 @@ pub fn draft_from_config(draft_cfg: &LagunaConfig, target: &LagunaConfig) -> u64
         })
         .sum()
 }
+
+/// Device bytes of the tile-interleaved copies the CUDA backend keeps of the BF16 Linears its
+/// tensor-core GEMV reads (KernelSet `tc_tl`, engine/src/cuda/load.rs): per layer q|k|v|g as one
+/// matrix and o_proj, the dense MLPs' gate, up and down, and lm_head, rows rounded up to 16; the
+/// draft's attention and MLP Linears likewise.
+pub fn gemv_copy_bytes(cfg: &LagunaConfig, draft: Option<&LagunaConfig>) -> u64 {
+    use laguna_engine::config::MlpKind;
+    let r16 = |n: usize| n.div_ceil(16) * 16;
+    let layers = |c: &LagunaConfig| -> u64 {
+        let (h, hd, kvw) = (c.hidden_size, c.head_dim, c.num_kv_heads * c.head_dim);
+        c.layers
+            .iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let qw = l.num_heads * hd;
+                let mut b = r16(qw + 2 * kvw + c.gate_width(i)) * h + r16(h) * qw;
+                if l.mlp == MlpKind::Dense {
+                    let im = c.intermediate_size;
+                    b += 2 * r16(im) * h + r16(h) * im;
+                }
+                2 * b as u64
+            })
+            .sum()
+    };
+    let lm_head = 2 * (r16(cfg.vocab_size) * cfg.hidden_size) as u64;
+    layers(cfg) + lm_head + draft.map_or(0, layers)
+}
