@@ -540,13 +540,19 @@ impl CudaModel {
         let mut lm_head = lm_head;
         if kset.tc_gemv && kset.tc_tl {
             // Tile-interleaved copies of the BF16 Linears the tensor-core GEMV reads (the
-            // row-major matrices stay for the prefill GEMMs).
+            // row-major matrices stay for the prefill GEMMs). A copy that does not fit is skipped
+            // (that Linear's GEMV reads the row-major matrix: the same results, a little slower).
+            let short = std::cell::Cell::new(0usize);
             let tile = |l: &mut Lin| -> Result<()> {
                 if l.fp4 || l.w == 0 || l.k % 32 != 0 || l.t != 0 {
                     return Ok(());
                 }
                 let rg = l.n.div_ceil(16);
-                let t = dev.alloc(rg * 16 * l.k * 2).map_err(cerr)?;
+                let bytes = rg * 16 * l.k * 2;
+                let Ok(t) = dev.alloc(bytes) else {
+                    short.set(short.get() + bytes);
+                    return Ok(());
+                };
                 dev.launch_p(
                     &mut None,
                     "tile_bf16",
@@ -581,6 +587,13 @@ impl CudaModel {
             }
             tile(&mut lm_head)?;
             dev.sync().map_err(cerr)?;
+            if short.get() > 0 {
+                tracing::warn!(
+                    "{} MB of tile-interleaved GEMV weight copies did not fit in device memory; \
+                     those Linears decode from the row-major weights (same results, slower)",
+                    short.get() >> 20
+                );
+            }
         }
         let max_seqs = opts.max_seqs.max(1);
         let (free, _total) = dev.mem_info().map_err(cerr)?;
