@@ -108,7 +108,7 @@ pub struct KernelSet {
     /// With `tc_gemv`: BF16 GEMVs read a tile-interleaved copy of their weights
     /// (`linear_tc_bf16_tl`; each warp load 512 contiguous bytes instead of 64 bytes of 8 rows),
     /// made at load by `tile_bf16` next to the row-major matrix the prefill GEMMs read (the
-    /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, counted by
+    /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, +0.9 GB for its draft, counted by
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
 }
