@@ -998,45 +998,51 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    let block_n = |name: &'static str, i: usize, tpp: u64| {
-        d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
-            b.u64(x)
-                .u64(post_w)
-                .f32(eps)
-                .i32(nb as i32)
-                .u64(rwi(i))
-                .u64(rlog)
-                .u64(bias)
-                .i32(e_n as i32)
-                .i32(k as i32)
-                .f32(0.0)
-                .i32(1)
-                .i32(1)
-                .f32(1.0 / scale)
-                .u64(gate.0)
-                .u64(gate.1)
-                .u64(gate.2)
-                .u64(up.0)
-                .u64(up.1)
-                .u64(up.2)
-                .u64(down.0)
-                .u64(down.1)
-                .u64(down.2)
-                .i32(h as i32)
-                .i32(im as i32)
-                .u64(act)
-                .u64(out)
-                .u64(ids)
-                .u64(wts)
-                .f32(scale)
-                .u64(gbar)
-                .u64(next_w)
-                .u64(hn2)
-                .u64(tpp);
-        })
+    let block_1 = |i: usize, tpp: u64| {
+        d.launch_p(
+            &mut None,
+            "moe_block_1",
+            (d.sms, 1, 1),
+            (640, 1, 1),
+            smem,
+            |b| {
+                b.u64(x)
+                    .u64(post_w)
+                    .f32(eps)
+                    .i32(nb as i32)
+                    .u64(rwi(i))
+                    .u64(rlog)
+                    .u64(bias)
+                    .i32(e_n as i32)
+                    .i32(k as i32)
+                    .f32(0.0)
+                    .i32(1)
+                    .i32(1)
+                    .f32(1.0 / scale)
+                    .u64(gate.0)
+                    .u64(gate.1)
+                    .u64(gate.2)
+                    .u64(up.0)
+                    .u64(up.1)
+                    .u64(up.2)
+                    .u64(down.0)
+                    .u64(down.1)
+                    .u64(down.2)
+                    .i32(h as i32)
+                    .i32(im as i32)
+                    .u64(act)
+                    .u64(out)
+                    .u64(ids)
+                    .u64(wts)
+                    .f32(scale)
+                    .u64(gbar)
+                    .u64(next_w)
+                    .u64(hn2)
+                    .u64(tpp);
+            },
+        )
         .map_err(e)
     };
-    let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
     let seven = |i: usize| -> Result<()> {
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
@@ -1166,12 +1172,12 @@ fn moe_layer(
     let mut differ = vec![];
     for i in 0..4 {
         let mut got = vec![];
-        // The seven launches, then moe_block_1.
-        for v in 0..2 {
+        for fused in [false, true] {
             d.htod(x, &x0).map_err(e)?;
-            match v {
-                0 => seven(i)?,
-                _ => block_1(i, 0)?,
+            if fused {
+                block_1(i, 0)?;
+            } else {
+                seven(i)?;
             }
             d.sync().map_err(e)?;
             got.push((
@@ -1181,17 +1187,15 @@ fn moe_layer(
                 bits(dtoh_f32(d, wts, kk)?),
             ));
         }
-        let a = &got[0];
-        for (b, which) in [(&got[1], "moe_block_1")] {
-            for (name, same) in [
-                ("residual", a.0 == b.0),
-                ("next normed row", a.1 == b.1),
-                ("expert ids", a.2 == b.2),
-                ("routing weights", a.3 == b.3),
-            ] {
-                if !same {
-                    differ.push(format!("{which}, router {i}: {name}"));
-                }
+        let (a, b) = (&got[0], &got[1]);
+        for (name, same) in [
+            ("residual", a.0 == b.0),
+            ("next normed row", a.1 == b.1),
+            ("expert ids", a.2 == b.2),
+            ("routing weights", a.3 == b.3),
+        ] {
+            if !same {
+                differ.push(format!("router {i}: {name}"));
             }
         }
     }
