@@ -41,6 +41,16 @@ fn rand_f32_in(r: &mut Rng, n: usize, lo: f32, span: f32) -> Vec<u8> {
         .collect()
 }
 
+/// `n` BF16 (truncated) uniform in [-0.05, 0.05), little-endian bytes.
+fn rand_bf16_small(r: &mut Rng, n: usize) -> Vec<u8> {
+    (0..n)
+        .flat_map(|_| {
+            let f = ((r.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
+            ((f.to_bits() >> 16) as u16).to_le_bytes()
+        })
+        .collect()
+}
+
 const INV_GS: f32 = 1.0 / 448.0;
 
 /// An NVFP4 expert stack on the device: (codes, E4M3 scales, 1 / global scale per expert).
@@ -208,13 +218,7 @@ pub fn run(a: Args) -> Result<()> {
         if n <= 10304 {
             let wr = d.alloc(bytes).map_err(e)?;
             let wt = d.alloc(n.div_ceil(16) * 16 * k * 2).map_err(e)?;
-            let wb: Vec<u8> = (0..n * k)
-                .flat_map(|_| {
-                    let f = ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
-                    ((f.to_bits() >> 16) as u16).to_le_bytes()
-                })
-                .collect();
-            d.htod(wr, &wb).map_err(e)?;
+            d.htod(wr, &rand_bf16_small(&mut rng, n * k)).map_err(e)?;
             d.launch_p(
                 &mut None,
                 "tile_bf16",
@@ -974,12 +978,7 @@ fn moe_layer(
     };
     // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
     let rw_bytes = e_n * h * 2;
-    let rw_all: Vec<u8> = (0..reps * e_n * h)
-        .flat_map(|_| {
-            let f = ((rng.next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1;
-            ((f.to_bits() >> 16) as u16).to_le_bytes()
-        })
-        .collect();
+    let rw_all = rand_bf16_small(rng, reps * e_n * h);
     let rw = buf(&rw_all)?;
     let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
     let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;

@@ -211,19 +211,20 @@ impl CudaModel {
                 4
             };
             // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
+            let (name, w) = if l.t != 0 {
+                ("linear_tc_bf16_tl", l.t)
+            } else {
+                ("linear_tc_bf16", l.w)
+            };
             return self
                 .dev
                 .launch_p(
                     prof,
-                    if l.t != 0 {
-                        "linear_tc_bf16_tl"
-                    } else {
-                        "linear_tc_bf16"
-                    },
+                    name,
                     (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
                     (32 * sw, 1, 1),
                     0,
-                    |b| args_w(b, if l.t != 0 { l.t } else { l.w }, x),
+                    |b| args_w(b, w, x),
                 )
                 .map_err(cerr);
         }
