@@ -435,6 +435,27 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_
 // output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
 // decoded alone and the same row verified with k others are bit-identical.
 // grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
+// A lane's weight fragments of linear_tc_bf16 for block blockIdx.x (16 rows from 16 blockIdx.x):
+// the 16 bytes of rows g and g + 8 (g = lane / 4) at K 32 kt + 8 (lane % 4) of K tile kt, read
+// from the row-major matrix or (tl) from tile_bf16's tile-interleaved copy of it.
+struct TcTile {
+    const bf16_t *wa, *wb, *wt;
+    __device__ __forceinline__ TcTile(const bf16_t* w, int N, int K, int lane) {
+        int n0 = blockIdx.x * 16, g = lane >> 2, t = lane & 3;
+        wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
+        wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
+        wt = w + (size_t)blockIdx.x * (K >> 5) * 512 + 8 * lane;
+    }
+    __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1) const {
+        if (tl) {
+            a0 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
+            a1 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
+        } else {
+            a0 = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
+            a1 = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
+        }
+    }
+};
 // TL (linear_tc_bf16_tl, KernelSet tc_tl): the same kernel reading its weight fragments from the
 // tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one contiguous 1 KB piece,
 // lane l's 16 bytes at 16 l and 512 + 16 l): a warp's load is 512 contiguous bytes instead of
@@ -447,8 +468,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     int S = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
-    const bf16_t* wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
-    const bf16_t* wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
+    TcTile wtile(w, N, K, lane);
     bool xv = m0 + g < M;
     const float* xr = x + (size_t)(xv ? m0 + g : 0) * ldx + 8 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -456,20 +476,11 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
     // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait.
     uint4 A0[4], A1[4];
-    const bf16_t* wt = w + (size_t)blockIdx.x * nk * 512 + 8 * lane;
     auto ldw = [&](int kt0) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
-            if (kt < nk) {
-                if (TL) {
-                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                } else {
-                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
-                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
-                }
-            }
+            if (kt < nk) wtile.ld(TL, kt, A0[u], A1[u]);
         }
     };
     ldw(warp);
@@ -557,12 +568,9 @@ extern "C" __global__ void read_tc_pattern(const void* wv, int N, int K, unsigne
     PDL_ENTRY();
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int n0 = blockIdx.x * 16;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nk = K >> 5;
-    const bf16_t* wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
-    const bf16_t* wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
-    const bf16_t* wt = w + (size_t)blockIdx.x * nk * 512 + 8 * lane;
+    TcTile wtile(w, N, K, lane);
     unsigned acc = 0;
     for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
         uint4 A0[4], A1[4];
@@ -571,15 +579,7 @@ extern "C" __global__ void read_tc_pattern(const void* wv, int N, int K, unsigne
             int kt = kt0 + u * S;
             A0[u] = make_uint4(0u, 0u, 0u, 0u);
             A1[u] = A0[u];
-            if (kt < nk) {
-                if (tiled) {
-                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                } else {
-                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
-                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
-                }
-            }
+            if (kt < nk) wtile.ld(tiled, kt, A0[u], A1[u]);
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) acc ^= A0[u].x ^ A0[u].y ^ A0[u].z ^ A0[u].w ^ A1[u].x ^ A1[u].y ^ A1[u].z ^ A1[u].w;
