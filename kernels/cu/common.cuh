@@ -117,6 +117,117 @@ template <int N> __device__ __forceinline__ void cp_async_wait_group() {}
 __device__ __forceinline__ void cp_async_wait_all() {}
 #endif
 
+// mma.sync m16n8k16, BF16 x BF16 -> f32, accumulating into c (A 16 x 16 row-major, B 16 x 8).
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);  // kernels/emu: PTX's fragment layout, f32 fmas in k order
+#endif
+}
+// One 32-wide K tile of the tensor-core GEMV (linear_tc_bf16 and the q|k|v|g phase of
+// moe_block_1q): a lane's weight fragments A0 (row g) / A1 (row g + 8), 8 consecutive BF16 each,
+// times its 8 activations X0, X1 split into BF16 hi + lo, as four mma in a fixed order (step 0:
+// actual k 8t+0..3; step 1: 8t+4..7; slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+__device__ __forceinline__ void tc_tile_mma(float* c, uint4 A0, uint4 A1, float4 X0, float4 X1) {
+    float xs[8] = {X0.x, X0.y, X0.z, X0.w, X1.x, X1.y, X1.z, X1.w};
+    u32 hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+        lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+    }
+    mma_bf16(c, A0.x, A1.x, A0.y, A1.y, hi[0], hi[1]);
+    mma_bf16(c, A0.x, A1.x, A0.y, A1.y, lo[0], lo[1]);
+    mma_bf16(c, A0.z, A1.z, A0.w, A1.w, hi[2], hi[3]);
+    mma_bf16(c, A0.z, A1.z, A0.w, A1.w, lo[2], lo[3]);
+}
+
+// Bulk copies global -> shared by the copy engine (sm_90 cp.async.bulk), completing on an
+// mbarrier: one thread inits the barrier (mbar_init), announces the bytes (mbar_expect) and issues
+// the copies (16-byte aligned, sizes multiples of 16); every thread that reads the data first
+// waits for phase 0 to complete (mbar_wait0). Host forms (kernels/emu) and GPUs before sm_90: the
+// copy is a synchronous memcpy by the issuing thread, nothing to wait for (callers order it with
+// a __syncthreads before the reads).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect(unsigned long long* bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait0(unsigned long long* bar) {
+    u32 done = 0;
+    while (!done)
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }\n"
+                     : "=r"(done) : "r"(smem_addr(bar)) : "memory");
+}
+#else
+__device__ __forceinline__ void mbar_init(unsigned long long*) {}
+__device__ __forceinline__ void mbar_expect(unsigned long long*, u32) {}
+__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long*) { memcpy(dst, src, bytes); }
+__device__ __forceinline__ void mbar_wait0(unsigned long long*) {}
+#endif
+
+// The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
+__device__ __forceinline__ unsigned long long emu_ns() {
+    unsigned long long t;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#else
+    t = emu_host_ns();
+#endif
+    return t;
+}
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    emu_host_yield();  // spinning emulated blocks leave the CPU to the ones still working
+#endif
+    return v;
+}
+// Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
+// others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
+// where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a release
+// reduction (no value comes back, so no round trip to wait for) and the wait an acquire load:
+// thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start, it
+// cannot flip before every block has arrived), then flips its copy.
+__device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#endif
+}
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        unsigned add = blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u;
+        red_release_add_u32(bar, add);
+        unsigned long long t0 = emu_ns(), t;
+        while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
+            // A block that never arrives (the grid was not all resident) ends the launch with an
+            // error after 2 s instead of hanging the GPU.
+            t = emu_ns();
+            if (t - t0 > 2000000000ull) __trap();
+        }
+        phase ^= 0x80000000u;
+    }
+    __syncthreads();
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
