@@ -694,13 +694,12 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
 // in one with U = 64), then the same arithmetic in the same order, so the same bits.
-// merge_head: row m, head h of it, by the block's threads (all of them call it: it has one
-// barrier); threads below hd write an output element. sm / sl: shared arrays of >= nsplit floats.
 template <int U>
-__device__ __forceinline__ void merge_head(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
-                                           const float* sink, const float* g, int ldg, int gate_mode, const int* pos,
-                                           int window, const int* kend, float vscale, int m, int h, float* sm, float* sl) {
-    int tid = threadIdx.x;
+__device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
+                                                  const float* sink, const float* g, int ldg, int gate_mode,
+                                                  const int* pos, int window, const int* kend, float vscale) {
+    __shared__ float sm[128], sl[128];
+    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int len = key_last(p, kend, m, window) + 1 - lo;
@@ -745,144 +744,10 @@ __device__ __forceinline__ void merge_head(const float* part, int nsplit, float*
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-template <int U>
-__device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
-                                                  const float* sink, const float* g, int ldg, int gate_mode,
-                                                  const int* pos, int window, const int* kend, float vscale) {
-    __shared__ float sm[128], sl[128];
-    merge_head<U>(part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale, blockIdx.x,
-                  blockIdx.y, sm, sl);
-}
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
 extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<0>(MERGE_ARGS); }
-// attention_merge_o (KernelSet merge_o; one row, decode): the split merge and o_proj in one
-// persistent launch (grid: one block of 512 threads an SM, all resident; grid_sync between the
-// two). It is launched with PDL right after the split-KV attention, which lets it be scheduled at
-// its start, so where an SM has room beside the attention's blocks (KernelSet merge_o gives the
-// attention the largest shared-memory carveout) this launch is resident while the attention
-// runs: before its PDL wait (oPre) or right after it each block has the copy engine bring the
-// first min(16 oF, K / 32) K tiles of its o_proj row group (tile_bf16's copy ow, 1 KB a tile)
-// into shared memory, and its warps load their next MO_REG tiles into registers. After the wait block h < nh merges head h of the row with
-// attention_merge_16's arithmetic (merge_head<16>), the grid syncs, and block b < N / 16 adds row
-// group b of W x to y with linear_tc_bf16_tl's arithmetic at S = 16 (warp w: K tiles w, w + 16,
-// ... in order, tc_tile_mma each; the 16 partial tiles added in warp order; y += the sum), so the
-// same bits as attention_merge_16 + linear_tc_bf16_tl. Dynamic shared memory: the tiles.
-#define MO_REG 5
-// oPre (A/B): 1: the bulk copies and the register tiles are issued before the PDL wait (while the
-// attention runs); 0: right after it (they overlap the merge and the grid barrier instead, and
-// add no traffic to the attention's loads). The copies go in chunks of 8 KB (one per 8 tiles).
-extern "C" __global__ __maxnreg__(80) void attention_merge_o(MERGE_PARAMS, const bf16_t* ow, float* y, int N, int oF,
-                                                            int oPre, unsigned* bar) {
-    extern __shared__ float smem[];
-    __shared__ float sm[128], sl[128];
-    __shared__ float red[16][32][4];
-    __shared__ unsigned long long obar;
-    __shared__ unsigned gph;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int nk = (nh * hd) >> 5, nrg = (N + 15) >> 4, rg = blockIdx.x, oft = min(16 * oF, nk);
-    const bool has = rg < nrg;
-    const bf16_t* st = reinterpret_cast<const bf16_t*>(smem) + 8 * lane;
-    const bf16_t* wt = ow + (size_t)rg * nk * 512 + 8 * lane;
-    uint4 R0[MO_REG], R1[MO_REG];
-    auto weights = [&]() {
-        if (has && oft > 0 && threadIdx.x == 0) {
-            mbar_init(&obar);
-            mbar_expect(&obar, (u32)oft * 1024u);
-            const bf16_t* src = ow + (size_t)rg * nk * 512;
-            for (int t0 = 0; t0 < oft; t0 += 8) {
-                int nt = min(8, oft - t0);
-                bulk_g2s(reinterpret_cast<bf16_t*>(smem) + (size_t)t0 * 512, src + (size_t)t0 * 512, (u32)nt * 1024u, &obar);
-            }
-        }
-        if (has)
-#pragma unroll
-            for (int u = 0; u < MO_REG; u++) {
-                int kt = warp + 16 * (oF + u);
-                if (kt < nk) {
-                    R0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                    R1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                }
-            }
-    };
-    if (oPre) weights();
-    pdl_wait();
-    pdl_launch();
-    if (!oPre) weights();
-    if (threadIdx.x == 0) gph = ld_acquire_u32(bar) & 0x80000000u;
-    if ((int)blockIdx.x < nh)
-        merge_head<16>(part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale, 0, blockIdx.x, sm,
-                       sl);
-    grid_sync(bar, gph);
-    if (has) {
-        if (oft > 0) mbar_wait0(&obar);
-        float c[4] = {0.f, 0.f, 0.f, 0.f};
-        // The merged row, written by this launch: read through L2.
-        const float* xr = out + 8 * (lane & 3);
-        const bool xv = (lane >> 2) == 0;
-        auto xk = [&](int kt, float4& X0, float4& X1) {
-            X0 = make_float4(0.f, 0.f, 0.f, 0.f);
-            X1 = X0;
-            if (xv) {
-                X0 = __ldcg(reinterpret_cast<const float4*>(xr + kt * 32));
-                X1 = __ldcg(reinterpret_cast<const float4*>(xr + kt * 32 + 4));
-            }
-        };
-        float4 X0, X1;
-        for (int i = 0; i < oF; i++) {
-            int kt = warp + 16 * i;
-            if (kt >= nk) break;
-            uint4 A0 = *reinterpret_cast<const uint4*>(st + (size_t)kt * 512);
-            uint4 A1 = *reinterpret_cast<const uint4*>(st + (size_t)kt * 512 + 256);
-            xk(kt, X0, X1);
-            tc_tile_mma(c, A0, A1, X0, X1);
-        }
-#pragma unroll
-        for (int u = 0; u < MO_REG; u++) {
-            int kt = warp + 16 * (oF + u);
-            if (kt < nk) {
-                xk(kt, X0, X1);
-                tc_tile_mma(c, R0[u], R1[u], X0, X1);
-            }
-        }
-        // The rest from global, four tiles in flight (linear_tc_bf16's rounds; the same order).
-        for (int i0 = oF + MO_REG;; i0 += 4) {
-            if (warp + 16 * i0 >= nk) break;
-            uint4 A0[4], A1[4];
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int kt = warp + 16 * (i0 + u);
-                if (kt < nk) {
-                    A0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                    A1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                int kt = warp + 16 * (i0 + u);
-                if (kt < nk) {
-                    xk(kt, X0, X1);
-                    tc_tile_mma(c, A0[u], A1[u], X0, X1);
-                }
-            }
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++) red[warp][lane][q] = c[q];
-    }
-    __syncthreads();
-    if (has && warp == 0) {
-        // linear_tc_bf16's block sum and output mapping (c0: row g, col 2t; c2: row g + 8; t = 0).
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float v = red[0][lane][q];
-            for (int ww = 1; ww < 16; ww++) v += red[ww][lane][q];
-            int n = rg * 16 + (lane >> 2) + (q >= 2 ? 8 : 0), mm = 2 * (lane & 3) + (q & 1);
-            if (n < N && mm < 1) y[n] = y[n] + v;
-        }
-    }
-}
-
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
 // KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
 extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }

@@ -58,6 +58,17 @@ __device__ __forceinline__ void e2m1x8_bf16(u32 w, u32 s2, u32* out) {
     }
 }
 
+__device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);  // kernels/emu: PTX's fragment layout, f32 fmas in k order
+#endif
+}
 
 // Rows of the tile: arow[r] (row of X, -1 = none) and yrow[r] (row of Y) are set by the caller in
 // shared memory. Outputs n < N1 come from (w1, s1, sc1), n >= N1 from (w2, s2, sc2) at n - N1.
@@ -493,7 +504,18 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             if (kt0 + u * S >= nk) break;
-            tc_tile_mma(c, A0[u], A1[u], X0[u], X1[u]);
+            float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
+            u32 hi[4], lo[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+                lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+            }
+            // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
+            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, lo[0], lo[1]);
+            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, hi[2], hi[3]);
+            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, lo[2], lo[3]);
         }
     }
 #pragma unroll

@@ -828,6 +828,56 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // H <= 2048, I <= 512, KK <= 32 and E <= 256. Dynamic shared memory: (H + KK * I) floats.
 // `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
 
+// The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
+__device__ __forceinline__ unsigned long long emu_ns() {
+    unsigned long long t;
+#if defined(__CUDA_ARCH__)
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+#else
+    t = emu_host_ns();
+#endif
+    return t;
+}
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    emu_host_yield();  // spinning emulated blocks leave the CPU to the ones still working
+#endif
+    return v;
+}
+// Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
+// others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
+// where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a release
+// reduction (no value comes back, so no round trip to wait for) and the wait an acquire load:
+// thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start, it
+// cannot flip before every block has arrived), then flips its copy.
+__device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
+#if defined(__CUDA_ARCH__)
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#endif
+}
+__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        unsigned add = blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u;
+        red_release_add_u32(bar, add);
+        unsigned long long t0 = emu_ns(), t;
+        while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
+            // A block that never arrives (the grid was not all resident) ends the launch with an
+            // error after 2 s instead of hanging the GPU.
+            t = emu_ns();
+            if (t - t0 > 2000000000ull) __trap();
+        }
+        phase ^= 0x80000000u;
+    }
+    __syncthreads();
+}
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
 __device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned long long* tp, int i) {
     if (tp) {
@@ -881,26 +931,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
-// moe_block_1q (KernelSet moe_qkv): moe_block_1 followed by the next layer's q|k|v|g GEMV on the
-// row it norms, linear_tc_bf16_tl's arithmetic with S = 4: a team of 4 warps takes a 16-row group
-// (team j of block b: group j * grid + b, then + teams * grid a round), warp w of the team the K
-// tiles w, w + 4, ... in order, each tile's four mma as tc_tile_mma, then the team's partial tiles
-// added in warp order, so the same bits as the separate launch. The weights (tile_bf16's
-// tile-interleaved copy, qw) do not depend on anything this layer computes, so at the kernel's
-// start the copy engine brings the first 4 qF K tiles of each team's first row group into shared
-// memory (one bulk copy a team, before the PDL wait) while the MoE runs; the next QKV_NG tiles of
-// each warp are loaded into registers after the down phase (their latency overlaps the combine,
-// two barriers and the norm), any further ones in the GEMV phase. qy: the projection's output
-// row (qN values). Dynamic shared memory: (H + max(KK * I, teams * 512)) floats (the normed row;
-// the slots' activations, later the teams' partial tiles) + teams * min(4 qF, H / 32) KB.
-// Needs H % 32 == 0, H <= 2048 and blockDim a multiple of 128.
-// qat: when thread 0 issues the bulk copies: 0 before the PDL wait, 1 after the router GEMV,
-// 2 after the down phase (A/B: how much the prefetch's DRAM traffic slows the MoE phases).
-#define MOE_QKV_PARAMS const bf16_t *qw, float *qy, int qN, int qF, int qat
-#define MOE_QKV_ARGS qw, qy, qN, qF, qat
-#define QKV_NG 6
-template <bool QKV>
-__device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) {
+__device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
     // Work is dealt to warps in the order that takes one warp from every block before a second
@@ -913,45 +944,25 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) 
         int lines = (min(2, E - 2 * swarp) * H * 2 + 127) >> 7;
         for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
     }
-    extern __shared__ float smem[];
-    int KK = K + shared_slot;
-    // q|k|v|g (QKV): row groups, K tiles, teams, shared-memory tiles a team, and where they lie.
-    const int nk = H >> 5, teams = blockDim.x >> 7, qrg = (qN + 15) >> 4, qft = min(4 * qF, nk);
-    const int sreg = QKV ? max(KK * I, teams * 512) : KK * I;
-    bf16_t* qtiles = reinterpret_cast<bf16_t*>(smem + H + sreg);
-    __shared__ unsigned long long qbar;
-    const bool qpf = QKV && qft > 0 && (int)blockIdx.x < qrg;  // this block has prefetched tiles
-    auto prefetch = [&](int at) {
-        if (qpf && qat == at && threadIdx.x == 0) {
-            u32 bytes = 0;
-            for (int j = 0; j < teams; j++)
-                if (j * (int)gridDim.x + (int)blockIdx.x < qrg) bytes += (u32)qft * 1024u;
-            mbar_init(&qbar);
-            mbar_expect(&qbar, bytes);
-            for (int j = 0; j < teams; j++) {
-                int rg = j * gridDim.x + blockIdx.x;
-                if (rg < qrg) bulk_g2s(qtiles + (size_t)j * qft * 512, qw + (size_t)rg * nk * 512, (u32)qft * 1024u, &qbar);
-            }
-        }
-    };
-    prefetch(0);
     pdl_wait();
     // Every block is resident once all have passed this point (the launch needs all of them to
     // trigger), so a dependent launch cannot take the resources of a block still to start.
     pdl_launch();
     // tp (laguna kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
     // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
-    // block, [11] (QKV) every block past the wait for its prefetched tiles (globaltimer ns).
+    // block (globaltimer ns).
     if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
     // The barrier word's phase bit (thread 0's, in shared memory to spare a register; the load
     // overlaps the norm below).
     __shared__ unsigned gphase;
     if (threadIdx.x == 0) gphase = ld_acquire_u32(bar) & 0x80000000u;
+    extern __shared__ float smem[];
     float* hn = smem;      // [H] the normed row
     float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
     __shared__ float sh[33];
     __shared__ int s_ids[32];
     __shared__ float s_wts[32];
+    int KK = K + shared_slot;
     // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
     float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
     for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i] * (x[i] * inv);
@@ -970,7 +981,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) 
             if (lane == 1 && n + 1 < E) rlog[n + 1] = b[0];
         }
     }
-    prefetch(1);
     mk_sync(bar, gphase, tp, 0);
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
@@ -1031,25 +1041,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) 
         }
         sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
     }
-    // QKV: this warp's round-0 tiles past the shared-memory part (K tiles w + 4 (qF + u)), loaded
-    // now: nothing this layer computes is needed for them.
-    const int lane_g = lane >> 2, lane_t = lane & 3, warp = threadIdx.x >> 5, team = warp >> 2, tw = warp & 3;
-    uint4 G0[QKV_NG], G1[QKV_NG];
-    prefetch(2);
-    if (QKV) {
-        int rg = team * gridDim.x + blockIdx.x;
-        if (team < teams && rg < qrg) {
-            const bf16_t* wt = qw + (size_t)rg * nk * 512 + 8 * lane;
-#pragma unroll
-            for (int u = 0; u < QKV_NG; u++) {
-                int kt = tw + 4 * (qF + u);
-                if (kt < nk) {
-                    G0[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                    G1[u] = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                }
-            }
-        }
-    }
     mk_sync(bar, gphase, tp, 2);
     // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
     for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
@@ -1067,91 +1058,10 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) 
         float inv2 = rms_inv_nb<true>(x, H, NB, eps, sh);
         for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
             hn_out[i] = next_w[i] * (__ldcg(x + i) * inv2);
-        if (QKV) {
-            // 6. The next layer's q|k|v|g on the normed row, which every block computes whole
-            // (the same expression as hn_out) into shared memory.
-            for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = next_w[i] * (__ldcg(x + i) * inv2);
-            __syncthreads();
-            if (qpf) mbar_wait0(&qbar);
-            if (tp) {
-                __syncthreads();
-                if (threadIdx.x == 0) atomicMax(tp + 11, emu_ns());  // every block has its tiles
-            }
-            float* red = sact;  // [teams][4 warps][32 lanes][4]
-            const float* xr = hn + 8 * lane_t;
-            const bool xv = lane_g == 0;  // one activation row: lanes of row g = 0 carry it
-            auto xk = [&](int kt, float4& X0, float4& X1) {
-                X0 = make_float4(0.f, 0.f, 0.f, 0.f);
-                X1 = X0;
-                if (xv) {
-                    X0 = *reinterpret_cast<const float4*>(xr + kt * 32);
-                    X1 = *reinterpret_cast<const float4*>(xr + kt * 32 + 4);
-                }
-            };
-            int per_round = teams * gridDim.x, rounds = (qrg + per_round - 1) / per_round;
-            for (int r = 0; r < rounds; r++) {
-                int rg = r * per_round + team * gridDim.x + blockIdx.x;
-                float c[4] = {0.f, 0.f, 0.f, 0.f};
-                if (team < teams && rg < qrg) {
-                    float4 X0, X1;
-                    int i = 0;
-                    if (r == 0) {
-                        const bf16_t* st = qtiles + (size_t)team * qft * 512 + 8 * lane;
-                        for (; i < qF; i++) {
-                            int kt = tw + 4 * i;
-                            if (kt >= nk) break;
-                            uint4 A0 = *reinterpret_cast<const uint4*>(st + (size_t)kt * 512);
-                            uint4 A1 = *reinterpret_cast<const uint4*>(st + (size_t)kt * 512 + 256);
-                            xk(kt, X0, X1);
-                            tc_tile_mma(c, A0, A1, X0, X1);
-                        }
-#pragma unroll
-                        for (int u = 0; u < QKV_NG; u++) {
-                            int kt = tw + 4 * (qF + u);
-                            if (kt < nk) {
-                                xk(kt, X0, X1);
-                                tc_tile_mma(c, G0[u], G1[u], X0, X1);
-                            }
-                        }
-                        i = qF + QKV_NG;
-                    }
-                    const bf16_t* wt = qw + (size_t)rg * nk * 512 + 8 * lane;
-                    for (;; i++) {
-                        int kt = tw + 4 * i;
-                        if (kt >= nk) break;
-                        uint4 A0 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-                        uint4 A1 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-                        xk(kt, X0, X1);
-                        tc_tile_mma(c, A0, A1, X0, X1);
-                    }
-                }
-                if (team < teams)
-#pragma unroll
-                    for (int q = 0; q < 4; q++) red[((team * 4 + tw) * 32 + lane) * 4 + q] = c[q];
-                __syncthreads();
-                if (team < teams && tw == 0 && rg < qrg) {
-                    // linear_tc_bf16's block sum (warps 0..3 in order) and its output mapping
-                    // (c0: row g, col 2t; c2: row g + 8, col 2t; one activation row: t = 0).
-#pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        float v = red[((team * 4) * 32 + lane) * 4 + q];
-                        for (int ww = 1; ww < 4; ww++) v += red[((team * 4 + ww) * 32 + lane) * 4 + q];
-                        int n = rg * 16 + lane_g + (q >= 2 ? 8 : 0), m = 2 * lane_t + (q & 1);
-                        if (n < qN && m < 1) qy[n] = v;
-                    }
-                }
-                __syncthreads();
-            }
-        }
     }
     if (tp) {
         __syncthreads();
         if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<false>(MOE_BLOCK_ARGS, nullptr, nullptr, 0, 0, 0);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1q(MOE_BLOCK_PARAMS, MOE_QKV_PARAMS) {
-    moe_block_1_t<true>(MOE_BLOCK_ARGS, MOE_QKV_ARGS);
-}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t(MOE_BLOCK_ARGS); }

@@ -40,7 +40,7 @@ static void ref_attention(const float* q, const KV* kc, const KV* vc, const int*
     }
 }
 
-static int merge16_cases = 0, merge16_bad = 0, merge_o_cases = 0, merge_o_bad = 0;
+static int merge16_cases = 0, merge16_bad = 0;
 
 template <typename KV>
 static bool run(bool fp8, int window, unsigned seed, int P = 300) {
@@ -151,39 +151,6 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             merge16_cases++;
             if (std::memcmp(o16, out, 4 * (size_t)rows * qw) != 0 || std::memcmp(o64, out, 4 * (size_t)rows * qw) != 0)
                 merge16_bad++;
-            // attention_merge_o (KernelSet merge_o: the merge and o_proj in one launch), the first
-            // row alone: the same merged row and y += W row as attention_merge_16 + tile_bf16 +
-            // linear_tc_bf16_tl (S = 16), with the o_proj tiles all in shared memory, split, or
-            // none there (oF 2 / 1 / 0 of a warp's 2 K tiles).
-            if (rows == 1 && r0 == 0) {
-                const int N = 200, nrg = ceil_div(N, 16), nk = qw / 32;
-                unsigned short* w = emu_alloc<unsigned short>((size_t)N * qw);
-                for (size_t i = 0; i < (size_t)N * qw; i++) w[i] = f2bf(0.03f * nd(rng));
-                unsigned short* wt = emu_alloc<unsigned short>((size_t)nrg * 16 * qw);
-                ok &= emu_launch({(unsigned)nrg, (unsigned)nk, 1}, 32, [&] { tile_bf16(w, wt, N, qw); });
-                float* y0 = emu_alloc<float>(N);
-                for (int n = 0; n < N; n++) y0[n] = nd(rng);
-                float* yref = emu_alloc<float>(N);
-                std::memcpy(yref, y0, 4 * N);
-                ok &= emu_launch({(unsigned)nrg, 1, 1}, 512, [&] { linear_tc_bf16_tl(wt, nullptr, 1.f, o16, qw, yref, N, 1, N, qw, 1); });
-                unsigned* bar = emu_alloc<unsigned>(1);
-                for (int of : {2, 1, 0}) {
-                    float* om = emu_alloc<float>(qw);
-                    float* ym = emu_alloc<float>(N);
-                    std::memcpy(ym, y0, 4 * N);
-                    unsigned grid = (unsigned)std::max(nh, nrg) + 1;
-                    ok &= emu_launch({grid, 1, 1}, 512, [&] {
-                        attention_merge_o(part, ns, om, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale, wt, ym, N,
-                                          of, of & 1, bar);
-                    }, 0);
-                    merge_o_cases++;
-                    if (std::memcmp(om, o16, 4 * (size_t)qw) != 0 || std::memcmp(ym, yref, 4 * (size_t)N) != 0 || (bar[0] & 0x7fffffffu)) {
-                        merge_o_bad++;
-                        same_bits("  attention_merge_o merged row", o16, om, qw);
-                        same_bits("  attention_merge_o y", yref, ym, N);
-                    }
-                }
-            }
         }
     };
     // The three rows in one pass, then (fresh cache) each row alone, in order.
@@ -398,9 +365,6 @@ int main() {
     std::printf("attention_merge_16 and _64 vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
                 merge16_bad ? "SOME DIFFER" : "the same bits");
     ok &= merge16_bad == 0 && merge16_cases > 0;
-    std::printf("attention_merge_o vs attention_merge_16 + linear_tc_bf16_tl (S 16): %d launches, %s\n", merge_o_cases,
-                merge_o_bad ? "SOME DIFFER" : "the same bits");
-    ok &= merge_o_bad == 0 && merge_o_cases > 0;
     ok &= run_prefill<unsigned short>(false, 0, 21);
     ok &= run_prefill<unsigned short>(false, 40, 22);
     ok &= run_prefill<unsigned char>(true, 0, 23);

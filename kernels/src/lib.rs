@@ -66,7 +66,6 @@ pub const MODULES: &[KernelModule] = &[
             "attention_merge",
             "attention_merge_16",
             "attention_merge_64",
-            "attention_merge_o",
             "attention_prefill",
             "attention_prefill_fp8",
             "attention_prefill_h",
@@ -101,7 +100,6 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_fp4_s",
             "moe_down_bf16_s",
             "moe_block_1",
-            "moe_block_1q",
         ],
     },
     KernelModule {

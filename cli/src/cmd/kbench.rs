@@ -6,7 +6,7 @@
 //! expert kernels are also checked against a float64 host reference at these shapes, and the
 //! fused kernels (`moe_block_1`, `attention_gqa_qk`) bit for bit against the launches they replace.
 use super::synth::Rng;
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Parser;
 use laguna_engine::cuda::Dev;
 
@@ -18,8 +18,8 @@ pub struct Args {
     /// Only the decode attention section (skips the GEMV and MoE sections).
     #[arg(long)]
     attn_only: bool,
-    /// Only the MoE half of a decode layer (`moe_block_1`, `moe_block_1q` and the launches they
-    /// replace; skips the argmax, attention, GEMV and expert-kernel sections).
+    /// Only the MoE half of a decode layer (`moe_block_1` against the seven launches it
+    /// replaces, and its phases; skips every other section).
     #[arg(long)]
     moe_only: bool,
 }
@@ -59,6 +59,31 @@ const INV_GS: f32 = 1.0 / 448.0;
 
 /// An NVFP4 expert stack on the device: (codes, E4M3 scales, 1 / global scale per expert).
 type DevStack = (u64, u64, u64);
+
+/// A random NVFP4 stack of `ne` experts (`wbytes` of codes, `sbytes` of E4M3 scales with every
+/// exponent, subnormals included, but no NaN 0x7f / 0xff; 1 / global scale INV_GS) on the
+/// device, and the host copies of its codes and scales.
+fn expert_stack(
+    d: &Dev,
+    rng: &mut Rng,
+    ne: usize,
+    wbytes: usize,
+    sbytes: usize,
+) -> Result<(DevStack, Vec<u8>, Vec<u8>)> {
+    let codes = rand_bytes(rng, wbytes);
+    let w = d.alloc(wbytes).map_err(e)?;
+    d.htod(w, &codes).map_err(e)?;
+    let sc: Vec<u8> = rand_bytes(rng, sbytes)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
+        .collect();
+    let s = d.alloc(sbytes).map_err(e)?;
+    d.htod(s, &sc).map_err(e)?;
+    let inv = d.alloc(4 * ne).map_err(e)?;
+    let v: Vec<u8> = (0..ne).flat_map(|_| INV_GS.to_le_bytes()).collect();
+    d.htod(inv, &v).map_err(e)?;
+    Ok(((w, s, inv), codes, sc))
+}
 
 fn e2m1_ref(c: u8) -> f64 {
     let m = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(c & 7) as usize];
@@ -121,22 +146,9 @@ pub fn run(a: Args) -> Result<()> {
     let sms = d.sms;
 
     if a.moe_only {
-        let (h, im, ne) = (2048usize, 512usize, 257usize);
-        let mut stack = || -> Result<DevStack> {
-            let (wb, sb) = (ne * im * h / 2, ne * im * h / 16);
-            let w = d.alloc(wb).map_err(e)?;
-            d.htod(w, &rand_bytes(&mut rng, wb)).map_err(e)?;
-            let sc: Vec<u8> = rand_bytes(&mut rng, sb)
-                .into_iter()
-                .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
-                .collect();
-            let s = d.alloc(sb).map_err(e)?;
-            d.htod(s, &sc).map_err(e)?;
-            let inv = d.alloc(4 * ne).map_err(e)?;
-            let v: Vec<u8> = (0..ne).flat_map(|_| INV_GS.to_le_bytes()).collect();
-            d.htod(inv, &v).map_err(e)?;
-            Ok((w, s, inv))
-        };
+        // The XS-2.1 expert stacks (256 routed + the folded shared expert), H 2048, I 512.
+        let (wbytes, sbytes) = (257 * 512 * 2048 / 2, 257 * 512 * 2048 / 16);
+        let mut stack = || expert_stack(&d, &mut rng, 257, wbytes, sbytes).map(|s| s.0);
         let stacks = (stack()?, stack()?, stack()?);
         moe_layer(&d, &mut rng, reps, &mut rows, stacks)?;
         print_rows(rows);
@@ -309,23 +321,7 @@ pub fn run(a: Args) -> Result<()> {
     let wbytes = ne * im * h / 2;
     let sbytes = ne * im * h / 16;
     // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
-    type Stack = (DevStack, Vec<u8>, Vec<u8>);
-    let mut stack = || -> Result<Stack> {
-        let codes = rand_bytes(&mut rng, wbytes);
-        let w = d.alloc(wbytes).map_err(e)?;
-        d.htod(w, &codes).map_err(e)?;
-        // E4M3 scales with every exponent (incl. subnormal 0x01..0x07) but no NaN (0x7f / 0xff).
-        let sc: Vec<u8> = rand_bytes(&mut rng, sbytes)
-            .into_iter()
-            .map(|b| if b & 0x7f == 0x7f { b ^ 1 } else { b })
-            .collect();
-        let s = d.alloc(sbytes).map_err(e)?;
-        d.htod(s, &sc).map_err(e)?;
-        let inv = d.alloc(4 * ne).map_err(e)?;
-        let v: Vec<u8> = (0..ne).flat_map(|_| INV_GS.to_le_bytes()).collect();
-        d.htod(inv, &v).map_err(e)?;
-        Ok(((w, s, inv), codes, sc))
-    };
+    let mut stack = || expert_stack(&d, &mut rng, ne, wbytes, sbytes);
     let (gate, gate_c, gate_s) = stack()?;
     let (up, up_c, up_s) = stack()?;
     let (down, down_c, down_s) = stack()?;
@@ -975,166 +971,6 @@ fn attn_layer(
                 bytes / t / 1e6,
             ));
         }
-        // attention_merge_o (KernelSet merge_o): the merge + o_proj (N 2048, K 8192; NO
-        // tile-interleaved copies, launch i reading copy i % NO) against attention_merge_16 +
-        // linear_tc_bf16_tl after the layer's attention (attention_gqa_qk on sliding layers,
-        // qk_norm_rope_kv_l + attention_gqa_l on full ones): bits, then time, with the attention
-        // kernels asked for the largest shared-memory carveout as the engine does.
-        if let Some((of, osmem)) = laguna_engine::cuda::mo_plan(d, true) {
-            const NO: usize = 4;
-            let (on, ok) = (2048usize, qw);
-            let orow = buf(&rand_bf16_small(rng, on * ok))?;
-            let obytes = on * ok * 2;
-            let ot = d.alloc(NO * obytes).map_err(e)?;
-            for c in 0..NO {
-                d.launch_p(
-                    &mut None,
-                    "tile_bf16",
-                    ((on / 16) as u32, (ok / 32) as u32, 1),
-                    (32, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(orow)
-                            .u64(ot + (c * obytes) as u64)
-                            .i32(on as i32)
-                            .i32(ok as i32);
-                    },
-                )
-                .map_err(e)?;
-            }
-            let oti = |i: usize| ot + ((i % NO) * obytes) as u64;
-            let y0 = rand_f32_in(rng, on, -1.0, 2.0);
-            let y = buf(&y0)?;
-            let bar = buf(&[0u8; 16])?;
-            let attn = || -> Result<()> {
-                if window > 0 {
-                    fused("attention_gqa_qk")
-                } else {
-                    qk()?;
-                    gqa()
-                }
-            };
-            let oproj = |i: usize| {
-                d.launch_p(
-                    &mut None,
-                    "linear_tc_bf16_tl",
-                    ((on / 16) as u32, 1, 1),
-                    (512, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(oti(i))
-                            .u64(0)
-                            .f32(1.0)
-                            .u64(out)
-                            .i32(qw as i32)
-                            .u64(y)
-                            .i32(on as i32)
-                            .i32(1)
-                            .i32(on as i32)
-                            .i32(ok as i32)
-                            .i32(1);
-                    },
-                )
-                .map_err(e)
-            };
-            let merge_o = |i: usize, f: u32, smem: u32, pre: i32| {
-                d.launch_p(
-                    &mut None,
-                    "attention_merge_o",
-                    (d.sms, 1, 1),
-                    (512, 1, 1),
-                    smem,
-                    |b| {
-                        b.u64(part)
-                            .i32(nsplit as i32)
-                            .u64(out)
-                            .i32(qw as i32)
-                            .i32(nh as i32)
-                            .i32(hd as i32)
-                            .u64(0)
-                            .u64(gp)
-                            .i32(ld as i32)
-                            .i32(1)
-                            .u64(pos)
-                            .i32(window as i32)
-                            .u64(0)
-                            .f32(1.0)
-                            .u64(oti(i))
-                            .u64(y)
-                            .i32(on as i32)
-                            .i32(f as i32)
-                            .i32(pre)
-                            .u64(bar);
-                    },
-                )
-                .map_err(e)
-            };
-            let mut got = vec![];
-            for fusedo in [false, true] {
-                d.htod(q, &q0).map_err(e)?;
-                d.htod(y, &y0).map_err(e)?;
-                d.memset_d32(out, 0x7fc0_0000, qw).map_err(e)?;
-                attn()?;
-                if fusedo {
-                    merge_o(1, of, osmem, 1)?;
-                } else {
-                    merge("attention_merge_16")?;
-                    oproj(1)?;
-                }
-                d.sync().map_err(e)?;
-                got.push((
-                    dtoh_f32(d, out, qw)?
-                        .into_iter()
-                        .map(f32::to_bits)
-                        .collect::<Vec<_>>(),
-                    dtoh_f32(d, y, on)?
-                        .into_iter()
-                        .map(f32::to_bits)
-                        .collect::<Vec<_>>(),
-                ));
-            }
-            println!(
-                "attention_merge_o (oF {of}, {osmem} B shared) vs attention_merge_16 + linear_tc_bf16_tl, {label}: merged row {}, o_proj output {}",
-                if got[0].0 == got[1].0 { "bit-identical" } else { "DIFFERS" },
-                if got[0].1 == got[1].1 { "bit-identical" } else { "DIFFERS" }
-            );
-            d.htod(q, &q0).map_err(e)?;
-            let ob = bytes + obytes as f64;
-            let t = time_graph(d, reps, &|i| {
-                attn()?;
-                merge("attention_merge_16")?;
-                oproj(i)
-            })?;
-            println!("  attention {label}: attention + attention_merge_16 + o_proj: {t:.2} us");
-            rows.push((
-                format!("attention {label} at {p}: attention + merge_16 + o_proj"),
-                t,
-                ob / t / 1e6,
-            ));
-            for (f, smem, pre) in [(of, osmem, 1), (of, osmem, 0), (0, 0, 1), (0, 0, 0)] {
-                let t = time_graph(d, reps, &|i| {
-                    attn()?;
-                    merge_o(i, f, smem, pre)
-                })?;
-                println!("  attention {label}: attention + attention_merge_o (oF {f}, weights {} the PDL wait): {t:.2} us", if pre == 1 { "before" } else { "after" });
-                rows.push((
-                    format!("attention {label} at {p}: attention + merge_o (oF {f}, pre {pre})"),
-                    t,
-                    ob / t / 1e6,
-                ));
-            }
-            for n in [
-                "attention_gqa_qk",
-                "attention_gqa_qk_fp8",
-                "attention_gqa_l",
-                "attention_gqa_fp8_l",
-            ] {
-                d.set_carveout(n, -1);
-            }
-            for x in [orow, ot, y, bar] {
-                d.free(x);
-            }
-        }
         for x in [kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part] {
             d.free(x);
         }
@@ -1183,93 +1019,6 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    // The next layer's q|k|v|g (64 heads: N 10304) for moe_block_1q: NQ tile-interleaved copies
-    // (tile_bf16 of random BF16), launch i reading copy i % NQ, so they stream from HBM.
-    const NQ: usize = 4;
-    let qn = 10304usize;
-    let qrg = qn.div_ceil(16);
-    let qraw = buf(&rand_bf16_small(rng, qn * h))?;
-    let qbytes = qrg * 16 * h * 2;
-    let qt = d.alloc(NQ * qbytes).map_err(e)?;
-    for c in 0..NQ {
-        d.launch_p(
-            &mut None,
-            "tile_bf16",
-            (qrg as u32, (h / 32) as u32, 1),
-            (32, 1, 1),
-            0,
-            |b| {
-                b.u64(qraw)
-                    .u64(qt + (c * qbytes) as u64)
-                    .i32(qn as i32)
-                    .i32(h as i32);
-            },
-        )
-        .map_err(e)?;
-    }
-    let qti = |i: usize| qt + ((i % NQ) * qbytes) as u64;
-    let (qy, qy1) = (z(4 * qn)?, z(4 * qn)?);
-    let fits = |smem: u32| d.occupancy("moe_block_1q", 640, smem as usize) >= 1;
-    let qplan = laguna_engine::cuda::mkq_plan(h, im, kk, qn, d.sms, fits).map(|(f, s)| (f, s, 0));
-    // linear_tc_bf16_tl on the next normed row, as the engine launches q|k|v|g (4 warps a group).
-    let qkvg = |i: usize, y: u64| {
-        d.launch_p(
-            &mut None,
-            "linear_tc_bf16_tl",
-            (qrg as u32, 1, 1),
-            (128, 1, 1),
-            0,
-            |b| {
-                b.u64(qti(i))
-                    .u64(0)
-                    .f32(1.0)
-                    .u64(hn2)
-                    .i32(h as i32)
-                    .u64(y)
-                    .i32(qn as i32)
-                    .i32(1)
-                    .i32(qn as i32)
-                    .i32(h as i32)
-                    .i32(0);
-            },
-        )
-        .map_err(e)
-    };
-    let moe_block_args = |b: &mut laguna_engine::cuda::Args, i: usize, tpp: u64| {
-        b.u64(x)
-            .u64(post_w)
-            .f32(eps)
-            .i32(nb as i32)
-            .u64(rwi(i))
-            .u64(rlog)
-            .u64(bias)
-            .i32(e_n as i32)
-            .i32(k as i32)
-            .f32(0.0)
-            .i32(1)
-            .i32(1)
-            .f32(1.0 / scale)
-            .u64(gate.0)
-            .u64(gate.1)
-            .u64(gate.2)
-            .u64(up.0)
-            .u64(up.1)
-            .u64(up.2)
-            .u64(down.0)
-            .u64(down.1)
-            .u64(down.2)
-            .i32(h as i32)
-            .i32(im as i32)
-            .u64(act)
-            .u64(out)
-            .u64(ids)
-            .u64(wts)
-            .f32(scale)
-            .u64(gbar)
-            .u64(next_w)
-            .u64(hn2)
-            .u64(tpp);
-    };
     let block_1 = |i: usize, tpp: u64| {
         d.launch_p(
             &mut None,
@@ -1277,20 +1026,40 @@ fn moe_layer(
             (d.sms, 1, 1),
             (640, 1, 1),
             smem,
-            |b| moe_block_args(b, i, tpp),
-        )
-        .map_err(e)
-    };
-    let block_q = |i: usize, tpp: u64, (qf, qsmem, qat): (u32, u32, i32)| {
-        d.launch_p(
-            &mut None,
-            "moe_block_1q",
-            (d.sms, 1, 1),
-            (640, 1, 1),
-            qsmem,
             |b| {
-                moe_block_args(b, i, tpp);
-                b.u64(qti(i)).u64(qy).i32(qn as i32).i32(qf as i32).i32(qat);
+                b.u64(x)
+                    .u64(post_w)
+                    .f32(eps)
+                    .i32(nb as i32)
+                    .u64(rwi(i))
+                    .u64(rlog)
+                    .u64(bias)
+                    .i32(e_n as i32)
+                    .i32(k as i32)
+                    .f32(0.0)
+                    .i32(1)
+                    .i32(1)
+                    .f32(1.0 / scale)
+                    .u64(gate.0)
+                    .u64(gate.1)
+                    .u64(gate.2)
+                    .u64(up.0)
+                    .u64(up.1)
+                    .u64(up.2)
+                    .u64(down.0)
+                    .u64(down.1)
+                    .u64(down.2)
+                    .i32(h as i32)
+                    .i32(im as i32)
+                    .u64(act)
+                    .u64(out)
+                    .u64(ids)
+                    .u64(wts)
+                    .f32(scale)
+                    .u64(gbar)
+                    .u64(next_w)
+                    .u64(hn2)
+                    .u64(tpp);
             },
         )
         .map_err(e)
@@ -1459,145 +1228,26 @@ fn moe_layer(
             differ.join(", ")
         );
     }
-    // moe_block_1q against moe_block_1 + linear_tc_bf16_tl: the same residual, normed row,
-    // routing and q|k|v|g bits (outputs poisoned with NaN first: every one must be written).
-    let nan = |p: u64, n: usize| d.memset_d32(p, 0x7fc0_0000, n).map_err(e);
-    match qplan {
-        None => println!("moe_block_1q: no plan fits this device (not checked, not timed)"),
-        Some(plan) => {
-            let mut qdiffer = vec![];
-            for i in 0..4 {
-                let mut got = vec![];
-                for fused in [false, true] {
-                    d.htod(x, &x0).map_err(e)?;
-                    nan(qy, qn)?;
-                    nan(hn2, h)?;
-                    if fused {
-                        // Each prefetch point once (the same bits whenever the copies land).
-                        block_q(i, 0, (plan.0, plan.1, (i % 3) as i32))?;
-                    } else {
-                        block_1(i, 0)?;
-                        qkvg(i, qy)?;
-                    }
-                    d.sync().map_err(e)?;
-                    got.push((
-                        bits(dtoh_f32(d, x, h)?),
-                        bits(dtoh_f32(d, hn2, h)?),
-                        ints(ids, kk)?,
-                        bits(dtoh_f32(d, wts, kk)?),
-                        bits(dtoh_f32(d, qy, qn)?),
-                    ));
-                }
-                let (a, b) = (&got[0], &got[1]);
-                for (name, same) in [
-                    ("residual", a.0 == b.0),
-                    ("next normed row", a.1 == b.1),
-                    ("expert ids", a.2 == b.2),
-                    ("routing weights", a.3 == b.3),
-                    ("q|k|v|g", a.4 == b.4),
-                ] {
-                    if !same {
-                        qdiffer.push(format!("router {i}: {name}"));
-                    }
-                }
-                if a.4.iter().any(|&v| f32::from_bits(v).is_nan()) {
-                    qdiffer.push(format!("router {i}: q|k|v|g has NaN (unwritten)"));
-                }
-            }
-            if qdiffer.is_empty() {
-                println!(
-                    "moe_block_1q (qF {}, {} B shared) = moe_block_1 + linear_tc_bf16_tl, XS-2.1 shape, N {qn}, 4 routers: bit-identical (residual, next normed row, ids, weights, q|k|v|g)",
-                    plan.0, plan.1
-                );
-            } else {
-                println!(
-                    "moe_block_1q vs moe_block_1 + linear_tc_bf16_tl DIFFER: {}",
-                    qdiffer.join(", ")
-                );
-            }
-        }
-    }
     d.htod(x, &x0).map_err(e)?;
     // Bytes a layer reads: router + 9 experts' gate, up, down (codes + scales).
     let bytes = (rw_bytes + kk * 3 * im * h * 9 / 16) as f64;
-    let push = |rows: &mut Vec<(String, f64, f64)>, name: String, t: f64, b: f64| {
-        println!("  {name}: {t:.2} us ({:.0} GB/s)", b / t / 1e3);
-        rows.push((name, t, b / t / 1e6));
-    };
-    let t7 = time_graph(d, reps, &|i| seven(i)).context("seven launches")?;
+    let t7 = time_graph(d, reps, &|i| seven(i))?;
     rows.push((
         "moe layer, 1 row: seven launches".into(),
         t7,
         bytes / t7 / 1e6,
     ));
-    let t1 = time_graph(d, reps, &|i| block_1(i, 0)).context("moe_block_1")?;
-    push(rows, "moe layer, 1 row: moe_block_1".into(), t1, bytes);
-    let qkv_bytes = bytes + (qrg * 16 * h * 2) as f64;
-    let tq7 = time_graph(d, reps, &|i| {
-        block_1(i, 0)?;
-        qkvg(i, qy1)
-    })
-    .context("moe_block_1 + linear_tc_bf16_tl")?;
-    push(
-        rows,
-        "moe layer + next q|k|v|g: moe_block_1 + linear_tc_bf16_tl".into(),
-        tq7,
-        qkv_bytes,
-    );
-    // moe_block_1q at its plan with the prefetch issued at each point, and without a prefetch
-    // (qF 0: registers and the GEMV phase only).
-    let mut variants = vec![];
-    if let Some((qf, qsmem, _)) = qplan {
-        for at in 0..3 {
-            variants.push((format!("qF {qf}, prefetch at {at}"), (qf, qsmem, at)));
-        }
-        variants.push((
-            "qF 0".into(),
-            (0, (4 * (h + (kk * im).max(5 * 512))) as u32, 0),
-        ));
-    }
-    for (label, p) in &variants {
-        let tq = time_graph(d, reps, &|i| block_q(i, 0, *p))
-            .with_context(|| format!("moe_block_1q {label}"))?;
-        push(
-            rows,
-            format!("moe layer + next q|k|v|g: moe_block_1q ({label})"),
-            tq,
-            qkv_bytes,
-        );
-    }
-    phases(d, reps, tp, "moe_block_1", &|i, tpp| block_1(i, tpp)).context("phases")?;
-    for (label, p) in &variants {
-        phases(d, reps, tp, &format!("moe_block_1q {label}"), &|i, tpp| {
-            block_q(i, tpp, *p)
-        })
-        .context("phases q")?;
-    }
-    for p in [
-        rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
-        gbar, tp, qraw, qt, qy, qy1,
-    ] {
-        d.free(p);
-    }
-    Ok(())
-}
-
-/// A fused MoE launch's phases from its globaltimer stamps: one graph of reps launches, launch i
-/// stamping tp[16 i ..]; run once to warm up, then once more from fresh stamps.
-fn phases(
-    d: &Dev,
-    reps: usize,
-    tp: u64,
-    label: &str,
-    launch: &dyn Fn(usize, u64) -> Result<()>,
-) -> Result<()> {
+    let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
+    rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
+    // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
+    // up, then once more from fresh stamps.
     let mut init = vec![0u8; 8 * 16 * reps];
     for i in 0..reps {
         init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     }
     d.begin_capture().map_err(e)?;
     for i in 0..reps {
-        launch(i, tp + (128 * i) as u64)?;
+        block_1(i, tp + (128 * i) as u64)?;
     }
     let g = d.end_capture().map_err(e)?;
     g.launch().map_err(e)?;
@@ -1627,7 +1277,7 @@ fn phases(
         "barrier 3",
         "combine",
         "barrier 4",
-        "next norm (moe_block_1q: + q|k|v|g)",
+        "next norm",
     ];
     let mut sum = [0f64; 10];
     let mut gap = 0f64;
@@ -1640,24 +1290,19 @@ fn phases(
             gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
         }
     }
-    println!("{label} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
+    println!("moe_block_1 phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
     for (j, n) in names.iter().enumerate() {
         println!("  {n}: {:.2}", sum[j] / reps as f64);
-    }
-    // moe_block_1q: every block past the wait for its prefetched tiles, after barrier 4's departure.
-    let waited: Vec<f64> = (0..reps)
-        .filter(|&i| t[16 * i + 11] != 0)
-        .map(|i| t[16 * i + 11].saturating_sub(t[16 * i + 8]) as f64 / 1e3)
-        .collect();
-    if !waited.is_empty() {
-        println!(
-            "  (q|k|v|g tiles in every block, after barrier 4: {:.2})",
-            waited.iter().sum::<f64>() / waited.len() as f64
-        );
     }
     println!(
         "  launch gap (last block end -> next launch's first start): {:.2}",
         gap / (reps - 1) as f64
     );
+    for p in [
+        rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
+        gbar, tp,
+    ] {
+        d.free(p);
+    }
     Ok(())
 }

@@ -179,16 +179,7 @@ impl Dev {
                 })?;
             for &e in m.entries {
                 let f = module.load_function(e)?;
-                let mut bytes = super::big_smem(e);
-                if bytes == u32::MAX {
-                    // As much as a block may opt in to, less the kernel's static shared memory.
-                    let optin = ctx
-                        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
-                        .unwrap_or(0)
-                        .max(0) as u32;
-                    let stat = f.shared_size_bytes().unwrap_or(0).max(0) as u32;
-                    bytes = optin.saturating_sub(stat);
-                }
+                let bytes = super::big_smem(e);
                 if bytes > 0 {
                     // A device that cannot opt in never selects the kernel (`KernelSet::fit`
                     // needs 3 such blocks an SM), so a refusal here is not fatal.
@@ -225,29 +216,6 @@ impl Dev {
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
         })
-    }
-
-    /// Static shared memory of kernel `name` in bytes (0 when it is not loaded).
-    pub fn static_smem(&self, name: &str) -> u32 {
-        self.funcs
-            .get(name)
-            .and_then(|(f, _)| f.shared_size_bytes().ok())
-            .unwrap_or(0)
-            .max(0) as u32
-    }
-
-    /// Ask for kernel `name`'s SMs to be configured with `pct` % of the unified L1 / shared
-    /// memory as shared memory (a hint; 100: the most, so that another launch's blocks with
-    /// large shared memory fit beside it). Unknown names are ignored.
-    pub fn set_carveout(&self, name: &str, pct: i32) {
-        if let Some((f, _)) = self.funcs.get(name) {
-            if let Err(why) = f.set_attribute(
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                pct,
-            ) {
-                tracing::warn!("{name}: shared-memory carveout {pct} % refused ({why:?})");
-            }
-        }
     }
 
     /// Blocks of kernel `name` with `block` threads and `smem` bytes of dynamic shared memory

@@ -111,18 +111,6 @@ pub struct KernelSet {
     /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, +0.9 GB for its draft, counted by
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
-    /// With `moe_mk` and `tc_tl`: a one-row MoE layer followed by a q|k|v|g GEMV of 4 warps a row
-    /// group (N > 4096) runs that GEMV in the same launch, `moe_block_1q`: the first K tiles of
-    /// each block's row groups brought into shared memory by the copy engine at the kernel's
-    /// start, while the MoE runs, the next ones into registers after its down phase; the same
-    /// arithmetic as `linear_tc_bf16_tl`, so the same bits (kernels/emu, `laguna kbench`).
-    pub moe_qkv: bool,
-    /// With `merge16`, `tc_gemv` and `tc_tl`: a one-row decode step's split merge and o_proj as
-    /// one launch (`attention_merge_o`), resident while the decode attention runs (PDL; the
-    /// attention's SMs asked for the largest shared-memory carveout), its o_proj weights
-    /// streaming into shared memory before its PDL wait; the same arithmetic as
-    /// `attention_merge_16` + `linear_tc_bf16_tl`, so the same bits (kernels/emu, `laguna kbench`).
-    pub merge_o: bool,
 }
 
 impl KernelSet {
@@ -156,8 +144,6 @@ impl KernelSet {
             serve_argmax: false,
             merge64: false,
             tc_tl: false,
-            moe_qkv: false,
-            merge_o: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -190,8 +176,6 @@ impl KernelSet {
             serve_argmax: true,
             merge64: true,
             tc_tl: true,
-            moe_qkv: false,
-            merge_o: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -234,9 +218,7 @@ impl KernelSet {
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
                 "tc_tl" => k.tc_tl = on,
-                "moe_qkv" => k.moe_qkv = on,
-                "merge_o" => k.merge_o = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, moe_qkv, merge_o)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl)")),
             }
         }
         Ok(k)

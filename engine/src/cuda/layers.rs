@@ -29,10 +29,8 @@ impl CudaModel {
             b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
         })
         .map_err(cerr)?;
-        // The previous layer's MoE combine already wrote this layer's input norm into hn
-        // (normed), and with moe_block_1q also its q|k|v|g into sc.q (projected).
+        // The previous layer's MoE combine already wrote this layer's input norm into hn.
         let mut normed = false;
-        let mut projected = false;
         for (li, l) in self.layers.iter().enumerate() {
             let nh = l.nh;
             let qw = nh * hd;
@@ -42,12 +40,8 @@ impl CudaModel {
             }
             normed = false;
             let gw = l.g.map_or(0, |g| g.n);
-            // attention_merge_o did this layer's o_proj.
-            let mut o_done = false;
             let (qp, kp, vp, gp, ldq, ldkv, ldg) = if let Some(f) = &l.qkvg {
-                if !std::mem::take(&mut projected) {
-                    self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
-                }
+                self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
                 let q = sc.q;
                 (
                     q,
@@ -257,60 +251,7 @@ impl CudaModel {
                     }
                 })
                 .map_err(cerr)?;
-                // The merge and o_proj of a one-row pass as one launch (`merge_o`): o_proj's
-                // tile-interleaved copy at linear()'s 16 warps a row group (N <= 2048), a grid of
-                // one block an SM covering the heads and the row groups.
-                let grid = self.dev.sms as usize;
-                let mo = self.mo_plan.filter(|_| {
-                    let o = &l.o;
-                    m == 1
-                        && nsplit > 1
-                        && self.kset.merge_o
-                        && self.kset.merge16
-                        && self.kset.tc_gemv
-                        && self.kset.tc_tl
-                        && o.t != 0
-                        && !o.fp4
-                        && o.n <= 2048
-                        && o.k == qw
-                        && qw % 32 == 0
-                        && hd <= 128
-                        && nh <= grid
-                        && o.n.div_ceil(16) <= grid
-                });
-                if let Some((of, smem)) = mo {
-                    d.launch_p(
-                        prof,
-                        "attention_merge_o",
-                        (grid as u32, 1, 1),
-                        (512, 1, 1),
-                        smem,
-                        |b| {
-                            b.u64(sc.part)
-                                .i32(nsplit as i32)
-                                .u64(sc.attn)
-                                .i32(qw as i32)
-                                .i32(nh as i32)
-                                .i32(hd as i32)
-                                .u64(l.sink)
-                                .u64(gp)
-                                .i32(ldg as i32)
-                                .i32(gate_mode)
-                                .u64(sc.pos)
-                                .i32(l.window as i32)
-                                .u64(if self.noncausal { sc.kend } else { 0 })
-                                .f32(l.vscale)
-                                .u64(l.o.t)
-                                .u64(sc.x)
-                                .i32(l.o.n as i32)
-                                .i32(of as i32)
-                                .i32(self.mo_pre)
-                                .u64(sc.gbar);
-                        },
-                    )
-                    .map_err(cerr)?;
-                    o_done = true;
-                } else if nsplit > 1 {
+                if nsplit > 1 {
                     d.launch_p(
                         prof,
                         if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
@@ -343,14 +284,11 @@ impl CudaModel {
                     .map_err(cerr)?;
                 }
             }
-            if !o_done {
-                self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
-            }
+            self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
             let next = self.layers.get(li + 1);
-            if let Some(proj) = self.moe_block(prof, li, next, m, gemm_pass)? {
-                // It also wrote the next layer's input norm into sc.hn (and its q|k|v|g).
+            if self.moe_block(prof, l, next, m, gemm_pass)? {
+                // It also wrote the next layer's input norm into sc.hn.
                 normed = next.is_some();
-                projected = proj;
                 if let Some(f) = after.as_mut() {
                     f(li)?;
                 }
@@ -730,20 +668,16 @@ impl CudaModel {
     /// The MoE half of a one-row pass (post-attention norm, router, top-k, experts, combine into
     /// sc.x, then `next`'s input norm into sc.hn) as one `moe_block_1` launch when the family is
     /// on and the layer fits it: NVFP4 experts, a BF16 router, the shared expert folded into the
-    /// stacks or absent; with `moe_qkv` and a plan for the layer (`mk_q`), `moe_block_1q`, which
-    /// also computes `next`'s q|k|v|g into sc.q with linear_tc_bf16_tl's arithmetic. Returns
-    /// None if neither ran, else whether the next layer's projection was done; the caller then
-    /// skips the norm and the MoE launches of the layer, the input norm of the next and (Some(true))
-    /// its q|k|v|g GEMV.
+    /// stacks or absent. Returns whether it ran; the caller then skips the norm and the MoE
+    /// launches of the layer, and the input norm of the next.
     fn moe_block(
         &self,
         prof: &mut Option<device::Prof>,
-        li: usize,
+        l: &LayerW,
         next: Option<&LayerW>,
         m: usize,
         gemm: bool,
-    ) -> Result<Option<bool>> {
-        let l = &self.layers[li];
+    ) -> Result<bool> {
         let MlpW::Moe {
             router,
             bias,
@@ -752,7 +686,7 @@ impl CudaModel {
             folded,
         } = &l.mlp
         else {
-            return Ok(None);
+            return Ok(false);
         };
         let fp4 = experts.gate.fp4 && experts.up.fp4 && experts.down.fp4;
         if !self.kset.moe_mk
@@ -764,32 +698,19 @@ impl CudaModel {
             || shared.is_some()
             || !fp4
         {
-            return Ok(None);
+            return Ok(false);
         }
         let cfg = &self.cfg;
         let sc = &self.sc;
         let h = cfg.hidden_size;
         self.xs_holds.set((0, false));
-        // The next layer's q|k|v|g (its tile-interleaved copy, the one linear() would read).
-        let q = match (self.mk_q[li], next.and_then(|n| n.qkvg.as_ref())) {
-            (Some(plan), Some(f))
-                if self.kset.moe_qkv && self.kset.tc_gemv && self.kset.tc_tl && f.t != 0 =>
-            {
-                Some((plan, f))
-            }
-            _ => None,
-        };
-        let (name, smem) = match q {
-            Some(((_, smem), _)) => ("moe_block_1q", smem),
-            None => ("moe_block_1", self.mk_smem),
-        };
         self.dev
             .launch_p(
                 prof,
-                name,
+                "moe_block_1",
                 (self.mk_grid, 1, 1),
                 (load::MK_BLOCK, 1, 1),
-                smem,
+                self.mk_smem,
                 |b| {
                     b.u64(sc.x)
                         .u64(l.post_norm)
@@ -824,17 +745,10 @@ impl CudaModel {
                         .u64(next.map_or(0, |n| n.input_norm))
                         .u64(sc.hn)
                         .u64(0);
-                    if let Some(((qf, _), f)) = q {
-                        b.u64(f.t)
-                            .u64(sc.q)
-                            .i32(f.n as i32)
-                            .i32(qf as i32)
-                            .i32(self.mk_qat);
-                    }
                 },
             )
             .map_err(cerr)?;
-        Ok(Some(q.is_some()))
+        Ok(true)
     }
 
     /// Cache addressing and kernel names of a layer: its ring (page size 1, R slots per table

@@ -702,42 +702,6 @@ impl CudaModel {
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
         let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
-        // moe_block_1q: a MoE layer followed by a layer whose q|k|v|g is one BF16 GEMV with a
-        // tile-interleaved copy (what linear_tc_bf16_tl reads).
-        let mo_plan = mo_plan(&dev, kset.merge_o);
-        let (mkq_qf, mk_qat) = mkq_env();
-        let mk_q = (0..layers.len())
-            .map(|li| {
-                let f = layers.get(li + 1)?.qkvg.as_ref()?;
-                let moe = matches!(layers[li].mlp, MlpW::Moe { .. });
-                if mk_grid == 0 || !moe || f.fp4 || f.t == 0 || f.k != cfg.hidden_size {
-                    return None;
-                }
-                mkq_plan(
-                    cfg.hidden_size,
-                    cfg.moe_intermediate_size,
-                    cfg.top_k + 1,
-                    f.n,
-                    mk_grid,
-                    |smem| dev.occupancy("moe_block_1q", MK_BLOCK, smem as usize) >= 1,
-                )
-                .map(|(qf, smem)| match mkq_qf {
-                    // A smaller split asked for (A/B): the same kernel with fewer prefetched tiles.
-                    Some(cap) if cap < qf => (
-                        cap,
-                        mkq_smem(
-                            cfg.hidden_size,
-                            cfg.moe_intermediate_size,
-                            cfg.top_k + 1,
-                            f.n,
-                            mk_grid,
-                            cap,
-                        ),
-                    ),
-                    _ => (qf, smem),
-                })
-            })
-            .collect();
         Ok(CudaModel {
             cfg,
             dev,
@@ -777,10 +741,6 @@ impl CudaModel {
             nsplit,
             mk_grid,
             mk_smem,
-            mk_q,
-            mk_qat,
-            mo_plan,
-            mo_pre: std::env::var("LAGUNA_MO_PRE").map_or(0, |v| (v.trim() == "1") as i32),
             xs_holds: std::cell::Cell::new((0, false)),
         })
     }
@@ -802,93 +762,9 @@ pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
     (dev.sms, smem)
 }
 
-/// `moe_block_1q`'s split of the next layer's q|k|v|g GEMV (N outputs, K = h) for a grid of
-/// `grid` blocks of MK_BLOCK threads: (qF, dynamic shared memory) with the most K tiles a warp
-/// (qF, of its K / 128) in shared memory that `fits` (the device's occupancy query: one block an
-/// SM), or None where the kernel does not apply: linear_tc_bf16 would take other than 4 warps a
-/// row group (N <= 4096), H is over 2048 or not a multiple of 32. Team j of block b prefetches
-/// row group j * grid + b, so block 0 holds the most: min(teams, ceil(groups / grid)) of them.
-pub fn mkq_plan(
-    h: usize,
-    im: usize,
-    kk: usize,
-    n: usize,
-    grid: u32,
-    fits: impl Fn(u32) -> bool,
-) -> Option<(u32, u32)> {
-    if n <= 4096 || h > 2048 || h % 32 != 0 || grid == 0 {
-        return None;
-    }
-    (0..=(h / 32).div_ceil(4) as u32)
-        .rev()
-        .map(|qf| (qf, mkq_smem(h, im, kk, n, grid, qf)))
-        .find(|&(_, smem)| fits(smem))
-}
-
-/// moe_block_1q's dynamic shared memory for split qf: the normed row, the slots' activations (or
-/// the teams' partial tiles, whichever is larger) and block 0's prefetched tiles.
-fn mkq_smem(h: usize, im: usize, kk: usize, n: usize, grid: u32, qf: u32) -> u32 {
-    let teams = MK_BLOCK as usize / 128;
-    let held = teams.min(n.div_ceil(16).div_ceil(grid as usize));
-    let base = 4 * (h + (kk * im).max(teams * 512));
-    (base + held * (4 * qf as usize).min(h / 32) * 1024) as u32
-}
-
-/// `attention_merge_o`'s (oF, dynamic shared memory): its o_proj tiles, 16 oF KB a block (up to
-/// 16 K tiles a warp), as many as fit in an SM's shared memory beside one block of the sliding
-/// layers' decode attention (`attention_gqa_qk`, whose SMs are asked for the largest carveout
-/// when `on`), so the launch is resident while that attention runs; `LAGUNA_MO_F` caps oF (A/B).
-/// None when not even oF = 0 fits a block (the layer then keeps attention_merge + o_proj).
-pub fn mo_plan(dev: &Dev, on: bool) -> Option<(u32, u32)> {
-    const ATT: [&str; 4] = [
-        "attention_gqa_qk",
-        "attention_gqa_qk_fp8",
-        "attention_gqa_l",
-        "attention_gqa_fp8_l",
-    ];
-    if on {
-        for n in ATT {
-            dev.set_carveout(n, 100);
-        }
-    }
-    // Each resident block also holds 1 KB of shared memory for the system.
-    let beside = dev.smem_per_sm.saturating_sub(
-        2 * 1024 + dev.static_smem("attention_gqa_qk") + dev.static_smem("attention_merge_o"),
-    );
-    let cap: u32 = std::env::var("LAGUNA_MO_F")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
-    (0..=cap.min(16))
-        .rev()
-        .map(|f| (f, f * 16 * 1024))
-        .find(|&(_, smem)| {
-            (smem <= beside || smem == 0)
-                && dev.occupancy("attention_merge_o", 512, smem as usize) >= 1
-        })
-}
-
-/// `LAGUNA_MKQ=qf=N,at=M` (A/B runs of moe_block_1q): at most N K tiles a warp prefetched, and
-/// the point where the bulk copies are issued (0 before the PDL wait, the default; 1 after the
-/// router GEMV; 2 after the down phase).
-fn mkq_env() -> (Option<u32>, i32) {
-    let mut qf = None;
-    let mut at = 0;
-    if let Ok(v) = std::env::var("LAGUNA_MKQ") {
-        for kv in v.split(',') {
-            match kv.trim().split_once('=') {
-                Some(("qf", n)) => qf = n.trim().parse().ok(),
-                Some(("at", n)) => at = n.trim().parse().unwrap_or(0).clamp(0, 2),
-                _ => tracing::warn!("LAGUNA_MKQ: `{kv}` ignored (qf=N or at=0|1|2)"),
-            }
-        }
-    }
-    (qf, at)
-}
-
 /// Threads of a `moe_block_1` block, one block an SM (its launch bounds): 20 warps an SM, as many
 /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
-pub const MK_BLOCK: u32 = 640;
+pub(super) const MK_BLOCK: u32 = 640;
 
 /// `moe_block_1`'s dynamic shared memory (the normed row and every slot's activations, f32) when
 /// the model's shapes fit it.

@@ -22,7 +22,6 @@ pub mod spec;
 
 pub use device::{Args, Dev, DevError, Prof};
 pub use kernel_set::KernelSet;
-pub use load::{mkq_plan, mo_plan};
 
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
@@ -333,17 +332,6 @@ pub struct CudaModel {
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
-    /// `moe_block_1q` (KernelSet moe_qkv) per layer: (qF, dynamic shared memory) when the layer's
-    /// MoE half can also run the next layer's q|k|v|g GEMV (`load::mkq_plan`), else None.
-    mk_q: Vec<Option<(u32, u32)>>,
-    /// `attention_merge_o` (KernelSet merge_o): K tiles a warp of o_proj in shared memory (oF)
-    /// and the launch's dynamic shared memory, sized to fit beside one `attention_gqa_qk` block
-    /// an SM (`load::mo_plan`); None when the device holds no such block.
-    mo_plan: Option<(u32, u32)>,
-    /// attention_merge_o's weight loads before its PDL wait (1, `LAGUNA_MO_PRE=1`) or after (0).
-    mo_pre: i32,
-    /// Where moe_block_1q issues its prefetch (`LAGUNA_MKQ` at=; 0 by default: before the PDL wait).
-    mk_qat: i32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
@@ -367,12 +355,9 @@ pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
 const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_prefill_q", ATT_QS_SMEM),
     ("attention_prefill_fp8_q", ATT_QS_SMEM),
-    ("moe_block_1q", u32::MAX),
-    ("attention_merge_o", u32::MAX),
 ];
-/// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load; u32::MAX:
-/// as much as the device lets a block opt in to, its size chosen per launch); 0 for every other
-/// kernel.
+/// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
+/// every other kernel.
 pub(crate) fn big_smem(name: &str) -> u32 {
     BIG_SMEM
         .iter()
@@ -996,32 +981,6 @@ mod tests {
         cfg.moe_intermediate_size = 512;
         cfg.hidden_size = 4096;
         assert_eq!(load::mk_smem(&cfg), None);
-    }
-
-    /// moe_block_1q's split of the next q|k|v|g GEMV at the XS-2.1 shape on an H200-sized SM (227
-    /// KB a block less 5.5 KB of static shared memory, 132 SMs): the 64-head layers' 644 row
-    /// groups take 5 teams a block, 9 K tiles a warp from shared memory (what the H200 chose,
-    /// run 128); the 48-head layers' 515 take 4, 12 a warp; a GB10-sized SM (~99 KB) holds fewer.
-    #[test]
-    fn moe_qkv_plan_xs_shape() {
-        let budget = |cap: u32| move |smem: u32| smem <= cap;
-        let h200 = budget(232448 - 5520);
-        let base = 4 * (2048 + 9 * 512);
-        assert_eq!(
-            load::mkq_plan(2048, 512, 9, 10304, 132, h200),
-            Some((9, base + 5 * 36 * 1024))
-        );
-        assert_eq!(
-            load::mkq_plan(2048, 512, 9, 8240, 132, h200),
-            Some((12, base + 4 * 48 * 1024))
-        );
-        // GB10: 48 SMs, 99 KB a block: more row groups than teams, the first round prefetched.
-        let gb10 = budget(101376 - 5520);
-        let (qf, smem) = load::mkq_plan(2048, 512, 9, 10304, 48, gb10).unwrap();
-        assert!(qf >= 1 && smem <= 101376 - 5520, "{qf} {smem}");
-        // Shapes the kernel does not hold.
-        assert_eq!(load::mkq_plan(4096, 512, 9, 10304, 132, h200), None);
-        assert_eq!(load::mkq_plan(2048, 512, 9, 4096, 132, h200), None);
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
