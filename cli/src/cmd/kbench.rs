@@ -60,16 +60,15 @@ const INV_GS: f32 = 1.0 / 448.0;
 /// An NVFP4 expert stack on the device: (codes, E4M3 scales, 1 / global scale per expert).
 type DevStack = (u64, u64, u64);
 
-/// A random NVFP4 stack of `ne` experts (`wbytes` of codes, `sbytes` of E4M3 scales with every
-/// exponent, subnormals included, but no NaN 0x7f / 0xff; 1 / global scale INV_GS) on the
-/// device, and the host copies of its codes and scales.
-fn expert_stack(
-    d: &Dev,
-    rng: &mut Rng,
-    ne: usize,
-    wbytes: usize,
-    sbytes: usize,
-) -> Result<(DevStack, Vec<u8>, Vec<u8>)> {
+/// XS-2.1's expert stacks: (H, I, experts): 256 routed + the shared expert folded as expert 256.
+const XS_EXPERTS: (usize, usize, usize) = (2048, 512, 257);
+
+/// A random NVFP4 stack of XS_EXPERTS (E4M3 scales with every exponent, subnormals included, but
+/// no NaN 0x7f / 0xff; 1 / global scale INV_GS) on the device, and the host copies of its codes
+/// and scales.
+fn expert_stack(d: &Dev, rng: &mut Rng) -> Result<(DevStack, Vec<u8>, Vec<u8>)> {
+    let (h, im, ne) = XS_EXPERTS;
+    let (wbytes, sbytes) = (ne * im * h / 2, ne * im * h / 16);
     let codes = rand_bytes(rng, wbytes);
     let w = d.alloc(wbytes).map_err(e)?;
     d.htod(w, &codes).map_err(e)?;
@@ -146,9 +145,7 @@ pub fn run(a: Args) -> Result<()> {
     let sms = d.sms;
 
     if a.moe_only {
-        // The XS-2.1 expert stacks (256 routed + the folded shared expert), H 2048, I 512.
-        let (wbytes, sbytes) = (257 * 512 * 2048 / 2, 257 * 512 * 2048 / 16);
-        let mut stack = || expert_stack(&d, &mut rng, 257, wbytes, sbytes).map(|s| s.0);
+        let mut stack = || expert_stack(&d, &mut rng).map(|s| s.0);
         let stacks = (stack()?, stack()?, stack()?);
         moe_layer(&d, &mut rng, reps, &mut rows, stacks)?;
         print_rows(rows);
@@ -317,11 +314,9 @@ pub fn run(a: Args) -> Result<()> {
     d.free(wpool);
 
     // ---- NVFP4 experts, one row: 8 routed + the shared expert (folded as expert 256) ---------
-    let (h, im, ne) = (2048usize, 512usize, 257usize);
-    let wbytes = ne * im * h / 2;
-    let sbytes = ne * im * h / 16;
+    let (h, im, ne) = XS_EXPERTS;
     // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
-    let mut stack = || expert_stack(&d, &mut rng, ne, wbytes, sbytes);
+    let mut stack = || expert_stack(&d, &mut rng);
     let (gate, gate_c, gate_s) = stack()?;
     let (up, up_c, up_s) = stack()?;
     let (down, down_c, down_s) = stack()?;
