@@ -546,6 +546,141 @@ extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused,
                                              float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
+// One 32-wide K tile of linear_tc_bf16: a lane's weight fragments A0 (row g) / A1 (row g + 8)
+// times its 8 activations X0, X1 split into BF16 hi + lo, as the four mma of the loop above in
+// the same order.
+__device__ __forceinline__ void tc_tile_mma(float* c, uint4 A0, uint4 A1, float4 X0, float4 X1) {
+    float xs[8] = {X0.x, X0.y, X0.z, X0.w, X1.x, X1.y, X1.z, X1.w};
+    u32 hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+        lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+    }
+    mma_bf16(c, A0.x, A1.x, A0.y, A1.y, hi[0], hi[1]);
+    mma_bf16(c, A0.x, A1.x, A0.y, A1.y, lo[0], lo[1]);
+    mma_bf16(c, A0.z, A1.z, A0.w, A1.w, hi[2], hi[3]);
+    mma_bf16(c, A0.z, A1.z, A0.w, A1.w, lo[2], lo[3]);
+}
+// RING (linear_tc_bf16_r, KernelSet tc_ring): linear_tc_bf16_tl with its weight tiles brought
+// into shared memory by the copy engine instead of into registers by loads. A block's tiles are
+// one contiguous piece of the tile-interleaved copy (nk KB); stage j of it (tiles jS .. jS + S - 1,
+// one a warp, S KB) goes into ring slot j % nring by one bulk copy. The first npre stages are
+// asked for before the PDL wait (weights only), the rest of the first nring after it, and a slot
+// is refilled with stage j + nring by the warp that is last to read stage j (a count in shared
+// memory; nobody waits for it). Warp w reads tiles w, w + S, ... in order, the fragments that
+// linear_tc_bf16_tl loads, through the same four mma per tile into one accumulator, then the same
+// reduction: the same bits. NA = 2 (linear_tc_bf16_r2, a timing experiment of laguna kbench):
+// alternate tiles into two accumulators added at the end (other bits).
+// Dynamic shared memory: nring * S KB (nring <= 16). Needs K % 32 == 0.
+template <int NA>
+__device__ __forceinline__ void linear_tc_bf16_ring(const void* wv, const float* x, int ldx, float* y, int ldy, int M,
+                                                    int N, int K, int accumulate, int nring, int npre) {
+    __shared__ float red[16][32][4];
+    __shared__ unsigned long long full[16];
+    __shared__ unsigned cnt[16];
+    extern __shared__ __align__(128) uint4 ring[];
+    const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
+    int S = blockDim.x >> 5;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
+    int nk = K >> 5, nst = (nk + S - 1) / S;
+    const char* base = reinterpret_cast<const char*>(w + (size_t)blockIdx.x * nk * 512);
+    u32 sbytes = (u32)S * 1024u;
+    auto issue = [&](int j) {
+        int s = j % nring;
+        u32 bytes = (u32)min(S, nk - j * S) * 1024u;
+        mbar_expect(&full[s], bytes);
+        bulk_g2s(reinterpret_cast<char*>(ring) + (size_t)s * sbytes, base + (size_t)j * sbytes, bytes, &full[s]);
+    };
+    int first = min(nring, nst);
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < nring; s++) {
+            mbar_init(&full[s]);
+            cnt[s] = 0;
+        }
+        for (int j = 0; j < min(npre, first); j++) issue(j);
+    }
+    __syncthreads();
+    PDL_ENTRY();
+    if (threadIdx.x == 0)
+        for (int j = min(npre, first); j < first; j++) issue(j);
+    bool xv = m0 + g < M;
+    const float* xr = x + (size_t)(xv ? m0 + g : 0) * ldx + 8 * t;
+    float c[NA][4];
+#pragma unroll
+    for (int a = 0; a < NA; a++) c[a][0] = c[a][1] = c[a][2] = c[a][3] = 0.f;
+    // The activations of a warp's tiles are loaded XD tiles ahead (the weights come from the
+    // ring; an activation load from L2 would otherwise sit on every tile's path).
+    const int XD = 3;
+    float4 XA[XD], XB[XD];
+    auto ldxt = [&](int j, float4& a, float4& b) {
+        int kt = j * S + warp;
+        a = make_float4(0.f, 0.f, 0.f, 0.f);
+        b = a;
+        if (xv && kt < nk) {
+            a = __ldg(reinterpret_cast<const float4*>(xr + (size_t)kt * 32));
+            b = __ldg(reinterpret_cast<const float4*>(xr + (size_t)kt * 32 + 4));
+        }
+    };
+#pragma unroll
+    for (int q = 0; q < XD; q++) ldxt(q, XA[q], XB[q]);
+    for (int j = 0; j < nst; j++) {
+        int kt = j * S + warp;
+        if (kt >= nk) break;
+        float4 X0 = XA[0], X1 = XB[0];
+#pragma unroll
+        for (int q = 0; q + 1 < XD; q++) {
+            XA[q] = XA[q + 1];
+            XB[q] = XB[q + 1];
+        }
+        ldxt(j + XD, XA[XD - 1], XB[XD - 1]);
+        int s = j % nring;
+        mbar_wait_par(&full[s], (u32)(j / nring) & 1u);
+        const uint4* tp = ring + ((size_t)s * S + warp) * 64;
+        uint4 A0 = tp[lane], A1 = tp[32 + lane];
+        if (NA == 1 || (j & 1) == 0) tc_tile_mma(c[0], A0, A1, X0, X1);
+        else tc_tile_mma(c[NA - 1], A0, A1, X0, X1);
+        __syncwarp();
+        if (lane == 0 && j + nring < nst) {
+            // Stage j + nring is not the last, so stage j has S readers.
+            if (atomicAdd(&cnt[s], 1u) + 1u == (u32)(j / nring + 1) * (u32)S) {
+                fence_proxy_async();
+                issue(j + nring);
+            }
+        }
+    }
+    if (NA > 1) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) c[0][i] += c[NA - 1][i];
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][lane][i] = c[0][i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = red[0][lane][i];
+        for (int ww = 1; ww < S; ww++) v += red[ww][lane][i];
+        c[0][i] = v;
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        int n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
+        if (n < N && m < M) {
+            float* o = y + (size_t)m * ldy + n;
+            *o = accumulate ? *o + c[0][i] : c[0][i];
+        }
+    }
+}
+extern "C" __global__ void linear_tc_bf16_r(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                            float* y, int ldy, int M, int N, int K, int accumulate, int nring, int npre) {
+    linear_tc_bf16_ring<1>(wv, x, ldx, y, ldy, M, N, K, accumulate, nring, npre);
+}
+extern "C" __global__ void linear_tc_bf16_r2(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                             float* y, int ldy, int M, int N, int K, int accumulate, int nring, int npre) {
+    linear_tc_bf16_ring<2>(wv, x, ldx, y, ldy, M, N, K, accumulate, nring, npre);
+}
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,
 // K 32 kt + 8 (l % 4) ..) at 8 l and those of row + 8 at 256 + 8 l; rows past N repeat row N - 1

@@ -828,56 +828,7 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // H <= 2048, I <= 512, KK <= 32 and E <= 256. Dynamic shared memory: (H + KK * I) floats.
 // `bar` is one word, 0 before the first launch; grid_sync leaves its low 31 bits unchanged.
 
-// The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
-__device__ __forceinline__ unsigned long long emu_ns() {
-    unsigned long long t;
-#if defined(__CUDA_ARCH__)
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-#else
-    t = emu_host_ns();
-#endif
-    return t;
-}
-__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-#if defined(__CUDA_ARCH__)
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-#else
-    v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-    emu_host_yield();  // spinning emulated blocks leave the CPU to the ones still working
-#endif
-    return v;
-}
-// Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
-// others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
-// where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a release
-// reduction (no value comes back, so no round trip to wait for) and the wait an acquire load:
-// thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start, it
-// cannot flip before every block has arrived), then flips its copy.
-__device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
-#if defined(__CUDA_ARCH__)
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#else
-    __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
-#endif
-}
-__device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
-        unsigned add = blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u;
-        red_release_add_u32(bar, add);
-        unsigned long long t0 = emu_ns(), t;
-        while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
-            // A block that never arrives (the grid was not all resident) ends the launch with an
-            // error after 2 s instead of hanging the GPU.
-            t = emu_ns();
-            if (t - t0 > 2000000000ull) __trap();
-        }
-        phase ^= 0x80000000u;
-    }
-    __syncthreads();
-}
+// (emu_ns, ld_acquire_u32 and grid_sync: common.cuh.)
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
 __device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned long long* tp, int i) {
     if (tp) {
