@@ -209,27 +209,6 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
 // hd <= blockDim <= 256.
 #define ATT_CHUNK 32
-// Splits a row of len keys uses (from its own length only: batch invariance): nsplit == 1 one;
-// else min(nsplit, ceil(len / ATT_CHUNK)). nsplit's bit 16 (KernelSet att_round; the rest of the
-// word is the split count of the grid and of the partials' layout): the split length is then
-// rounded up to whole tiles of 32 keys, ceil(len / ns) -> c, and ns = ceil(len / c) (a 2,112-key
-// row: 33 splits of 64 keys instead of 64 of 33, two full tiles a split instead of a full one and
-// one key). Callers take the flag off nsplit (att_flag) before using it as a count.
-__device__ __forceinline__ int att_flag(int& nsplit) {
-    int r = nsplit >> 16;
-    nsplit &= 0xffff;
-    return r;
-}
-__device__ __forceinline__ int att_splits(int len, int nsplit, int rnd) {
-    if (nsplit == 1) return 1;
-    int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    if (rnd) {
-        int c = (len + ns - 1) / ns;
-        c = (c + 31) & ~31;
-        ns = (len + c - 1) / c;
-    }
-    return ns;
-}
 #define ATT_PARAMS(KV)                                                                                             \
     const float *q, int ldq, float *out, int ldo, const KV *kc, const KV *vc, const int *pos, const int *seqrow,   \
         const int *bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink,       \
@@ -255,8 +234,7 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     int last = key_last(p, kend, m, window);
     int len = last + 1 - lo;
     // Splits actually used by this row: from its own length only (batch invariance).
-    int rnd = att_flag(nsplit);
-    int ns = att_splits(len, nsplit, rnd);
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
@@ -443,8 +421,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int last = key_last(p, kend, m, window);
     int len = last + 1 - lo;
-    int rnd = att_flag(nsplit);
-    int ns = att_splits(len, nsplit, rnd);
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
     if (!LAT) {
         for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
@@ -573,8 +550,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int last = p;
     int len = last + 1 - lo;
-    int rnd = att_flag(nsplit);
-    int ns = att_splits(len, nsplit, rnd);
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
     int chunk = (len + ns - 1) / ns;
     // The split holding the row's own key (not always the last: with 64 splits of a long row
@@ -718,25 +694,20 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
 // in one with U = 64), then the same arithmetic in the same order, so the same bits.
-// attention_merge_at: the merge of row m, head h by the block's first hd threads (CG: the partials
-// read through L2, for partials other blocks of the same launch wrote).
-template <int U, bool CG = false>
-__device__ __forceinline__ void attention_merge_at(int m, int h, const float* part, int nsplit, float* out, int ldo,
-                                                   int nh, int hd, const float* sink, const float* g, int ldg,
-                                                   int gate_mode, const int* pos, int window, const int* kend,
-                                                   float vscale) {
+template <int U>
+__device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
+                                                  const float* sink, const float* g, int ldg, int gate_mode,
+                                                  const int* pos, int window, const int* kend, float vscale) {
     __shared__ float sm[128], sl[128];
-    int tid = threadIdx.x;
-    auto ld = [](const float* a) { return CG ? __ldcg(a) : *a; };
+    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int len = key_last(p, kend, m, window) + 1 - lo;
-    int rnd = att_flag(nsplit);
-    int ns = att_splits(len, nsplit, rnd);
+    int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
     for (int z = tid; z < ns; z += blockDim.x) {
-        sm[z] = ld(pp + z * (hd + 2));
-        sl[z] = ld(pp + z * (hd + 2) + 1);
+        sm[z] = pp[z * (hd + 2)];
+        sl[z] = pp[z * (hd + 2) + 1];
     }
     __syncthreads();
     if (tid >= hd) return;
@@ -749,14 +720,14 @@ __device__ __forceinline__ void attention_merge_at(int m, int h, const float* pa
         for (int z = 0; z < ns; z++) {
             float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
             l += sl[z] * c;
-            a += (c == 0.f ? 0.f : ld(pp + z * (hd + 2) + 2 + tid) * c);
+            a += (c == 0.f ? 0.f : pp[z * (hd + 2) + 2 + tid] * c);
         }
     } else {
         for (int z0 = 0; z0 < ns; z0 += U) {
             // Every split below ns wrote its partial (an empty one: sum 0, so c = 0 below).
             float v[U > 0 ? U : 1];
 #pragma unroll
-            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? ld(pp + (z0 + u) * (hd + 2) + 2 + tid) : 0.f;
+            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
 #pragma unroll
             for (int u = 0; u < U; u++) {
                 int z = z0 + u;
@@ -773,13 +744,6 @@ __device__ __forceinline__ void attention_merge_at(int m, int h, const float* pa
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-template <int U>
-__device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
-                                                  const float* sink, const float* g, int ldg, int gate_mode,
-                                                  const int* pos, int window, const int* kend, float vscale) {
-    attention_merge_at<U>(blockIdx.x, blockIdx.y, part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window,
-                          kend, vscale);
-}
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
@@ -787,37 +751,6 @@ extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attentio
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
 // KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
 extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }
-
-// attention_gqa_qkm (KernelSet swa_merge): attention_gqa_qk and attention_merge_16 in one launch,
-// for a grid whose blocks are all resident (the host checks the occupancy): every block runs
-// attention_gqa_qk's work, then after a grid-wide barrier (`bar`, a word only these launches use,
-// 0 before the first; grid_sync keeps its low bits) blocks take (row, head) items of the merge
-// (attention_merge_16's arithmetic on the partials, read through L2). The next launch is let in
-// only after the barrier, so its early weight reads overlap the merge and not the attention.
-// The same bits as the two launches. grid (M, nkv, nsplit), block 32 * (G + 1).
-template <typename KV>
-__device__ __forceinline__ void attention_gqa_qkm_t(GQK_PARAMS(KV), unsigned* bar) {
-    __shared__ unsigned gphase;
-    if (threadIdx.x == 0) gphase = ld_acquire_u32(bar) & 0x80000000u;
-    attention_gqa_qk_t<KV>(GQK_ARGS);
-    grid_sync(bar, gphase);
-    pdl_launch();
-    int nb = gridDim.x * gridDim.y * gridDim.z;
-    int b = (blockIdx.x * gridDim.y + blockIdx.y) * gridDim.z + blockIdx.z;
-    for (int it = b; it < (int)gridDim.x * nh; it += nb) {
-        attention_merge_at<16, true>(it / nh, it % nh, part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos,
-                                     window, nullptr, vscale);
-        __syncthreads();
-    }
-}
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkm(GQK_PARAMS(bf16_t), unsigned* bar) {
-    pdl_wait();
-    attention_gqa_qkm_t<bf16_t>(GQK_ARGS, bar);
-}
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkm_fp8(GQK_PARAMS(u8), unsigned* bar) {
-    pdl_wait();
-    attention_gqa_qkm_t<u8>(GQK_ARGS, bar);
-}
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
 // One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive

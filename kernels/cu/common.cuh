@@ -117,59 +117,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait_group() {}
 __device__ __forceinline__ void cp_async_wait_all() {}
 #endif
 
-// Bulk copies global -> shared by the copy engine (sm_90 cp.async.bulk) completing on an
-// mbarrier that is reused (ring stages): one thread inits the barrier (mbar_init, arrival count
-// 1), then per use announces the bytes and issues the copy (mbar_expect + bulk_g2s: 16-byte
-// aligned, sizes multiples of 16); readers of use u wait for the phase of parity u & 1
-// (mbar_wait_par). Before a stage that other threads read is overwritten, the issuing thread
-// orders those generic-proxy reads before the copy (fence_proxy_async). Host forms (kernels/emu):
-// the barrier is a count of completed uses, the copy a memcpy that then bumps it.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ void mbar_init(unsigned long long* bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-__device__ __forceinline__ void mbar_expect(unsigned long long* bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_par(unsigned long long* bar, u32 parity) {
-    u32 done = 0;
-    while (!done)
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }\n"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-#elif defined(__CUDA_ARCH__)
-// (Before sm_90 nothing selects the kernels that use these; they only have to compile.)
-__device__ __forceinline__ void mbar_init(unsigned long long* bar) { *bar = 0; }
-__device__ __forceinline__ void mbar_expect(unsigned long long*, u32) {}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
-    for (u32 i = 0; i < bytes; i += 16) *reinterpret_cast<uint4*>((char*)dst + i) = *reinterpret_cast<const uint4*>((const char*)src + i);
-    __threadfence_block();
-    atomicAdd(bar, 1ull);
-}
-__device__ __forceinline__ void mbar_wait_par(unsigned long long* bar, u32 parity) {
-    while ((u32)(*(volatile unsigned long long*)bar & 1ull) == parity) {}
-    __threadfence_block();
-}
-__device__ __forceinline__ void fence_proxy_async() {}
-#else
-__device__ __forceinline__ void mbar_init(unsigned long long* bar) { __atomic_store_n(bar, 0ull, __ATOMIC_SEQ_CST); }
-__device__ __forceinline__ void mbar_expect(unsigned long long*, u32) {}
-__device__ __forceinline__ void bulk_g2s(void* dst, const void* src, u32 bytes, unsigned long long* bar) {
-    memcpy(dst, src, bytes);
-    __atomic_fetch_add(bar, 1ull, __ATOMIC_RELEASE);
-}
-__device__ __forceinline__ void mbar_wait_par(unsigned long long* bar, u32 parity) {
-    while ((u32)(__atomic_load_n(bar, __ATOMIC_ACQUIRE) & 1ull) == parity) emu_host_yield();
-}
-__device__ __forceinline__ void fence_proxy_async() {}
-#endif
-
 // The GPU's nanosecond timer and a GPU-scope acquire load (host forms for kernels/emu).
 __device__ __forceinline__ unsigned long long emu_ns() {
     unsigned long long t;
@@ -190,12 +137,12 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
 #endif
     return v;
 }
-// Grid-wide barrier for a grid whose blocks are all resident. Block 0 adds 2^31 - (n - 1), the
-// others 1: the word's bit 31 flips when the last block arrives and its low bits come back to
-// where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a release
-// reduction (no value comes back, so no round trip to wait for) and the wait an acquire load:
-// thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start, it
-// cannot flip before every block has arrived), then flips its copy.
+// Grid-wide barrier for a grid whose blocks are all resident. The first block (0, 0, 0) adds 2^31 -
+// (n - 1), the others 1: the word's bit 31 flips when the last block arrives and its low bits come
+// back to where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a
+// release reduction (no value comes back, so no round trip to wait for) and the wait an acquire
+// load: thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start,
+// it cannot flip before every block has arrived), then flips its copy.
 __device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
 #if defined(__CUDA_ARCH__)
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

@@ -212,44 +212,6 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         for (int r = 0; r < R; r++) fused(r, ceil_div(window, 32), oW + (size_t)r * qw);
         same_f &= std::memcmp(oF, oW, 4 * (size_t)R * qw) == 0;
     }
-    // attention_gqa_qkm (KernelSet swa_merge): attention_gqa_qk + the merge after a grid-wide
-    // barrier in one launch (every block resident): the same bits as attention_gqa_qk +
-    // attention_merge (4 splits; window / 32 for the sliding case); the barrier word is reused.
-    {
-        unsigned* bar = emu_alloc<unsigned>(4);
-        auto fusedm = [&](int r, int ns, float* out) {
-            const float* x = raw + (size_t)r * ld;
-            ok &= emu_launch({1, (unsigned)nkv, (unsigned)ns}, 32 * (G + 1), [&] {
-#define QK_F_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, 1, \
-    scale, vscale, ns, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale, bar
-                if constexpr (sizeof(KV) == 1) {
-                    attention_gqa_qkm_fp8(QK_F_ARGS);
-                } else {
-                    attention_gqa_qkm(QK_F_ARGS);
-                }
-#undef QK_F_ARGS
-            }, 0);
-        };
-        // (Few blocks: the emulation runs them all at once on the CPU.)
-        std::vector<int> splits = {window > 0 ? ceil_div(window, 32) : 4};
-        for (int ns : splits) {
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oA = emu_alloc<float>((size_t)R * qw);
-            for (int r = 0; r < R; r++) fused(r, ns, oA + (size_t)r * qw);
-            std::vector<KV> kcA(kc, kc + (size_t)slots * kvw), vcA(vc, vc + (size_t)slots * kvw);
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oM = emu_alloc<float>((size_t)R * qw);
-            for (int r = 0; r < R; r++) fusedm(r, ns, oM + (size_t)r * qw);
-            bool sm = std::memcmp(oA, oM, 4 * (size_t)R * qw) == 0 &&
-                      std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
-                      std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0;
-            std::printf("attention_gqa_qkm (%s cache, %s, %d splits) = attention_gqa_qk + attention_merge: %s\n",
-                        fp8 ? "FP8" : "BF16", window ? "window 128" : "full", ns, sm ? "yes" : "NO");
-            same_f &= sm;
-        }
-    }
     // One split: the standard kernels on each row alone (nsplit 1), then the fused kernel.
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);

@@ -258,7 +258,6 @@ alignas(16) inline int shm[1 << 16];
 alignas(16) inline float xsh[1 << 16];
 alignas(16) inline float smem[1 << 16];
 alignas(16) inline unsigned short fa_q[1 << 16];
-alignas(128) inline uint4 ring[1 << 13];  // linear_tc_bf16_r: up to 128 KB of ring stages
 
 // ---- "device" memory: one shared mapping, bump-allocated before any launch ----
 struct EmuHeap {

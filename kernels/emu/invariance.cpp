@@ -6,8 +6,7 @@
 //     several rows read once) = the same kernels on each row alone (direct grouping);
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
 //   * linear_tc_bf16 (4 and 16 warps a block) over 7 rows = each row alone (and = linear_tc_bf16_tl
-//     on tile_bf16's tile-interleaved copy, and = linear_tc_bf16_r reading that copy through
-//     rings of shared-memory stages);
+//     on tile_bf16's tile-interleaved copy);
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -119,19 +118,6 @@ int main() {
                 bool et = same_bits("linear_tc_bf16_tl vs linear_tc_bf16", yt, ym, (size_t)M * N);
                 std::printf("linear_tc_bf16_tl on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S, et ? "yes" : "NO");
                 eq &= et;
-                // linear_tc_bf16_r (KernelSet tc_ring): the same tiled copy through a ring of
-                // shared-memory stages; rings smaller than the K tiles (refilled by the last
-                // reader, wrapping unevenly with 3 slots) and stages asked for before the PDL
-                // wait or after it: the same bits, 7 rows.
-                for (auto [nring, npre] : {std::pair{2, 0}, {3, 1}, {8, 8}, {1, 1}}) {
-                    float* yr = emu_alloc<float>((size_t)M * N);
-                    ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                     [&] { linear_tc_bf16_r(wt, nullptr, 1.f, x, K, yr, N, M, N, K, 0, nring, npre); });
-                    bool er = same_bits("linear_tc_bf16_r vs linear_tc_bf16", yr, ym, (size_t)M * N);
-                    std::printf("linear_tc_bf16_r (%d warps a block, ring %d, %d before the wait) = linear_tc_bf16: %s\n", S,
-                                nring, npre, er ? "yes" : "NO");
-                    eq &= er;
-                }
             }
             double e = ref_err(0, ym, M);
             std::printf("linear_tc_bf16 (%d warps a block) over %d rows = each row alone: %s; vs float64 %.1e %s\n", S, M,

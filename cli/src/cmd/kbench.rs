@@ -310,129 +310,6 @@ pub fn run(a: Args) -> Result<()> {
                 bytes as f64 / t / 1e6,
             ));
         }
-        // linear_tc_bf16_r (KernelSet tc_ring): the tiled copy through a ring of shared-memory
-        // stages (nring stages of S KB, npre of them asked for before the PDL wait).
-        let ring = |name: &'static str, w: u64, sw: u32, m: usize, nring: u32, npre: u32| {
-            d.launch_p(
-                &mut None,
-                name,
-                ((n as u32).div_ceil(16), (m as u32).div_ceil(8), 1),
-                (32 * sw, 1, 1),
-                nring * sw * 1024,
-                |b| {
-                    b.u64(w)
-                        .u64(0)
-                        .f32(1.0)
-                        .u64(x)
-                        .i32(k as i32)
-                        .u64(y)
-                        .i32(n as i32)
-                        .i32(m as i32)
-                        .i32(n as i32)
-                        .i32(k as i32)
-                        .i32(0)
-                        .i32(nring as i32)
-                        .i32(npre as i32);
-                },
-            )
-            .map_err(e)
-        };
-        if n <= 10304 {
-            // Bits: linear_tc_bf16_r against linear_tc_bf16_tl on a random matrix, 1 and 3 rows,
-            // S = 4 and 16, a small ring (stages refilled) and the default one.
-            let wr = d.alloc(bytes).map_err(e)?;
-            let wt = d.alloc(n.div_ceil(16) * 16 * k * 2).map_err(e)?;
-            d.htod(wr, &rand_bf16_small(&mut rng, n * k)).map_err(e)?;
-            d.launch_p(
-                &mut None,
-                "tile_bf16",
-                ((n as u32).div_ceil(16), (k / 32) as u32, 1),
-                (32, 1, 1),
-                0,
-                |b| {
-                    b.u64(wr).u64(wt).i32(n as i32).i32(k as i32);
-                },
-            )
-            .map_err(e)?;
-            let mut same = true;
-            for sw in [4u32, 16] {
-                for m in [1usize, 3] {
-                    d.launch_p(
-                        &mut None,
-                        "linear_tc_bf16_tl",
-                        ((n as u32).div_ceil(16), (m as u32).div_ceil(8), 1),
-                        (32 * sw, 1, 1),
-                        0,
-                        |b| {
-                            b.u64(wt)
-                                .u64(0)
-                                .f32(1.0)
-                                .u64(x)
-                                .i32(k as i32)
-                                .u64(y)
-                                .i32(n as i32)
-                                .i32(m as i32)
-                                .i32(n as i32)
-                                .i32(k as i32)
-                                .i32(0);
-                        },
-                    )
-                    .map_err(e)?;
-                    d.sync().map_err(e)?;
-                    let a = dtoh_f32(&d, y, n * m)?;
-                    for (nring, npre) in [(2u32, 1u32), laguna_engine::cuda::tc_ring_sizes(sw)] {
-                        d.memset_d32(y, 0, n * m).map_err(e)?;
-                        ring("linear_tc_bf16_r", wt, sw, m, nring, npre)?;
-                        d.sync().map_err(e)?;
-                        let b = dtoh_f32(&d, y, n * m)?;
-                        same &= a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
-                    }
-                }
-            }
-            println!(
-                "linear_tc_bf16_r vs linear_tc_bf16_tl, {label} N={n} K={k}, S=4 and 16, 1 and 3 rows: {}",
-                if same { "bit-identical" } else { "DIFFER" }
-            );
-            d.free(wr);
-            d.free(wt);
-        }
-        let ring_cfgs: &[(u32, u32, u32)] = &[
-            (4, 4, 4),
-            (4, 8, 8),
-            (4, 8, 0),
-            (4, 8, 2),
-            (4, 12, 12),
-            (4, 16, 16),
-            (8, 4, 4),
-            (8, 8, 8),
-            (16, 4, 4),
-            (16, 8, 8),
-            (16, 8, 0),
-            (16, 8, 2),
-            (16, 12, 12),
-        ];
-        for &(sw, nring, npre) in ring_cfgs {
-            let t = time_graph(&d, reps, &|i| {
-                ring("linear_tc_bf16_r", off(i), sw, 1, nring, npre)
-            })?;
-            rows.push((
-                format!("{label} N={n} K={k}: linear_tc_bf16_r S={sw} ring {nring} pre {npre}"),
-                t,
-                bytes as f64 / t / 1e6,
-            ));
-        }
-        for sw in [4u32, 16] {
-            let t = time_graph(&d, reps, &|i| {
-                ring("linear_tc_bf16_r2", off(i), sw, 1, 8, 8)
-            })?;
-            rows.push((
-                format!(
-                    "{label} N={n} K={k}: linear_tc_bf16_r2 S={sw} ring 8 pre 8 (two accumulators)"
-                ),
-                t,
-                bytes as f64 / t / 1e6,
-            ));
-        }
     }
     d.free(wpool);
 
@@ -977,28 +854,6 @@ fn attn_layer(
             )
             .map_err(e)
         };
-        // attention_gqa_qkm (KernelSet swa_merge): the fused launch with the merge after a grid
-        // barrier, where its grid is resident at once.
-        let mbar = buf(&[0u8; 16])?;
-        let resident = d.occupancy("attention_gqa_qkm", 32 * (g as u32 + 1), 0) * d.sms
-            >= (nkv * nsplit) as u32
-            && nsplit <= 16;
-        let fusedm = || {
-            d.launch_p(
-                &mut None,
-                "attention_gqa_qkm",
-                (1, nkv as u32, nsplit as u32),
-                (32 * (g as u32 + 1), 1, 1),
-                0,
-                |b| {
-                    common(b);
-                    b.i32(nsplit as i32).u64(part);
-                    rope(b);
-                    b.f32(1.0).f32(1.0).u64(mbar);
-                },
-            )
-            .map_err(e)
-        };
         let merge = |name: &'static str| {
             d.launch_p(
                 &mut None,
@@ -1054,23 +909,6 @@ fn attn_layer(
                 .map(f32::to_bits)
                 .collect();
             got.push((o, row(kc)?, row(vc)?));
-        }
-        if resident {
-            d.htod(q, &q0).map_err(e)?;
-            fusedm()?;
-            d.sync().map_err(e)?;
-            let o: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            let (k1, v1) = (row(kc)?, row(vc)?);
-            let a = &got[0];
-            println!(
-                "attention_gqa_qkm (merge after a grid barrier) vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
-                if a.0 == o { "bit-identical" } else { "DIFFERS" },
-                if a.1 == k1 { "bit-identical" } else { "DIFFERS" },
-                if a.2 == v1 { "bit-identical" } else { "DIFFERS" }
-            );
         }
         let a = &got[0];
         for (b, name) in got[1..].iter().zip([
@@ -1128,17 +966,7 @@ fn attn_layer(
                 bytes / t / 1e6,
             ));
         }
-        if resident {
-            let t = time_graph(d, reps, &|_| fusedm())?;
-            rows.push((
-                format!("attention {label} at {p}: attention_gqa_qkm (its merge inside)"),
-                t,
-                bytes / t / 1e6,
-            ));
-        }
-        for x in [
-            kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part, mbar,
-        ] {
+        for x in [kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part] {
             d.free(x);
         }
     }

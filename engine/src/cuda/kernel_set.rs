@@ -111,24 +111,6 @@ pub struct KernelSet {
     /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, +0.9 GB for its draft, counted by
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
-    /// With `tc_tl`: the BF16 GEMVs' weight tiles brought into a ring of shared-memory stages by
-    /// the copy engine (`linear_tc_bf16_r`: one bulk copy of S KB a stage, the first stages asked
-    /// for before the PDL wait, a stage refilled by the last warp to read it) instead of into
-    /// registers by loads; the same fragments in the same mma order, so the same bits. Ring
-    /// sizes: `LAGUNA_TC_RING`.
-    pub tc_ring: bool,
-    /// With `attn_qk`: a sliding-window layer's split merge in its decode attention launch
-    /// (`attention_gqa_qkm`: after a grid-wide barrier, blocks merge (row, head) items with
-    /// `attention_merge_16`'s arithmetic), where the whole grid is resident at once; the same
-    /// bits as the two launches.
-    pub swa_merge: bool,
-    /// Split-KV decode attention with each split's length rounded up to whole 32-key tiles
-    /// (`att_splits`: a 2,112-key row in 33 splits of 64 keys instead of 64 splits of 33, so a
-    /// full-attention layer's grid of 64 splits a KV head runs about half its blocks, each two
-    /// full tiles, and the merge reads half the partials). Other splits, so other bits than
-    /// without it (the same for decode and verify: a row's splits still depend on its length
-    /// only).
-    pub att_round: bool,
 }
 
 impl KernelSet {
@@ -162,9 +144,6 @@ impl KernelSet {
             serve_argmax: false,
             merge64: false,
             tc_tl: false,
-            tc_ring: false,
-            swa_merge: false,
-            att_round: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -197,9 +176,6 @@ impl KernelSet {
             serve_argmax: true,
             merge64: true,
             tc_tl: true,
-            tc_ring: false,
-            swa_merge: false,
-            att_round: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -242,10 +218,7 @@ impl KernelSet {
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
                 "tc_tl" => k.tc_tl = on,
-                "tc_ring" => k.tc_ring = on,
-                "swa_merge" => k.swa_merge = on,
-                "att_round" => k.att_round = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, tc_ring, swa_merge, att_round)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl)")),
             }
         }
         Ok(k)

@@ -85,13 +85,6 @@ impl CudaModel {
                 };
                 nsplit = nsplit.min(keys.div_ceil(ATT_CHUNK)).max(2);
             }
-            // The split-count argument of the decode attention and its merge: with `att_round`,
-            // bit 16 asks for splits of whole 32-key tiles (attention.cu, att_splits).
-            let nsplit_arg = if nsplit > 1 && self.kset.att_round {
-                nsplit as i32 | 1 << 16
-            } else {
-                nsplit as i32
-            };
             let flash = staged
                 || (m >= self.opts.gemm_min_rows
                     && hd % 16 == 0
@@ -231,23 +224,7 @@ impl CudaModel {
                     .map_err(cerr)?;
                 }
             } else {
-                // The split merge in the attention launch after a grid barrier (`swa_merge`):
-                // sliding-window layers whose grid is resident all at once.
-                let nblocks = (m * nkv * nsplit) as u32;
-                let with_merge = fuse_qk
-                    && nsplit > 1
-                    && nsplit <= 16
-                    && l.window > 0
-                    && self.kset.swa_merge
-                    && d.occupancy(kv.gqa_qkm_name, (32 * (group + 1)) as u32, 0) * d.sms
-                        >= nblocks;
-                let (aname, agrid, ablk) = if with_merge {
-                    (
-                        kv.gqa_qkm_name,
-                        (m as u32, nkv as u32, nsplit as u32),
-                        (32 * (group + 1)) as u32,
-                    )
-                } else if fuse_qk {
+                let (aname, agrid, ablk) = if fuse_qk {
                     (
                         kv.gqa_qk_name,
                         (m as u32, nkv as u32, nsplit as u32),
@@ -264,21 +241,17 @@ impl CudaModel {
                 };
                 d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
                     common(b);
-                    b.i32(nsplit_arg).u64(sc.part);
+                    b.i32(nsplit as i32).u64(sc.part);
                     if fuse_qk {
                         b.u64(kp).u64(vp).i32(ldkv as i32);
                         rope(b);
                         b.f32(1.0 / l.kscale).f32(1.0 / l.vscale);
-                        if with_merge {
-                            // The second word of gbar (moe_block_1 has the first).
-                            b.u64(sc.gbar + 8);
-                        }
                     } else {
                         b.u64(if self.noncausal { sc.kend } else { 0 });
                     }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 && !with_merge {
+                if nsplit > 1 {
                     d.launch_p(
                         prof,
                         if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
@@ -293,7 +266,7 @@ impl CudaModel {
                         0,
                         |b| {
                             b.u64(sc.part)
-                                .i32(nsplit_arg)
+                                .i32(nsplit as i32)
                                 .u64(sc.attn)
                                 .i32(qw as i32)
                                 .i32(nh as i32)
@@ -802,11 +775,6 @@ impl CudaModel {
                 "attention_gqa_qk_fp8"
             } else {
                 "attention_gqa_qk"
-            },
-            gqa_qkm_name: if fp8 {
-                "attention_gqa_qkm_fp8"
-            } else {
-                "attention_gqa_qkm"
             },
 
             gqa_name: match (fp8, self.kset.gqa_ld) {

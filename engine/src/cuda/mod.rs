@@ -22,7 +22,6 @@ pub mod spec;
 
 pub use device::{Args, Dev, DevError, Prof};
 pub use kernel_set::KernelSet;
-pub use ops::tc_ring_sizes;
 
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
@@ -247,8 +246,6 @@ struct KvArgs {
     attn_name: &'static str,
     gqa_name: &'static str,
     gqa_qk_name: &'static str,
-    /// attention_gqa_qk with the split merge after a grid barrier (KernelSet swa_merge).
-    gqa_qkm_name: &'static str,
     prefill_name: &'static str,
 }
 
@@ -358,8 +355,6 @@ pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
 const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_prefill_q", ATT_QS_SMEM),
     ("attention_prefill_fp8_q", ATT_QS_SMEM),
-    ("linear_tc_bf16_r", 192 * 1024),
-    ("linear_tc_bf16_r2", 192 * 1024),
 ];
 /// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
 /// every other kernel.

@@ -210,26 +210,6 @@ impl CudaModel {
             } else {
                 4
             };
-            // The tile-interleaved copy through a ring of shared-memory stages (`tc_ring`):
-            // the same bits, two more arguments (ring stages, stages asked for before the PDL
-            // wait) and S KB of dynamic shared memory a stage.
-            if l.t != 0 && self.kset.tc_ring {
-                let (nring, npre) = tc_ring_sizes(sw);
-                return self
-                    .dev
-                    .launch_p(
-                        prof,
-                        "linear_tc_bf16_r",
-                        (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1),
-                        (32 * sw, 1, 1),
-                        nring * sw * 1024,
-                        |b| {
-                            args_w(b, l.t, x);
-                            b.i32(nring as i32).i32(npre as i32);
-                        },
-                    )
-                    .map_err(cerr);
-            }
             // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
             let (name, w) = if l.t != 0 {
                 ("linear_tc_bf16_tl", l.t)
@@ -360,29 +340,4 @@ impl CudaModel {
 /// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
 pub(super) fn norm_block(h: usize) -> u32 {
     (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
-}
-
-/// Ring stages and stages asked for before the PDL wait of `linear_tc_bf16_r` at S warps a
-/// block (S = 4, 8, 16): LAGUNA_TC_RING="r4:p4,r8:p8,r16:p16" (a stage is S KB; at most 16
-/// stages and 192 KB), else the defaults.
-pub fn tc_ring_sizes(sw: u32) -> (u32, u32) {
-    let def = [(8u32, 8u32), (6, 6), (8, 8)];
-    let i = match sw {
-        0..=4 => 0,
-        5..=8 => 1,
-        _ => 2,
-    };
-    let from_env = std::env::var("LAGUNA_TC_RING").ok().and_then(|v| {
-        let p: Vec<(u32, u32)> = v
-            .split(',')
-            .filter_map(|t| {
-                let (a, b) = t.trim().split_once(':')?;
-                Some((a.parse().ok()?, b.parse().ok()?))
-            })
-            .collect();
-        p.get(i).copied()
-    });
-    let (r, p) = from_env.unwrap_or(def[i]);
-    let r = r.clamp(1, 16).min((192 * 1024) / (sw * 1024)).max(1);
-    (r, p.min(r))
 }
