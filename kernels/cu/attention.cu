@@ -694,22 +694,18 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
 // in one with U = 64), then the same arithmetic in the same order, so the same bits.
-template <int U, bool D = false>
+template <int U>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
                                                   const int* pos, int window, const int* kend, float vscale) {
     __shared__ float sm[128], sl[128];
-    // D (attention_merge_16d / _64d, KernelSet merge_d): block z of grid (M, nh, hd / 32) takes
-    // dims 32 z .. 32 z + 31 with 32 threads (every block loads the maxima and sums); each dim's
-    // arithmetic is the same, so the same bits.
-    int m = blockIdx.x, h = blockIdx.y, lt = threadIdx.x;
-    int tid = D ? (int)blockIdx.z * 32 + lt : lt;
+    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int len = key_last(p, kend, m, window) + 1 - lo;
     int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
-    for (int z = lt; z < ns; z += blockDim.x) {
+    for (int z = tid; z < ns; z += blockDim.x) {
         sm[z] = pp[z * (hd + 2)];
         sl[z] = pp[z * (hd + 2) + 1];
     }
@@ -755,8 +751,6 @@ extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attentio
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
 // KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
 extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_16d(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, true>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_64d(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64, true>(MERGE_ARGS); }
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
 // One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive

@@ -66,8 +66,6 @@ pub const MODULES: &[KernelModule] = &[
             "attention_merge",
             "attention_merge_16",
             "attention_merge_64",
-            "attention_merge_16d",
-            "attention_merge_64d",
             "attention_prefill",
             "attention_prefill_fp8",
             "attention_prefill_h",

@@ -855,13 +855,11 @@ fn attn_layer(
             .map_err(e)
         };
         let merge = |name: &'static str| {
-            // attention_merge_16d / _64d (KernelSet merge_d): 32 dims a block.
-            let dd = name.ends_with('d');
             d.launch_p(
                 &mut None,
                 name,
-                (1, nh as u32, if dd { (hd as u32).div_ceil(32) } else { 1 }),
-                (if dd { 32 } else { hd as u32 }, 1, 1),
+                (1, nh as u32, 1),
+                (hd as u32, 1, 1),
                 0,
                 |b| {
                     b.u64(part)
@@ -890,13 +888,11 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 6] = [
+        let variants: [(Option<&'static str>, &'static str); 4] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge_16"),
             (None, "attention_merge_64"),
-            (Some("attention_gqa_qk"), "attention_merge_16d"),
-            (None, "attention_merge_64d"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -919,8 +915,6 @@ fn attn_layer(
             "attention_gqa_qk + attention_merge",
             "attention_gqa_qk + attention_merge_16",
             "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
-            "attention_gqa_qk + attention_merge_16d",
-            "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64d",
         ]) {
             println!(
                 "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
@@ -932,7 +926,7 @@ fn attn_layer(
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 14] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 10] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -963,20 +957,6 @@ fn attn_layer(
                 },
             ),
             ("attention_merge_64 alone", &|| merge("attention_merge_64")),
-            ("attention_gqa_qk + attention_merge_16d", &|| {
-                fused("attention_gqa_qk")?;
-                merge("attention_merge_16d")
-            }),
-            ("attention_merge_16d alone", &|| merge("attention_merge_16d")),
-            (
-                "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64d",
-                &|| {
-                    qk()?;
-                    gqa()?;
-                    merge("attention_merge_64d")
-                },
-            ),
-            ("attention_merge_64d alone", &|| merge("attention_merge_64d")),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;

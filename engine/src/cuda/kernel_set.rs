@@ -111,10 +111,6 @@ pub struct KernelSet {
     /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, +0.9 GB for its draft, counted by
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
-    /// With `merge16`: the split merges with 32 of a head's dims a block (`attention_merge_16d`,
-    /// `_64d`: grid (rows, heads, hd / 32) instead of (rows, heads), every block loading the
-    /// splits' maxima and sums); each dim's arithmetic is the same, so the same bits.
-    pub merge_d: bool,
 }
 
 impl KernelSet {
@@ -148,7 +144,6 @@ impl KernelSet {
             serve_argmax: false,
             merge64: false,
             tc_tl: false,
-            merge_d: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -181,7 +176,6 @@ impl KernelSet {
             serve_argmax: true,
             merge64: true,
             tc_tl: true,
-            merge_d: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -224,8 +218,7 @@ impl KernelSet {
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
                 "tc_tl" => k.tc_tl = on,
-                "merge_d" => k.merge_d = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, merge_d)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl)")),
             }
         }
         Ok(k)

@@ -252,24 +252,17 @@ impl CudaModel {
                 })
                 .map_err(cerr)?;
                 if nsplit > 1 {
-                    // `merge_d`: 32 dims a block (grid z over the head's dims), the same bits.
-                    let md = self.kset.merge_d && self.kset.merge16;
-                    let (mgrid, mblk) = if md {
-                        ((m as u32, nh as u32, (hd as u32).div_ceil(32)), 32)
-                    } else {
-                        ((m as u32, nh as u32, 1), blk)
-                    };
                     d.launch_p(
                         prof,
-                        match (self.kset.merge16, self.kset.merge64 && nsplit > 16, md) {
-                            (true, true, false) => "attention_merge_64",
-                            (true, true, true) => "attention_merge_64d",
-                            (true, false, false) => "attention_merge_16",
-                            (true, false, true) => "attention_merge_16d",
-                            (false, _, _) => "attention_merge",
+                        if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
+                            "attention_merge_64"
+                        } else if self.kset.merge16 {
+                            "attention_merge_16"
+                        } else {
+                            "attention_merge"
                         },
-                        mgrid,
-                        (mblk, 1, 1),
+                        (m as u32, nh as u32, 1),
+                        (blk, 1, 1),
                         0,
                         |b| {
                             b.u64(sc.part)
