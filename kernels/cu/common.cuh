@@ -137,12 +137,6 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
 #endif
     return v;
 }
-// Grid-wide barrier for a grid whose blocks are all resident. The first block (0, 0, 0) adds 2^31 -
-// (n - 1), the others 1: the word's bit 31 flips when the last block arrives and its low bits come
-// back to where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a
-// release reduction (no value comes back, so no round trip to wait for) and the wait an acquire
-// load: thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start,
-// it cannot flip before every block has arrived), then flips its copy.
 __device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
 #if defined(__CUDA_ARCH__)
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
@@ -150,6 +144,19 @@ __device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
     __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
 #endif
 }
+// How long grid_sync waits before it traps: 2 s on the GPU; 60 emulated seconds in kernels/emu,
+// whose blocks share two CPU cores.
+#if defined(__CUDA_ARCH__)
+#define GRID_SYNC_TIMEOUT_NS 2000000000ull
+#else
+#define GRID_SYNC_TIMEOUT_NS 60000000000ull
+#endif
+// Grid-wide barrier for a grid whose blocks are all resident. The first block (0, 0, 0) adds 2^31 -
+// (n - 1), the others 1: the word's bit 31 flips when the last block arrives and its low bits come
+// back to where they were (cooperative groups' scheme), so it never needs a reset. Arrival is a
+// release reduction (no value comes back, so no round trip to wait for) and the wait an acquire
+// load: thread 0 keeps the bit it waits to see change in `phase` (read once at the kernel's start,
+// it cannot flip before every block has arrived), then flips its copy.
 __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -160,13 +167,9 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
         unsigned long long t0 = emu_ns(), t;
         while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
             // A block that never arrives (the grid was not all resident) ends the launch with an
-            // error after 2 s instead of hanging the GPU.
+            // error instead of hanging the GPU.
             t = emu_ns();
-#if defined(__CUDA_ARCH__)
-            if (t - t0 > 2000000000ull) __trap();
-#else
-            if (t - t0 > 60000000000ull) __trap();  // kernels/emu: blocks share two cores
-#endif
+            if (t - t0 > GRID_SYNC_TIMEOUT_NS) __trap();
         }
         phase ^= 0x80000000u;
     }
