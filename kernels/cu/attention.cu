@@ -694,7 +694,9 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
 // in one with U = 64), then the same arithmetic in the same order, so the same bits.
-template <int U>
+// CH: the fewest keys a split of the attention kernel that wrote `part` covers (ATT_CHUNK for
+// attention / attention_gqa*, TC_CHUNK for attention_tc), so the same split count.
+template <int U, int CH = ATT_CHUNK>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
                                                   const int* pos, int window, const int* kend, float vscale) {
@@ -703,7 +705,7 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int len = key_last(p, kend, m, window) + 1 - lo;
-    int ns = min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
+    int ns = min(nsplit, (len + CH - 1) / CH);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
     for (int z = tid; z < ns; z += blockDim.x) {
         sm[z] = pp[z * (hd + 2)];
@@ -1141,3 +1143,372 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
                                                                           const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
+
+// ---- attention_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
+// The weight-streaming regime's decode attention (decode steps, DFlash propose / verify) for GQA
+// groups of G <= 16 query heads, hd % 16 == 0, hd <= 128. One block of 4 warps per (row, KV
+// head, split); a split covers at least TC_CHUNK keys, so there are fewer and longer splits than
+// attention_gqa's 32-key ones, and each costs a few mma instead of a serial chain per 32 keys.
+// The split's keys go in steps of 16, step j to warp j % 4, which stages the step's K and V rows
+// (BF16; an FP8 cache is converted on the way) in its own shared memory, TC_NST steps in flight
+// (cp.async for a BF16 cache), and, FlashAttention-2 style with the G heads as the mma's rows
+// (padded to 16):
+//   S (heads x 16 keys) = Q . K^T, Q split into BF16 hi + lo (two mma per 16 dims), times scale;
+//   online softmax per head (running max per warp, partial sums per lane);
+//   O (heads x hd) = O * corr + P . V, P split into hi + lo, taken from S's fragments.
+// The four warps' states are combined in warp order and the split's partial (max, sum, acc[hd]
+// per head) written for attention_merge_tc / _tc64, or with nsplit == 1 the output (sink, V
+// scale, gate). A row's arithmetic depends only on its own keys and length, never on the pass,
+// so a DFlash verify row is bit-identical to the same row decoded alone. K and V come from the
+// cache for every key (the row's own key included): the q/k norm + K/V write runs before it.
+// grid (M, nkv, nsplit), block 128, dynamic shared memory ATC_SMEM bytes (ATC_QK_SMEM for _qk).
+#define TC_CHUNK 64
+#define TC_NST 2
+#define TC_LD 136                               // staged row stride in BF16 (272 bytes)
+#define TC_STAGE (2 * 16 * TC_LD)               // K then V rows of one 16-key step
+#define TC_WSMEM (TC_NST * TC_STAGE)            // one warp's stages (BF16 elements)
+#define ATC_SMEM (4 * TC_WSMEM * 2)             // 69,632 bytes
+#define ATC_QK_SMEM (ATC_SMEM + (16 + 4) * 128 * 4)  // + q rows and the warps' norm buffers: 79,872
+// QK (attention_tc_qk, KernelSet attn_tc with attn_qk, for passes whose rows are each alone in
+// their sequence): the q/k norm + RoPE + K/V write of qk_norm_rope_kv_t inside the launch, as
+// attention_gqa_qk does for attention_gqa: every block norms and rotates its G query heads into
+// shared memory (the same expressions, so the same q bits), the block whose split holds the row's
+// own key p (its last key) also the new key, writes K and V to the cache and stages key p from
+// the stored values it keeps in shared memory (nothing reads that slot from memory in this
+// launch). The other keys' loads are issued before the norms. Same bits as qk_norm_rope_kv_l +
+// attention_tc.
+template <typename KV, bool QK = false>
+__device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
+                                               const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
+                                               const float* kn_w = nullptr, const float* inv_freq = nullptr, int half = 0,
+                                               float attn_factor = 1.f, float eps = 0.f, float kinv = 1.f, float vinv = 1.f) {
+    extern __shared__ __align__(16) bf16_t atc_s[];
+    __shared__ float rc[64], rs[64];
+    __shared__ __align__(16) bf16_t kp[128], vp[128];
+    int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
+    int G = nh / nkv;
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lt = lane & 3;
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int last = key_last(p, kend, m, window);
+    int len = last + 1 - lo;
+    int ns = nsplit == 1 ? 1 : min(nsplit, (len + TC_CHUNK - 1) / TC_CHUNK);
+    if (z >= ns) return;
+    int chunk = (len + ns - 1) / ns;
+    int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
+    int nsteps = k1 > k0 ? (k1 - k0 + 15) >> 4 : 0;
+    int mine = nsteps > w ? (nsteps - w + 3) >> 2 : 0;  // this warp's steps: w, w + 4, ...
+    const int* btr = bt + (size_t)seqrow[m] * max_pages;
+    const int nks = hd >> 4, nc = hd >> 3, ncm = nc_mul(nc);
+    bf16_t* ws = atc_s + (size_t)w * TC_WSMEM;
+    float* qs = reinterpret_cast<float*>(atc_s + 4 * TC_WSMEM);  // QK: [16][hd] normed, rotated q
+    // QK: this block's split holds key p (the last key of a causal row); `after`: the norms are
+    // done, so key p's row comes from kp / vp.
+    const bool writer = QK && (p - lo) / chunk == z;
+    // Stage step j (keys k0 + 16 j ..) into stage st: lane r < 16 finds key r's cache row (the
+    // TilePages rule), the 16-byte pieces of the rows go round the lanes; keys past the split are
+    // zero-filled (P is 0 there, and 0 x garbage could be NaN).
+    auto stage = [&](int j, int st, bool after) {
+        int base = k0 + 16 * j;
+        bf16_t* Ks = ws + st * TC_STAGE;
+        bf16_t* Vs = Ks + 16 * TC_LD;
+        long long offr = 0;
+        if (lane < 16 && base + lane < k1) {
+            TilePages tp(base, page_size, max_pages);
+            int in;
+            int pi = tp.index(lane, in);
+            offr = (((long long)btr[pi] * page_size + in) * nkv + kvh) * hd;
+        }
+        for (int i = lane; i < 16 * nc; i += 32) {
+            int r = div_nc(i, ncm), c = i - r * nc;
+            long long off = __shfl_sync(0xffffffffu, offr, r) + c * 8;
+            bool v = base + r < k1;
+            bf16_t* kd = Ks + r * TC_LD + c * 8;
+            bf16_t* vd = Vs + r * TC_LD + c * 8;
+            if (writer && base + r == p) {
+                // Key p: from the stored values (after the norms), else left for tc_patch.
+                if (after) {
+                    *reinterpret_cast<uint4*>(kd) = *reinterpret_cast<const uint4*>(kp + c * 8);
+                    *reinterpret_cast<uint4*>(vd) = *reinterpret_cast<const uint4*>(vp + c * 8);
+                }
+                continue;
+            }
+            if constexpr (sizeof(KV) == 2) {
+                cp_async16(kd, kc + off, v ? 16u : 0u);
+                cp_async16(vd, vc + off, v ? 16u : 0u);
+            } else {
+                uint4 kk = make_uint4(0u, 0u, 0u, 0u), vv = kk;
+                if (v) {
+                    kk = Kv<KV>::ld8(kc + off);
+                    vv = Kv<KV>::ld8(vc + off);
+                }
+                *reinterpret_cast<uint4*>(kd) = kk;
+                *reinterpret_cast<uint4*>(vd) = vv;
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int i = 0; i < TC_NST; i++)
+        if (i < mine) stage(w + 4 * i, i, false);
+        else cp_async_commit();
+    if (QK) {
+        // q/k norm + RoPE (qk_norm_rope_kv_t's expressions): items 0..G-1 the query heads, item G
+        // the new key (writer block only); item u to warp u % 4, its values loaded first.
+        int items = G + (writer ? 1 : 0);
+        float xv[5][4], nwv[5][4], vv[4];
+        for (int u = 0; u < 5; u++) {
+            int it = w + 4 * u;
+            bool isq = it < G, live = it < items;
+            const float* src = isq ? q + (size_t)m * ldq + (size_t)(kvh * G + it) * hd : k + (size_t)m * ldkv + (size_t)kvh * hd;
+            const float* nw = isq ? qn_w : kn_w;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int dd = lane + 32 * jj;
+                bool in = live && dd < hd;
+                xv[u][jj] = in ? src[dd] : 0.f;
+                nwv[u][jj] = in ? nw[dd] : 0.f;
+                if (live && !isq) vv[jj] = dd < hd ? v[(size_t)m * ldkv + (size_t)kvh * hd + dd] : 0.f;
+            }
+        }
+        int kpage = writer ? btr[(p / page_size) % max_pages] : 0;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            float ang = (float)p * inv_freq[i];
+            rc[i] = cosf(ang) * attn_factor;
+            rs[i] = sinf(ang) * attn_factor;
+        }
+        __syncthreads();
+        float* bw = qs + 16 * 128 + w * 128;  // this warp's norm buffer
+        for (int u = 0; u < 5; u++) {
+            int it = w + 4 * u;
+            if (it >= items) break;
+            bool isq = it < G;
+            float ss = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) ss = fmaf(xv[u][jj], xv[u][jj], ss);
+            ss = warp_sum(ss);
+            float inv = rsqrtf(ss / (float)hd + eps);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int dd = lane + 32 * jj;
+                if (dd < hd) bw[dd] = nwv[u][jj] * (xv[u][jj] * inv);
+            }
+            __syncwarp();
+            size_t off = (((size_t)kpage * page_size + p % page_size) * nkv + kvh) * hd;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int dd = lane + 32 * jj;
+                if (dd >= hd) break;
+                float y = rope_at(bw, rc, rs, dd, half);
+                if (isq) {
+                    qs[it * hd + dd] = y;
+                } else {
+                    KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(vv[jj] * vinv);
+                    const_cast<KV*>(kc)[off + dd] = kq;
+                    const_cast<KV*>(vc)[off + dd] = vq;
+                    kp[dd] = Kv<KV>::to_bf16(kq);
+                    vp[dd] = Kv<KV>::to_bf16(vq);
+                }
+            }
+            __syncwarp();
+        }
+        __syncthreads();
+        // Key p's row if its step was staged above (before the norms): the writer's last step.
+        if (writer) {
+            int jl = nsteps - 1;
+            if ((jl & 3) == w && (jl >> 2) < TC_NST) {
+                int r = p - (k0 + 16 * jl);
+                bf16_t* Ks = ws + ((jl >> 2) % TC_NST) * TC_STAGE;
+                for (int c = lane; c < nc; c += 32) {
+                    *reinterpret_cast<uint4*>(Ks + r * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
+                    *reinterpret_cast<uint4*>(Ks + 16 * TC_LD + r * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
+                }
+            }
+        }
+    }
+    // Q (rows: the group's heads, lane rows lg and lg + 8; f32 -> BF16 hi + lo), the A operand of
+    // S = Q K^T: from q (written by qk_norm_rope_kv*) or, with QK, from qs.
+    u32 qa[8][4], ql[8][4];
+    {
+        const float* qr = QK ? qs + 2 * lt : q + (size_t)m * ldq + (size_t)kvh * G * hd + 2 * lt;
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int row = lg + (i & 1) * 8, col = 16 * s + (i >> 1) * 8;
+                float2 v = make_float2(0.f, 0.f);
+                if (s < nks && row < G) v = make_float2(qr[(size_t)row * hd + col], qr[(size_t)row * hd + col + 1]);
+                qa[s][i] = bf2_pack(v.x, v.y);
+                ql[s][i] = bf2_pack(v.x - bflo(qa[s][i]), v.y - bfhi(qa[s][i]));
+            }
+        }
+    }
+    // Rows lg (a) and lg + 8 (b): running max, this lane's partial sum; O fragments (n-tile i:
+    // dims 8 i + 2 lt, + 1 of rows lg / lg + 8).
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f;
+    float o[16][4];
+#pragma unroll
+    for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    for (int i = 0; i < mine; i++) {
+        int st = i % TC_NST;
+        cp_async_wait_group<TC_NST - 1>();
+        __syncwarp();
+        const bf16_t* Ks = ws + st * TC_STAGE;
+        const bf16_t* Vs = Ks + 16 * TC_LD;
+        int base = k0 + 16 * (w + 4 * i);
+        // S: two n-tiles of 8 keys (c: keys 2 lt, + 1; d: 8 + 2 lt, + 1; [0, 1] row lg, [2, 3] lg + 8).
+        float c[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            if (s >= nks) break;
+            u32 b0, b1, b2, b3;  // keys 0-7 dims 0-7 | dims 8-15; keys 8-15 dims 0-7 | 8-15
+            ldsm_x4(b0, b1, b2, b3, Ks + ((lane & 7) + ((lane >> 4) << 3)) * TC_LD + 16 * s + ((lane >> 3) & 1) * 8);
+            fa_mma(c, qa[s][0], qa[s][1], qa[s][2], qa[s][3], b0, b1);
+            fa_mma(c, ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
+            fa_mma(d, qa[s][0], qa[s][1], qa[s][2], qa[s][3], b2, b3);
+            fa_mma(d, ql[s][0], ql[s][1], ql[s][2], ql[s][3], b2, b3);
+        }
+        bool v0 = base + 2 * lt < k1, v1 = base + 2 * lt + 1 < k1, v8 = base + 8 + 2 * lt < k1, v9 = base + 9 + 2 * lt < k1;
+        c[0] = v0 ? c[0] * scale : -INFINITY;
+        c[1] = v1 ? c[1] * scale : -INFINITY;
+        c[2] = v0 ? c[2] * scale : -INFINITY;
+        c[3] = v1 ? c[3] * scale : -INFINITY;
+        d[0] = v8 ? d[0] * scale : -INFINITY;
+        d[1] = v9 ? d[1] * scale : -INFINITY;
+        d[2] = v8 ? d[2] * scale : -INFINITY;
+        d[3] = v9 ? d[3] * scale : -INFINITY;
+        // Key base (lt = 0, c[0]) is always in the split, so every row's step maximum is finite.
+        float xa = fmaxf(fmaxf(c[0], c[1]), fmaxf(d[0], d[1]));
+        float xb = fmaxf(fmaxf(c[2], c[3]), fmaxf(d[2], d[3]));
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+        float ca = expf(ma - na), cb = expf(mb - nb);
+        ma = na;
+        mb = nb;
+        float pc0 = expf(c[0] - na), pc1 = expf(c[1] - na), pd0 = expf(d[0] - na), pd1 = expf(d[1] - na);
+        float pc2 = expf(c[2] - nb), pc3 = expf(c[3] - nb), pd2 = expf(d[2] - nb), pd3 = expf(d[3] - nb);
+        la = la * ca + ((pc0 + pc1) + (pd0 + pd1));
+        lb = lb * cb + ((pc2 + pc3) + (pd2 + pd3));
+        // P as the A operand of P . V (k = the step's 16 keys), hi + lo.
+        u32 ph[4], pl[4];
+        ph[0] = bf2_pack(pc0, pc1);
+        ph[1] = bf2_pack(pc2, pc3);
+        ph[2] = bf2_pack(pd0, pd1);
+        ph[3] = bf2_pack(pd2, pd3);
+        pl[0] = bf2_pack(pc0 - bflo(ph[0]), pc1 - bfhi(ph[0]));
+        pl[1] = bf2_pack(pc2 - bflo(ph[1]), pc3 - bfhi(ph[1]));
+        pl[2] = bf2_pack(pd0 - bflo(ph[2]), pd1 - bfhi(ph[2]));
+        pl[3] = bf2_pack(pd2 - bflo(ph[3]), pd3 - bfhi(ph[3]));
+#pragma unroll
+        for (int s = 0; s < 8; s++) {
+            if (s >= nks) break;
+            // V rows (keys) by ldmatrix.trans: keys 0-7 | 8-15 of dims 16 s .. + 7, then of + 8 .. 15.
+            u32 b0, b1, b2, b3;
+            ldsm_x4_t(b0, b1, b2, b3, Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * TC_LD + 16 * s + (lane >> 4) * 8);
+#pragma unroll
+            for (int h2 = 0; h2 < 2; h2++) {
+                float* oo = o[2 * s + h2];
+                oo[0] *= ca;
+                oo[1] *= ca;
+                oo[2] *= cb;
+                oo[3] *= cb;
+                u32 e0 = h2 ? b2 : b0, e1 = h2 ? b3 : b1;
+                fa_mma(oo, ph[0], ph[1], ph[2], ph[3], e0, e1);
+                fa_mma(oo, pl[0], pl[1], pl[2], pl[3], e0, e1);
+            }
+        }
+        __syncwarp();
+        if (i + TC_NST < mine) stage(w + 4 * (i + TC_NST), st, true);
+        else cp_async_commit();
+    }
+    cp_async_wait_all();
+    // Row sums over the four lanes of a row (lt = 0..3, in a fixed order).
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    // The warps' states to shared memory (reusing the stages): per warp 16 rows of
+    // [max, sum, acc[hd]] (hd + 2 floats).
+    __syncthreads();
+    float* sw = reinterpret_cast<float*>(atc_s) + (size_t)w * 16 * (hd + 2);
+    if (lt == 0) {
+        sw[lg * (hd + 2)] = ma;
+        sw[lg * (hd + 2) + 1] = la;
+        sw[(lg + 8) * (hd + 2)] = mb;
+        sw[(lg + 8) * (hd + 2) + 1] = lb;
+    }
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        if (i >= 2 * nks) break;
+        int col = 8 * i + 2 * lt;
+        sw[lg * (hd + 2) + 2 + col] = o[i][0];
+        sw[lg * (hd + 2) + 3 + col] = o[i][1];
+        sw[(lg + 8) * (hd + 2) + 2 + col] = o[i][2];
+        sw[(lg + 8) * (hd + 2) + 3 + col] = o[i][3];
+    }
+    __syncthreads();
+    // Combine (warps 0..3 in order) and write: thread = (head r, dim d) pairs.
+    const float* s0 = reinterpret_cast<const float*>(atc_s);
+    bool final_ = nsplit == 1;
+    for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
+        int r = e / hd, dd = e - r * hd;
+        int h = kvh * G + r;
+        float mx = -INFINITY;
+#pragma unroll
+        for (int ww = 0; ww < 4; ww++) mx = fmaxf(mx, s0[((size_t)ww * 16 + r) * (hd + 2)]);
+        float l = 0.f, a = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 4; ww++) {
+            const float* sr = s0 + ((size_t)ww * 16 + r) * (hd + 2);
+            float cw = sr[1] == 0.f ? 0.f : expf(sr[0] - mx);
+            l += sr[1] * cw;
+            a += (cw == 0.f ? 0.f : sr[2 + dd] * cw);
+        }
+        if (!final_) {
+            float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
+            pp[2 + dd] = a;
+            if (dd == 0) {
+                pp[0] = mx;
+                pp[1] = l;
+            }
+            continue;
+        }
+        if (sink) {
+            float nm = fmaxf(mx, sink[h]);
+            float cs = l == 0.f ? 0.f : expf(mx - nm);
+            a *= cs;
+            l = l * cs + expf(sink[h] - nm);
+        }
+        float ov = (a / l) * vscale;
+        if (gate_mode == 1) ov *= softplus_f(g[(size_t)m * ldg + h]);
+        else if (gate_mode == 2) ov *= softplus_f(g[(size_t)m * ldg + h * hd + dd]);
+        out[(size_t)m * ldo + h * hd + dd] = ov;
+    }
+}
+extern "C" __global__ __launch_bounds__(128) void attention_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+    PDL_ENTRY();
+    attention_tc_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_tc_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+    PDL_ENTRY();
+    attention_tc_t<u8>(ATT_ARGS, nsplit, part, kend);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) {
+    PDL_ENTRY();
+    attention_tc_t<bf16_t, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
+                                 gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,
+                                 attn_factor, eps, kinv, vinv);
+}
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) {
+    PDL_ENTRY();
+    attention_tc_t<u8, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
+                             gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor,
+                             eps, kinv, vinv);
+}
+// The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's
+// and _64's arithmetic.
+extern "C" __global__ void attention_merge_tc(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_merge_tc64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64, TC_CHUNK>(MERGE_ARGS); }

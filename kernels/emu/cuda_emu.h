@@ -258,6 +258,7 @@ alignas(16) inline int shm[1 << 16];
 alignas(16) inline float xsh[1 << 16];
 alignas(16) inline float smem[1 << 16];
 alignas(16) inline unsigned short fa_q[1 << 16];
+alignas(16) inline unsigned short atc_s[1 << 16];
 
 // ---- "device" memory: one shared mapping, bump-allocated before any launch ----
 struct EmuHeap {

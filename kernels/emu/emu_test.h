@@ -64,3 +64,32 @@ static Fp4Stack make_fp4_stack(std::mt19937& rng, int n, int rows, int cols) {
     for (int e = 0; e < n; e++) st.inv[e] = g(rng);
     return st;
 }
+
+// Attention of one query head in float64: q (hd values) over keys lo..p (the last key it sees) of KV head kh in the
+// paged cache (the stored values: BF16, or E4M3 with FP8), softmax with the sink logit, then
+// times the V scale and the gate. o: hd outputs. max_pages: the block table's length (a ring:
+// position t in page (t / ps) % max_pages).
+template <typename KV>
+static void ref_attention(const float* q, const KV* kc, const KV* vc, const int* bt, int ps, int kvw, int kh, int hd, int lo, int p,
+                          double scale, double sink, double gate, double vscale, double* o, int max_pages = 1 << 30) {
+    auto val = [](const KV* c, size_t i) {
+        if constexpr (sizeof(KV) == 1) return e4m3_val((unsigned char)c[i]);
+        else return (double)bf2f((bf16_t)c[i]);
+    };
+    auto row = [&](int t) { return ((size_t)bt[(t / ps) % max_pages] * ps + t % ps) * kvw + kh * hd; };
+    std::vector<double> sc;
+    double mx = sink;
+    for (int t = lo; t <= p; t++) {
+        double a = 0;
+        for (int d = 0; d < hd; d++) a += (double)q[d] * val(kc, row(t) + d);
+        sc.push_back(a * scale);
+        mx = std::max(mx, a * scale);
+    }
+    double den = std::exp(sink - mx);
+    for (double& v : sc) den += (v = std::exp(v - mx));
+    for (int d = 0; d < hd; d++) {
+        double a = 0;
+        for (int t = lo; t <= p; t++) a += sc[t - lo] * val(vc, row(t) + d);
+        o[d] = a / den * vscale * gate;
+    }
+}

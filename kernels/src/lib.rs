@@ -74,6 +74,12 @@ pub const MODULES: &[KernelModule] = &[
             "attention_prefill_q",
             "attention_prefill_fp8_q",
             "attention_prefill_fp8_x",
+            "attention_tc",
+            "attention_tc_fp8",
+            "attention_tc_qk",
+            "attention_tc_qk_fp8",
+            "attention_merge_tc",
+            "attention_merge_tc64",
         ],
     },
     KernelModule {

@@ -854,7 +854,51 @@ fn attn_layer(
             )
             .map_err(e)
         };
-        let merge = |name: &'static str| {
+        // attention_tc (KernelSet attn_tc): the engine's split count for it (LAGUNA_TC_NSPLIT,
+        // default 16; a sliding layer's at most ceil(window / 64)).
+        let tc_ns = {
+            let n = std::env::var("LAGUNA_TC_NSPLIT")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(16);
+            if window > 0 {
+                n.min(window.div_ceil(64)).max(2)
+            } else {
+                n
+            }
+            .clamp(1, nsplit)
+        };
+        let tc = || {
+            d.launch_p(
+                &mut None,
+                "attention_tc",
+                (1, nkv as u32, tc_ns as u32),
+                (128, 1, 1),
+                laguna_engine::cuda::big_smem("attention_tc"),
+                |b| {
+                    common(b);
+                    b.i32(tc_ns as i32).u64(part).u64(0);
+                },
+            )
+            .map_err(e)
+        };
+        let tc_qk = || {
+            d.launch_p(
+                &mut None,
+                "attention_tc_qk",
+                (1, nkv as u32, tc_ns as u32),
+                (128, 1, 1),
+                laguna_engine::cuda::big_smem("attention_tc_qk"),
+                |b| {
+                    common(b);
+                    b.i32(tc_ns as i32).u64(part);
+                    rope(b);
+                    b.f32(1.0).f32(1.0);
+                },
+            )
+            .map_err(e)
+        };
+        let merge_n = |name: &'static str, ns: usize| {
             d.launch_p(
                 &mut None,
                 name,
@@ -863,7 +907,7 @@ fn attn_layer(
                 0,
                 |b| {
                     b.u64(part)
-                        .i32(nsplit as i32)
+                        .i32(ns as i32)
                         .u64(out)
                         .i32(qw as i32)
                         .i32(nh as i32)
@@ -880,6 +924,8 @@ fn attn_layer(
             )
             .map_err(e)
         };
+        let merge = |name: &'static str| merge_n(name, nsplit);
+        let merge_tc = || merge_n("attention_merge_tc", tc_ns);
         // Bits: both chains from the same q (the default chain norms q in place).
         let slot = if window > 0 { p % max_pages } else { p };
         let row = |c: u64| -> Result<Vec<u8>> {
@@ -923,10 +969,54 @@ fn attn_layer(
                 if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
             );
         }
+        // attention_tc + attention_merge_tc: other arithmetic (tensor cores, its own splits), so
+        // its output against the default chain's as the largest difference relative to the
+        // largest output; K / V rows are written by the same qk_norm_rope_kv_l.
+        {
+            d.htod(q, &q0).map_err(e)?;
+            qk()?;
+            tc()?;
+            merge_tc()?;
+            d.sync().map_err(e)?;
+            let o = dtoh_f32(d, out, qw)?;
+            let (mut dmax, mut mag) = (0f32, 0f32);
+            for (x, y) in o.iter().zip(&a.0) {
+                let y = f32::from_bits(*y);
+                dmax = if x.is_finite() {
+                    dmax.max((x - y).abs())
+                } else {
+                    f32::INFINITY
+                };
+                mag = mag.max(y.abs());
+            }
+            println!(
+                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc ({tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
+                dmax / mag,
+                if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
+                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
+                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
+            );
+            // attention_tc_qk (the norms inside the launch) against the three launches: the same bits.
+            let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
+            d.htod(q, &q0).map_err(e)?;
+            tc_qk()?;
+            merge_tc()?;
+            d.sync().map_err(e)?;
+            let o2: Vec<u32> = dtoh_f32(d, out, qw)?
+                .into_iter()
+                .map(f32::to_bits)
+                .collect();
+            println!(
+                "attention_tc_qk + attention_merge_tc vs qk_norm_rope_kv_l + attention_tc + attention_merge_tc, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+                if o2 == t3 { "bit-identical" } else { "DIFFERS" },
+                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
+                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
+            );
+        }
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 10] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 15] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -957,6 +1047,21 @@ fn attn_layer(
                 },
             ),
             ("attention_merge_64 alone", &|| merge("attention_merge_64")),
+            (
+                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc",
+                &|| {
+                    qk()?;
+                    tc()?;
+                    merge_tc()
+                },
+            ),
+            ("attention_tc alone", &tc),
+            ("attention_tc_qk + attention_merge_tc", &|| {
+                tc_qk()?;
+                merge_tc()
+            }),
+            ("attention_tc_qk alone", &tc_qk),
+            ("attention_merge_tc alone", &merge_tc),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;

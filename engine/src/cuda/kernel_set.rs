@@ -111,6 +111,18 @@ pub struct KernelSet {
     /// BF16 projections and lm_head twice in memory: +3.4 GB for XS-2.1, +0.9 GB for its draft, counted by
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
+    /// The split-KV decode attention of full-attention layers on tensor cores (`attention_tc`,
+    /// `_fp8`: a block of 4 warps per (row, KV head, split), splits of at least `TC_CHUNK` = 64
+    /// keys, Q . K^T and P . V by mma with Q and P as BF16 hi + lo, merged by
+    /// `attention_merge_tc` / `_tc64`) after `qk_norm_rope_kv*`, instead of `attention_gqa*` and
+    /// its 32-key splits. Other bits than `attention_gqa` (float64 agreement ~3e-6 in
+    /// kernels/emu); decode and verify rows take the same kernel, so they stay bit-identical.
+    /// With `attn_qk`, passes whose rows are each alone in their sequence take
+    /// `attention_tc_qk`, the q/k norm + RoPE + K/V write inside the launch (the same bits).
+    pub attn_tc: bool,
+    /// `attn_tc` on sliding-window layers too (with `qk_norm_rope_kv*` before it instead of the
+    /// fused `attention_gqa_qk`).
+    pub attn_tc_swa: bool,
 }
 
 impl KernelSet {
@@ -144,6 +156,8 @@ impl KernelSet {
             serve_argmax: false,
             merge64: false,
             tc_tl: false,
+            attn_tc: false,
+            attn_tc_swa: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -176,6 +190,8 @@ impl KernelSet {
             serve_argmax: true,
             merge64: true,
             tc_tl: true,
+            attn_tc: false,
+            attn_tc_swa: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -218,7 +234,9 @@ impl KernelSet {
                 "serve_argmax" => k.serve_argmax = on,
                 "merge64" => k.merge64 = on,
                 "tc_tl" => k.tc_tl = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl)")),
+                "attn_tc" => k.attn_tc = on,
+                "attn_tc_swa" => k.attn_tc_swa = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa)")),
             }
         }
         Ok(k)
@@ -295,6 +313,8 @@ mod tests {
         assert!(
             d.tc_tl && !KernelSet::original().tc_tl && !KernelSet::parse("-tc_tl").unwrap().tc_tl
         );
+        let k = KernelSet::parse("+attn_tc,+attn_tc_swa").unwrap();
+        assert!(k.attn_tc && k.attn_tc_swa && !KernelSet::original().attn_tc);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -100,7 +100,32 @@ impl CudaModel {
             // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`) when
             // every row of the pass is alone in its sequence (no row reads another's new key; `solo`
             // is never set for a non-causal model).
+            // The tensor-core split-KV attention (`attention_tc`, KernelSet attn_tc / attn_tc_swa),
+            // after the separate q/k norm + K/V write, with its own split policy (splits of at
+            // least TC_CHUNK keys, at most `nsplit_tc`).
+            let tc = gqa
+                && hd % 16 == 0
+                && if l.window > 0 {
+                    self.kset.attn_tc_swa
+                } else {
+                    self.kset.attn_tc
+                };
+            if tc {
+                nsplit = if m <= SPLIT_ROWS { self.nsplit_tc } else { 1 };
+                if nsplit > 1 && l.window > 0 && self.kset.swa_ns {
+                    let keys = if self.noncausal {
+                        2 * l.window
+                    } else {
+                        l.window
+                    };
+                    nsplit = nsplit.min(keys.div_ceil(TC_CHUNK)).max(2);
+                }
+            }
+            // With attn_qk: the q/k norm + RoPE + K/V write inside attention_tc too
+            // (`attention_tc_qk`), for passes whose rows are each alone in their sequence.
+            let tc_qk = tc && self.kset.attn_qk && sc.solo.get() && l.half <= 64;
             let fuse_qk = gqa
+                && !tc
                 && self.kset.attn_qk
                 && (l.window > 0 || self.kset.qk_full)
                 && sc.solo.get()
@@ -114,7 +139,7 @@ impl CudaModel {
                     .f32(l.attn_factor)
                     .f32(eps);
             };
-            if !fuse_qk {
+            if !fuse_qk && !tc_qk {
                 d.launch_p(
                     prof,
                     kv.qk_name,
@@ -224,7 +249,13 @@ impl CudaModel {
                     .map_err(cerr)?;
                 }
             } else {
-                let (aname, agrid, ablk) = if fuse_qk {
+                let (aname, agrid, ablk) = if tc {
+                    (
+                        if tc_qk { kv.tc_qk_name } else { kv.tc_name },
+                        (m as u32, nkv as u32, nsplit as u32),
+                        128,
+                    )
+                } else if fuse_qk {
                     (
                         kv.gqa_qk_name,
                         (m as u32, nkv as u32, nsplit as u32),
@@ -239,10 +270,10 @@ impl CudaModel {
                 } else {
                     (kv.attn_name, (m as u32, nh as u32, nsplit as u32), ablk)
                 };
-                d.launch_p(prof, aname, agrid, (ablk, 1, 1), 0, |b| {
+                d.launch_p(prof, aname, agrid, (ablk, 1, 1), big_smem(aname), |b| {
                     common(b);
                     b.i32(nsplit as i32).u64(sc.part);
-                    if fuse_qk {
+                    if fuse_qk || tc_qk {
                         b.u64(kp).u64(vp).i32(ldkv as i32);
                         rope(b);
                         b.f32(1.0 / l.kscale).f32(1.0 / l.vscale);
@@ -254,7 +285,11 @@ impl CudaModel {
                 if nsplit > 1 {
                     d.launch_p(
                         prof,
-                        if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
+                        if tc && nsplit > 16 {
+                            "attention_merge_tc64"
+                        } else if tc {
+                            "attention_merge_tc"
+                        } else if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
                             "attention_merge_64"
                         } else if self.kset.merge16 {
                             "attention_merge_16"
@@ -771,6 +806,16 @@ impl CudaModel {
                 (false, true) => "qk_norm_rope_kv_l",
             },
             attn_name: if fp8 { "attention_fp8" } else { "attention" },
+            tc_name: if fp8 {
+                "attention_tc_fp8"
+            } else {
+                "attention_tc"
+            },
+            tc_qk_name: if fp8 {
+                "attention_tc_qk_fp8"
+            } else {
+                "attention_tc_qk"
+            },
             gqa_qk_name: if fp8 {
                 "attention_gqa_qk_fp8"
             } else {

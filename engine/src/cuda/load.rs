@@ -739,6 +739,7 @@ impl CudaModel {
             taps_dev: 0,
             kset,
             nsplit,
+            nsplit_tc: nsplit_tc(nsplit),
             mk_grid,
             mk_smem,
             xs_holds: std::cell::Cell::new((0, false)),

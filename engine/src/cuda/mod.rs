@@ -244,6 +244,8 @@ struct KvArgs {
     page_size: usize,
     qk_name: &'static str,
     attn_name: &'static str,
+    tc_name: &'static str,
+    tc_qk_name: &'static str,
     gqa_name: &'static str,
     gqa_qk_name: &'static str,
     prefill_name: &'static str,
@@ -328,6 +330,8 @@ pub struct CudaModel {
     kset: KernelSet,
     /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
+    /// Most key splits of `attention_tc` (NSPLIT_TC unless LAGUNA_TC_NSPLIT; at most `nsplit`).
+    nsplit_tc: usize,
     /// `moe_block_1` (KernelSet moe_mk): its grid (one block an SM, all resident) and dynamic
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
@@ -348,6 +352,23 @@ fn nsplit() -> usize {
         .map(|n| n.clamp(1, 128))
         .unwrap_or(NSPLIT)
 }
+/// Most key splits of `attention_tc` (a row uses min(this, its keys / TC_CHUNK)).
+/// `LAGUNA_TC_NSPLIT` overrides it for A/B runs (at most `nsplit`, which sizes `sc.part`).
+const NSPLIT_TC: usize = 16;
+fn nsplit_tc(nsplit: usize) -> usize {
+    std::env::var("LAGUNA_TC_NSPLIT")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(NSPLIT_TC)
+        .clamp(1, nsplit)
+}
+/// Keys an `attention_tc` split covers at least (`TC_CHUNK` in attention.cu).
+const TC_CHUNK: usize = 64;
+/// Dynamic shared memory of `attention_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
+/// stages x K and V rows of 16 keys at a stride of 136 BF16).
+pub(crate) const ATC_SMEM: u32 = 4 * 2 * 2 * 16 * 136 * 2;
+/// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + 16 normed q rows and 4 warps' norm buffers.
+pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + (16 + 4) * 128 * 4;
 /// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
@@ -355,10 +376,14 @@ pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
 const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_prefill_q", ATT_QS_SMEM),
     ("attention_prefill_fp8_q", ATT_QS_SMEM),
+    ("attention_tc", ATC_SMEM),
+    ("attention_tc_fp8", ATC_SMEM),
+    ("attention_tc_qk", ATC_QK_SMEM),
+    ("attention_tc_qk_fp8", ATC_QK_SMEM),
 ];
 /// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
 /// every other kernel.
-pub(crate) fn big_smem(name: &str) -> u32 {
+pub fn big_smem(name: &str) -> u32 {
     BIG_SMEM
         .iter()
         .find(|(n, _)| *n == name)
