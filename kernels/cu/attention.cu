@@ -209,6 +209,17 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
 // hd <= blockDim <= 256.
 #define ATT_CHUNK 32
+// attention_tc's splits of a row with `len` keys (its merges use the same): at least TC_SPLITS
+// (16) where the row has TC_CHUNK (64) keys a split for them, more as the row grows so that no
+// split has more than TC_SPAN (512) keys, at most nsplit (the grid's).
+#define TC_CHUNK 64
+#define TC_SPAN 512
+#define TC_SPLITS 16
+__device__ __forceinline__ int tc_splits(int len, int nsplit) {
+    if (nsplit == 1) return 1;
+    int want = max(TC_SPLITS, (len + TC_SPAN - 1) / TC_SPAN);
+    return min(min(nsplit, want), (len + TC_CHUNK - 1) / TC_CHUNK);
+}
 #define ATT_PARAMS(KV)                                                                                             \
     const float *q, int ldq, float *out, int ldo, const KV *kc, const KV *vc, const int *pos, const int *seqrow,   \
         const int *bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink,       \
@@ -693,28 +704,34 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
-// in one with U = 64), then the same arithmetic in the same order, so the same bits.
-// CH: the fewest keys a split of the attention kernel that wrote `part` covers (ATT_CHUNK for
-// attention / attention_gqa*, TC_CHUNK for attention_tc), so the same split count.
+// in one with U = 64), then the same arithmetic in the same order, so the same bits; their
+// split factors exp(m_z - max) are computed once a split into shared memory (the same values).
+// CH: which attention kernel wrote `part`, so the same split count: ATT_CHUNK (attention /
+// attention_gqa*: splits of at least 32 keys) or TC_CHUNK (attention_tc: tc_splits).
 template <int U, int CH = ATT_CHUNK>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
                                                   const int* pos, int window, const int* kend, float vscale) {
-    __shared__ float sm[128], sl[128];
+    __shared__ float sm[128], sl[128], cz[128];
     int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
     int p = pos[m];
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int len = key_last(p, kend, m, window) + 1 - lo;
-    int ns = min(nsplit, (len + CH - 1) / CH);
+    int ns = CH == TC_CHUNK ? tc_splits(len, nsplit) : min(nsplit, (len + CH - 1) / CH);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
     for (int z = tid; z < ns; z += blockDim.x) {
         sm[z] = pp[z * (hd + 2)];
         sl[z] = pp[z * (hd + 2) + 1];
     }
     __syncthreads();
-    if (tid >= hd) return;
     float mx = sink ? sink[h] : -INFINITY;
     for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
+    if constexpr (U > 0) {
+        // Each split's factor once (the same expf of the same values every thread computed before).
+        for (int z = tid; z < ns; z += blockDim.x) cz[z] = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+        __syncthreads();
+    }
+    if (tid >= hd) return;
     float l = sink ? expf(sink[h] - mx) : 0.f;
     float a = 0.f;
     if constexpr (U == 0) {
@@ -734,7 +751,7 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
             for (int u = 0; u < U; u++) {
                 int z = z0 + u;
                 if (z < ns) {
-                    float c = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+                    float c = cz[z];
                     l += sl[z] * c;
                     a += (c == 0.f ? 0.f : v[u] * c);
                 }
@@ -1147,8 +1164,9 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 // ---- attention_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
 // The weight-streaming regime's decode attention (decode steps, DFlash propose / verify) for GQA
 // groups of G <= 16 query heads, hd % 16 == 0, hd <= 128. One block of 4 warps per (row, KV
-// head, split); a split covers at least TC_CHUNK keys, so there are fewer and longer splits than
-// attention_gqa's 32-key ones, and each costs a few mma instead of a serial chain per 32 keys.
+// head, split); a row's splits follow tc_splits (at least 64 keys each, 16 splits for a 2K row,
+// more past 8K keys), fewer and longer than attention_gqa's 32-key ones, and each 16 keys cost
+// a few mma instead of a serial chain per 32 keys.
 // The split's keys go in steps of 16, step j to warp j % 4, which stages the step's K and V rows
 // (BF16; an FP8 cache is converted on the way) in its own shared memory, TC_NST steps in flight
 // (cp.async for a BF16 cache), and, FlashAttention-2 style with the G heads as the mma's rows
@@ -1156,27 +1174,32 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 //   S (heads x 16 keys) = Q . K^T, Q split into BF16 hi + lo (two mma per 16 dims), times scale;
 //   online softmax per head (running max per warp, partial sums per lane);
 //   O (heads x hd) = O * corr + P . V, P split into hi + lo, taken from S's fragments.
-// The four warps' states are combined in warp order and the split's partial (max, sum, acc[hd]
-// per head) written for attention_merge_tc / _tc64, or with nsplit == 1 the output (sink, V
-// scale, gate). A row's arithmetic depends only on its own keys and length, never on the pass,
-// so a DFlash verify row is bit-identical to the same row decoded alone. K and V come from the
-// cache for every key (the row's own key included): the q/k norm + K/V write runs before it.
-// grid (M, nkv, nsplit), block 128, dynamic shared memory ATC_SMEM bytes (ATC_QK_SMEM for _qk).
-#define TC_CHUNK 64
-#define TC_NST 2
-#define TC_LD 136                               // staged row stride in BF16 (272 bytes)
-#define TC_STAGE (2 * 16 * TC_LD)               // K then V rows of one 16-key step
-#define TC_WSMEM (TC_NST * TC_STAGE)            // one warp's stages (BF16 elements)
-#define ATC_SMEM (4 * TC_WSMEM * 2)             // 69,632 bytes
-#define ATC_QK_SMEM (ATC_SMEM + (16 + 4) * 128 * 4)  // + q rows and the warps' norm buffers: 79,872
+// Q's hi and lo halves wait in shared memory (written once by the block, read by ldmatrix). The
+// four warps' states are combined in warp order and the split's partial (max, sum, acc[hd] per
+// head) written for attention_merge_tc / _tc64, or with nsplit == 1 the output (sink, V scale,
+// gate). A row's arithmetic depends only on its own keys and length, never on the pass, so a
+// DFlash verify row is bit-identical to the same row decoded alone. K and V come from the cache
+// for every key (the row's own key included): the q/k norm + K/V write runs before it.
 // QK (attention_tc_qk, KernelSet attn_tc with attn_qk, for passes whose rows are each alone in
 // their sequence): the q/k norm + RoPE + K/V write of qk_norm_rope_kv_t inside the launch, as
-// attention_gqa_qk does for attention_gqa: every block norms and rotates its G query heads into
-// shared memory (the same expressions, so the same q bits), the block whose split holds the row's
-// own key p (its last key) also the new key, writes K and V to the cache and stages key p from
-// the stored values it keeps in shared memory (nothing reads that slot from memory in this
-// launch). The other keys' loads are issued before the norms. Same bits as qk_norm_rope_kv_l +
-// attention_tc.
+// attention_gqa_qk does for attention_gqa: every block norms and rotates its G query heads (the
+// same expressions, so the same q bits), the block whose split holds the row's own key p (its last
+// key) also the new key, writes K and V to the cache and stages key p from the stored values it
+// keeps in shared memory (nothing reads that slot from memory in this launch). Every other key
+// was written by an earlier pass, so the first steps' K/V loads are issued before the PDL wait.
+// Same bits as qk_norm_rope_kv_l + attention_tc.
+// grid (M, nkv, nsplit), block 128, dynamic shared memory ATC_SMEM bytes (ATC_QK_SMEM for _qk).
+#define TC_NST 2
+#define TC_LD 136                                // staged row stride in BF16 (272 bytes)
+#define TC_STAGE (2 * 16 * TC_LD)                // K then V rows of one 16-key step
+#define TC_WSMEM (TC_NST * TC_STAGE)             // one warp's stages (BF16 elements)
+#define TC_QOFF (4 * TC_WSMEM)                   // Q hi then lo rows ([16][TC_LD] each)
+#define TC_CL 136                                // the warps' O rows in the combine (floats)
+#define ATC_SMEM ((TC_QOFF + 2 * 16 * TC_LD) * 2)   // 78,336 bytes
+#define ATC_QK_SMEM (ATC_SMEM + 4 * 128 * 4)        // + the warps' norm buffers: 80,384
+// Every fragment loop runs over 128 dims (8 steps of 16) whatever hd is, so it unrolls into
+// independent mma chains: with hd < 128 the staged rows' dims past hd are zero (the block clears
+// its shared memory first), and so are Q's.
 template <typename KV, bool QK = false>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
@@ -1185,6 +1208,8 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     extern __shared__ __align__(16) bf16_t atc_s[];
     __shared__ float rc[64], rs[64];
     __shared__ __align__(16) bf16_t kp[128], vp[128];
+    __shared__ float smx[4][16], ssm[4][16], cf[4][16], rl[16], rmx[16];
+    if (!QK) PDL_ENTRY();
     int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     int G = nh / nkv;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lt = lane & 3;
@@ -1192,71 +1217,108 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     int lo = window > 0 ? max(0, p + 1 - window) : 0;
     int last = key_last(p, kend, m, window);
     int len = last + 1 - lo;
-    int ns = nsplit == 1 ? 1 : min(nsplit, (len + TC_CHUNK - 1) / TC_CHUNK);
+    int ns = tc_splits(len, nsplit);
     if (z >= ns) return;
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     int nsteps = k1 > k0 ? (k1 - k0 + 15) >> 4 : 0;
     int mine = nsteps > w ? (nsteps - w + 3) >> 2 : 0;  // this warp's steps: w, w + 4, ...
     const int* btr = bt + (size_t)seqrow[m] * max_pages;
-    const int nks = hd >> 4, nc = hd >> 3, ncm = nc_mul(nc);
+    const int nc = hd >> 3;
     bf16_t* ws = atc_s + (size_t)w * TC_WSMEM;
-    float* qs = reinterpret_cast<float*>(atc_s + 4 * TC_WSMEM);  // QK: [16][hd] normed, rotated q
-    // QK: this block's split holds key p (the last key of a causal row); `after`: the norms are
-    // done, so key p's row comes from kp / vp.
+    bf16_t* qhi = atc_s + TC_QOFF;
+    bf16_t* qlo = qhi + 16 * TC_LD;
+    if (hd < 128) {
+        // Dims past hd: zero in every staged row and in Q (nothing below writes them).
+        uint4* s4 = reinterpret_cast<uint4*>(atc_s);
+        for (int i = threadIdx.x; i < (TC_QOFF + 2 * 16 * TC_LD) / 8; i += blockDim.x) s4[i] = make_uint4(0u, 0u, 0u, 0u);
+        __syncthreads();
+    }
+    // QK: this block's split holds key p (the last key of a causal row).
     const bool writer = QK && (p - lo) / chunk == z;
-    // Stage step j (keys k0 + 16 j ..) into stage st: lane r < 16 finds key r's cache row (the
-    // TilePages rule), the 16-byte pieces of the rows go round the lanes; keys past the split are
-    // zero-filled (P is 0 there, and 0 x garbage could be NaN).
+    // Stage step j (keys k0 + 16 j ..) into stage st: lane l takes key l % 16 (its cache row by the
+    // TilePages rule) and its 16-byte pieces l / 16, + 2, ...; keys past the split are zero-filled
+    // (P is 0 there, and 0 x garbage could be NaN). QK: key p comes from kp / vp once the norms
+    // are done (`after`), else it is left for the patch below.
+    const int kr = lane & 15, kc0 = lane >> 4;
     auto stage = [&](int j, int st, bool after) {
-        int base = k0 + 16 * j;
-        bf16_t* Ks = ws + st * TC_STAGE;
-        bf16_t* Vs = Ks + 16 * TC_LD;
-        long long offr = 0;
-        if (lane < 16 && base + lane < k1) {
-            TilePages tp(base, page_size, max_pages);
+        int key = k0 + 16 * j + kr;
+        bf16_t* Kd = ws + st * TC_STAGE + kr * TC_LD;
+        bf16_t* Vd = Kd + 16 * TC_LD;
+        bool ok = key < k1;
+        size_t off = 0;
+        if (ok) {
+            TilePages tp(k0 + 16 * j, page_size, max_pages);
             int in;
-            int pi = tp.index(lane, in);
-            offr = (((long long)btr[pi] * page_size + in) * nkv + kvh) * hd;
+            int pi = tp.index(kr, in);
+            off = (((size_t)btr[pi] * page_size + in) * nkv + kvh) * hd;
         }
-        for (int i = lane; i < 16 * nc; i += 32) {
-            int r = div_nc(i, ncm), c = i - r * nc;
-            long long off = __shfl_sync(0xffffffffu, offr, r) + c * 8;
-            bool v = base + r < k1;
-            bf16_t* kd = Ks + r * TC_LD + c * 8;
-            bf16_t* vd = Vs + r * TC_LD + c * 8;
-            if (writer && base + r == p) {
-                // Key p: from the stored values (after the norms), else left for tc_patch.
-                if (after) {
-                    *reinterpret_cast<uint4*>(kd) = *reinterpret_cast<const uint4*>(kp + c * 8);
-                    *reinterpret_cast<uint4*>(vd) = *reinterpret_cast<const uint4*>(vp + c * 8);
+        if (writer && key == p) {
+            if (after)
+                for (int c = kc0; c < nc; c += 2) {
+                    *reinterpret_cast<uint4*>(Kd + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
+                    *reinterpret_cast<uint4*>(Vd + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
                 }
-                continue;
-            }
-            if constexpr (sizeof(KV) == 2) {
-                cp_async16(kd, kc + off, v ? 16u : 0u);
-                cp_async16(vd, vc + off, v ? 16u : 0u);
-            } else {
-                uint4 kk = make_uint4(0u, 0u, 0u, 0u), vv = kk;
-                if (v) {
-                    kk = Kv<KV>::ld8(kc + off);
-                    vv = Kv<KV>::ld8(vc + off);
+        } else {
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int c = kc0 + 2 * u;
+                if (hd == 128 || c < nc) {
+                    if constexpr (sizeof(KV) == 2) {
+                        cp_async16(Kd + c * 8, kc + off + c * 8, ok ? 16u : 0u);
+                        cp_async16(Vd + c * 8, vc + off + c * 8, ok ? 16u : 0u);
+                    } else {
+                        uint4 kk = make_uint4(0u, 0u, 0u, 0u), vv = kk;
+                        if (ok) {
+                            kk = Kv<KV>::ld8(kc + off + c * 8);
+                            vv = Kv<KV>::ld8(vc + off + c * 8);
+                        }
+                        *reinterpret_cast<uint4*>(Kd + c * 8) = kk;
+                        *reinterpret_cast<uint4*>(Vd + c * 8) = vv;
+                    }
                 }
-                *reinterpret_cast<uint4*>(kd) = kk;
-                *reinterpret_cast<uint4*>(vd) = vv;
             }
         }
         cp_async_commit();
     };
+    // Q row r, dims c, c + 1 as BF16 hi / lo pairs into shared memory.
+    auto put_q = [&](int r, int c, float x0, float x1) {
+        u32 h = bf2_pack(x0, x1);
+        *reinterpret_cast<u32*>(qhi + r * TC_LD + c) = h;
+        *reinterpret_cast<u32*>(qlo + r * TC_LD + c) = bf2_pack(x0 - bflo(h), x1 - bfhi(h));
+    };
+    // Dim pairs of Q rows: pair e of (16 - r0) rows from row r0, hd / 2 pairs a row.
+    auto q_pair = [&](int e, int& r, int& c) {
+        int pr = hd >> 1;
+        r = hd == 128 ? e >> 6 : e / pr;
+        c = 2 * (e - r * pr);
+    };
+    if (!QK) {
+        // q rows of the group (written by qk_norm_rope_kv*), rows past G zero: coalesced pairs.
+        const float* qr = q + (size_t)m * ldq + (size_t)kvh * G * hd;
+        for (int e = threadIdx.x; e < 8 * hd; e += blockDim.x) {
+            int r, c;
+            q_pair(e, r, c);
+            float x0 = 0.f, x1 = 0.f;
+            if (r < G) {
+                x0 = qr[(size_t)r * hd + c];
+                x1 = qr[(size_t)r * hd + c + 1];
+            }
+            put_q(r, c, x0, x1);
+        }
+    }
 #pragma unroll
     for (int i = 0; i < TC_NST; i++)
         if (i < mine) stage(w + 4 * i, i, false);
         else cp_async_commit();
     if (QK) {
+        // Everything above read only what earlier passes and the host wrote.
+        PDL_ENTRY();
         // q/k norm + RoPE (qk_norm_rope_kv_t's expressions): items 0..G-1 the query heads, item G
-        // the new key (writer block only); item u to warp u % 4, its values loaded first.
+        // the new key (writer block only); item w + 4 u to warp w, its values loaded first.
         int items = G + (writer ? 1 : 0);
         float xv[5][4], nwv[5][4], vv[4];
+#pragma unroll
         for (int u = 0; u < 5; u++) {
             int it = w + 4 * u;
             bool isq = it < G, live = it < items;
@@ -1268,8 +1330,12 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
                 bool in = live && dd < hd;
                 xv[u][jj] = in ? src[dd] : 0.f;
                 nwv[u][jj] = in ? nw[dd] : 0.f;
-                if (live && !isq) vv[jj] = dd < hd ? v[(size_t)m * ldkv + (size_t)kvh * hd + dd] : 0.f;
             }
+        }
+#pragma unroll
+        for (int jj = 0; jj < 4; jj++) {
+            int dd = lane + 32 * jj;
+            vv[jj] = writer && w == G % 4 && dd < hd ? v[(size_t)m * ldkv + (size_t)kvh * hd + dd] : 0.f;
         }
         int kpage = writer ? btr[(p / page_size) % max_pages] : 0;
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -1277,69 +1343,61 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             rc[i] = cosf(ang) * attn_factor;
             rs[i] = sinf(ang) * attn_factor;
         }
+        // Q rows past the group are zero.
+        for (int e = threadIdx.x; e < (16 - G) * 64; e += blockDim.x) put_q(G + (e >> 6), 2 * (e & 63), 0.f, 0.f);
         __syncthreads();
-        float* bw = qs + 16 * 128 + w * 128;  // this warp's norm buffer
+        float* bw = reinterpret_cast<float*>(atc_s + TC_QOFF + 2 * 16 * TC_LD) + w * 128;  // this warp's norm buffer
+        size_t koff = (((size_t)kpage * page_size + p % page_size) * nkv + kvh) * hd;
+#pragma unroll
         for (int u = 0; u < 5; u++) {
             int it = w + 4 * u;
-            if (it >= items) break;
-            bool isq = it < G;
-            float ss = 0.f;
+            if (it < items) {
+                bool isq = it < G;
+                float ss = 0.f;
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) ss = fmaf(xv[u][jj], xv[u][jj], ss);
-            ss = warp_sum(ss);
-            float inv = rsqrtf(ss / (float)hd + eps);
+                for (int jj = 0; jj < 4; jj++) ss = fmaf(xv[u][jj], xv[u][jj], ss);
+                ss = warp_sum(ss);
+                float inv = rsqrtf(ss / (float)hd + eps);
 #pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                int dd = lane + 32 * jj;
-                if (dd < hd) bw[dd] = nwv[u][jj] * (xv[u][jj] * inv);
-            }
-            __syncwarp();
-            size_t off = (((size_t)kpage * page_size + p % page_size) * nkv + kvh) * hd;
-#pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                int dd = lane + 32 * jj;
-                if (dd >= hd) break;
-                float y = rope_at(bw, rc, rs, dd, half);
+                for (int jj = 0; jj < 4; jj++) {
+                    int dd = lane + 32 * jj;
+                    if (dd < hd) bw[dd] = nwv[u][jj] * (xv[u][jj] * inv);
+                }
+                __syncwarp();
                 if (isq) {
-                    qs[it * hd + dd] = y;
+                    // Lane l: dims 2 l, 2 l + 1 (and + 64).
+#pragma unroll
+                    for (int jj = 0; jj < 2; jj++) {
+                        int dd = 2 * lane + 64 * jj;
+                        if (dd < hd) put_q(it, dd, rope_at(bw, rc, rs, dd, half), rope_at(bw, rc, rs, dd + 1, half));
+                    }
                 } else {
-                    KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(vv[jj] * vinv);
-                    const_cast<KV*>(kc)[off + dd] = kq;
-                    const_cast<KV*>(vc)[off + dd] = vq;
-                    kp[dd] = Kv<KV>::to_bf16(kq);
-                    vp[dd] = Kv<KV>::to_bf16(vq);
+#pragma unroll
+                    for (int jj = 0; jj < 4; jj++) {
+                        int dd = lane + 32 * jj;
+                        if (dd < hd) {
+                            float y = rope_at(bw, rc, rs, dd, half);
+                            KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(vv[jj] * vinv);
+                            const_cast<KV*>(kc)[koff + dd] = kq;
+                            const_cast<KV*>(vc)[koff + dd] = vq;
+                            kp[dd] = Kv<KV>::to_bf16(kq);
+                            vp[dd] = Kv<KV>::to_bf16(vq);
+                        }
+                    }
                 }
-            }
-            __syncwarp();
-        }
-        __syncthreads();
-        // Key p's row if its step was staged above (before the norms): the writer's last step.
-        if (writer) {
-            int jl = nsteps - 1;
-            if ((jl & 3) == w && (jl >> 2) < TC_NST) {
-                int r = p - (k0 + 16 * jl);
-                bf16_t* Ks = ws + ((jl >> 2) % TC_NST) * TC_STAGE;
-                for (int c = lane; c < nc; c += 32) {
-                    *reinterpret_cast<uint4*>(Ks + r * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
-                    *reinterpret_cast<uint4*>(Ks + 16 * TC_LD + r * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
-                }
+                __syncwarp();
             }
         }
     }
-    // Q (rows: the group's heads, lane rows lg and lg + 8; f32 -> BF16 hi + lo), the A operand of
-    // S = Q K^T: from q (written by qk_norm_rope_kv*) or, with QK, from qs.
-    u32 qa[8][4], ql[8][4];
-    {
-        const float* qr = QK ? qs + 2 * lt : q + (size_t)m * ldq + (size_t)kvh * G * hd + 2 * lt;
-#pragma unroll
-        for (int s = 0; s < 8; s++) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int row = lg + (i & 1) * 8, col = 16 * s + (i >> 1) * 8;
-                float2 v = make_float2(0.f, 0.f);
-                if (s < nks && row < G) v = make_float2(qr[(size_t)row * hd + col], qr[(size_t)row * hd + col + 1]);
-                qa[s][i] = bf2_pack(v.x, v.y);
-                ql[s][i] = bf2_pack(v.x - bflo(qa[s][i]), v.y - bfhi(qa[s][i]));
+    __syncthreads();
+    if (QK && writer) {
+        // Key p's row if its step was staged above (before the norms): the writer's last step.
+        int jl = nsteps - 1;
+        if ((jl & 3) == w && (jl >> 2) < TC_NST && (p - k0 - 16 * jl) == kr) {
+            bf16_t* Kd = ws + ((jl >> 2) % TC_NST) * TC_STAGE + kr * TC_LD;
+            for (int c = kc0; c < nc; c += 2) {
+                *reinterpret_cast<uint4*>(Kd + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
+                *reinterpret_cast<uint4*>(Kd + 16 * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
             }
         }
     }
@@ -1349,6 +1407,12 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     float o[16][4];
 #pragma unroll
     for (int i = 0; i < 16; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    // ldmatrix row addresses: A (Q) rows lane & 7 (+ 8 for lanes 8..15 / 24..31), dims + 8 for
+    // lanes 16..31; B (K) keys lane & 7 (+ 8 for lanes 16..31), dims + 8 for lanes 8..15 / 24..31;
+    // V (.trans) keys lane & 7 (+ 8 for lanes 8..15 / 24..31), dims + 8 for lanes 16..31.
+    const int qrow = ((lane & 7) + ((lane >> 3) & 1) * 8) * TC_LD + (lane >> 4) * 8;
+    const int krow = ((lane & 7) + ((lane >> 4) << 3)) * TC_LD + ((lane >> 3) & 1) * 8;
+    const int vrow = qrow;
     for (int i = 0; i < mine; i++) {
         int st = i % TC_NST;
         cp_async_wait_group<TC_NST - 1>();
@@ -1356,17 +1420,30 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         const bf16_t* Ks = ws + st * TC_STAGE;
         const bf16_t* Vs = Ks + 16 * TC_LD;
         int base = k0 + 16 * (w + 4 * i);
-        // S: two n-tiles of 8 keys (c: keys 2 lt, + 1; d: 8 + 2 lt, + 1; [0, 1] row lg, [2, 3] lg + 8).
-        float c[4] = {0.f, 0.f, 0.f, 0.f}, d[4] = {0.f, 0.f, 0.f, 0.f};
+        // S = Q K^T: two n-tiles of 8 keys (c: keys 2 lt, + 1; d: 8 + 2 lt, + 1; [0, 1] row lg,
+        // [2, 3] lg + 8), four accumulators each (Q hi / lo x even / odd 16 dims) added in a fixed
+        // order, so the chains of dependent mma are 4 long instead of 16.
+        float cs[4][4], ds[4][4];
+#pragma unroll
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) cs[a][b] = ds[a][b] = 0.f;
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            if (s >= nks) break;
-            u32 b0, b1, b2, b3;  // keys 0-7 dims 0-7 | dims 8-15; keys 8-15 dims 0-7 | 8-15
-            ldsm_x4(b0, b1, b2, b3, Ks + ((lane & 7) + ((lane >> 4) << 3)) * TC_LD + 16 * s + ((lane >> 3) & 1) * 8);
-            fa_mma(c, qa[s][0], qa[s][1], qa[s][2], qa[s][3], b0, b1);
-            fa_mma(c, ql[s][0], ql[s][1], ql[s][2], ql[s][3], b0, b1);
-            fa_mma(d, qa[s][0], qa[s][1], qa[s][2], qa[s][3], b2, b3);
-            fa_mma(d, ql[s][0], ql[s][1], ql[s][2], ql[s][3], b2, b3);
+            u32 a0, a1, a2, a3, l0, l1, l2, l3, b0, b1, b2, b3;
+            ldsm_x4(a0, a1, a2, a3, qhi + qrow + 16 * s);
+            ldsm_x4(l0, l1, l2, l3, qlo + qrow + 16 * s);
+            ldsm_x4(b0, b1, b2, b3, Ks + krow + 16 * s);  // keys 0-7 dims lo | hi; keys 8-15 dims lo | hi
+            fa_mma(cs[s & 1], a0, a1, a2, a3, b0, b1);
+            fa_mma(cs[2 + (s & 1)], l0, l1, l2, l3, b0, b1);
+            fa_mma(ds[s & 1], a0, a1, a2, a3, b2, b3);
+            fa_mma(ds[2 + (s & 1)], l0, l1, l2, l3, b2, b3);
+        }
+        float c[4], d[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            c[b] = (cs[0][b] + cs[1][b]) + (cs[2][b] + cs[3][b]);
+            d[b] = (ds[0][b] + ds[1][b]) + (ds[2][b] + ds[3][b]);
         }
         bool v0 = base + 2 * lt < k1, v1 = base + 2 * lt + 1 < k1, v8 = base + 8 + 2 * lt < k1, v9 = base + 9 + 2 * lt < k1;
         c[0] = v0 ? c[0] * scale : -INFINITY;
@@ -1404,10 +1481,9 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         pl[3] = bf2_pack(pd2 - bflo(ph[3]), pd3 - bfhi(ph[3]));
 #pragma unroll
         for (int s = 0; s < 8; s++) {
-            if (s >= nks) break;
             // V rows (keys) by ldmatrix.trans: keys 0-7 | 8-15 of dims 16 s .. + 7, then of + 8 .. 15.
             u32 b0, b1, b2, b3;
-            ldsm_x4_t(b0, b1, b2, b3, Vs + ((lane & 7) + ((lane >> 3) & 1) * 8) * TC_LD + 16 * s + (lane >> 4) * 8);
+            ldsm_x4_t(b0, b1, b2, b3, Vs + vrow + 16 * s);
 #pragma unroll
             for (int h2 = 0; h2 < 2; h2++) {
                 float* oo = o[2 * s + h2];
@@ -1430,52 +1506,61 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     la += __shfl_xor_sync(0xffffffffu, la, 2);
     lb += __shfl_xor_sync(0xffffffffu, lb, 1);
     lb += __shfl_xor_sync(0xffffffffu, lb, 2);
-    // The warps' states to shared memory (reusing the stages): per warp 16 rows of
-    // [max, sum, acc[hd]] (hd + 2 floats).
+    // The warps' states to shared memory (reusing the stages): per warp 16 rows of O at a stride
+    // of TC_CL floats (pairs of a row's lanes on distinct banks), max and sum apart.
     __syncthreads();
-    float* sw = reinterpret_cast<float*>(atc_s) + (size_t)w * 16 * (hd + 2);
+    float* sacc = reinterpret_cast<float*>(atc_s);
+    float* sw = sacc + (size_t)w * 16 * TC_CL;
     if (lt == 0) {
-        sw[lg * (hd + 2)] = ma;
-        sw[lg * (hd + 2) + 1] = la;
-        sw[(lg + 8) * (hd + 2)] = mb;
-        sw[(lg + 8) * (hd + 2) + 1] = lb;
+        smx[w][lg] = ma;
+        ssm[w][lg] = la;
+        smx[w][lg + 8] = mb;
+        ssm[w][lg + 8] = lb;
     }
 #pragma unroll
     for (int i = 0; i < 16; i++) {
-        if (i >= 2 * nks) break;
         int col = 8 * i + 2 * lt;
-        sw[lg * (hd + 2) + 2 + col] = o[i][0];
-        sw[lg * (hd + 2) + 3 + col] = o[i][1];
-        sw[(lg + 8) * (hd + 2) + 2 + col] = o[i][2];
-        sw[(lg + 8) * (hd + 2) + 3 + col] = o[i][3];
+        *reinterpret_cast<float2*>(sw + lg * TC_CL + col) = make_float2(o[i][0], o[i][1]);
+        *reinterpret_cast<float2*>(sw + (lg + 8) * TC_CL + col) = make_float2(o[i][2], o[i][3]);
     }
     __syncthreads();
-    // Combine (warps 0..3 in order) and write: thread = (head r, dim d) pairs.
-    const float* s0 = reinterpret_cast<const float*>(atc_s);
-    bool final_ = nsplit == 1;
-    for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
-        int r = e / hd, dd = e - r * hd;
-        int h = kvh * G + r;
-        float mx = -INFINITY;
-#pragma unroll
-        for (int ww = 0; ww < 4; ww++) mx = fmaxf(mx, s0[((size_t)ww * 16 + r) * (hd + 2)]);
-        float l = 0.f, a = 0.f;
+    // Per head r: the block's max, each warp's factor exp(m_w - max) (0 for an empty warp) and
+    // the sum, warps in order.
+    if (threadIdx.x < G) {
+        int r = threadIdx.x;
+        float mx = fmaxf(fmaxf(smx[0][r], smx[1][r]), fmaxf(smx[2][r], smx[3][r]));
+        float l = 0.f;
 #pragma unroll
         for (int ww = 0; ww < 4; ww++) {
-            const float* sr = s0 + ((size_t)ww * 16 + r) * (hd + 2);
-            float cw = sr[1] == 0.f ? 0.f : expf(sr[0] - mx);
-            l += sr[1] * cw;
-            a += (cw == 0.f ? 0.f : sr[2 + dd] * cw);
+            float cw = ssm[ww][r] == 0.f ? 0.f : expf(smx[ww][r] - mx);
+            cf[ww][r] = cw;
+            l += ssm[ww][r] * cw;
+        }
+        rl[r] = l;
+        rmx[r] = mx;
+        if (nsplit > 1) {
+            float* pp = part + (((size_t)m * nh + kvh * G + r) * nsplit + z) * (hd + 2);
+            pp[0] = mx;
+            pp[1] = l;
+        }
+    }
+    __syncthreads();
+    bool final_ = nsplit == 1;
+    for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
+        int r = hd == 128 ? e >> 7 : e / hd;
+        int dd = e - r * hd;
+        int h = kvh * G + r;
+        float a = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 4; ww++) {
+            float cw = cf[ww][r];
+            a += (cw == 0.f ? 0.f : sacc[((size_t)ww * 16 + r) * TC_CL + dd] * cw);
         }
         if (!final_) {
-            float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
-            pp[2 + dd] = a;
-            if (dd == 0) {
-                pp[0] = mx;
-                pp[1] = l;
-            }
+            part[(((size_t)m * nh + h) * nsplit + z) * (hd + 2) + 2 + dd] = a;
             continue;
         }
+        float l = rl[r], mx = rmx[r];
         if (sink) {
             float nm = fmaxf(mx, sink[h]);
             float cs = l == 0.f ? 0.f : expf(mx - nm);
@@ -1489,21 +1574,18 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     }
 }
 extern "C" __global__ __launch_bounds__(128) void attention_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
-    PDL_ENTRY();
     attention_tc_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_tc_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
-    PDL_ENTRY();
     attention_tc_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
+// attention_tc_qk's PDL wait comes after its first K/V loads (inside attention_tc_t).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) {
-    PDL_ENTRY();
     attention_tc_t<bf16_t, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
                                  gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,
                                  attn_factor, eps, kinv, vinv);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) {
-    PDL_ENTRY();
     attention_tc_t<u8, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
                              gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor,
                              eps, kinv, vinv);

@@ -219,7 +219,8 @@ int main() {
         // fp8, hd, G, window, P, nsplit, sink, kend, ring, gate, seed
         {false, 128, 8, 0, 300, 16, false, false, false, 1, 1},   // XS-2.1 sliding-layer group, full attention
         {false, 128, 6, 0, 700, 16, true, false, false, 1, 2},    // XS-2.1 full-layer group, sink
-        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // 64 splits (attention_merge_tc64)
+        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // a grid of 64 splits (attention_merge_tc64), 16 used
+        {false, 128, 8, 0, 9000, 64, true, false, false, 1, 13},  // 18 splits of ~500 keys (8 steps a warp)
         {false, 128, 8, 200, 700, 16, true, false, true, 1, 4},   // sliding window on a ring (wraps)
         {true, 128, 8, 0, 300, 16, true, false, false, 1, 5},     // FP8 cache
         {true, 128, 6, 200, 500, 16, false, false, true, 2, 6},   // FP8, window, ring, per-element gate

@@ -854,13 +854,13 @@ fn attn_layer(
             )
             .map_err(e)
         };
-        // attention_tc (KernelSet attn_tc): the engine's split count for it (LAGUNA_TC_NSPLIT,
-        // default 16; a sliding layer's at most ceil(window / 64)).
+        // attention_tc (KernelSet attn_tc): the engine's grid of splits for it (LAGUNA_TC_NSPLIT,
+        // default 64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
             let n = std::env::var("LAGUNA_TC_NSPLIT")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(16);
+                .unwrap_or(64);
             if window > 0 {
                 n.min(window.div_ceil(64)).max(2)
             } else {
@@ -925,7 +925,16 @@ fn attn_layer(
             .map_err(e)
         };
         let merge = |name: &'static str| merge_n(name, nsplit);
-        let merge_tc = || merge_n("attention_merge_tc", tc_ns);
+        let merge_tc = || {
+            merge_n(
+                if tc_ns > 16 {
+                    "attention_merge_tc64"
+                } else {
+                    "attention_merge_tc"
+                },
+                tc_ns,
+            )
+        };
         // Bits: both chains from the same q (the default chain norms q in place).
         let slot = if window > 0 { p % max_pages } else { p };
         let row = |c: u64| -> Result<Vec<u8>> {
@@ -990,7 +999,7 @@ fn attn_layer(
                 mag = mag.max(y.abs());
             }
             println!(
-                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc ({tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
+                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
                 dmax / mag,
                 if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
                 if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },

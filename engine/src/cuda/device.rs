@@ -162,8 +162,7 @@ impl Dev {
             "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_gqa_l,\
              attention_gqa_fp8_l,attention_gqa_qk,\
              attention_gqa_qk_fp8,attention_merge,attention_merge_16,attention_merge_64,\
-             attention_tc,attention_tc_fp8,attention_tc_qk,attention_tc_qk_fp8,attention_merge_tc,\
-             attention_merge_tc64"
+             attention_tc,attention_tc_fp8,attention_merge_tc,attention_merge_tc64"
                 .into()
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();

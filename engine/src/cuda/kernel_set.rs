@@ -190,7 +190,7 @@ impl KernelSet {
             serve_argmax: true,
             merge64: true,
             tc_tl: true,
-            attn_tc: false,
+            attn_tc: true,
             attn_tc_swa: false,
         }
     }
@@ -313,8 +313,10 @@ mod tests {
         assert!(
             d.tc_tl && !KernelSet::original().tc_tl && !KernelSet::parse("-tc_tl").unwrap().tc_tl
         );
-        let k = KernelSet::parse("+attn_tc,+attn_tc_swa").unwrap();
+        let k = KernelSet::parse("+attn_tc_swa").unwrap();
         assert!(k.attn_tc && k.attn_tc_swa && !KernelSet::original().attn_tc);
+        let k = KernelSet::parse("-attn_tc").unwrap();
+        assert!(!k.attn_tc && !k.attn_tc_swa && k.attn_qk);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -102,7 +102,8 @@ impl CudaModel {
             // is never set for a non-causal model).
             // The tensor-core split-KV attention (`attention_tc`, KernelSet attn_tc / attn_tc_swa),
             // after the separate q/k norm + K/V write, with its own split policy (splits of at
-            // least TC_CHUNK keys, at most `nsplit_tc`).
+            // least TC_CHUNK keys, at most `nsplit_tc`; a sliding-window row never has more than
+            // window / TC_CHUNK).
             let tc = gqa
                 && hd % 16 == 0
                 && if l.window > 0 {

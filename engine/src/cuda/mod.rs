@@ -352,9 +352,10 @@ fn nsplit() -> usize {
         .map(|n| n.clamp(1, 128))
         .unwrap_or(NSPLIT)
 }
-/// Most key splits of `attention_tc` (a row uses min(this, its keys / TC_CHUNK)).
-/// `LAGUNA_TC_NSPLIT` overrides it for A/B runs (at most `nsplit`, which sizes `sc.part`).
-const NSPLIT_TC: usize = 16;
+/// Most key splits of `attention_tc` (its grid; a row uses `tc_splits` in attention.cu: 16 for
+/// a 2K row, one per 512 keys past 8K, at least 64 keys each). `LAGUNA_TC_NSPLIT` overrides it
+/// for A/B runs (at most `nsplit`, which sizes `sc.part`).
+const NSPLIT_TC: usize = 64;
 fn nsplit_tc(nsplit: usize) -> usize {
     std::env::var("LAGUNA_TC_NSPLIT")
         .ok()
@@ -365,10 +366,10 @@ fn nsplit_tc(nsplit: usize) -> usize {
 /// Keys an `attention_tc` split covers at least (`TC_CHUNK` in attention.cu).
 const TC_CHUNK: usize = 64;
 /// Dynamic shared memory of `attention_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
-/// stages x K and V rows of 16 keys at a stride of 136 BF16).
-pub(crate) const ATC_SMEM: u32 = 4 * 2 * 2 * 16 * 136 * 2;
-/// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + 16 normed q rows and 4 warps' norm buffers.
-pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + (16 + 4) * 128 * 4;
+/// stages x K and V rows of 16 keys, then Q's hi and lo rows, 16 each, at a stride of 136 BF16).
+pub(crate) const ATC_SMEM: u32 = (4 * 2 * 2 * 16 + 2 * 16) * 136 * 2;
+/// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
+pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + 4 * 128 * 4;
 /// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
