@@ -4,7 +4,8 @@
 // attends like the decoded row). Cases: BF16 and FP8 (scaled) caches, head dims 16 and 128,
 // groups of 1 to 16 query heads, a paged pool and a sliding-window ring, a sink logit, the
 // per-head and per-element gates, non-causal block ends (kend), one split (the output written by
-// the attention) and up to 64; and attention_tc_qk (the q/k norm, RoPE and K/V write inside the
+// the attention) and grids of 16 and 64 splits (rows of up to 9,003 keys, 18 splits); and
+// attention_tc_qk (the q/k norm, RoPE and K/V write inside the
 // launch) bit for bit against qk_norm_rope_kv_l + attention_tc. Built and run by
 // kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"

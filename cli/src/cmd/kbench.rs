@@ -698,7 +698,9 @@ fn argmax_check(
 /// (`qk_norm_rope_kv_l`, `attention_gqa_l`, `attention_merge`) against `attn_qk`'s two
 /// (`attention_gqa_qk`, `attention_merge`), for a full-attention layer (paged pool, pages of 64)
 /// and a sliding-window one (ring of 527 one-slot pages, window 512): the same bits (output row,
-/// new K and V rows) from the same inputs, and the time of each chain and launch in a graph.
+/// new K and V rows) from the same inputs, and the time of each chain and launch in a graph; and
+/// the tensor-core chains (`attention_tc` / `_qk` + `attention_merge_tc*`, KernelSet attn_tc):
+/// their largest difference from the default chain, `_qk` against the three launches bit for bit.
 fn attn_layer(
     d: &Dev,
     rng: &mut Rng,
@@ -857,16 +859,8 @@ fn attn_layer(
         // attention_tc (KernelSet attn_tc): the engine's grid of splits for it (LAGUNA_TC_NSPLIT,
         // default 64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
-            let n = std::env::var("LAGUNA_TC_NSPLIT")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-                .unwrap_or(64);
-            if window > 0 {
-                n.min(window.div_ceil(64)).max(2)
-            } else {
-                n
-            }
-            .clamp(1, nsplit)
+            use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
+            split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false, true)
         };
         let tc = || {
             d.launch_p(

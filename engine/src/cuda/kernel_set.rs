@@ -112,16 +112,19 @@ pub struct KernelSet {
     /// `laguna plan`); the same bits. Run 124: decode 335.0 / 336.1 -> 342.2 / 344.7 tok/s.
     pub tc_tl: bool,
     /// The split-KV decode attention of full-attention layers on tensor cores (`attention_tc`,
-    /// `_fp8`: a block of 4 warps per (row, KV head, split), splits of at least `TC_CHUNK` = 64
-    /// keys, Q . K^T and P . V by mma with Q and P as BF16 hi + lo, merged by
+    /// `_fp8`: a block of 4 warps per (row, KV head, split), a row's splits from `tc_splits` (at
+    /// least 64 keys each, 16 for a 2K row, one per 512 keys past 8K), Q . K^T and P . V by mma
+    /// with Q and P as BF16 hi + lo, merged by
     /// `attention_merge_tc` / `_tc64`) after `qk_norm_rope_kv*`, instead of `attention_gqa*` and
     /// its 32-key splits. Other bits than `attention_gqa` (float64 agreement ~3e-6 in
     /// kernels/emu); decode and verify rows take the same kernel, so they stay bit-identical.
+    /// On (session 17): a full layer's attention chain 22.4 -> 14.7 us (kbench), decode 346-349
+    /// -> 355 tok/s at 2K, 7.50 -> 4.88 ms a step at 131K (PERF.md runs 142-143).
     /// With `attn_qk`, passes whose rows are each alone in their sequence take
     /// `attention_tc_qk`, the q/k norm + RoPE + K/V write inside the launch (the same bits).
     pub attn_tc: bool,
-    /// `attn_tc` on sliding-window layers too (with `qk_norm_rope_kv*` before it instead of the
-    /// fused `attention_gqa_qk`).
+    /// `attn_tc` on sliding-window layers too (`attention_tc_qk` / `attention_tc` instead of
+    /// `attention_gqa_qk` / `attention_gqa_l`). Off: slower in the step (PERF.md runs 142-144).
     pub attn_tc_swa: bool,
 }
 

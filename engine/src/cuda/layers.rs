@@ -70,21 +70,6 @@ impl CudaModel {
                 (0, 0)
             };
             let ablk = if hd <= 128 { 128 } else { 256 };
-            // Split-KV (flash-decoding) for small batches: fixed split count, so a row's result
-            // depends on its own length only.
-            let mut nsplit = if m <= SPLIT_ROWS { self.nsplit } else { 1 };
-            if nsplit > 1 && l.window > 0 && self.kset.swa_ns {
-                // A sliding-window row never sees more than window keys (2 x window - 1 for a
-                // non-causal draft block), so its split count, min(nsplit, ceil(keys / 32)),
-                // never exceeds this: the same splits in a grid without the blocks that would
-                // return at once (at least 2, so the merge path and its bits stay).
-                let keys = if self.noncausal {
-                    2 * l.window
-                } else {
-                    l.window
-                };
-                nsplit = nsplit.min(keys.div_ceil(ATT_CHUNK)).max(2);
-            }
             let flash = staged
                 || (m >= self.opts.gemm_min_rows
                     && hd % 16 == 0
@@ -97,13 +82,7 @@ impl CudaModel {
                 && hd % 8 == 0
                 && hd <= 128
                 && (1..=16).contains(&group);
-            // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`) when
-            // every row of the pass is alone in its sequence (no row reads another's new key; `solo`
-            // is never set for a non-causal model).
-            // The tensor-core split-KV attention (`attention_tc`, KernelSet attn_tc / attn_tc_swa),
-            // after the separate q/k norm + K/V write, with its own split policy (splits of at
-            // least TC_CHUNK keys, at most `nsplit_tc`; a sliding-window row never has more than
-            // window / TC_CHUNK).
+            // The tensor-core split-KV attention (`attention_tc`, KernelSet attn_tc / attn_tc_swa).
             let tc = gqa
                 && hd % 16 == 0
                 && if l.window > 0 {
@@ -111,19 +90,30 @@ impl CudaModel {
                 } else {
                     self.kset.attn_tc
                 };
-            if tc {
-                nsplit = if m <= SPLIT_ROWS { self.nsplit_tc } else { 1 };
-                if nsplit > 1 && l.window > 0 && self.kset.swa_ns {
-                    let keys = if self.noncausal {
-                        2 * l.window
-                    } else {
-                        l.window
-                    };
-                    nsplit = nsplit.min(keys.div_ceil(TC_CHUNK)).max(2);
-                }
-            }
-            // With attn_qk: the q/k norm + RoPE + K/V write inside attention_tc too
-            // (`attention_tc_qk`), for passes whose rows are each alone in their sequence.
+            // Split-KV (flash-decoding) for small batches: a row's splits depend on its own
+            // length only (attention_gqa: at least ATT_CHUNK keys each; attention_tc: tc_splits).
+            let nsplit = if m > SPLIT_ROWS {
+                1
+            } else if tc {
+                split_grid(
+                    self.nsplit_tc,
+                    TC_CHUNK,
+                    l.window,
+                    self.noncausal,
+                    self.kset.swa_ns,
+                )
+            } else {
+                split_grid(
+                    self.nsplit,
+                    ATT_CHUNK,
+                    l.window,
+                    self.noncausal,
+                    self.kset.swa_ns,
+                )
+            };
+            // q/k norm + RoPE + K/V write inside the decode attention (`attention_gqa_qk`, or
+            // `attention_tc_qk` with attn_tc) when every row of the pass is alone in its sequence
+            // (no row reads another's new key; `solo` is never set for a non-causal model).
             let tc_qk = tc && self.kset.attn_qk && sc.solo.get() && l.half <= 64;
             let fuse_qk = gqa
                 && !tc

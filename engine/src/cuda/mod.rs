@@ -356,7 +356,7 @@ fn nsplit() -> usize {
 /// a 2K row, one per 512 keys past 8K, at least 64 keys each). `LAGUNA_TC_NSPLIT` overrides it
 /// for A/B runs (at most `nsplit`, which sizes `sc.part`).
 const NSPLIT_TC: usize = 64;
-fn nsplit_tc(nsplit: usize) -> usize {
+pub fn nsplit_tc(nsplit: usize) -> usize {
     std::env::var("LAGUNA_TC_NSPLIT")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
@@ -364,7 +364,20 @@ fn nsplit_tc(nsplit: usize) -> usize {
         .clamp(1, nsplit)
 }
 /// Keys an `attention_tc` split covers at least (`TC_CHUNK` in attention.cu).
-const TC_CHUNK: usize = 64;
+pub const TC_CHUNK: usize = 64;
+/// The grid of key splits of a decode attention launch, from the most it takes (`cap`) and the
+/// fewest keys a split covers (`chunk`). With `swa_ns`, a sliding-window layer's grid is sized by
+/// its window: a row never sees more than window keys (2 x window - 1 for a non-causal draft
+/// block), so it never has more than ceil(keys / chunk) splits; the same splits without the
+/// blocks that would return at once (at least 2, so the merge path and its bits stay).
+pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_ns: bool) -> usize {
+    if cap > 1 && window > 0 && swa_ns {
+        let keys = if noncausal { 2 * window } else { window };
+        cap.min(keys.div_ceil(chunk)).max(2)
+    } else {
+        cap
+    }
+}
 /// Dynamic shared memory of `attention_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
 /// stages x K and V rows of 16 keys, then Q's hi and lo rows, 16 each, at a stride of 136 BF16).
 pub(crate) const ATC_SMEM: u32 = (4 * 2 * 2 * 16 + 2 * 16) * 136 * 2;
@@ -394,7 +407,7 @@ pub fn big_smem(name: &str) -> u32 {
 const DECODE_ROWS: usize = 16;
 const SPLIT_ROWS: usize = 64;
 /// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in attention.cu).
-const ATT_CHUNK: usize = 32;
+pub const ATT_CHUNK: usize = 32;
 
 fn ceil_div(a: usize, b: usize) -> usize {
     a.div_ceil(b)
