@@ -45,15 +45,9 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     const int ld = qw + 2 * kvw + nh;
     float* raw = emu_alloc<float>((size_t)R * ld);
     for (int i = 0; i < R * ld; i++) raw[i] = nd(rng);
-    float* qn_w = emu_alloc<float>(hd);
-    float* kn_w = emu_alloc<float>(hd);
-    float* inv_freq = emu_alloc<float>(half);
+    const QkNorm nrm = make_qk_norm(rng, hd, half);
+    const float *qn_w = nrm.qn_w, *kn_w = nrm.kn_w, *inv_freq = nrm.inv_freq;
     float* sink = emu_alloc<float>(nh);
-    for (int i = 0; i < hd; i++) {
-        qn_w[i] = 1.f + 0.1f * nd(rng);
-        kn_w[i] = 1.f + 0.1f * nd(rng);
-    }
-    for (int i = 0; i < half; i++) inv_freq[i] = std::pow(10000.f, -(float)i / half);
     for (int h = 0; h < nh; h++) sink[h] = 0.5f * nd(rng);
     const float scale = (float)((1.0 / std::sqrt((double)hd)) * kscale);
     int* pos = emu_alloc<int>(R);

@@ -137,14 +137,8 @@ static bool run(const Case& c) {
         const float eps = 1e-6f, attn_factor = 1.1f;
         float* raw = emu_alloc<float>((size_t)R * ldr);
         for (int i = 0; i < R * ldr; i++) raw[i] = nd(rng);
-        float* qn_w = emu_alloc<float>(hd);
-        float* kn_w = emu_alloc<float>(hd);
-        float* inv_freq = emu_alloc<float>(half);
-        for (int i = 0; i < hd; i++) {
-            qn_w[i] = 1.f + 0.1f * nd(rng);
-            kn_w[i] = 1.f + 0.1f * nd(rng);
-        }
-        for (int i = 0; i < half; i++) inv_freq[i] = std::pow(10000.f, -(float)i / half);
+        const QkNorm nrm = make_qk_norm(rng, hd, half);
+        const float *qn_w = nrm.qn_w, *kn_w = nrm.kn_w, *inv_freq = nrm.inv_freq;
         const size_t cn = (size_t)slots * kvw;
         std::vector<KV> k0(kc, kc + cn), v0(vc, vc + cn);
         float* qa = emu_alloc<float>((size_t)R * ldr);

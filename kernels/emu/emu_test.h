@@ -93,3 +93,21 @@ static void ref_attention(const float* q, const KV* kc, const KV* vc, const int*
         o[d] = a / den * vscale * gate;
     }
 }
+
+// q/k RMSNorm weights (1 + N(0, 0.1)) and the rotary inverse frequencies of `half` pairs (theta
+// 10000) of a head of hd dims, in "device" memory.
+struct QkNorm {
+    float* qn_w;
+    float* kn_w;
+    float* inv_freq;
+};
+static QkNorm make_qk_norm(std::mt19937& rng, int hd, int half) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    QkNorm n{emu_alloc<float>(hd), emu_alloc<float>(hd), emu_alloc<float>(half)};
+    for (int i = 0; i < hd; i++) {
+        n.qn_w[i] = 1.f + 0.1f * nd(rng);
+        n.kn_w[i] = 1.f + 0.1f * nd(rng);
+    }
+    for (int i = 0; i < half; i++) n.inv_freq[i] = std::pow(10000.f, -(float)i / half);
+    return n;
+}

@@ -862,36 +862,34 @@ fn attn_layer(
             use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
             split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false, true)
         };
-        let tc = || {
+        // attention_tc (qk false: after qk_norm_rope_kv_l) or attention_tc_qk (the norms inside).
+        let tc_launch = |qk: bool| {
+            let name = if qk {
+                "attention_tc_qk"
+            } else {
+                "attention_tc"
+            };
             d.launch_p(
                 &mut None,
-                "attention_tc",
+                name,
                 (1, nkv as u32, tc_ns as u32),
                 (128, 1, 1),
-                laguna_engine::cuda::big_smem("attention_tc"),
-                |b| {
-                    common(b);
-                    b.i32(tc_ns as i32).u64(part).u64(0);
-                },
-            )
-            .map_err(e)
-        };
-        let tc_qk = || {
-            d.launch_p(
-                &mut None,
-                "attention_tc_qk",
-                (1, nkv as u32, tc_ns as u32),
-                (128, 1, 1),
-                laguna_engine::cuda::big_smem("attention_tc_qk"),
+                laguna_engine::cuda::big_smem(name),
                 |b| {
                     common(b);
                     b.i32(tc_ns as i32).u64(part);
-                    rope(b);
-                    b.f32(1.0).f32(1.0);
+                    if qk {
+                        rope(b);
+                        b.f32(1.0).f32(1.0);
+                    } else {
+                        b.u64(0);
+                    }
                 },
             )
             .map_err(e)
         };
+        let tc = || tc_launch(false);
+        let tc_qk = || tc_launch(true);
         let merge_n = |name: &'static str, ns: usize| {
             d.launch_p(
                 &mut None,
