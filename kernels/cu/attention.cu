@@ -1241,6 +1241,13 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     // (P is 0 there, and 0 x garbage could be NaN). QK: key p comes from kp / vp once the norms
     // are done (`after`), else it is left for the patch below.
     const int kr = lane & 15, kc0 = lane >> 4;
+    // QK: key p's K and V row (this lane's pieces) into a stage row from the stored values.
+    auto put_key_p = [&](bf16_t* Kd) {
+        for (int c = kc0; c < nc; c += 2) {
+            *reinterpret_cast<uint4*>(Kd + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
+            *reinterpret_cast<uint4*>(Kd + 16 * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
+        }
+    };
     auto stage = [&](int j, int st, bool after) {
         int key = k0 + 16 * j + kr;
         bf16_t* Kd = ws + st * TC_STAGE + kr * TC_LD;
@@ -1254,11 +1261,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             off = (((size_t)btr[pi] * page_size + in) * nkv + kvh) * hd;
         }
         if (writer && key == p) {
-            if (after)
-                for (int c = kc0; c < nc; c += 2) {
-                    *reinterpret_cast<uint4*>(Kd + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
-                    *reinterpret_cast<uint4*>(Vd + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
-                }
+            if (after) put_key_p(Kd);
         } else {
 #pragma unroll
             for (int u = 0; u < 8; u++) {
@@ -1287,7 +1290,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         *reinterpret_cast<u32*>(qhi + r * TC_LD + c) = h;
         *reinterpret_cast<u32*>(qlo + r * TC_LD + c) = bf2_pack(x0 - bflo(h), x1 - bfhi(h));
     };
-    // Dim pairs of Q rows: pair e of (16 - r0) rows from row r0, hd / 2 pairs a row.
+    // Pair e of Q's dims: row r, dims c and c + 1 (hd / 2 pairs a row).
     auto q_pair = [&](int e, int& r, int& c) {
         int pr = hd >> 1;
         r = hd == 128 ? e >> 6 : e / pr;
@@ -1393,13 +1396,8 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     if (QK && writer) {
         // Key p's row if its step was staged above (before the norms): the writer's last step.
         int jl = nsteps - 1;
-        if ((jl & 3) == w && (jl >> 2) < TC_NST && (p - k0 - 16 * jl) == kr) {
-            bf16_t* Kd = ws + ((jl >> 2) % TC_NST) * TC_STAGE + kr * TC_LD;
-            for (int c = kc0; c < nc; c += 2) {
-                *reinterpret_cast<uint4*>(Kd + c * 8) = *reinterpret_cast<const uint4*>(kp + c * 8);
-                *reinterpret_cast<uint4*>(Kd + 16 * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
-            }
-        }
+        if ((jl & 3) == w && (jl >> 2) < TC_NST && (p - k0 - 16 * jl) == kr)
+            put_key_p(ws + ((jl >> 2) % TC_NST) * TC_STAGE + kr * TC_LD);
     }
     // Rows lg (a) and lg + 8 (b): running max, this lane's partial sum; O fragments (n-tile i:
     // dims 8 i + 2 lt, + 1 of rows lg / lg + 8).
