@@ -672,66 +672,81 @@ __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* c
     blk16_rows4<1, LDG>(x16, wa, wc, sc, acc);
 }
 // A gate/up item of expert e: cw[j][r] / sc[j][r] = block lane + 32 j of rows gate i, gate i + 1,
-// up i, up i + 1 (H <= 2048), all loaded before any arithmetic.
+// up i, up i + 1 (H <= 2048), all loaded before any arithmetic (sc: the raw E4M3 scale bytes).
 __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
-                                           int I, int lane, uint2 (&cw)[4][4], float (&sc)[4][4]) {
+                                           int I, int lane, uint2 (&cw)[4][4], u32 (&sc)[4][4]) {
     size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
     const u8* wr[4] = {reinterpret_cast<const u8*>(gw) + e * wstride, reinterpret_cast<const u8*>(gw) + e * wstride,
                        reinterpret_cast<const u8*>(uw) + e * wstride, reinterpret_cast<const u8*>(uw) + e * wstride};
     const u8* sr[4] = {gs + e * sstride, gs + e * sstride, us + e * sstride, us + e * sstride};
     int nblk = H >> 4;
+    // Every load, nothing else (blocks past the row clamped to its last one: loaded, never used):
+    // the scale bytes stay raw until sp_gu_slot uses them. A decode next to its load inside a
+    // per-j branch made the warp wait for each j's loads before issuing the next j's (four round
+    // trips instead of one).
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-        int b = lane + 32 * j;
-        if (b < nblk) {
+        int b = min(lane + 32 * j, nblk - 1);
 #pragma unroll
-            for (int r = 0; r < 4; r++) {
-                uint4 a4, c4;
-                load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
-                cw[j][r] = make_uint2(a4.x, a4.y);
-            }
+        for (int r = 0; r < 4; r++) {
+            int n = i + (r & 1);
+            cw[j][r] = __ldg(reinterpret_cast<const uint2*>(wr[r] + (size_t)n * (H >> 1) + (size_t)b * 8));
+            sc[j][r] = __ldg(sr[r] + (size_t)n * nblk + b);
         }
     }
 }
 // One slot of a gate/up item: o[i], o[i + 1] = SiLU(gate) * up for the activation row xr.
 template <bool LDG>
-__device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const float (&sc)[4][4], int H, int lane,
+__device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const u32 (&sc)[4][4], int H, int lane,
                                            float gi, float ui, float* o, int i) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int b = lane + 32 * j;
-        if (b < (H >> 4)) blk16_rows4_fp4<LDG>(xr + b * 16, cw[j], sc[j], acc);
+        if (b < (H >> 4)) {
+            float f[4];
+#pragma unroll
+            for (int r = 0; r < 4; r++) f[r] = e4m3u((u8)sc[j][r]) * 64.f;  // load_blk's block scale
+            blk16_rows4_fp4<LDG>(xr + b * 16, cw[j], f, acc);
+        }
     }
     float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
     float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
     if (lane == 0) o[i] = silu_f(g0) * u0;
     if (lane == 1) o[i + 1] = silu_f(g1) * u1;
 }
-// A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512).
+// A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512;
+// sc: the raw E4M3 scale bytes).
 __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
-                                           uint2 (&cw)[2][4], float (&sc)[2][4]) {
+                                           uint2 (&cw)[2][4], u32 (&sc)[2][4]) {
     size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
     const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
     const u8* dse = ds + e * sstride;
+    // As sp_gu_load: every load, nothing else (lanes past the row's blocks clamped to its last
+    // one); the scale bytes stay raw until sp_dn_slot.
+    int b = min(lane, (I >> 4) - 1);
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
 #pragma unroll
-        for (int j = 0; j < 4; j++)
-            if (lane < (I >> 4)) {
-                uint4 a4, c4;
-                load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
-                cw[hh][j] = make_uint2(a4.x, a4.y);
-            }
+        for (int j = 0; j < 4; j++) {
+            int r = n + 4 * hh + j;
+            cw[hh][j] = __ldg(reinterpret_cast<const uint2*>(dwe + (size_t)r * (I >> 1) + (size_t)b * 8));
+            sc[hh][j] = __ldg(dse + (size_t)r * (I >> 4) + b);
+        }
 }
 // One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
 template <bool LDG>
-__device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][4], const float (&sc)[2][4], int I, int lane,
+__device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][4], const u32 (&sc)[2][4], int I, int lane,
                                            float di, float* o, int n) {
     float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if (lane < (I >> 4))
 #pragma unroll
-        for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4<LDG>(a + lane * 16, cw[hh], sc[hh], acc[hh]);
+        for (int hh = 0; hh < 2; hh++) {
+            float f[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) f[j] = e4m3u((u8)sc[hh][j]) * 64.f;  // load_blk's block scale
+            blk16_rows4_fp4<LDG>(a + lane * 16, cw[hh], f, acc[hh]);
+        }
 #pragma unroll
     for (int hh = 0; hh < 2; hh++)
 #pragma unroll
@@ -752,7 +767,7 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
         int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
         float gi = ginv[e], ui = uinv[e];
         uint2 cw[4][4];
-        float sc[4][4];
+        u32 sc[4][4];
         sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
@@ -773,7 +788,7 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         int e = grp_expert[g], st = grp_start[g], cn = grp_count[g];
         float di = dinv[e];
         uint2 cw[2][4];
-        float sc[2][4];
+        u32 sc[2][4];
         sp_dn_load(dw, ds, e, n, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
@@ -952,7 +967,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             int e = s_ids[g];
             float gi = ginv[e], ui = uinv[e];
             uint2 cw[4][4];
-            float sc[4][4];
+            u32 sc[4][4];
             sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
             sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
@@ -961,7 +976,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // barrier, so their latency overlaps it and the staging of the activations.
     int dper = H >> 3, ditems = KK * dper;
     uint2 dcw[2][4];
-    float dsc[2][4];
+    u32 dsc[2][4];
     float ddi = 0.f;
     if (swarp < ditems) {
         int g = swarp / dper, n = (swarp - g * dper) * 8;
