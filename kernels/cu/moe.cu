@@ -695,9 +695,13 @@ __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const v
         }
     }
 }
+// A block scale as the slot's dot takes it: a raw E4M3 byte (sp_*_load) decoded as load_blk
+// does, e4m3u(b) * 2^6, or a scale sp_*_load_m already decoded.
+__device__ __forceinline__ float sp_scale(u32 b) { return e4m3u((u8)b) * 64.f; }
+__device__ __forceinline__ float sp_scale(float s) { return s; }
 // One slot of a gate/up item: o[i], o[i + 1] = SiLU(gate) * up for the activation row xr.
-template <bool LDG>
-__device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const u32 (&sc)[4][4], int H, int lane,
+template <bool LDG, typename S>
+__device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const S (&sc)[4][4], int H, int lane,
                                            float gi, float ui, float* o, int i) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -706,7 +710,7 @@ __device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4]
         if (b < (H >> 4)) {
             float f[4];
 #pragma unroll
-            for (int r = 0; r < 4; r++) f[r] = e4m3u((u8)sc[j][r]) * 64.f;  // load_blk's block scale
+            for (int r = 0; r < 4; r++) f[r] = sp_scale(sc[j][r]);
             blk16_rows4_fp4<LDG>(xr + b * 16, cw[j], f, acc);
         }
     }
@@ -735,8 +739,8 @@ __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, 
         }
 }
 // One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
-template <bool LDG>
-__device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][4], const u32 (&sc)[2][4], int I, int lane,
+template <bool LDG, typename S>
+__device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][4], const S (&sc)[2][4], int I, int lane,
                                            float di, float* o, int n) {
     float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
     if (lane < (I >> 4))
@@ -744,7 +748,7 @@ __device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][
         for (int hh = 0; hh < 2; hh++) {
             float f[4];
 #pragma unroll
-            for (int j = 0; j < 4; j++) f[j] = e4m3u((u8)sc[hh][j]) * 64.f;  // load_blk's block scale
+            for (int j = 0; j < 4; j++) f[j] = sp_scale(sc[hh][j]);
             blk16_rows4_fp4<LDG>(a + lane * 16, cw[hh], f, acc[hh]);
         }
 #pragma unroll
@@ -756,7 +760,7 @@ __device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][
         }
 }
 // The multi-slot kernels (moe_*_fp4_sp: DFlash verify, and decode without moe_mk) keep the
-// helpers' earlier load order (sp_*_m: each j block's scale bytes decoded next to their loads): the
+// helpers' earlier load order (sp_*_load_m: each j block's scale bytes decoded next to their loads): the
 // all-loads-first form above spills there (168 bytes of stack at 96 registers) and made the
 // DFlash k=6 verify pass slower on the H200 (7.17 vs 6.53 ms, PERF.md run 148). The same
 // arithmetic in the same order, so the same bits as moe_block_1's items.
@@ -780,21 +784,6 @@ __device__ __forceinline__ void sp_gu_load_m(const void* gw, const u8* gs, const
         }
     }
 }
-// One slot of a gate/up item: o[i], o[i + 1] = SiLU(gate) * up for the activation row xr.
-template <bool LDG>
-__device__ __forceinline__ void sp_gu_slot_m(const float* xr, const uint2 (&cw)[4][4], const float (&sc)[4][4], int H, int lane,
-                                           float gi, float ui, float* o, int i) {
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int b = lane + 32 * j;
-        if (b < (H >> 4)) blk16_rows4_fp4<LDG>(xr + b * 16, cw[j], sc[j], acc);
-    }
-    float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
-    float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
-    if (lane == 0) o[i] = silu_f(g0) * u0;
-    if (lane == 1) o[i + 1] = silu_f(g1) * u1;
-}
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512).
 __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
                                            uint2 (&cw)[2][4], float (&sc)[2][4]) {
@@ -810,22 +799,6 @@ __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e
                 load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
                 cw[hh][j] = make_uint2(a4.x, a4.y);
             }
-}
-// One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
-template <bool LDG>
-__device__ __forceinline__ void sp_dn_slot_m(const float* a, const uint2 (&cw)[2][4], const float (&sc)[2][4], int I, int lane,
-                                           float di, float* o, int n) {
-    float acc[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-    if (lane < (I >> 4))
-#pragma unroll
-        for (int hh = 0; hh < 2; hh++) blk16_rows4_fp4<LDG>(a + lane * 16, cw[hh], sc[hh], acc[hh]);
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float v = warp_sum(acc[hh][j]) * di;
-            if (lane == j) o[n + 4 * hh + j] = v;
-        }
 }
 __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
@@ -843,7 +816,7 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
         sp_gu_load_m(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
-            sp_gu_slot_m<true>(x + (size_t)(slot / KK) * H, cw, sc, H, lane, gi, ui, act + (size_t)slot * I, i);
+            sp_gu_slot<true>(x + (size_t)(slot / KK) * H, cw, sc, H, lane, gi, ui, act + (size_t)slot * I, i);
         }
     }
 }
@@ -864,7 +837,7 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         sp_dn_load_m(dw, ds, e, n, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
-            sp_dn_slot_m<true>(act + (size_t)slot * I, cw, sc, I, lane, di, out + (size_t)slot * H, n);
+            sp_dn_slot<true>(act + (size_t)slot * I, cw, sc, I, lane, di, out + (size_t)slot * H, n);
         }
     }
 }
