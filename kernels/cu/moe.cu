@@ -942,6 +942,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
+template <bool LOCAL>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -955,6 +956,21 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         int lines = (min(2, E - 2 * swarp) * H * 2 + 127) >> 7;
         for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
     }
+    // The layer's small weights (post-attention norm, router bias, next input norm) are evicted
+    // from L2 by the step's weight stream, so each would be a DRAM round trip inside a phase's
+    // chain: they are read here, before the wait, into shared memory (the norm weight into hn,
+    // which phase 1 then scales in place by the same thread: the same product).
+    extern __shared__ float smem[];
+    float* hn = smem;      // [H] the normed row
+    float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
+    __shared__ float s_bias[256];
+    __shared__ float s_nw[1024];
+    for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i];
+    for (int e = threadIdx.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
+    {
+        int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (next_w && i < H) s_nw[threadIdx.x] = next_w[i];
+    }
     pdl_wait();
     // Every block is resident once all have passed this point (the launch needs all of them to
     // trigger), so a dependent launch cannot take the resources of a block still to start.
@@ -967,16 +983,13 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // overlaps the norm below).
     __shared__ unsigned gphase;
     if (threadIdx.x == 0) gphase = ld_acquire_u32(bar) & 0x80000000u;
-    extern __shared__ float smem[];
-    float* hn = smem;      // [H] the normed row
-    float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
     __shared__ float sh[33];
     __shared__ int s_ids[32];
     __shared__ float s_wts[32];
     int KK = K + shared_slot;
     // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
     float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i] * (x[i] * inv);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = hn[i] * (x[i] * inv);
     __syncthreads();
     {
         const float* xr[1] = {hn};
@@ -995,7 +1008,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     mk_sync(bar, gphase, tp, 0);
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
-        router_topk_row<8>(0, rlog, bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
+        router_topk_row<8>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
                         nullptr, nullptr, nullptr, nullptr);
     __syncthreads();
     if (tp && threadIdx.x == 0) atomicMax(tp + 10, emu_ns());
@@ -1017,19 +1030,35 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
     }
+    // Down items (slot, 8 output rows). LOCAL: block b owns the row groups [gb0, gb1) (H / 8
+    // groups dealt gpb a block) and computes every slot's items of them, chunks of at most cg
+    // groups whose outputs fit s_dn, so it combines its rows itself after a block barrier instead
+    // of a grid barrier (item i of a chunk: slot i % KK, group i / KK; a warp takes i = its
+    // index, + warps a block). Else every warp of the grid takes items in swarp order.
     // The down weights of this warp's first item depend only on the routing: loaded before the
     // barrier, so their latency overlaps it and the staging of the activations.
+    __shared__ float s_dn[1024];
+    int wib = threadIdx.x >> 5, nwb = blockDim.x >> 5;
+    int ngr = H >> 3, gpb = (ngr + (int)gridDim.x - 1) / (int)gridDim.x;
+    int gb0 = min((int)blockIdx.x * gpb, ngr), gb1 = min(gb0 + gpb, ngr);
+    int cg = 1024 / (8 * KK);
     int dper = H >> 3, ditems = KK * dper;
     uint2 dcw[2][4];
     u32 dsc[2][4];
     float ddi = 0.f;
-    if (swarp < ditems) {
+    if (LOCAL) {
+        if (wib < KK * min(cg, gb1 - gb0)) {
+            int g = wib % KK, n = (gb0 + wib / KK) * 8;
+            ddi = dinv[s_ids[g]];
+            sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+        }
+    } else if (swarp < ditems) {
         int g = swarp / dper, n = (swarp - g * dper) * 8;
         ddi = dinv[s_ids[g]];
         sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
     mk_sync(bar, gphase, tp, 1);
-    // 3. Down items: (slot, 8 output rows), one a warp, on the activations staged in shared memory.
+    // 3. Down items on the activations staged in shared memory.
     // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
     {
         const float4* a4 = reinterpret_cast<const float4*>(act);
@@ -1043,36 +1072,85 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             if (i1 < n4) s4[i1] = v1;
         }
     }
-    __syncthreads();
-    for (int it = swarp; it < ditems; it += nwarps) {
-        int g = it / dper, n = (it - g * dper) * 8;
-        if (it != swarp) {
-            ddi = dinv[s_ids[g]];
-            sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+    if (LOCAL) {
+        // The residual of this thread's first combine row, loaded with the activations.
+        float xr0 = (int)threadIdx.x < min(cg, gb1 - gb0) * 8 ? x[gb0 * 8 + threadIdx.x] : 0.f;
+        __syncthreads();
+        for (int c0 = gb0; c0 < gb1; c0 += cg) {
+            int nc = min(cg, gb1 - c0), rows = nc * 8;
+            for (int it = wib; it < KK * nc; it += nwb) {
+                int g = it % KK, nl = (it / KK) * 8;
+                if (!(c0 == gb0 && it == wib)) {
+                    ddi = dinv[s_ids[g]];
+                    sp_dn_load(dw, ds, s_ids[g], c0 * 8 + nl, H, I, lane, dcw, dsc);
+                }
+                sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, s_dn + g * rows, nl);
+            }
+            __syncthreads();
+            if (tp && c0 == gb0 && threadIdx.x == 0) {
+                unsigned long long t = emu_ns();
+                atomicMax(tp + 5, t);
+                atomicMax(tp + 6, t);
+            }
+            // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot
+            // K), and the per-slot outputs to `out` as moe_down_fp4_sp leaves them.
+            for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+                int n = c0 * 8 + r;
+                float a = 0.f;
+                for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], s_dn[k * rows + r], a);
+                // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the
+                // mul and the add apart, so the same bits).
+                a = __fmul_rn(a, scale);
+                x[n] = (c0 == gb0 && r == (int)threadIdx.x ? xr0 : x[n]) + a;
+            }
+            for (int q = threadIdx.x; q < KK * rows; q += blockDim.x) {
+                int k = q / rows, r = q - k * rows;
+                out[(size_t)k * H + c0 * 8 + r] = s_dn[q];
+            }
+            __syncthreads();
         }
-        sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
-    }
-    mk_sync(bar, gphase, tp, 2);
-    // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
-    for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
-        float a = 0.f;
-        for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
-        // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the mul and
-        // the add apart, so the same bits).
-        a = __fmul_rn(a, scale);
-        x[n] = x[n] + a;
+        if (tp && gb0 >= gb1 && threadIdx.x == 0) {
+            unsigned long long t = emu_ns();
+            atomicMax(tp + 5, t);
+            atomicMax(tp + 6, t);
+        }
+    } else {
+        __syncthreads();
+        for (int it = swarp; it < ditems; it += nwarps) {
+            int g = it / dper, n = (it - g * dper) * 8;
+            if (it != swarp) {
+                ddi = dinv[s_ids[g]];
+                sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+            }
+            sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
+        }
+        mk_sync(bar, gphase, tp, 2);
+        // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
+        for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
+            float a = 0.f;
+            for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
+            // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the mul and
+            // the add apart, so the same bits).
+            a = __fmul_rn(a, scale);
+            x[n] = x[n] + a;
+        }
     }
     // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
     // arithmetic again), so that layer starts with its projections.
     if (next_w) {
         mk_sync(bar, gphase, tp, 3);
+        // This thread's first output element: its residual loaded with the norm's (one L2 round
+        // trip, not two), its weight from s_nw.
+        int i0 = blockIdx.x * blockDim.x + threadIdx.x;
+        float xo = i0 < H ? __ldcg(x + i0) : 0.f;
         float inv2 = rms_inv_nb<true>(x, H, NB, eps, sh);
-        for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < H; i += gridDim.x * blockDim.x)
-            hn_out[i] = next_w[i] * (__ldcg(x + i) * inv2);
+        for (int i = i0; i < H; i += gridDim.x * blockDim.x)
+            hn_out[i] = (i == i0 ? s_nw[threadIdx.x] : next_w[i]) * ((i == i0 ? xo : __ldcg(x + i)) * inv2);
     }
     if (tp) {
         __syncthreads();
         if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t(MOE_BLOCK_ARGS); }
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t<true>(MOE_BLOCK_ARGS); }
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1g(MOE_BLOCK_PARAMS) { moe_block_1_t<false>(MOE_BLOCK_ARGS); }

@@ -106,6 +106,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_fp4_s",
             "moe_down_bf16_s",
             "moe_block_1",
+            "moe_block_1g",
         ],
     },
     KernelModule {

@@ -1120,51 +1120,47 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    let block_1 = |i: usize, tpp: u64| {
-        d.launch_p(
-            &mut None,
-            "moe_block_1",
-            (d.sms, 1, 1),
-            (640, 1, 1),
-            smem,
-            |b| {
-                b.u64(x)
-                    .u64(post_w)
-                    .f32(eps)
-                    .i32(nb as i32)
-                    .u64(rwi(i))
-                    .u64(rlog)
-                    .u64(bias)
-                    .i32(e_n as i32)
-                    .i32(k as i32)
-                    .f32(0.0)
-                    .i32(1)
-                    .i32(1)
-                    .f32(1.0 / scale)
-                    .u64(gate.0)
-                    .u64(gate.1)
-                    .u64(gate.2)
-                    .u64(up.0)
-                    .u64(up.1)
-                    .u64(up.2)
-                    .u64(down.0)
-                    .u64(down.1)
-                    .u64(down.2)
-                    .i32(h as i32)
-                    .i32(im as i32)
-                    .u64(act)
-                    .u64(out)
-                    .u64(ids)
-                    .u64(wts)
-                    .f32(scale)
-                    .u64(gbar)
-                    .u64(next_w)
-                    .u64(hn2)
-                    .u64(tpp);
-            },
-        )
+    // moe_block_1 (moe_dl: each block combines its own rows) or moe_block_1g (-moe_dl).
+    let block_n = |name: &'static str, i: usize, tpp: u64| {
+        d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
+            b.u64(x)
+                .u64(post_w)
+                .f32(eps)
+                .i32(nb as i32)
+                .u64(rwi(i))
+                .u64(rlog)
+                .u64(bias)
+                .i32(e_n as i32)
+                .i32(k as i32)
+                .f32(0.0)
+                .i32(1)
+                .i32(1)
+                .f32(1.0 / scale)
+                .u64(gate.0)
+                .u64(gate.1)
+                .u64(gate.2)
+                .u64(up.0)
+                .u64(up.1)
+                .u64(up.2)
+                .u64(down.0)
+                .u64(down.1)
+                .u64(down.2)
+                .i32(h as i32)
+                .i32(im as i32)
+                .u64(act)
+                .u64(out)
+                .u64(ids)
+                .u64(wts)
+                .f32(scale)
+                .u64(gbar)
+                .u64(next_w)
+                .u64(hn2)
+                .u64(tpp);
+        })
         .map_err(e)
     };
+    let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
+    let block_g = |i: usize, tpp: u64| block_n("moe_block_1g", i, tpp);
     let seven = |i: usize| -> Result<()> {
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
@@ -1294,12 +1290,12 @@ fn moe_layer(
     let mut differ = vec![];
     for i in 0..4 {
         let mut got = vec![];
-        for fused in [false, true] {
+        for variant in 0..3 {
             d.htod(x, &x0).map_err(e)?;
-            if fused {
-                block_1(i, 0)?;
-            } else {
-                seven(i)?;
+            match variant {
+                0 => seven(i)?,
+                1 => block_1(i, 0)?,
+                _ => block_g(i, 0)?,
             }
             d.sync().map_err(e)?;
             got.push((
@@ -1309,23 +1305,25 @@ fn moe_layer(
                 bits(dtoh_f32(d, wts, kk)?),
             ));
         }
-        let (a, b) = (&got[0], &got[1]);
-        for (name, same) in [
-            ("residual", a.0 == b.0),
-            ("next normed row", a.1 == b.1),
-            ("expert ids", a.2 == b.2),
-            ("routing weights", a.3 == b.3),
-        ] {
-            if !same {
-                differ.push(format!("router {i}: {name}"));
+        let a = &got[0];
+        for (v, b) in [("moe_block_1", &got[1]), ("moe_block_1g", &got[2])] {
+            for (name, same) in [
+                ("residual", a.0 == b.0),
+                ("next normed row", a.1 == b.1),
+                ("expert ids", a.2 == b.2),
+                ("routing weights", a.3 == b.3),
+            ] {
+                if !same {
+                    differ.push(format!("{v}, router {i}: {name}"));
+                }
             }
         }
     }
     if differ.is_empty() {
-        println!("moe_block_1 = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+        println!("moe_block_1 = moe_block_1g = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
     } else {
         println!(
-            "moe_block_1 vs the seven launches DIFFER: {}",
+            "moe_block_1 / _1g vs the seven launches DIFFER: {}",
             differ.join(", ")
         );
     }
@@ -1340,65 +1338,78 @@ fn moe_layer(
     ));
     let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
     rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
-    // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
-    // up, then once more from fresh stamps.
-    let mut init = vec![0u8; 8 * 16 * reps];
-    for i in 0..reps {
-        init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-    }
-    d.begin_capture().map_err(e)?;
-    for i in 0..reps {
-        block_1(i, tp + (128 * i) as u64)?;
-    }
-    let g = d.end_capture().map_err(e)?;
-    g.launch().map_err(e)?;
-    d.sync().map_err(e)?;
-    d.htod(tp, &init).map_err(e)?;
-    let a = d.event().map_err(e)?;
-    g.launch().map_err(e)?;
-    let b = d.event().map_err(e)?;
-    b.sync().map_err(e)?;
-    let tt = a.ms_to(&b) * 1e3 / reps as f64;
-    let mut raw = vec![0u8; 8 * 16 * reps];
-    d.dtoh(&mut raw, tp).map_err(e)?;
-    let t: Vec<u64> = raw
-        .chunks(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
-    // out, end.
-    let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
-    let names = [
-        "norm + router GEMV",
-        "barrier 1",
-        "top-k",
-        "gate/up",
-        "barrier 2",
-        "down",
-        "barrier 3",
-        "combine",
-        "barrier 4",
-        "next norm",
-    ];
-    let mut sum = [0f64; 10];
-    let mut gap = 0f64;
-    for i in 0..reps {
-        let s = &t[16 * i..16 * i + 16];
-        for j in 0..10 {
-            sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
+    let tg = time_graph(d, reps, &|i| block_g(i, 0))?;
+    rows.push((
+        "moe layer, 1 row: moe_block_1g".into(),
+        tg,
+        bytes / tg / 1e6,
+    ));
+    for (vname, v) in [("moe_block_1", 0), ("moe_block_1g", 1)] {
+        // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
+        // up, then once more from fresh stamps.
+        let mut init = vec![0u8; 8 * 16 * reps];
+        for i in 0..reps {
+            init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
         }
-        if i > 0 {
-            gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
+        d.begin_capture().map_err(e)?;
+        for i in 0..reps {
+            let t = tp + (128 * i) as u64;
+            match v {
+                0 => block_1(i, t)?,
+                _ => block_g(i, t)?,
+            }
         }
+        let g = d.end_capture().map_err(e)?;
+        g.launch().map_err(e)?;
+        d.sync().map_err(e)?;
+        d.htod(tp, &init).map_err(e)?;
+        let a = d.event().map_err(e)?;
+        g.launch().map_err(e)?;
+        let b = d.event().map_err(e)?;
+        b.sync().map_err(e)?;
+        let tt = a.ms_to(&b) * 1e3 / reps as f64;
+        let mut raw = vec![0u8; 8 * 16 * reps];
+        d.dtoh(&mut raw, tp).map_err(e)?;
+        let t: Vec<u64> = raw
+            .chunks(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
+        // out, end (moe_block_1: "barrier 3" in / out both at the last block's down items done, no
+        // grid barrier there).
+        let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
+        let names = [
+            "norm + router GEMV",
+            "barrier 1",
+            "top-k",
+            "gate/up",
+            "barrier 2",
+            "down",
+            "barrier 3",
+            "combine",
+            "barrier 4",
+            "next norm",
+        ];
+        let mut sum = [0f64; 10];
+        let mut gap = 0f64;
+        for i in 0..reps {
+            let s = &t[16 * i..16 * i + 16];
+            for j in 0..10 {
+                sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
+            }
+            if i > 0 {
+                gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
+            }
+        }
+        println!("{vname} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
+        for (j, n) in names.iter().enumerate() {
+            println!("  {n}: {:.2}", sum[j] / reps as f64);
+        }
+        println!(
+            "  launch gap (last block end -> next launch's first start): {:.2}",
+            gap / (reps - 1) as f64
+        );
     }
-    println!("moe_block_1 phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
-    for (j, n) in names.iter().enumerate() {
-        println!("  {n}: {:.2}", sum[j] / reps as f64);
-    }
-    println!(
-        "  launch gap (last block end -> next launch's first start): {:.2}",
-        gap / (reps - 1) as f64
-    );
     for p in [
         rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
         gbar, tp,

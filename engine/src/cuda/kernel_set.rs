@@ -126,6 +126,12 @@ pub struct KernelSet {
     /// `attn_tc` on sliding-window layers too (`attention_tc_qk` / `attention_tc` instead of
     /// `attention_gqa_qk` / `attention_gqa_l`). Off: slower in the step (PERF.md runs 142-144).
     pub attn_tc_swa: bool,
+    /// With `moe_mk`: each block of `moe_block_1` computes the down items of its own output rows
+    /// (every slot's) and combines them into the residual after a block barrier, instead of down
+    /// items over the whole grid, a grid barrier, then the combine (`moe_block_1g`); one grid
+    /// barrier and one L2 round trip fewer a layer, the same arithmetic (kernels/emu: the same
+    /// bits as the seven launches either way).
+    pub moe_dl: bool,
 }
 
 impl KernelSet {
@@ -161,6 +167,7 @@ impl KernelSet {
             tc_tl: false,
             attn_tc: false,
             attn_tc_swa: false,
+            moe_dl: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -195,6 +202,7 @@ impl KernelSet {
             tc_tl: true,
             attn_tc: true,
             attn_tc_swa: false,
+            moe_dl: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -239,7 +247,8 @@ impl KernelSet {
                 "tc_tl" => k.tc_tl = on,
                 "attn_tc" => k.attn_tc = on,
                 "attn_tc_swa" => k.attn_tc_swa = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa)")),
+                "moe_dl" => k.moe_dl = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl)")),
             }
         }
         Ok(k)

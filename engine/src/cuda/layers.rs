@@ -733,7 +733,11 @@ impl CudaModel {
         self.dev
             .launch_p(
                 prof,
-                "moe_block_1",
+                if self.kset.moe_dl {
+                    "moe_block_1"
+                } else {
+                    "moe_block_1g"
+                },
                 (self.mk_grid, 1, 1),
                 (load::MK_BLOCK, 1, 1),
                 self.mk_smem,
