@@ -32,7 +32,7 @@ impl CudaModel {
         }
         self.upload_meta(&[token as i32], &[pos as i32], &[0], &[seq])?;
         self.dev
-            .htod(self.sc.sel, as_bytes(&[0i32]))
+            .htod_cached(self.sc.sel, as_bytes(&[0i32]))
             .map_err(cerr)?;
         let use_graph =
             self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
@@ -105,10 +105,10 @@ impl CudaModel {
         let seqrow: Vec<i32> = (0..n as i32).collect();
         self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
         self.dev
-            .htod(self.sc.sel, as_bytes(&seqrow))
+            .htod_cached(self.sc.sel, as_bytes(&seqrow))
             .map_err(cerr)?;
         self.dev
-            .htod(self.sc.sparams, as_bytes(&params))
+            .htod_staged(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
         // Every row greedy (KernelSet serve_argmax): the tokens by `argmax_rows_p` instead of
         // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
@@ -212,7 +212,7 @@ impl CudaModel {
             .flat_map(|(sp, u)| sample_params(sp, *u))
             .collect();
         self.dev
-            .htod(self.sc.sparams, as_bytes(&params))
+            .htod_staged(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
         self.launch_sample(&mut None, n)?;
         let mut out = vec![0i32; n];

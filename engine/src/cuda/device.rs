@@ -143,7 +143,24 @@ pub struct Dev {
     allocs: Mutex<Vec<u64>>,
     /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).
     blas: std::sync::OnceLock<Option<super::blas::Blas>>,
+    /// Pinned host staging for `htod_staged` (null when cuMemHostAlloc failed): a bump area
+    /// whose offset goes back to 0 whenever the stream has been synchronized.
+    stage: Stage,
+    /// Next free byte of `stage` (held while a copy is staged and queued).
+    stage_off: Mutex<usize>,
+    /// What `htod_cached` last wrote to each destination (dropped by any other write to it).
+    uploaded: Mutex<HashMap<u64, Vec<u8>>>,
 }
+
+/// Pinned host memory owned by `Dev` (freed in its Drop); every access goes through the
+/// `stage_off` lock.
+struct Stage(*mut u8);
+unsafe impl Send for Stage {}
+unsafe impl Sync for Stage {}
+
+/// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
+/// block tables of up to DECODE_ROWS sequences, sampling parameters).
+const STAGE_BYTES: usize = 1 << 20;
 
 unsafe impl Send for Dev {}
 
@@ -216,6 +233,15 @@ impl Dev {
             smem_per_sm,
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
+            // LAGUNA_NO_STAGE (A/B): every upload synchronous, none skipped.
+            stage: Stage(if std::env::var_os("LAGUNA_NO_STAGE").is_some() {
+                std::ptr::null_mut()
+            } else {
+                unsafe { result::malloc_host(STAGE_BYTES, 0) }
+                    .map_or(std::ptr::null_mut(), |p| p as *mut u8)
+            }),
+            uploaded: Mutex::new(HashMap::new()),
+            stage_off: Mutex::new(0),
         })
     }
 
@@ -256,6 +282,7 @@ impl Dev {
 
     /// Fill `n` 32-bit words at `dst` with `v` (on the stream).
     pub fn memset_d32(&self, dst: u64, v: u32, n: usize) -> R<()> {
+        self.uploaded.lock().unwrap().remove(&dst);
         self.ctx.bind_to_thread()?;
         unsafe { sys::cuMemsetD32Async(dst, v, n, self.stream.cu_stream()) }.result()?;
         Ok(())
@@ -272,9 +299,62 @@ impl Dev {
             return Ok(());
         }
         self.ctx.bind_to_thread()?;
+        self.uploaded.lock().unwrap().remove(&dst);
         unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
         // Pageable sources are staged before the call returns; sync keeps short-lived buffers safe.
-        self.stream.synchronize()?;
+        self.sync()
+    }
+
+    /// Host → device without waiting: `src` is copied into pinned staging memory and the copy
+    /// is queued on the stream (ordered before the kernels launched after it), so a step's
+    /// metadata uploads cost no host round trips. The staging bytes are reused only after the
+    /// stream has been synchronized (`dtoh`, `sync`, `htod`); when the area is full this waits for
+    /// the stream first. Not for use while a graph is being captured.
+    pub fn htod_staged(&self, dst: u64, src: &[u8]) -> R<()> {
+        self.uploaded.lock().unwrap().remove(&dst);
+        self.stage_copy(dst, src)
+    }
+
+    /// `htod_staged` for metadata that only host uploads write (block tables, row maps): skipped
+    /// when `dst` already holds exactly `src` from the previous `htod_cached` to it.
+    pub fn htod_cached(&self, dst: u64, src: &[u8]) -> R<()> {
+        if self.stage.0.is_null() {
+            return self.htod(dst, src);
+        }
+        let mut up = self.uploaded.lock().unwrap();
+        if up.get(&dst).is_some_and(|v| v.as_slice() == src) {
+            return Ok(());
+        }
+        self.stage_copy(dst, src)?;
+        up.insert(dst, src.to_vec());
+        Ok(())
+    }
+
+    fn stage_copy(&self, dst: u64, src: &[u8]) -> R<()> {
+        let n = src.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if self.stage.0.is_null() || n > STAGE_BYTES {
+            return self.htod(dst, src);
+        }
+        self.ctx.bind_to_thread()?;
+        let mut next = self.stage_off.lock().unwrap();
+        let mut off = (*next + 15) & !15;
+        if off + n > STAGE_BYTES {
+            self.stream.synchronize()?;
+            off = 0;
+        }
+        unsafe {
+            let p = self.stage.0.add(off);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p, n);
+            result::memcpy_htod_async(
+                dst,
+                std::slice::from_raw_parts(p, n),
+                self.stream.cu_stream(),
+            )?;
+        }
+        *next = off + n;
         Ok(())
     }
 
@@ -282,12 +362,15 @@ impl Dev {
     pub fn dtoh(&self, dst: &mut [u8], src: u64) -> R<()> {
         self.ctx.bind_to_thread()?;
         unsafe { result::memcpy_dtoh_async(dst, src, self.stream.cu_stream()) }?;
-        self.stream.synchronize()?;
-        Ok(())
+        self.sync()
     }
 
+    /// Wait for the stream (the staging area is free again afterwards).
     pub fn sync(&self) -> R<()> {
-        Ok(self.stream.synchronize()?)
+        let mut next = self.stage_off.lock().unwrap();
+        self.stream.synchronize()?;
+        *next = 0;
+        Ok(())
     }
 
     /// Record an event on the stream now.
@@ -441,6 +524,7 @@ impl Dev {
     }
 
     pub fn free(&self, p: u64) {
+        self.uploaded.lock().unwrap().retain(|&d, _| d != p);
         let mut v = self.allocs.lock().unwrap();
         if let Some(i) = v.iter().position(|&x| x == p) {
             v.swap_remove(i);
@@ -456,6 +540,11 @@ impl Drop for Dev {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
         let _ = self.ctx.bind_to_thread();
+        if !self.stage.0.is_null() {
+            unsafe {
+                let _ = result::free_host(self.stage.0 as *mut std::ffi::c_void);
+            }
+        }
         for p in self.allocs.lock().unwrap().drain(..) {
             unsafe {
                 let _ = result::free_sync(p);

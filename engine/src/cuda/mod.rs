@@ -549,10 +549,12 @@ impl CudaModel {
             bt.extend(self.bt_row(s));
             rt.extend(self.ring_row(s));
         }
-        self.dev.htod(self.sc.bt, as_bytes(&bt)).map_err(cerr)?;
+        self.dev
+            .htod_cached(self.sc.bt, as_bytes(&bt))
+            .map_err(cerr)?;
         if self.ring > 0 {
             self.dev
-                .htod(self.sc.bt_ring, as_bytes(&rt))
+                .htod_cached(self.sc.bt_ring, as_bytes(&rt))
                 .map_err(cerr)?;
         }
         Ok(())
@@ -606,13 +608,19 @@ impl CudaModel {
                     self.ring - self.ring_window + 1
                 )));
             }
-            self.dev.htod(sc.sspan, as_bytes(&span)).map_err(cerr)?;
+            self.dev
+                .htod_staged(sc.sspan, as_bytes(&span))
+                .map_err(cerr)?;
         }
         sc.staged.set(staged);
         sc.solo.set(longest == 1 && !self.noncausal);
-        self.dev.htod(sc.tokens, as_bytes(tokens)).map_err(cerr)?;
-        self.dev.htod(sc.pos, as_bytes(pos)).map_err(cerr)?;
-        self.dev.htod(sc.seqrow, as_bytes(seqrow)).map_err(cerr)?;
+        self.dev
+            .htod_staged(sc.tokens, as_bytes(tokens))
+            .map_err(cerr)?;
+        self.dev.htod_staged(sc.pos, as_bytes(pos)).map_err(cerr)?;
+        self.dev
+            .htod_cached(sc.seqrow, as_bytes(seqrow))
+            .map_err(cerr)?;
         // Query tiles: runs of consecutive positions of one sequence, at most 64 rows each.
         let mut tl: Vec<i32> = vec![];
         for i in 0..tokens.len() {
@@ -628,7 +636,9 @@ impl CudaModel {
                 tl.push(1);
             }
         }
-        self.dev.htod(sc.atiles, as_bytes(&tl)).map_err(cerr)?;
+        self.dev
+            .htod_cached(sc.atiles, as_bytes(&tl))
+            .map_err(cerr)?;
         sc.natiles.set(tl.len() / 2);
         self.upload_tables(seqs)
     }
@@ -827,7 +837,9 @@ impl Model for CudaModel {
                     .iter()
                     .map(|r| (batch[r.item].start_pos + batch[r.item].tokens.len()) as i32)
                     .collect();
-                self.dev.htod(self.sc.kend, as_bytes(&ke)).map_err(cerr)?;
+                self.dev
+                    .htod_staged(self.sc.kend, as_bytes(&ke))
+                    .map_err(cerr)?;
             }
             if ntaps == 0 {
                 self.run_layers(m, &mut prof)?;

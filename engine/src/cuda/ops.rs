@@ -305,7 +305,9 @@ impl CudaModel {
 
     /// Final norm + lm_head for `rows` (indices into the current pass), logits left in sc.logits.
     pub(super) fn logits_rows(&self, prof: &mut Option<device::Prof>, rows: &[i32]) -> Result<()> {
-        self.dev.htod(self.sc.sel, as_bytes(rows)).map_err(cerr)?;
+        self.dev
+            .htod_staged(self.sc.sel, as_bytes(rows))
+            .map_err(cerr)?;
         self.final_logits(prof, rows.len())
     }
 

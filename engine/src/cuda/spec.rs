@@ -310,7 +310,7 @@ impl CudaSpec {
             tseqs.push(q.tseq);
         }
         let dm = &draft.m;
-        let up = |dst: u64, v: &[i32]| dm.dev.htod(dst, as_bytes(v)).map_err(cerr);
+        let up = |dst: u64, v: &[i32]| dm.dev.htod_staged(dst, as_bytes(v)).map_err(cerr);
         up(dm.sc.tokens, &dt)?;
         up(dm.sc.pos, &pos)?;
         up(dm.sc.seqrow, &seqrow)?;
