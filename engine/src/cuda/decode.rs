@@ -59,6 +59,23 @@ impl CudaModel {
         Ok(out[0] as u32)
     }
 
+    /// Diagnostic (`laguna bench`): the captured greedy decode graph replayed n times back to
+    /// back with the last step's inputs (the same position, its K/V slot rewritten with the same
+    /// values; nothing read back in between): ms a replay, None before a graph exists.
+    pub fn replay_decode_graph(&self, n: usize) -> Result<Option<f64>> {
+        let Some(g) = self.graph.as_ref() else {
+            return Ok(None);
+        };
+        self.dev.sync().map_err(cerr)?;
+        let a = self.dev.event().map_err(cerr)?;
+        for _ in 0..n {
+            g.launch().map_err(cerr)?;
+        }
+        let b = self.dev.event().map_err(cerr)?;
+        b.sync().map_err(cerr)?;
+        Ok(Some(a.ms_to(&b) / n.max(1) as f64))
+    }
+
     /// `Model::decode_step` on the device: one pass of n rows (one per sequence), the final norm
     /// and lm_head over all of them, `sample_rows`; replayed from a CUDA graph per n when graphs
     /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens.
