@@ -576,10 +576,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         int d = lane + 32 * j;
-        bool in = (isq || isk) && d < hd;
-        xv[j] = in ? src[d] : 0.f;
-        nwv[j] = in ? nw[d] : 0.f;
-        vv[j] = isk && d < hd ? v[(size_t)m * ldkv + kvh * hd + d] : 0.f;
+        nwv[j] = (isq || isk) && d < hd ? nw[d] : 0.f;
     }
     const int* btr = bt + (size_t)srow * max_pages;
     int kpage = isk ? btr[(p / page_size) % max_pages] : 0;
@@ -626,6 +623,16 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         }
     };
     if (k0 < k1) load3(k0, min(GQ_T, k1 - k0), threadIdx.x);
+    // Everything above reads what no kernel of this pass writes (positions, tables, weights, the
+    // cache's older keys); q, k, v come from the projection launched before this one: with PDL
+    // (the launch attribute; a no-op without it) they are read after its completion.
+    PDL_ENTRY();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int d = lane + 32 * j;
+        xv[j] = (isq || isk) && d < hd ? src[d] : 0.f;
+        vv[j] = isk && d < hd ? v[(size_t)m * ldkv + kvh * hd + d] : 0.f;
+    }
     // cos / sin (times attn_factor) of the row's rotary angles (half <= 64).
     if (threadIdx.x < half) {
         float ang = (float)p * fr;
@@ -697,8 +704,9 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         float eps, float kinv, float vinv
 #define GQK_ARGS q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, \
     gate_mode, scale, vscale, nsplit, part, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { PDL_ENTRY(); attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { PDL_ENTRY(); attention_gqa_qk_t<u8>(GQK_ARGS); }
+// (PDL_ENTRY inside, after the loads that do not depend on the previous launch.)
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,

@@ -132,8 +132,11 @@ pub struct Dev {
     /// Kernels by entry name, each with whether it is launched with programmatic dependent launch
     /// (sm_90+, unless LAGUNA_NO_PDL is set; LAGUNA_PDL_SKIP, a comma list, names kernels launched
     /// without it, by default the split-KV decode attention and its merge, which ran slower with
-    /// PDL at 131K context).
+    /// PDL at 131K context, but for `attention_tc_qk` and `attention_gqa_qk`, which load the
+    /// cache before their wait).
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
+    /// SPREAD kernels: the dynamic shared memory that makes an SM hold one of their blocks.
+    pads: HashMap<&'static str, u32>,
     pub arch: String,
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
@@ -158,6 +161,12 @@ struct Stage(*mut u8);
 unsafe impl Send for Stage {}
 unsafe impl Sync for Stage {}
 
+/// Kernels launched with PDL whose small grids (under one block an SM) run slower when their
+/// blocks, scheduled as the previous kernel's blocks retire, crowd onto the first SMs freed: the
+/// sliding layers' decode attention (PERF.md run 155). `Dev::spread_pad` gives the launch's
+/// padding.
+const SPREAD: &[&str] = &["attention_gqa_qk", "attention_gqa_qk_fp8"];
+
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
 const STAGE_BYTES: usize = 1 << 20;
@@ -174,11 +183,25 @@ impl Dev {
         let arch = laguna_kernels::arch_for_capability(maj, min);
         let name = ctx.name().unwrap_or_else(|_| "?".into());
         let root = laguna_kernels::cache_root();
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .unwrap_or(132)
+            .max(1) as u32;
+        let smem_per_sm = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            )
+            .unwrap_or(0)
+            .max(0) as u32;
         let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
+        // LAGUNA_ATT_PAD=bytes overrides the spread padding of SPREAD kernels (0: none).
+        let pad_env: Option<u32> = std::env::var("LAGUNA_ATT_PAD")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let mut pads = HashMap::new();
         let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
             "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_gqa_l,\
-             attention_gqa_fp8_l,attention_gqa_qk,\
-             attention_gqa_qk_fp8,attention_merge,attention_merge_16,attention_merge_64,\
+             attention_gqa_fp8_l,attention_merge,attention_merge_16,attention_merge_64,\
              attention_tc,attention_tc_fp8,attention_merge_tc,attention_merge_tc64"
                 .into()
         });
@@ -197,7 +220,23 @@ impl Dev {
                 })?;
             for &e in m.entries {
                 let f = module.load_function(e)?;
-                let bytes = super::big_smem(e);
+                let mut bytes = super::big_smem(e);
+                if SPREAD.contains(&e) {
+                    // Unused dynamic shared memory that leaves room for one block an SM: half an
+                    // SM's, less the kernel's static part.
+                    let st = f
+                        .get_attribute(
+                            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
+                        )
+                        .unwrap_or(0)
+                        .max(0) as u32;
+                    let pad = pad_env
+                        .unwrap_or(((smem_per_sm / 2 + 1024).saturating_sub(st) + 1023) & !1023);
+                    if pad > 0 {
+                        bytes = bytes.max(pad);
+                        pads.insert(e, pad);
+                    }
+                }
                 if bytes > 0 {
                     // A device that cannot opt in never selects the kernel (`KernelSet::fit`
                     // needs 3 such blocks an SM), so a refusal here is not fatal.
@@ -208,25 +247,17 @@ impl Dev {
                         tracing::warn!(
                             "{e}: {bytes} bytes of dynamic shared memory refused ({why:?})"
                         );
+                        pads.remove(e);
                     }
                 }
                 funcs.insert(e, (f, pdl && !skip.contains(&e)));
             }
         }
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .unwrap_or(132)
-            .max(1) as u32;
-        let smem_per_sm = ctx
-            .attribute(
-                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
-            )
-            .unwrap_or(0)
-            .max(0) as u32;
         Ok(Dev {
             ctx,
             stream,
             funcs,
+            pads,
             arch,
             name,
             sms,
@@ -243,6 +274,12 @@ impl Dev {
             uploaded: Mutex::new(HashMap::new()),
             stage_off: Mutex::new(0),
         })
+    }
+
+    /// Dynamic shared memory to launch SPREAD kernel `name` with so that an SM holds one of its
+    /// blocks (0 for other kernels, or when the device refused it).
+    pub fn spread_pad(&self, name: &str) -> u32 {
+        self.pads.get(name).copied().unwrap_or(0)
     }
 
     /// Blocks of kernel `name` with `block` threads and `smem` bytes of dynamic shared memory

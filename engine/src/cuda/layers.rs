@@ -261,7 +261,15 @@ impl CudaModel {
                 } else {
                     (kv.attn_name, (m as u32, nh as u32, nsplit as u32), ablk)
                 };
-                d.launch_p(prof, aname, agrid, (ablk, 1, 1), big_smem(aname), |b| {
+                // One block an SM for a grid within one wave (see device::SPREAD).
+                let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
+                let pad = if nblk <= d.sms as u64 {
+                    d.spread_pad(aname)
+                } else {
+                    0
+                };
+                let ashm = big_smem(aname).max(pad);
+                d.launch_p(prof, aname, agrid, (ablk, 1, 1), ashm, |b| {
                     common(b);
                     b.i32(nsplit as i32).u64(sc.part);
                     if fuse_qk || tc_qk {
