@@ -335,8 +335,13 @@ impl Dev {
         if src.is_empty() {
             return Ok(());
         }
-        self.ctx.bind_to_thread()?;
         self.uploaded.lock().unwrap().remove(&dst);
+        self.htod_sync(dst, src)
+    }
+
+    /// The copy of `htod`, leaving `uploaded` alone (`htod_cached` holds its lock around it).
+    fn htod_sync(&self, dst: u64, src: &[u8]) -> R<()> {
+        self.ctx.bind_to_thread()?;
         unsafe { result::memcpy_htod_async(dst, src, self.stream.cu_stream()) }?;
         // Pageable sources are staged before the call returns; sync keeps short-lived buffers safe.
         self.sync()
@@ -373,7 +378,7 @@ impl Dev {
             return Ok(());
         }
         if self.stage.0.is_null() || n > STAGE_BYTES {
-            return self.htod(dst, src);
+            return self.htod_sync(dst, src);
         }
         self.ctx.bind_to_thread()?;
         let mut next = self.stage_off.lock().unwrap();

@@ -781,7 +781,7 @@ pub(super) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
         && im <= 512
         && kk <= 32;
     let bytes = 4 * (h + kk * im);
-    // With the kernel's ~20 KB of static shared memory (s_dn, s_nw, s_rp, s_bias, top-k's
-    // scores), under the 48 KB a block gets without opting in.
+    // With the kernel's ~15 KB of static shared memory (s_dn, s_nw, s_bias, top-k's scores),
+    // under the 48 KB a block gets without opting in.
     (fits && bytes <= 28 * 1024).then_some(bytes as u32)
 }
