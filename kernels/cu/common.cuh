@@ -175,6 +175,16 @@ __device__ __forceinline__ void grid_sync(unsigned* bar, unsigned& phase) {
     }
     __syncthreads();
 }
+// grid_sync's arrival without its wait, for a block with nothing to do after the barrier: it may
+// exit at once (the word ends as if it had waited), so its SM is free for the next launch sooner.
+__device__ __forceinline__ void grid_arrive(unsigned* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
+        bool first = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+        red_release_add_u32(bar, first ? 0x80000000u - (nb - 1u) : 1u);
+    }
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

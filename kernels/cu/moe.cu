@@ -942,7 +942,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
-template <bool LOCAL>
+template <bool LOCAL, bool EXIT = true>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1138,6 +1138,17 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
     // arithmetic again), so that layer starts with its projections.
     if (next_w) {
+        // Only the blocks holding output elements wait for the last barrier; the others arrive
+        // and exit, so the next launch's blocks (the q|k|v|g GEMV, whose first weight loads come
+        // before its PDL wait) take their SMs while the norm runs.
+        if (EXIT && (int)(blockIdx.x * blockDim.x) >= H) {
+            if (tp) {
+                __syncthreads();
+                if (threadIdx.x == 0) atomicMax(tp + 7, emu_ns());
+            }
+            grid_arrive(bar);
+            return;
+        }
         mk_sync(bar, gphase, tp, 3);
         // This thread's first output element: its residual loaded with the norm's (one L2 round
         // trip, not two), its weight from s_nw.
@@ -1154,3 +1165,4 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
 }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t<true>(MOE_BLOCK_ARGS); }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1g(MOE_BLOCK_PARAMS) { moe_block_1_t<false>(MOE_BLOCK_ARGS); }
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARAMS) { moe_block_1_t<true, false>(MOE_BLOCK_ARGS); }

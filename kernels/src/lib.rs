@@ -107,6 +107,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_bf16_s",
             "moe_block_1",
             "moe_block_1g",
+            "moe_block_1w",
         ],
     },
     KernelModule {

@@ -132,6 +132,11 @@ pub struct KernelSet {
     /// barrier and one L2 round trip fewer a layer, the same arithmetic (kernels/emu: the same
     /// bits as the seven launches either way).
     pub moe_dl: bool,
+    /// With `moe_dl`: the blocks of `moe_block_1` that hold none of the next input norm's
+    /// elements arrive at its last grid barrier and exit instead of waiting (`moe_block_1w`
+    /// waits), so the next q|k|v|g GEMV's blocks take their SMs and start their weight loads
+    /// while the norm runs. Same values.
+    pub moe_x: bool,
 }
 
 impl KernelSet {
@@ -168,6 +173,7 @@ impl KernelSet {
             attn_tc: false,
             attn_tc_swa: false,
             moe_dl: false,
+            moe_x: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -203,6 +209,7 @@ impl KernelSet {
             attn_tc: true,
             attn_tc_swa: false,
             moe_dl: true,
+            moe_x: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -248,7 +255,8 @@ impl KernelSet {
                 "attn_tc" => k.attn_tc = on,
                 "attn_tc_swa" => k.attn_tc_swa = on,
                 "moe_dl" => k.moe_dl = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl)")),
+                "moe_x" => k.moe_x = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x)")),
             }
         }
         Ok(k)

@@ -741,10 +741,10 @@ impl CudaModel {
         self.dev
             .launch_p(
                 prof,
-                if self.kset.moe_dl {
-                    "moe_block_1"
-                } else {
-                    "moe_block_1g"
+                match (self.kset.moe_dl, self.kset.moe_x) {
+                    (true, true) => "moe_block_1",
+                    (true, false) => "moe_block_1w",
+                    _ => "moe_block_1g",
                 },
                 (self.mk_grid, 1, 1),
                 (load::MK_BLOCK, 1, 1),
