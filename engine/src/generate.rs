@@ -55,6 +55,56 @@ pub fn check_prompt(model: &dyn Model, prompt: &[u32]) -> Result<()> {
     Ok(())
 }
 
+/// The one-token steps of `generate` on a backend that pipelines them (`decode_launch` /
+/// `decode_collect`), from the first sampled token `first` until a stop token or max_tokens;
+/// the same tokens and Rng draws as one `decode_step` a token.
+fn decode_pipelined(
+    model: &mut dyn Model,
+    req: &GenerateRequest,
+    seq: crate::model::SeqId,
+    first: u32,
+    rng: &mut Rng,
+    completion: &mut Vec<u32>,
+) -> Result<FinishReason> {
+    let item = |prev: Option<usize>, rng: &mut Rng| DecodeItem {
+        seq,
+        token: first,
+        params: &req.sampling,
+        u: uniform_for(&req.sampling, rng),
+        prev,
+    };
+    model.decode_launch(&[item(None, rng)])?;
+    loop {
+        // Queue the step after the one in flight when its token may still be wanted.
+        let ahead = completion.len() + 1 < req.max_tokens;
+        if ahead {
+            if let Err(e) = model.decode_launch(&[item(Some(0), rng)]) {
+                let _ = model.decode_collect();
+                return Err(e);
+            }
+        }
+        let t = match model.decode_collect() {
+            Ok(t) => t[0],
+            Err(e) => {
+                if ahead {
+                    let _ = model.decode_collect();
+                }
+                return Err(e);
+            }
+        };
+        completion.push(t);
+        if is_stop(model, req, t) {
+            if ahead {
+                model.decode_collect()?;
+            }
+            return Ok(FinishReason::Stop);
+        }
+        if !ahead {
+            return Ok(FinishReason::Length);
+        }
+    }
+}
+
 /// Plain autoregressive generation: prefill the prompt, then one token per step.
 pub fn generate(
     model: &mut dyn Model,
@@ -77,13 +127,22 @@ pub fn generate(
         // After the prompt, backends that sample on the device take the one-token steps without
         // sending the logits back (same choices: the uniform comes from the same Rng).
         let on_device = !keep_logits && model.device_sampling() >= 1;
+        // Backends that pipeline decode steps queue the next step (fed on the device with the
+        // token this one draws) before reading this one's token back; the last step queued
+        // after a stop token is collected and dropped.
+        let pipelined = on_device && model.decode_pipelined();
         while completion.len() < req.max_tokens {
+            if pipelined && pos > 0 && input.len() == 1 {
+                finish = decode_pipelined(model, req, seq, input[0], &mut rng, &mut completion)?;
+                break;
+            }
             let tok = if on_device && pos > 0 && input.len() == 1 {
                 let t = model.decode_step(&[DecodeItem {
                     seq,
                     token: input[0],
                     params: &req.sampling,
                     u: uniform_for(&req.sampling, &mut rng),
+                    prev: None,
                 }])?[0];
                 pos += 1;
                 t

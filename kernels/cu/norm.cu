@@ -1,7 +1,31 @@
 // Embedding gather, RMSNorm (optionally over selected rows), residual helpers.
-extern "C" __global__ void embed(const bf16_t* table, const int* tokens, float* x, int H) { PDL_ENTRY();
+// The last launch of a decode step (`decode_step_body`): each row's token (amax[r], as greedy_rows /
+// sample_rows left it) stored into slot (*ctr % slots) of a ring in mapped pinned host memory,
+// which the host reads after the step's event without a copy in the stream; then the step's
+// metadata advanced for the same rows stepping once more, fed on the device: pos[r] + 1 and token
+// id -1 - r (embed reads row r of amax). The host uploads tokens and positions itself whenever the
+// next step is not that. *ctr counts the steps (the host keeps the same count). One block, n <=
+// blockDim.x.
+extern "C" __global__ void decode_advance(int n, const int* amax, int* ring, unsigned* ctr, int slots, int stride,
+                                          int* tokens, int* pos) { PDL_ENTRY();
+    __shared__ unsigned c;
+    if (threadIdx.x == 0) c = *ctr;
+    __syncthreads();
+    int r = threadIdx.x;
+    if (r < n) {
+        ring[(size_t)(c % (unsigned)slots) * stride + r] = amax[r];
+        pos[r] += 1;
+        tokens[r] = -1 - r;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) *ctr = c + 1;
+}
+// A token id -1 - j stands for the token row j of the previous decode step drew, still in `feed`
+// (sc.amax): a pipelined step is queued before the host has read that token back.
+extern "C" __global__ void embed(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) { PDL_ENTRY();
     int m = blockIdx.x;
-    size_t t = (size_t)tokens[m];
+    int tm = tokens[m];
+    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
 }
 // y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each

@@ -24,6 +24,7 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/norm.cu"),
         entries: &[
             "embed",
+            "decode_advance",
             "rmsnorm",
             "rmsnorm_split",
             "rmsnorm_taps",

@@ -177,49 +177,84 @@ pub fn run(a: Args) -> Result<()> {
             ("T 0.8 top-p 0.95, 1 sequence", 1, &hot),
             ("T 0.8 top-p 0.95, --max-seqs sequences", many, &hot),
         ] {
-            let mut rng = Rng::new(7);
-            let mut seqs = vec![];
-            let mut toks = vec![];
-            for _ in 0..nseq {
-                let s = m.new_seq()?;
-                m.forward(&[StepInput {
-                    seq: s,
-                    tokens: &prompt,
-                    start_pos: 0,
-                    logits: LogitRows::None,
-                }])?;
-                seqs.push(s);
-                toks.push(prompt[0]);
+            // Each case twice from the same prompt and Rng: one `decode_step` a token (host reads
+            // each token before the next step), then pipelined as the server and `generate` run
+            // it (`decode_launch` of step i + 1, fed on the device, before `decode_collect` of
+            // step i). Both must draw the same tokens.
+            let mut drawn: Vec<Vec<u32>> = vec![];
+            for pipelined in [false, true] {
+                let mut rng = Rng::new(7);
+                let mut seqs = vec![];
+                for _ in 0..nseq {
+                    let s = m.new_seq()?;
+                    m.forward(&[StepInput {
+                        seq: s,
+                        tokens: &prompt,
+                        start_pos: 0,
+                        logits: LogitRows::None,
+                    }])?;
+                    seqs.push(s);
+                }
+                let mut toks: Vec<u32> = vec![prompt[0]; nseq];
+                let mut all = vec![];
+                let steps = 4 + a.gen;
+                let mut t0 = std::time::Instant::now();
+                if pipelined {
+                    for i in 0..steps {
+                        let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
+                        let items: Vec<DecodeItem> = (0..nseq)
+                            .map(|j| DecodeItem {
+                                seq: seqs[j],
+                                token: toks[j],
+                                params: sp,
+                                u: us[j],
+                                prev: (i > 0).then_some(j),
+                            })
+                            .collect();
+                        m.decode_launch(&items)?;
+                        if i > 0 {
+                            all.extend(m.decode_collect()?);
+                        }
+                        if i == 4 {
+                            t0 = std::time::Instant::now();
+                        }
+                    }
+                    all.extend(m.decode_collect()?);
+                } else {
+                    for i in 0..steps {
+                        if i == 4 {
+                            t0 = std::time::Instant::now();
+                        }
+                        let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
+                        let items: Vec<DecodeItem> = (0..nseq)
+                            .map(|j| DecodeItem {
+                                seq: seqs[j],
+                                token: toks[j],
+                                params: sp,
+                                u: us[j],
+                                prev: None,
+                            })
+                            .collect();
+                        toks = m.decode_step(&items)?;
+                        all.extend(&toks);
+                    }
+                }
+                let dt = t0.elapsed().as_secs_f64();
+                for s in seqs {
+                    m.free_seq(s);
+                }
+                drawn.push(all);
+                rows.push((
+                    format!("{label}{}", if pipelined { ", pipelined" } else { "" }),
+                    nseq as f64 * a.gen as f64 / dt,
+                    1e3 * dt / a.gen as f64,
+                ));
             }
-            let mut step = |m: &mut CudaModel, toks: &mut Vec<u32>| -> Result<()> {
-                let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
-                let items: Vec<DecodeItem> = (0..nseq)
-                    .map(|i| DecodeItem {
-                        seq: seqs[i],
-                        token: toks[i],
-                        params: sp,
-                        u: us[i],
-                    })
-                    .collect();
-                *toks = m.decode_step(&items)?;
-                Ok(())
-            };
-            for _ in 0..4 {
-                step(&mut m, &mut toks)?;
+            if drawn[0] != drawn[1] {
+                anyhow::bail!(
+                    "decode_step ({label}): the pipelined steps drew other tokens than one step at a time"
+                );
             }
-            let t0 = std::time::Instant::now();
-            for _ in 0..a.gen {
-                step(&mut m, &mut toks)?;
-            }
-            let dt = t0.elapsed().as_secs_f64();
-            for s in seqs {
-                m.free_seq(s);
-            }
-            rows.push((
-                label,
-                nseq as f64 * a.gen as f64 / dt,
-                1e3 * dt / a.gen as f64,
-            ));
         }
         rows
     };

@@ -419,7 +419,8 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     // Sampling on the device, per fixture: sample_rows against the host sampler on a grid of
-    // logits and parameters, and generate through decode_step against the host-sampled path.
+    // logits and parameters, and generate through pipelined decode steps (decode_launch /
+    // decode_collect) against the host-sampled path.
     let mut srows: Vec<(String, String, bool)> = vec![];
     if !a.only_dflash {
         for d in &dirs {
@@ -431,7 +432,7 @@ pub fn run(a: Args) -> Result<()> {
                 let (sets, bad, first) = super::device_sample::generate_same(&mut cu, &prompt, 24)?;
                 let ok = g.mismatches == 0 && bad == 0;
                 let mut note = format!(
-                    "device sampler = host sampler: {} of {} differ; generate via decode_step = host-sampled: {} of {sets} parameter sets differ",
+                    "device sampler = host sampler: {} of {} differ; generate via pipelined decode steps = host-sampled: {} of {sets} parameter sets differ",
                     g.mismatches, g.cases, bad
                 );
                 for x in g.detail.iter().take(2) {

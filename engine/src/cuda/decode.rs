@@ -22,6 +22,7 @@ impl CudaModel {
         token: u32,
         prof: &mut Option<device::Prof>,
     ) -> Result<u32> {
+        self.fed.replace(None);
         let pos = self.seq_len(seq);
         self.check_ring(seq, pos)?;
         self.ensure_pages(seq, pos + 1)?;
@@ -78,12 +79,104 @@ impl CudaModel {
 
     /// `Model::decode_step` on the device: one pass of n rows (one per sequence), the final norm
     /// and lm_head over all of them, `sample_rows`; replayed from a CUDA graph per n when graphs
-    /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens.
+    /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens. With the
+    /// readback ring, the same launch as `decode_launch_dev`, then its collect.
     pub(super) fn decode_step_dev(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
-        let n = items.len();
-        if n == 0 {
+        if !self.pending.is_empty() {
+            return Err(EngineError::Other(
+                "decode_step while pipelined decode steps are still to be collected".into(),
+            ));
+        }
+        if items.is_empty() {
             return Ok(vec![]);
         }
+        if items.iter().any(|it| it.prev.is_some()) {
+            return Err(EngineError::Other(
+                "decode_step items take their tokens from the host (prev is for decode_launch)".into(),
+            ));
+        }
+        if self.dev.readback_ring().is_none() {
+            self.decode_enqueue(items)?;
+            let mut out = vec![0i32; items.len()];
+            self.dev
+                .dtoh(as_bytes_mut(&mut out), self.sc.amax)
+                .map_err(cerr)?;
+            return Ok(out.into_iter().map(|t| t as u32).collect());
+        }
+        self.decode_launch_dev(items)?;
+        self.decode_collect_dev()
+    }
+
+    /// `Model::decode_launch`: `decode_step`'s launches, the last of them (`decode_advance`)
+    /// storing the tokens into a slot of the readback ring; returns without waiting. An item with
+    /// `prev = Some(j)` feeds row j of the previous step's tokens: its token id goes up as -1 - j
+    /// and `embed` reads it from `sc.amax`, which that step left and nothing has written since
+    /// (`fed`). A step whose rows are the previous step's sequences, in the same rows, each fed
+    /// its own row, uploads neither tokens nor positions: `decode_advance` left both.
+    pub(super) fn decode_launch_dev(&mut self, items: &[DecodeItem]) -> Result<()> {
+        let n = items.len();
+        if n == 0 {
+            return Err(EngineError::Other("decode_launch with no items".into()));
+        }
+        if self.dev.readback_ring().is_none() {
+            return Err(EngineError::Other(
+                "decode_launch needs the readback ring (mapped pinned memory), which this device did not give".into(),
+            ));
+        }
+        if n > device::READBACK_BYTES / 4 {
+            return Err(EngineError::Other(format!(
+                "decode_launch of {n} rows: at most {}",
+                device::READBACK_BYTES / 4
+            )));
+        }
+        if self.pending.len() >= device::READBACK_SLOTS - 1 {
+            return Err(EngineError::Other(format!(
+                "{} pipelined decode steps are already queued: collect one first",
+                self.pending.len()
+            )));
+        }
+        if let Some(j) = items.iter().filter_map(|it| it.prev).max() {
+            let have = self.fed.borrow().as_ref().map(|f| f.seqs.len());
+            if have.is_none_or(|r| j >= r) {
+                return Err(EngineError::Other(format!(
+                    "a decode item feeds row {j} of the previous step, which left {have:?} rows on the device"
+                )));
+            }
+        }
+        let slot = (self.adv_steps % device::READBACK_SLOTS as u64) as usize;
+        self.decode_enqueue(items)?;
+        let ev = self.dev.marker().map_err(cerr)?;
+        self.pending.push_back((slot, n, ev));
+        Ok(())
+    }
+
+    /// `Model::decode_collect`: wait for the oldest launched step's tokens (not for later ones).
+    pub(super) fn decode_collect_dev(&mut self) -> Result<Vec<u32>> {
+        let (slot, n, ev) = self.pending.pop_front().ok_or_else(|| {
+            EngineError::Other("decode_collect with no decode step launched".into())
+        })?;
+        let mut out = vec![0i32; n];
+        self.dev
+            .readback_take(slot, &ev, as_bytes_mut(&mut out))
+            .map_err(cerr)?;
+        let v = self.cfg.vocab_size;
+        out.into_iter()
+            .map(|t| {
+                if t < 0 || t as usize >= v {
+                    Err(EngineError::Other(format!(
+                        "the device drew token {t}, outside the vocabulary (size {v})"
+                    )))
+                } else {
+                    Ok(t as u32)
+                }
+            })
+            .collect()
+    }
+
+    /// A decode step's checks, uploads and launches (graph replay when graphs are on), its
+    /// tokens left in `sc.amax` (and in the readback ring); the sequences' lengths advanced.
+    fn decode_enqueue(&mut self, items: &[DecodeItem]) -> Result<()> {
+        let n = items.len();
         if n > self.device_sampling() {
             return Err(EngineError::Other(format!(
                 "decode_step takes at most {} sequences here, got {n}",
@@ -96,7 +189,7 @@ impl CudaModel {
         let mut seqs = Vec::with_capacity(n);
         let mut params = Vec::with_capacity(4 * n);
         for (i, it) in items.iter().enumerate() {
-            if it.token as usize >= v {
+            if it.prev.is_none() && it.token as usize >= v {
                 return Err(EngineError::Request(format!(
                     "token id {} is outside the vocabulary (size {v})",
                     it.token
@@ -111,21 +204,36 @@ impl CudaModel {
             if !self.seqs.contains_key(&it.seq) {
                 return Err(EngineError::Other(format!("unknown sequence {}", it.seq)));
             }
+        }
+        for it in items {
             let p = self.seq_len(it.seq);
             self.check_ring(it.seq, p)?;
             self.ensure_pages(it.seq, p + 1)?;
-            tokens.push(it.token as i32);
+            tokens.push(match it.prev {
+                Some(j) => -1 - j as i32,
+                None => it.token as i32,
+            });
             pos.push(p as i32);
             seqs.push(it.seq);
-            params.extend_from_slice(&sample_params(it.params, it.u));
+            // Greedy rows ignore the uniform: 0 keeps their parameters unchanged step to step,
+            // so an all-greedy step uploads none.
+            let u = if it.params.is_greedy() { 0.0 } else { it.u };
+            params.extend_from_slice(&sample_params(it.params, u));
         }
+        let advance = self.dev.readback_ring().is_some();
+        let fed = self.fed.replace(None).is_some_and(|f| {
+            f.advanced
+                && f.seqs == seqs
+                && f.next_pos == pos
+                && items.iter().enumerate().all(|(i, it)| it.prev == Some(i))
+        });
         let seqrow: Vec<i32> = (0..n as i32).collect();
-        self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
+        self.upload_meta_fed(&tokens, &pos, &seqrow, &seqs, fed)?;
         self.dev
             .htod_cached(self.sc.sel, as_bytes(&seqrow))
             .map_err(cerr)?;
         self.dev
-            .htod_staged(self.sc.sparams, as_bytes(&params))
+            .htod_cached(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
         // Every row greedy (KernelSet serve_argmax): the tokens by `argmax_rows_p` instead of
         // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
@@ -151,15 +259,19 @@ impl CudaModel {
             Some(g) => g.launch().map_err(cerr)?,
             None => self.decode_step_body(&mut None, n, greedy)?,
         }
-        let mut out = vec![0i32; n];
-        self.dev
-            .dtoh(as_bytes_mut(&mut out), self.sc.amax)
-            .map_err(cerr)?;
+        if advance {
+            self.adv_steps += 1;
+        }
         for (it, &p) in items.iter().zip(&pos) {
             self.note_written(it.seq, p as usize + 1);
             self.seqs.get_mut(&it.seq).unwrap().len = p as usize + 1;
         }
-        Ok(out.into_iter().map(|t| t as u32).collect())
+        self.fed.replace(Some(Fed {
+            seqs,
+            next_pos: pos.iter().map(|p| p + 1).collect(),
+            advanced: advance,
+        }));
+        Ok(())
     }
 
     pub(super) fn decode_step_body(
@@ -172,10 +284,26 @@ impl CudaModel {
         if greedy {
             // The rows listed in sc.sel are 0..n (decode_step_dev), so greedy_rows' argmax of
             // logits row i is row i's token, in sc.amax as sample_rows leaves it.
-            self.greedy_rows(prof, n, self.sc.amax)
+            self.greedy_rows(prof, n, self.sc.amax)?;
         } else {
-            self.sample_rows(prof, n)
+            self.sample_rows(prof, n)?;
         }
+        let Some(ring) = self.dev.readback_ring() else {
+            return Ok(());
+        };
+        let sc = &self.sc;
+        self.dev
+            .launch_p(prof, "decode_advance", (1, 1, 1), (32 * n.div_ceil(32) as u32, 1, 1), 0, |b| {
+                b.i32(n as i32)
+                    .u64(sc.amax)
+                    .u64(ring)
+                    .u64(sc.adv_ctr)
+                    .i32(device::READBACK_SLOTS as i32)
+                    .i32((device::READBACK_BYTES / 4) as i32)
+                    .u64(sc.tokens)
+                    .u64(sc.pos);
+            })
+            .map_err(cerr)
     }
 
     /// Final norm + lm_head over the rows listed in sc.sel (n of them), then one token per row
@@ -213,6 +341,7 @@ impl CudaModel {
         rows: &[&[f32]],
         items: &[(SamplingParams, f64)],
     ) -> Result<Vec<u32>> {
+        self.fed.replace(None);
         let n = rows.len();
         let v = self.cfg.vocab_size;
         if n > DECODE_ROWS || v > 1 << 17 || items.len() != n || rows.iter().any(|r| r.len() != v) {

@@ -153,6 +153,12 @@ pub struct Dev {
     stage_off: Mutex<usize>,
     /// What `htod_cached` last wrote to each destination (dropped by any other write to it).
     uploaded: Mutex<HashMap<u64, Vec<u8>>>,
+    /// Mapped pinned host memory (READBACK_SLOTS slots of READBACK_BYTES) that kernels write
+    /// decode steps' tokens into (`decode_advance`), read by `readback_take` after the step's
+    /// event without a copy in the stream; null when cuMemHostAlloc / mapping failed or
+    /// LAGUNA_NO_STAGE is set. `rb_dev` is its device address.
+    rb: Stage,
+    rb_dev: u64,
 }
 
 /// Pinned host memory owned by `Dev` (freed in its Drop); every access goes through the
@@ -170,6 +176,10 @@ const SPREAD: &[&str] = &["attention_gqa_qk", "attention_gqa_qk_fp8"];
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
 const STAGE_BYTES: usize = 1 << 20;
+
+/// `Dev::readback_ring` slots: how many steps' tokens may be outstanding, and the bytes each holds.
+pub const READBACK_SLOTS: usize = 4;
+pub const READBACK_BYTES: usize = 4096;
 
 unsafe impl Send for Dev {}
 
@@ -253,6 +263,28 @@ impl Dev {
                 funcs.insert(e, (f, pdl && !skip.contains(&e)));
             }
         }
+        // The readback ring: pinned, mapped into the device's address space, zeroed.
+        let rb = if std::env::var_os("LAGUNA_NO_STAGE").is_some() {
+            (std::ptr::null_mut(), 0)
+        } else {
+            let bytes = READBACK_SLOTS * READBACK_BYTES;
+            match unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) } {
+                Ok(p) => {
+                    let mut d: sys::CUdeviceptr = 0;
+                    let r = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) };
+                    if r == sys::CUresult::CUDA_SUCCESS && d != 0 {
+                        unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+                        (p as *mut u8, d)
+                    } else {
+                        unsafe {
+                            let _ = result::free_host(p);
+                        }
+                        (std::ptr::null_mut(), 0)
+                    }
+                }
+                Err(_) => (std::ptr::null_mut(), 0),
+            }
+        };
         Ok(Dev {
             ctx,
             stream,
@@ -273,6 +305,8 @@ impl Dev {
             }),
             uploaded: Mutex::new(HashMap::new()),
             stage_off: Mutex::new(0),
+            rb: Stage(rb.0),
+            rb_dev: rb.1,
         })
     }
 
@@ -412,6 +446,39 @@ impl Dev {
         let mut next = self.stage_off.lock().unwrap();
         self.stream.synchronize()?;
         *next = 0;
+        Ok(())
+    }
+
+    /// Device address of the readback ring (mapped pinned host memory: READBACK_SLOTS slots of
+    /// READBACK_BYTES), None when it could not be set up.
+    pub fn readback_ring(&self) -> Option<u64> {
+        (!self.rb.0.is_null()).then_some(self.rb_dev)
+    }
+
+    /// An event recorded on the stream now, without timing (the point `readback_take` waits for).
+    pub fn marker(&self) -> R<Event> {
+        self.ctx.bind_to_thread()?;
+        unsafe {
+            let e = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+            result::event::record(e, self.stream.cu_stream())?;
+            Ok(Event { e })
+        }
+    }
+
+    /// Wait for `ev` (recorded after the kernel that wrote ring slot `slot`) and copy the slot's
+    /// first `dst.len()` bytes out.
+    pub fn readback_take(&self, slot: usize, ev: &Event, dst: &mut [u8]) -> R<()> {
+        if self.rb.0.is_null() || slot >= READBACK_SLOTS || dst.len() > READBACK_BYTES {
+            return Err(DevError(format!("readback_take: no ring slot {slot}")));
+        }
+        self.ctx.bind_to_thread()?;
+        ev.sync()?;
+        unsafe {
+            let src = self.rb.0.add(slot * READBACK_BYTES);
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = std::ptr::read_volatile(src.add(i));
+            }
+        }
         Ok(())
     }
 
@@ -582,9 +649,11 @@ impl Drop for Dev {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
         let _ = self.ctx.bind_to_thread();
-        if !self.stage.0.is_null() {
-            unsafe {
-                let _ = result::free_host(self.stage.0 as *mut std::ffi::c_void);
+        for p in [self.stage.0, self.rb.0] {
+            if !p.is_null() {
+                unsafe {
+                    let _ = result::free_host(p as *mut std::ffi::c_void);
+                }
             }
         }
         for p in self.allocs.lock().unwrap().drain(..) {

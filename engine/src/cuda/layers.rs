@@ -26,7 +26,11 @@ impl CudaModel {
         let eps = cfg.rms_norm_eps as f32;
         self.xs_holds.set((0, false));
         d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
-            b.u64(self.embed).u64(sc.tokens).u64(sc.x).i32(h as i32);
+            b.u64(self.embed)
+                .u64(sc.tokens)
+                .u64(sc.amax)
+                .u64(sc.x)
+                .i32(h as i32);
         })
         .map_err(cerr)?;
         // The previous layer's MoE combine already wrote this layer's input norm into hn.

@@ -668,6 +668,7 @@ impl CudaModel {
             amax: a(4 * lrows)?,
             amax_slot: a(8 * lrows)?,
             amax_cnt: a(4 * lrows)?,
+            adv_ctr: a(4)?,
             sparams: a(8 * 4 * lrows)?,
             samp_e: a(8 * DECODE_ROWS * cfg.vocab_size)?,
             part: a(f
@@ -681,6 +682,7 @@ impl CudaModel {
         dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
             .map_err(cerr)?;
         dev.htod(sc.amax_cnt, &vec![0u8; 4 * lrows]).map_err(cerr)?;
+        dev.htod(sc.adv_ctr, &[0u8; 4]).map_err(cerr)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
         if page_elems.max(ring_elems) >= 1 << 31 {
@@ -732,6 +734,9 @@ impl CudaModel {
             graph: None,
             graph_failed: false,
             step_graphs: HashMap::new(),
+            pending: std::collections::VecDeque::new(),
+            fed: std::cell::RefCell::new(None),
+            adv_steps: 0,
             fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
             fprof: None,
             noncausal: false,

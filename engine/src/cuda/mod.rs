@@ -230,6 +230,8 @@ struct Scratch {
     /// `argmax_rows_p`'s per-row (key, index) slots and block counters (zero between launches).
     amax_slot: u64,
     amax_cnt: u64,
+    /// `decode_advance`'s step counter (u32, 0 at load).
+    adv_ctr: u64,
     /// Sampling parameters per sampled row: (temperature, top_k, top_p, u) as f64.
     sparams: u64,
     /// Fixed-point probabilities of sample_rows, DECODE_ROWS rows of vocab.
@@ -278,6 +280,15 @@ struct Parts {
     min_in: usize,
 }
 
+/// What a decode step leaves on the device for the next: its rows' tokens in `sc.amax` (what
+/// `DecodeItem::prev` names), and, after `decode_advance` (`advanced`), `sc.tokens` = row feeds
+/// and `sc.pos` = `next_pos` for the same sequences in the same rows.
+pub(super) struct Fed {
+    pub seqs: Vec<SeqId>,
+    pub next_pos: Vec<i32>,
+    pub advanced: bool,
+}
+
 pub struct CudaModel {
     cfg: LagunaConfig,
     /// Shared with a CUDA draft (same context and stream, so ordering is implicit).
@@ -313,6 +324,14 @@ pub struct CudaModel {
     graph_failed: bool,
     /// Captured `decode_step` bodies by batch size.
     step_graphs: HashMap<(usize, bool), device::Graph>,
+    /// Decode steps launched by `decode_launch` and not yet collected, oldest first: (readback
+    /// ring slot, rows, an event recorded after the step).
+    pending: std::collections::VecDeque<(usize, usize, device::Event)>,
+    /// What the last decode step left for the next one (`Fed`); None once anything else may
+    /// have written `sc.amax`, `sc.tokens` or `sc.pos`.
+    fed: std::cell::RefCell<Option<Fed>>,
+    /// Decode steps that ran `decode_advance` (the device's `sc.adv_ctr` holds the same count).
+    adv_steps: u64,
     /// Fused single-row launches (router_fused_1, moe_combine_norm): opt-in with env LAGUNA_FUSE.
     /// Off by default: fewer launches but single-block kernels, 194 vs 202.5 tok/s on the H200
     /// (docs/PERF.md, run 13).
@@ -575,6 +594,19 @@ impl CudaModel {
         seqrow: &[i32],
         seqs: &[SeqId],
     ) -> Result<()> {
+        self.upload_meta_fed(tokens, pos, seqrow, seqs, false)
+    }
+
+    /// `upload_meta`; with `fed`, `sc.tokens` and `sc.pos` already hold these values (the
+    /// previous decode step's `decode_advance` left them) and are not uploaded.
+    fn upload_meta_fed(
+        &self,
+        tokens: &[i32],
+        pos: &[i32],
+        seqrow: &[i32],
+        seqs: &[SeqId],
+        fed: bool,
+    ) -> Result<()> {
         let sc = &self.sc;
         // Per row: first and last row of its sequence in the pass; staged when some sequence has
         // more rows than the ring's spare slots + 1 (its later rows would overwrite keys its
@@ -614,10 +646,12 @@ impl CudaModel {
         }
         sc.staged.set(staged);
         sc.solo.set(longest == 1 && !self.noncausal);
-        self.dev
-            .htod_staged(sc.tokens, as_bytes(tokens))
-            .map_err(cerr)?;
-        self.dev.htod_staged(sc.pos, as_bytes(pos)).map_err(cerr)?;
+        if !fed {
+            self.dev
+                .htod_staged(sc.tokens, as_bytes(tokens))
+                .map_err(cerr)?;
+            self.dev.htod_staged(sc.pos, as_bytes(pos)).map_err(cerr)?;
+        }
         self.dev
             .htod_cached(sc.seqrow, as_bytes(seqrow))
             .map_err(cerr)?;
@@ -747,7 +781,17 @@ impl Model for CudaModel {
     fn decode_step(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
         self.decode_step_dev(items)
     }
+    fn decode_pipelined(&self) -> bool {
+        self.dev.readback_ring().is_some()
+    }
+    fn decode_launch(&mut self, items: &[DecodeItem]) -> Result<()> {
+        self.decode_launch_dev(items)
+    }
+    fn decode_collect(&mut self) -> Result<Vec<u32>> {
+        self.decode_collect_dev()
+    }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
+        self.fed.replace(None);
         let v = self.cfg.vocab_size;
         let h = self.cfg.hidden_size;
         let ntaps = self.taps.len();

@@ -275,6 +275,8 @@ impl CudaSpec {
         k: usize,
         times: &mut SpecTimes,
     ) -> Result<Vec<Accepted>> {
+        // This step's argmaxes overwrite sc.amax: no pipelined decode step may feed from it.
+        target.fed.replace(None);
         let t0 = std::time::Instant::now();
         let nb = seqs.len();
         if !Self::fits(target, draft, k, nb) {

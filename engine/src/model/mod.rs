@@ -33,6 +33,9 @@ pub struct DecodeItem<'a> {
     pub params: &'a crate::sample::SamplingParams,
     /// `Rng::uniform()` drawn by the caller (only consumed for non-greedy params).
     pub u: f64,
+    /// `decode_launch` only: feed the token that row `j` of the previously launched step drew
+    /// (still on the device, not yet collected) instead of `token`.
+    pub prev: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -78,6 +81,27 @@ pub trait Model: Send {
         let _ = items;
         Err(crate::error::EngineError::Other(
             "this backend does not sample on the device".into(),
+        ))
+    }
+    /// Whether `decode_launch` / `decode_collect` run decode steps ahead of the host: a step is
+    /// queued before the previous one's tokens are read back, its items taking those tokens on
+    /// the device (`DecodeItem::prev`), so the device does not wait on the host between steps.
+    fn decode_pipelined(&self) -> bool {
+        false
+    }
+    /// Queue a `decode_step` (same items, same choices) without waiting for its tokens; items
+    /// with `prev = Some(j)` feed the token of row j of the step launched just before this one.
+    /// Only when `decode_pipelined()`.
+    fn decode_launch(&mut self, items: &[DecodeItem]) -> Result<()> {
+        let _ = items;
+        Err(crate::error::EngineError::Other(
+            "this backend does not pipeline decode steps".into(),
+        ))
+    }
+    /// The tokens of the oldest launched step not yet collected (one per item, in order).
+    fn decode_collect(&mut self) -> Result<Vec<u32>> {
+        Err(crate::error::EngineError::Other(
+            "this backend does not pipeline decode steps".into(),
         ))
     }
     /// The concrete backend, for drafts that fuse whole speculative steps with their own target

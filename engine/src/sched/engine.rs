@@ -107,6 +107,8 @@ pub(crate) struct Engine {
     pub shared: Arc<Shared>,
     waiting: VecDeque<Submission>,
     running: Vec<Running>,
+    /// A pipelined decode step launched and not yet collected: its sequences, in row order.
+    inflight: Option<Vec<SeqId>>,
 }
 
 impl Engine {
@@ -130,6 +132,7 @@ impl Engine {
             shared,
             waiting: VecDeque::new(),
             running: vec![],
+            inflight: None,
         }
     }
 
@@ -336,6 +339,9 @@ impl Engine {
         if self.dflash.is_some() {
             return self.step_dflash();
         }
+        if self.inflight.is_some() {
+            return self.step_pipelined();
+        }
         let plan = self.plan();
         if plan.is_empty() {
             return;
@@ -411,6 +417,33 @@ impl Engine {
             m.num_steps += 1;
             m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(plan.len());
         }
+        // A backend that pipelines decode steps: launch this one and return; the next step
+        // (`step_pipelined`) collects it, launching its successor first when it can.
+        if self.model.decode_pipelined() && plan.len() <= cap {
+            let seqs: Vec<SeqId> = plan.iter().map(|p| self.running[p.idx].seq).collect();
+            let res = {
+                let items: Vec<DecodeItem> = plan
+                    .iter()
+                    .zip(&us)
+                    .map(|(p, &u)| {
+                        let r = &self.running[p.idx];
+                        DecodeItem {
+                            seq: r.seq,
+                            token: p.rows[0],
+                            params: &r.sub.req.sampling,
+                            u,
+                            prev: None,
+                        }
+                    })
+                    .collect();
+                self.model.decode_launch(&items)
+            };
+            match res {
+                Ok(()) => self.inflight = Some(seqs),
+                Err(e) => self.fail(plan.iter().map(|p| p.idx).collect(), &e.to_string()),
+            }
+            return true;
+        }
         // Indices into `running` stay valid until `remove` / `fail` at the end.
         let mut finished = vec![];
         let mut failed = vec![];
@@ -427,6 +460,7 @@ impl Engine {
                             token: p.rows[0],
                             params: &r.sub.req.sampling,
                             u,
+                            prev: None,
                         }
                     })
                     .collect();
@@ -451,6 +485,107 @@ impl Engine {
         finished.extend(failed);
         self.remove(finished);
         true
+    }
+
+    /// Collect the pipelined decode step in flight. When the step after it would be the same
+    /// decode step (every running sequence is in it, none may finish on the token in flight by
+    /// length), that step is launched first, each sequence fed on the device with the token the
+    /// step in flight draws for it, so the device goes from one step to the next without waiting
+    /// for the host. A sequence that the collected token finishes (EOS, a stop token) leaves
+    /// that successor's row unused: it is freed, and the row dropped when collected.
+    fn step_pipelined(&mut self) {
+        let seqs = self.inflight.take().expect("a step in flight");
+        let max_len = self.cfg.max_model_len;
+        let ahead = self.running.len() == seqs.len()
+            && seqs.iter().all(|s| {
+                self.running.iter().any(|r| {
+                    r.seq == *s
+                        && r.generated() + 1 < r.sub.req.max_tokens
+                        && r.tokens.len() + 1 < max_len
+                        && r.sub.cancel.load(Ordering::Acquire) == LIVE
+                })
+            });
+        let mut launch_err = None;
+        if ahead {
+            let us: Vec<f64> = seqs
+                .iter()
+                .map(|s| {
+                    let r = self.running.iter_mut().find(|r| r.seq == *s).unwrap();
+                    uniform_for(&r.sub.req.sampling, &mut r.rng)
+                })
+                .collect();
+            let res = {
+                let items: Vec<DecodeItem> = seqs
+                    .iter()
+                    .zip(&us)
+                    .enumerate()
+                    .map(|(j, (s, &u))| {
+                        let r = self.running.iter().find(|r| r.seq == *s).unwrap();
+                        DecodeItem {
+                            seq: r.seq,
+                            token: 0,
+                            params: &r.sub.req.sampling,
+                            u,
+                            prev: Some(j),
+                        }
+                    })
+                    .collect();
+                self.model.decode_launch(&items)
+            };
+            match res {
+                Ok(()) => {
+                    let mut m = self.shared.metrics.lock().unwrap();
+                    m.num_steps += 1;
+                    m.max_batch_seqs_seen = m.max_batch_seqs_seen.max(seqs.len());
+                }
+                Err(e) => launch_err = Some(e.to_string()),
+            }
+        }
+        let launched = ahead && launch_err.is_none();
+        let idx_of = |run: &[Running], s: SeqId| run.iter().position(|r| r.seq == s);
+        match self.model.decode_collect() {
+            Err(e) => {
+                if launched {
+                    let _ = self.model.decode_collect();
+                }
+                let idxs: Vec<usize> = seqs
+                    .iter()
+                    .filter_map(|&s| idx_of(&self.running, s))
+                    .collect();
+                self.fail(idxs, &e.to_string());
+                return;
+            }
+            Ok(toks) => {
+                let mut finished = vec![];
+                for (&s, t) in seqs.iter().zip(toks) {
+                    let Some(idx) = idx_of(&self.running, s) else {
+                        continue;
+                    };
+                    self.running[idx].computed += 1;
+                    if self.deliver(idx, vec![t], vec![]) {
+                        finished.push(idx);
+                    }
+                }
+                if let Some(e) = &launch_err {
+                    let live: Vec<usize> = seqs
+                        .iter()
+                        .filter_map(|&s| idx_of(&self.running, s))
+                        .filter(|i| !finished.contains(i))
+                        .collect();
+                    self.report_failed(&live, e);
+                    finished.extend(live);
+                }
+                self.remove(finished);
+            }
+        }
+        if launched {
+            if self.running.is_empty() {
+                // Nothing left to feed it: collect it now rather than leave it queued.
+                let _ = self.model.decode_collect();
+            } else {
+                self.inflight = Some(seqs);
+            }
+        }
     }
 
     fn fail(&mut self, idxs: Vec<usize>, e: &str) {

@@ -23,6 +23,14 @@ struct Toy {
     device_rows: usize,
     /// decode_step calls so far.
     device_steps: Arc<AtomicUsize>,
+    /// Pipeline decode steps (`decode_launch` / `decode_collect`).
+    pipelined: bool,
+    /// Tokens of the last launched step (what `DecodeItem::prev` names) and the launched steps'
+    /// tokens not yet collected.
+    fed: Option<Vec<u32>>,
+    queued: std::collections::VecDeque<Vec<u32>>,
+    /// decode_launch calls whose items were fed on the "device" (prev set).
+    ahead_steps: Arc<AtomicUsize>,
 }
 
 fn toy_cfg() -> LagunaConfig {
@@ -44,6 +52,10 @@ fn toy() -> (Toy, Arc<AtomicUsize>) {
             live: live.clone(),
             device_rows: 0,
             device_steps: Arc::new(AtomicUsize::new(0)),
+            pipelined: false,
+            fed: None,
+            queued: Default::default(),
+            ahead_steps: Arc::new(AtomicUsize::new(0)),
         },
         live,
     )
@@ -108,7 +120,38 @@ impl Model for Toy {
         }
         Ok(out)
     }
+    fn decode_pipelined(&self) -> bool {
+        self.pipelined
+    }
+    fn decode_launch(&mut self, items: &[crate::model::DecodeItem]) -> Result<()> {
+        assert!(self.pipelined);
+        assert!(self.queued.len() < 2, "at most two steps queued");
+        let fed = self.fed.take();
+        let mut feed = vec![];
+        for it in items {
+            feed.push(crate::model::DecodeItem {
+                token: match it.prev {
+                    Some(j) => fed.as_ref().expect("prev without a launched step")[j],
+                    None => it.token,
+                },
+                prev: None,
+                ..it.clone()
+            });
+        }
+        if items.iter().any(|it| it.prev.is_some()) {
+            self.ahead_steps.fetch_add(1, Ordering::SeqCst);
+        }
+        let out = self.decode_step(&feed)?;
+        self.fed = Some(out.clone());
+        self.queued.push_back(out);
+        Ok(())
+    }
+    fn decode_collect(&mut self) -> Result<Vec<u32>> {
+        Ok(self.queued.pop_front().expect("collect with nothing launched"))
+    }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
+        assert!(self.queued.is_empty(), "forward with a decode step in flight");
+        self.fed = None;
         // Slow enough that requests overlap in the scheduler.
         std::thread::sleep(Duration::from_micros(300));
         let rows: usize = batch.iter().map(|b| b.tokens.len()).sum();
@@ -259,13 +302,25 @@ async fn device_sampling_steps_equal_host_sampling() {
     // (decode_step capacity, max running sequences): one call per step, then steps split into
     // calls of 2 + 2 + 1 sequences.
     for (rows, seqs) in [(3, 3), (2, 5)] {
-        device_sampling_case(rows, seqs).await;
+        device_sampling_case(rows, seqs, false).await;
     }
 }
 
-async fn device_sampling_case(rows: usize, seqs: usize) {
+/// A backend that pipelines decode steps (the next launched before the last one's tokens are
+/// read, fed on the device) gives the same outputs too, with sequences finishing by EOS, stop
+/// tokens, length and joining mid-run; every KV freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_decode_steps_equal_host_sampling() {
+    for (rows, seqs) in [(3, 3), (8, 8), (1, 1)] {
+        device_sampling_case(rows, seqs, true).await;
+    }
+}
+
+async fn device_sampling_case(rows: usize, seqs: usize, pipelined: bool) {
     let (mut m, live) = toy();
     m.device_rows = rows;
+    m.pipelined = pipelined;
+    let ahead = m.ahead_steps.clone();
     let steps = m.device_steps.clone();
     let s = Arc::new(Scheduler::start(cfg(seqs, 64), Loaded::plain(Box::new(m)), None).unwrap());
     let ps = prompts(8);
@@ -281,21 +336,39 @@ async fn device_sampling_case(rows: usize, seqs: usize) {
                 seed: Some(100 + i as u64),
             }
         };
-        let mut req = GenRequest::greedy(p.clone(), 16);
+        // Lengths 16 and 5..; every fourth request also stops on its 7th greedy token.
+        let max_tokens = if i % 2 == 0 { 16 } else { 5 + i };
+        let mut req = GenRequest::greedy(p.clone(), max_tokens);
         req.sampling = sampling.clone();
+        let mut want = alone(&p, max_tokens, sampling.clone());
+        if i % 4 == 3 && want.len() > 7 {
+            req.stop_token_ids = vec![want[6]];
+            let cut = want.iter().position(|&t| t == want[6]).unwrap();
+            want.truncate(cut + 1);
+        }
         let stream = s.submit(req).unwrap();
-        tasks.push((p.clone(), sampling, tokio::spawn(collect(stream))));
+        tasks.push((p.clone(), want, tokio::spawn(collect(stream))));
     }
-    for (p, sampling, t) in tasks {
+    for (p, want, t) in tasks {
         let (ids, _, _, _) = t.await.unwrap();
-        assert_eq!(ids, alone(&p, 16, sampling), "prompt {p:?}");
+        assert_eq!(ids, want, "prompt {p:?}");
     }
     assert!(steps.load(Ordering::SeqCst) > 0, "decode_step was used");
+    if pipelined {
+        assert!(ahead.load(Ordering::SeqCst) > 0, "steps were fed on the device");
+    }
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(live.load(Ordering::SeqCst), 0, "all KV freed");
-    // generate takes the device path too and matches.
-    let (mut m, _) = toy();
+    // generate takes the device path too and matches, up to a stop token and to the length.
+    for (max_tokens, stop) in [(16, false), (16, true), (1, false), (2, false)] {
+        generate_case(pipelined, &ps[1], max_tokens, stop);
+    }
+}
+
+fn generate_case(pipelined: bool, prompt: &[u32], max_tokens: usize, stop: bool) {
+    let (mut m, live) = toy();
     m.device_rows = 1;
+    m.pipelined = pipelined;
     let steps = m.device_steps.clone();
     let sampling = SamplingParams {
         temperature: 1.1,
@@ -303,23 +376,49 @@ async fn device_sampling_case(rows: usize, seqs: usize) {
         top_p: 0.9,
         seed: Some(5),
     };
-    let req = GenerateRequest {
-        prompt: ps[1].clone(),
-        max_tokens: 16,
+    let mut want = alone(prompt, max_tokens, sampling.clone());
+    let mut req = GenerateRequest {
+        prompt: prompt.to_vec(),
+        max_tokens,
         sampling: sampling.clone(),
         ignore_eos: false,
         stop_token_ids: vec![],
     };
+    if stop {
+        req.stop_token_ids = vec![want[5]];
+        let cut = want.iter().position(|&t| t == want[5]).unwrap();
+        want.truncate(cut + 1);
+    }
+    let got = generate(&mut m, &req, false).unwrap();
+    assert_eq!(got.completion, want, "max_tokens {max_tokens}, stop {stop}");
     assert_eq!(
-        generate(&mut m, &req, false).unwrap().completion,
-        alone(&ps[1], 16, sampling)
+        got.finish_reason,
+        if stop || want.len() < max_tokens {
+            crate::generate::FinishReason::Stop
+        } else {
+            crate::generate::FinishReason::Length
+        }
     );
-    assert!(steps.load(Ordering::SeqCst) > 0);
+    assert!(steps.load(Ordering::SeqCst) > 0 || max_tokens == 1);
+    assert!(m.queued.is_empty(), "every launched step collected");
+    drop(m);
+    assert_eq!(live.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_stream_frees_the_sequence() {
-    let (m, live) = toy();
+    dropping_case(false).await;
+    dropping_case(true).await;
+}
+
+/// pipelined: the toy samples on the "device" and pipelines its decode steps, so the client goes
+/// away while a step for its sequence is in flight.
+async fn dropping_case(pipelined: bool) {
+    let (mut m, live) = toy();
+    if pipelined {
+        m.device_rows = 4;
+        m.pipelined = true;
+    }
     let s = Scheduler::start(cfg(4, 64), Loaded::plain(Box::new(m)), None).unwrap();
     let mut req = GenRequest::greedy(vec![5, 6, 7], 200);
     req.ignore_eos = true;
