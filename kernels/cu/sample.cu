@@ -357,3 +357,284 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     __syncthreads();
     if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
 }
+
+// ---- sample_rows_g (KernelSet samp_g): sample_rows with gridDim.x blocks a row ----
+// The same choice as sample_rows (the same fixed-point masses, the same integer sums, the same
+// comparisons in f64), by B = gridDim.x blocks per row (grid (B, rows), every block resident),
+// block b owning the contiguous chunk [b c, (b + 1) c) of the row (c = ceil(V / B)), the blocks
+// of a row meeting at per-row barriers (`row_sync`): the argmax folds by a 64-bit atomicMax on
+// (order-preserving value key, ~index); each radix-select pass adds the block's histogram into
+// the row's global buckets by integer atomics (sums that do not depend on the order) and, after
+// the barrier, every block scans those buckets itself, so all take the same decision; the draw
+// finds the chunk holding it from per-chunk kept masses (the first whose cumulative mass, in f64,
+// exceeds u S' is the chunk of the first such element: the cumulative mass only grows), and that
+// block scans its chunk in element order as sample_rows scans its tile. One sample_rows pass over
+// 100K logits is a chain of ~14 block-wide passes on one SM; here each pass is spread over B SMs.
+// st: SG_STRIDE u64 a row, zero at load and left zero: [SG_AM] argmax key, [SG_S] kept mass,
+// [SG_UQ] top-p's unique key, [SG_KS + b] chunk b's kept mass (B <= 64), [SG_HM + 256 j] /
+// u32 [2 SG_HC + 256 j] three rotating histograms (pass p adds into j = p % 3; after its barrier
+// block 0 zeroes j = (p + 2) % 3, which no block reads any more and none adds to before the next
+// barrier), u32 [2 SG_BAR] the row's barrier word.
+#define SG_STRIDE 2048
+#define SG_AM 0
+#define SG_S 1
+#define SG_UQ 2
+#define SG_KS 8
+#define SG_HM 128
+#define SG_HC 896
+#define SG_BAR 1280
+// grid_sync for the gridDim.x blocks of this blockIdx.y (block x = 0 adds 2^31 - (n - 1)).
+__device__ __forceinline__ void row_sync(unsigned* bar, unsigned& phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned nb = gridDim.x;
+        red_release_add_u32(bar, blockIdx.x == 0 ? 0x80000000u - (nb - 1u) : 1u);
+        unsigned long long t0 = emu_ns();
+        while ((ld_acquire_u32(bar) & 0x80000000u) == phase) {
+            if (emu_ns() - t0 > GRID_SYNC_TIMEOUT_NS) __trap();
+        }
+        phase ^= 0x80000000u;
+    }
+    __syncthreads();
+}
+__device__ __forceinline__ float fkey_inv(u32 k) {
+    return (k & 0x80000000u) ? __uint_as_float(k & 0x7fffffffu) : __uint_as_float(~k);
+}
+#define SG_FOR(i) for (int i = lo + threadIdx.x; i < hi; i += blockDim.x)
+extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* logits, int V, const double* params,
+                                                                unsigned long long* scratch, int* out,
+                                                                unsigned long long* st) {
+    PDL_ENTRY();
+    __shared__ float bv[32];
+    __shared__ int bi[32];
+    __shared__ unsigned long long ush[32];
+    __shared__ unsigned long long hm[256];
+    __shared__ unsigned int hc[256];
+    __shared__ unsigned long long ks[64];
+    __shared__ unsigned long long wqs[16][32];
+    __shared__ unsigned long long s_pre, s_below;
+    __shared__ int s_all, s_chunk, s_last;
+    int r = blockIdx.y, b = blockIdx.x, B = gridDim.x, tid = threadIdx.x, w = tid >> 5;
+    const float* l = logits + (size_t)r * V;
+    unsigned long long* E = scratch + (size_t)r * V;
+    unsigned long long* g = st + (size_t)r * SG_STRIDE;
+    unsigned long long* ghm = g + SG_HM;
+    unsigned* ghc = reinterpret_cast<unsigned*>(g + SG_HC);
+    unsigned* gbar = reinterpret_cast<unsigned*>(g + SG_BAR);
+    // The barrier word's phase (it cannot flip before this block has arrived).
+    unsigned phase = 0;
+    if (tid == 0) phase = ld_acquire_u32(gbar) & 0x80000000u;
+    int c = (V + B - 1) / B, lo = min(V, b * c), hi = min(V, lo + c);
+    double T = params[4 * r], pk = params[4 * r + 1], pp = params[4 * r + 2], u = params[4 * r + 3];
+    // Argmax (lowest index among equal maxima), folded over the row's blocks.
+    float best = -INFINITY;
+    int idx = 0x7fffffff;
+#pragma unroll 4
+    SG_FOR(i) {
+        float v = l[i];
+        if (v > best || (v == best && i < idx)) { best = v; idx = i; }
+    }
+    block_argmax(best, idx, bv, bi);
+    if (tid == 0) atomicMax(g + SG_AM, ((unsigned long long)fkey(best) << 32) | (unsigned)~(unsigned)idx);
+    row_sync(gbar, phase);
+    if (!(T > 0.0)) {
+        if (b == 0 && tid == 0) {
+            out[r] = (int)~(unsigned)__ldcg(g + SG_AM);
+            g[SG_AM] = 0;
+        }
+        return;
+    }
+    {
+        unsigned long long k = __ldcg(g + SG_AM);
+        best = fkey_inv((u32)(k >> 32));
+        idx = (int)~(unsigned)k;
+    }
+    int pass = 0;
+    // After pass p's barrier: block 0 zeroes the histogram pass p + 2 will add into.
+    auto rotate = [&](int p) {
+        if (b == 0 && tid < 256) {
+            int j = (p + 2) % 3;
+            ghm[256 * j + tid] = 0;
+            ghc[256 * j + tid] = 0;
+        }
+    };
+    // top-k: as sample_rows (MSB-first radix select on counts, ties at the threshold kept).
+    u32 kthr = 0;
+    int k = (int)pk;
+    if (k > 0 && k < V) {
+        u32 pre = 0;
+        int want = k;
+        for (int shift = 24; shift >= 0; shift -= 8, pass++) {
+            unsigned* H = ghc + 256 * (pass % 3);
+            if (tid < 256) hc[tid] = 0;
+            __syncthreads();
+            u32 hmask = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+#pragma unroll 4
+            SG_FOR(i) {
+                u32 key = fkey(l[i]);
+                if ((key & hmask) == pre) hist_add(nullptr, hc, (key >> shift) & 255u, 0, wqs[w]);
+            }
+            __syncthreads();
+            if (tid < 256 && hc[tid]) atomicAdd(H + tid, hc[tid]);
+            row_sync(gbar, phase);
+            rotate(pass);
+            if (tid < 256) hc[tid] = __ldcg(H + tid);
+            __syncthreads();
+            if (tid == 0) {
+                int cum = 0, bb = 255;
+                for (; bb > 0; bb--) {
+                    if (cum + (int)hc[bb] >= want) break;
+                    cum += hc[bb];
+                }
+                s_pre = pre | ((u32)bb << shift);
+                s_all = want - cum;
+            }
+            __syncthreads();
+            pre = (u32)s_pre;
+            want = s_all;
+            __syncthreads();
+        }
+        kthr = pre;
+    }
+    // Fixed-point probabilities of the kept tokens and their integer sum over the row.
+    double mz = (double)best / T;
+    unsigned long long mine = 0;
+#pragma unroll 4
+    SG_FOR(i) {
+        float v = l[i];
+        unsigned long long q = 0;
+        if (fkey(v) >= kthr) q = (unsigned long long)(exp((double)v / T - mz) * 0x1p46);
+        E[i] = q;
+        mine += q;
+    }
+    mine = block_sum_u64(mine, ush);
+    if (tid == 0 && mine) atomicAdd(g + SG_S, mine);
+    row_sync(gbar, phase);
+    if (b == 0 && tid == 0) g[SG_AM] = 0;  // every block read it before this barrier
+    unsigned long long S = __ldcg(g + SG_S);
+    // top-p: as sample_rows, the histograms of the 64-bit keys summed over the row's blocks.
+    unsigned long long kap = 0;
+    if (pp < 1.0) {
+        double L = (1.0 - pp) * (double)S;
+        unsigned long long pre = 0, below = 0;
+        bool all = false;
+        for (int shift = 56; shift >= 0; shift -= 8) {
+            unsigned long long* Hm = ghm + 256 * (pass % 3);
+            unsigned* Hc = ghc + 256 * (pass % 3);
+            if (tid < 256) { hm[tid] = 0; hc[tid] = 0; }
+            __syncthreads();
+            unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
+#pragma unroll 4
+            SG_FOR(i) {
+                unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                if ((key & hmask) == pre) hist_add(hm, hc, (unsigned)(key >> shift) & 255u, E[i], wqs[w]);
+            }
+            __syncthreads();
+            if (tid < 256 && hc[tid]) {
+                atomicAdd(Hc + tid, hc[tid]);
+                if (hm[tid]) atomicAdd(Hm + tid, hm[tid]);
+            }
+            row_sync(gbar, phase);
+            rotate(pass);
+            pass++;
+            if (tid < 256) { hm[tid] = __ldcg(Hm + tid); hc[tid] = __ldcg(Hc + tid); }
+            __syncthreads();
+            if (tid == 0) {
+                unsigned long long run = below;
+                int bb = 0, found = 0;
+                for (; bb < 256; bb++) {
+                    if (hc[bb] == 0) continue;
+                    if ((double)(run + hm[bb]) > L) { found = 1; break; }
+                    run += hm[bb];
+                }
+                s_all = !found ? 1 : (hc[bb] == 1 ? 2 : 0);
+                s_pre = found ? (pre | ((unsigned long long)bb << shift)) : pre;
+                s_below = run;
+            }
+            __syncthreads();
+            int stt = s_all;
+            pre = s_pre;
+            below = s_below;
+            __syncthreads();
+            if (stt == 1) { all = true; break; }
+            if (stt == 2) {
+                // The unique key with these leading digits: its block publishes it.
+                unsigned long long hm2 = shift == 0 ? ~0ull : (~0ull << shift);
+                SG_FOR(i) {
+                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    if ((key & hm2) == pre) g[SG_UQ] = key;
+                }
+                row_sync(gbar, phase);
+                pre = __ldcg(g + SG_UQ);
+                break;
+            }
+        }
+        kap = all ? (((unsigned long long)fkey(best) << 32) | (unsigned)(V - 1 - idx)) : pre;
+    }
+    // The draw: each chunk's kept mass, then the chunk holding the first index whose cumulative
+    // kept mass exceeds u * S' (past the total by rounding: the last chunk with mass).
+    unsigned long long a = 0;
+#pragma unroll 4
+    SG_FOR(i) {
+        unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+        if (key >= kap) a += E[i];
+    }
+    a = block_sum_u64(a, ush);
+    if (tid == 0) g[SG_KS + b] = a;
+    row_sync(gbar, phase);
+    // No block reads the kept mass or a histogram after this barrier.
+    if (b == 0) {
+        if (tid == 0) g[SG_S] = 0;
+        for (int j = tid; j < 768; j += blockDim.x) {
+            ghm[j] = 0;
+            ghc[j] = 0;
+        }
+    }
+    if (tid < B) ks[tid] = __ldcg(g + SG_KS + tid);
+    __syncthreads();
+    if (tid == 0) {
+        unsigned long long S2 = 0;
+        for (int j = 0; j < B; j++) S2 += ks[j];
+        double target = u * (double)S2;
+        unsigned long long cc = 0;
+        int ch = -1, last = -1;
+        for (int j = 0; j < B; j++) {
+            if (ks[j] == 0) continue;
+            last = j;
+            if ((double)(cc + ks[j]) > target) { ch = j; break; }
+            cc += ks[j];
+        }
+        s_chunk = ch >= 0 ? ch : last;
+        s_below = ch >= 0 ? cc : ~0ull;
+        s_pre = __double_as_longlong(u * (double)S2);
+        s_all = 0x7fffffff;
+        s_last = -1;
+    }
+    __syncthreads();
+    int chunk = s_chunk;
+    if (chunk < 0) {
+        if (b == 0 && tid == 0) out[r] = idx;
+        return;
+    }
+    if (chunk != b) return;
+    bool past = s_below == ~0ull;
+    double target = __longlong_as_double(s_pre);
+    unsigned long long carry = past ? 0ull : s_below;
+    for (int base = lo; base < hi; base += blockDim.x) {
+        int i = base + tid;
+        unsigned long long q = 0;
+        if (i < hi) {
+            unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+            if (key >= kap) q = E[i];
+        }
+        unsigned long long tot;
+        unsigned long long before = carry + block_excl_u64(q, ush, &tot);
+        if (q > 0) {
+            if (past) atomicMax(&s_last, i);
+            else if ((double)(before + q) > target && (double)before <= target) atomicMin(&s_all, i);
+        }
+        carry += tot;
+    }
+    __syncthreads();
+    if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
+}

@@ -153,6 +153,7 @@ pub const MODULES: &[KernelModule] = &[
             "spec_accept",
             "scatter_drafts",
             "sample_rows",
+            "sample_rows_g",
         ],
     },
 ];

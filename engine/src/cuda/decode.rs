@@ -316,6 +316,30 @@ impl CudaModel {
     /// `sample_rows` over the first n rows of sc.logits with the parameters in sc.sparams.
     pub(super) fn launch_sample(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
+        // samp_g: as many blocks a row as fit on the device at once with every row's (its
+        // per-row barriers need all of a row's blocks resident), at most SAMP_G_MAX_BLOCKS.
+        let per_sm = self.dev.occupancy("sample_rows_g", 512, 0) as usize;
+        let nb = (per_sm * self.dev.sms as usize / n.max(1)).min(SAMP_G_MAX_BLOCKS);
+        if self.kset.samp_g && nb >= 2 {
+            return self
+                .dev
+                .launch_p(
+                    prof,
+                    "sample_rows_g",
+                    (nb as u32, n as u32, 1),
+                    (512, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(sc.logits)
+                            .i32(self.cfg.vocab_size as i32)
+                            .u64(sc.sparams)
+                            .u64(sc.samp_e)
+                            .u64(sc.amax)
+                            .u64(sc.samp_g);
+                    },
+                )
+                .map_err(cerr);
+        }
         self.dev
             .launch_p(
                 prof,

@@ -137,6 +137,10 @@ pub struct KernelSet {
     /// waits), so the next q|k|v|g GEMV's blocks take their SMs and start their weight loads
     /// while the norm runs. Same values.
     pub moe_x: bool,
+    /// The device sampler (`decode_step` rows with temperature > 0) over many blocks a row
+    /// (`sample_rows_g`: each block a chunk of the row, per-row barriers, histograms summed by
+    /// integer atomics, so the same choice as the one-block `sample_rows`).
+    pub samp_g: bool,
 }
 
 impl KernelSet {
@@ -174,6 +178,7 @@ impl KernelSet {
             attn_tc_swa: false,
             moe_dl: false,
             moe_x: false,
+            samp_g: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -210,6 +215,7 @@ impl KernelSet {
             attn_tc_swa: false,
             moe_dl: true,
             moe_x: true,
+            samp_g: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -256,7 +262,8 @@ impl KernelSet {
                 "attn_tc_swa" => k.attn_tc_swa = on,
                 "moe_dl" => k.moe_dl = on,
                 "moe_x" => k.moe_x = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x)")),
+                "samp_g" => k.samp_g = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g)")),
             }
         }
         Ok(k)

@@ -671,6 +671,7 @@ impl CudaModel {
             adv_ctr: a(4)?,
             sparams: a(8 * 4 * lrows)?,
             samp_e: a(8 * DECODE_ROWS * cfg.vocab_size)?,
+            samp_g: a(8 * SAMP_G_STRIDE * DECODE_ROWS)?,
             part: a(f
                 * SPLIT_ROWS.min(r)
                 * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
@@ -683,6 +684,8 @@ impl CudaModel {
             .map_err(cerr)?;
         dev.htod(sc.amax_cnt, &vec![0u8; 4 * lrows]).map_err(cerr)?;
         dev.htod(sc.adv_ctr, &[0u8; 4]).map_err(cerr)?;
+        dev.htod(sc.samp_g, &vec![0u8; 8 * SAMP_G_STRIDE * DECODE_ROWS])
+            .map_err(cerr)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
         if page_elems.max(ring_elems) >= 1 << 31 {

@@ -236,6 +236,9 @@ struct Scratch {
     sparams: u64,
     /// Fixed-point probabilities of sample_rows, DECODE_ROWS rows of vocab.
     samp_e: u64,
+    /// `sample_rows_g`'s per-row state (SAMP_G_STRIDE u64 a row, DECODE_ROWS rows; zero at load,
+    /// left zero by every launch).
+    samp_g: u64,
     part: u64,
 }
 
@@ -424,6 +427,9 @@ pub fn big_smem(name: &str) -> u32 {
 }
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
+/// u64 a row of `sample_rows_g`'s state (SG_STRIDE in sample.cu) and its most blocks a row.
+const SAMP_G_STRIDE: usize = 2048;
+const SAMP_G_MAX_BLOCKS: usize = 64;
 const SPLIT_ROWS: usize = 64;
 /// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in attention.cu).
 pub const ATT_CHUNK: usize = 32;
