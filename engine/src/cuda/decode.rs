@@ -92,7 +92,8 @@ impl CudaModel {
         }
         if items.iter().any(|it| it.prev.is_some()) {
             return Err(EngineError::Other(
-                "decode_step items take their tokens from the host (prev is for decode_launch)".into(),
+                "decode_step items take their tokens from the host (prev is for decode_launch)"
+                    .into(),
             ));
         }
         if self.dev.readback_ring().is_none() {
@@ -293,16 +294,23 @@ impl CudaModel {
         };
         let sc = &self.sc;
         self.dev
-            .launch_p(prof, "decode_advance", (1, 1, 1), (32 * n.div_ceil(32) as u32, 1, 1), 0, |b| {
-                b.i32(n as i32)
-                    .u64(sc.amax)
-                    .u64(ring)
-                    .u64(sc.adv_ctr)
-                    .i32(device::READBACK_SLOTS as i32)
-                    .i32((device::READBACK_BYTES / 4) as i32)
-                    .u64(sc.tokens)
-                    .u64(sc.pos);
-            })
+            .launch_p(
+                prof,
+                "decode_advance",
+                (1, 1, 1),
+                (32 * n.div_ceil(32) as u32, 1, 1),
+                0,
+                |b| {
+                    b.i32(n as i32)
+                        .u64(sc.amax)
+                        .u64(ring)
+                        .u64(sc.adv_ctr)
+                        .i32(device::READBACK_SLOTS as i32)
+                        .i32((device::READBACK_BYTES / 4) as i32)
+                        .u64(sc.tokens)
+                        .u64(sc.pos);
+                },
+            )
             .map_err(cerr)
     }
 

@@ -147,10 +147,16 @@ impl Model for Toy {
         Ok(())
     }
     fn decode_collect(&mut self) -> Result<Vec<u32>> {
-        Ok(self.queued.pop_front().expect("collect with nothing launched"))
+        Ok(self
+            .queued
+            .pop_front()
+            .expect("collect with nothing launched"))
     }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
-        assert!(self.queued.is_empty(), "forward with a decode step in flight");
+        assert!(
+            self.queued.is_empty(),
+            "forward with a decode step in flight"
+        );
         self.fed = None;
         // Slow enough that requests overlap in the scheduler.
         std::thread::sleep(Duration::from_micros(300));
@@ -355,7 +361,10 @@ async fn device_sampling_case(rows: usize, seqs: usize, pipelined: bool) {
     }
     assert!(steps.load(Ordering::SeqCst) > 0, "decode_step was used");
     if pipelined {
-        assert!(ahead.load(Ordering::SeqCst) > 0, "steps were fed on the device");
+        assert!(
+            ahead.load(Ordering::SeqCst) > 0,
+            "steps were fed on the device"
+        );
     }
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(live.load(Ordering::SeqCst), 0, "all KV freed");
