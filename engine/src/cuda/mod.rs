@@ -392,10 +392,19 @@ pub const TC_CHUNK: usize = 64;
 /// its window: a row never sees more than window keys (2 x window - 1 for a non-causal draft
 /// block), so it never has more than ceil(keys / chunk) splits; the same splits without the
 /// blocks that would return at once (at least 2, so the merge path and its bits stay).
+/// `LAGUNA_SWA_NSPLIT` (A/B runs) caps a sliding-window layer's grid further.
 pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_ns: bool) -> usize {
     if cap > 1 && window > 0 && swa_ns {
         let keys = if noncausal { 2 * window } else { window };
-        cap.min(keys.div_ceil(chunk)).max(2)
+        static SWA: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+        let swa = SWA.get_or_init(|| {
+            std::env::var("LAGUNA_SWA_NSPLIT")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+        });
+        cap.min(keys.div_ceil(chunk))
+            .min(swa.unwrap_or(usize::MAX))
+            .max(2)
     } else {
         cap
     }
