@@ -68,8 +68,9 @@ PY
     ) > "$OUT/dflash-cli.log" 2>&1 && status_cli=ok || status_cli=FAIL
     tail -8 "$OUT/dflash-cli.log"
     # Sampling through the server on the GPU: three concurrent seeded requests (T 0.8, top-p 0.9;
-    # batched into device decode steps, tokens drawn on the GPU) give exactly the text
-    # `laguna generate` gives for each prompt and seed alone.
+    # batched into pipelined device decode steps, tokens drawn on the GPU; 16, 20 and 24 tokens,
+    # so sequences finish while others go on) give exactly the text `laguna generate` gives for
+    # each prompt and seed alone.
     (
         P=tests/fixtures/models/swa-yarn-perhead
         T=$(mktemp -d); cp $P/config.json $P/model.safetensors $T/; cp tests/fixtures/models/tiny-chat/tokenizer.json $T/
@@ -79,14 +80,14 @@ PY
         for j in 1 2 3; do
             IDS=$(python3 -c "print([($j * 7 + 3 * i) % 200 + 5 for i in range(9 + $j)])")
             curl -sf localhost:18124/v1/completions -H 'content-type: application/json' \
-                -d "{\"prompt\": $IDS, \"max_tokens\": 24, \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": $((100 + j)), \"ignore_eos\": true}" > "$OUT/serve-sample-$j.json" &
+                -d "{\"prompt\": $IDS, \"max_tokens\": $((12 + 4 * j)), \"temperature\": 0.8, \"top_p\": 0.9, \"seed\": $((100 + j)), \"ignore_eos\": true}" > "$OUT/serve-sample-$j.json" &
             CP="$CP $!"
         done
         for c in $CP; do wait $c; done
         kill $SP; wait $SP 2>/dev/null
         for j in 1 2 3; do
             IDS=$(python3 -c "print(','.join(str(($j * 7 + 3 * i) % 200 + 5) for i in range(9 + $j)))")
-            "$BIN" generate --model $T --device cuda --prompt-ids $IDS --max-tokens 24 --temperature 0.8 --top-p 0.9 --seed $((100 + j)) --ignore-eos --json | tail -1 > "$OUT/gen-sample-$j.json"
+            "$BIN" generate --model $T --device cuda --prompt-ids $IDS --max-tokens $((12 + 4 * j)) --temperature 0.8 --top-p 0.9 --seed $((100 + j)) --ignore-eos --json | tail -1 > "$OUT/gen-sample-$j.json"
         done
         python3 - "$OUT" <<'PY'
 import json, sys
