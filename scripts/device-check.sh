@@ -131,5 +131,6 @@ echo "| DFlash CLI + server on cuda | $status_cli |"
 echo "| sampled serving on cuda = generate | $status_samp |"
 echo "| bench (synthetic XS-2.1) | $status_bench |"
 grep -E "^\| (decode|TTFT|roofline|bytes per|copy|load) " "$OUT/bench.log" 2>/dev/null || true
+grep -E "^\| decode_step \(.*pipelined" "$OUT/bench.log" 2>/dev/null || true
 echo "| long context (${LONG:-not run}) | $status_long |"
 grep -E "^\| (TTFT|decode at|prompt) " "$OUT/long.log" 2>/dev/null || true
