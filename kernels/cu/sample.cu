@@ -162,6 +162,74 @@ __device__ __forceinline__ void hist_add(unsigned long long* hm, unsigned* hc, u
     __syncwarp(act);
 }
 
+// top-p's 64-bit key of element i: its logit's key, then V - 1 - i (ascending order puts higher
+// indices first among ties, as the host).
+__device__ __forceinline__ unsigned long long tkey(const float* l, int i, int V) {
+    return ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+}
+// Thread 0's decisions of sample_rows and sample_rows_g, from one radix pass's buckets (the
+// block's own, or the row's summed over its blocks). top-k: from bucket 255 down, the one where
+// the count reaches `want`; s_pre gets the prefix with that digit, s_all what is left to take.
+__device__ __forceinline__ void topk_digit(const unsigned* hc, u32 pre, int want, int shift,
+                                           unsigned long long& s_pre, int& s_all) {
+    int cum = 0, b = 255;
+    for (; b > 0; b--) {
+        if (cum + (int)hc[b] >= want) break;
+        cum += hc[b];
+    }
+    s_pre = pre | ((u32)b << shift);
+    s_all = want - cum;
+}
+// top-p: the first non-empty bucket (ascending) whose cumulative mass from `below` exceeds L.
+// s_all: 1 none (every key stays), 2 a bucket holding one key (it fixes the remaining digits),
+// else 0; s_pre the prefix with that digit, s_below the mass below it.
+__device__ __forceinline__ void topp_digit(const unsigned long long* hm, const unsigned* hc,
+                                           unsigned long long pre, unsigned long long below, double L,
+                                           int shift, unsigned long long& s_pre,
+                                           unsigned long long& s_below, int& s_all) {
+    unsigned long long run = below;
+    int b = 0, found = 0;
+    for (; b < 256; b++) {
+        if (hc[b] == 0) continue;
+        if ((double)(run + hm[b]) > L) { found = 1; break; }
+        run += hm[b];
+    }
+    s_all = !found ? 1 : (hc[b] == 1 ? 2 : 0);
+    s_pre = found ? (pre | ((unsigned long long)b << shift)) : pre;
+    s_below = run;
+}
+// The draw's segment (a tile, or a chunk) from the n segments' kept masses in index order: the
+// first whose cumulative mass exceeds u * total (s_below: the mass before it), else, past the
+// total by rounding, the last with mass (s_below = ~0), -1 when none has any; s_pre the target
+// as f64 bits.
+__device__ __forceinline__ void draw_segment(const unsigned long long* sums, int n, double u, int& s_seg,
+                                             unsigned long long& s_below, unsigned long long& s_pre) {
+    unsigned long long S2 = 0;
+    for (int t = 0; t < n; t++) S2 += sums[t];
+    double target = u * (double)S2;
+    unsigned long long c = 0;
+    int seg = -1, last = -1;
+    for (int t = 0; t < n; t++) {
+        if (sums[t] == 0) continue;
+        last = t;
+        if ((double)(c + sums[t]) > target) { seg = t; break; }
+        c += sums[t];
+    }
+    s_seg = seg >= 0 ? seg : last;
+    s_below = seg >= 0 ? c : ~0ull;
+    s_pre = __double_as_longlong(target);
+}
+// Element i (kept mass q, `before` the kept mass ahead of it) in the draw's segment: the
+// element where the cumulative mass crosses the target (s_all, by atomicMin), or, past the
+// total, the last kept one (s_last, by atomicMax).
+__device__ __forceinline__ void draw_mark(int i, unsigned long long q, unsigned long long before, double target,
+                                          bool past, int* s_all, int* s_last) {
+    if (q > 0) {
+        if (past) atomicMax(s_last, i);
+        else if ((double)(before + q) > target && (double)before <= target) atomicMin(s_all, i);
+    }
+}
+
 // grid = rows, block 1024. params[4r..4r+4) = (temperature, top_k, top_p, u) of row r (T <= 0:
 // greedy, the lowest index among the maxima as argmax_rows). scratch: V u64 per row. Passes over
 // the row are coalesced (element i on thread i mod 1024); the draw finds its 1024-wide tile from
@@ -212,15 +280,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
                 if ((key & hmask) == pre) hist_add(nullptr, hc, (key >> shift) & 255u, 0, wqs[w]);
             }
             __syncthreads();
-            if (tid == 0) {
-                int cum = 0, b = 255;
-                for (; b > 0; b--) {
-                    if (cum + (int)hc[b] >= want) break;
-                    cum += hc[b];
-                }
-                s_pre = pre | ((u32)b << shift);
-                s_all = want - cum;
-            }
+            if (tid == 0) topk_digit(hc, pre, want, shift, s_pre, s_all);
             __syncthreads();
             pre = (u32)s_pre;
             want = s_all;
@@ -254,24 +314,13 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
             unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
 #pragma unroll 4
             SAMPLE_FOR(i) {
-                unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                unsigned long long key = tkey(l, i, V);
                 if ((key & hmask) == pre) hist_add(hm, hc, (unsigned)(key >> shift) & 255u, E[i], wqs[w]);
             }
             __syncthreads();
-            if (tid == 0) {
-                unsigned long long run = below;
-                int b = 0, found = 0;
-                for (; b < 256; b++) {
-                    if (hc[b] == 0) continue;
-                    if ((double)(run + hm[b]) > L) { found = 1; break; }
-                    run += hm[b];
-                }
-                // A bucket holding one key fixes the rest of the digits: stop after this pass
-                // (s_all = 2) with that key found below.
-                s_all = !found ? 1 : (hc[b] == 1 ? 2 : 0);
-                s_pre = found ? (pre | ((unsigned long long)b << shift)) : pre;
-                s_below = run;
-            }
+            // A bucket holding one key fixes the rest of the digits: stop after this pass
+            // (s_all = 2) with that key found below.
+            if (tid == 0) topp_digit(hm, hc, pre, below, L, shift, s_pre, s_below, s_all);
             __syncthreads();
             int st = s_all;
             pre = s_pre;
@@ -284,7 +333,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
                 if (tid == 0) s_pre = 0;
                 __syncthreads();
                 SAMPLE_FOR(i) {
-                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    unsigned long long key = tkey(l, i, V);
                     if ((key & hm2) == pre) s_pre = key;
                 }
                 __syncthreads();
@@ -305,7 +354,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
             for (int j = 0; j < 32; j++) {
                 int i = t * 1024 + j * 32 + lane;
                 if (i < V) {
-                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    unsigned long long key = tkey(l, i, V);
                     if (key >= kap) a += E[i];
                 }
             }
@@ -314,23 +363,8 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
         }
     }
     __syncthreads();
-    if (tid == 0) {
-        unsigned long long S2 = 0;
-        for (int t = 0; t < ntile; t++) S2 += tsum[t];
-        double target = u * (double)S2;
-        unsigned long long c = 0;
-        int tile = -1, last = -1;
-        for (int t = 0; t < ntile; t++) {
-            if (tsum[t] == 0) continue;
-            last = t;
-            if ((double)(c + tsum[t]) > target) { tile = t; break; }
-            c += tsum[t];
-        }
-        // Past the total (rounding): the last kept index, i.e. in the last tile with mass.
-        s_tile = tile >= 0 ? tile : last;
-        s_below = tile >= 0 ? c : ~0ull;
-        s_pre = __double_as_longlong(target);
-    }
+    // Past the total (rounding): the last kept index, i.e. in the last tile with mass.
+    if (tid == 0) draw_segment(tsum, ntile, u, s_tile, s_below, s_pre);
     __syncthreads();
     int tile = s_tile;
     if (tile < 0) {
@@ -342,7 +376,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     int i = tile * 1024 + tid;
     unsigned long long q = 0;
     if (i < V) {
-        unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+        unsigned long long key = tkey(l, i, V);
         if (key >= kap) q = E[i];
     }
     unsigned long long tot;
@@ -350,10 +384,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     if (tid == 0) { s_all = 0x7fffffff; s_last = -1; }
     __syncthreads();
     unsigned long long before = past ? 0ull : s_below + ex;
-    if (q > 0) {
-        if (past) atomicMax(&s_last, i);  // the last kept index
-        else if ((double)(before + q) > target && (double)before <= target) atomicMin(&s_all, i);
-    }
+    draw_mark(i, q, before, target, past, &s_all, &s_last);
     __syncthreads();
     if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
 }
@@ -480,15 +511,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
             rotate(pass);
             if (tid < 256) hc[tid] = __ldcg(H + tid);
             __syncthreads();
-            if (tid == 0) {
-                int cum = 0, bb = 255;
-                for (; bb > 0; bb--) {
-                    if (cum + (int)hc[bb] >= want) break;
-                    cum += hc[bb];
-                }
-                s_pre = pre | ((u32)bb << shift);
-                s_all = want - cum;
-            }
+            if (tid == 0) topk_digit(hc, pre, want, shift, s_pre, s_all);
             __syncthreads();
             pre = (u32)s_pre;
             want = s_all;
@@ -526,7 +549,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
             unsigned long long hmask = shift == 56 ? 0ull : (~0ull << (shift + 8));
 #pragma unroll 4
             SG_FOR(i) {
-                unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                unsigned long long key = tkey(l, i, V);
                 if ((key & hmask) == pre) hist_add(hm, hc, (unsigned)(key >> shift) & 255u, E[i], wqs[w]);
             }
             __syncthreads();
@@ -539,18 +562,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
             pass++;
             if (tid < 256) { hm[tid] = __ldcg(Hm + tid); hc[tid] = __ldcg(Hc + tid); }
             __syncthreads();
-            if (tid == 0) {
-                unsigned long long run = below;
-                int bb = 0, found = 0;
-                for (; bb < 256; bb++) {
-                    if (hc[bb] == 0) continue;
-                    if ((double)(run + hm[bb]) > L) { found = 1; break; }
-                    run += hm[bb];
-                }
-                s_all = !found ? 1 : (hc[bb] == 1 ? 2 : 0);
-                s_pre = found ? (pre | ((unsigned long long)bb << shift)) : pre;
-                s_below = run;
-            }
+            if (tid == 0) topp_digit(hm, hc, pre, below, L, shift, s_pre, s_below, s_all);
             __syncthreads();
             int stt = s_all;
             pre = s_pre;
@@ -561,7 +573,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
                 // The unique key with these leading digits: its block publishes it.
                 unsigned long long hm2 = shift == 0 ? ~0ull : (~0ull << shift);
                 SG_FOR(i) {
-                    unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+                    unsigned long long key = tkey(l, i, V);
                     if ((key & hm2) == pre) g[SG_UQ] = key;
                 }
                 row_sync(gbar, phase);
@@ -576,7 +588,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
     unsigned long long a = 0;
 #pragma unroll 4
     SG_FOR(i) {
-        unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+        unsigned long long key = tkey(l, i, V);
         if (key >= kap) a += E[i];
     }
     a = block_sum_u64(a, ush);
@@ -593,20 +605,7 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
     if (tid < B) ks[tid] = __ldcg(g + SG_KS + tid);
     __syncthreads();
     if (tid == 0) {
-        unsigned long long S2 = 0;
-        for (int j = 0; j < B; j++) S2 += ks[j];
-        double target = u * (double)S2;
-        unsigned long long cc = 0;
-        int ch = -1, last = -1;
-        for (int j = 0; j < B; j++) {
-            if (ks[j] == 0) continue;
-            last = j;
-            if ((double)(cc + ks[j]) > target) { ch = j; break; }
-            cc += ks[j];
-        }
-        s_chunk = ch >= 0 ? ch : last;
-        s_below = ch >= 0 ? cc : ~0ull;
-        s_pre = __double_as_longlong(u * (double)S2);
+        draw_segment(ks, B, u, s_chunk, s_below, s_pre);
         s_all = 0x7fffffff;
         s_last = -1;
     }
@@ -624,15 +623,12 @@ extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* log
         int i = base + tid;
         unsigned long long q = 0;
         if (i < hi) {
-            unsigned long long key = ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
+            unsigned long long key = tkey(l, i, V);
             if (key >= kap) q = E[i];
         }
         unsigned long long tot;
         unsigned long long before = carry + block_excl_u64(q, ush, &tot);
-        if (q > 0) {
-            if (past) atomicMax(&s_last, i);
-            else if ((double)(before + q) > target && (double)before <= target) atomicMin(&s_all, i);
-        }
+        draw_mark(i, q, before, target, past, &s_all, &s_last);
         carry += tot;
     }
     __syncthreads();

@@ -199,18 +199,21 @@ pub fn run(a: Args) -> Result<()> {
                 let mut all = vec![];
                 let steps = 4 + a.gen;
                 let mut t0 = std::time::Instant::now();
-                if pipelined {
-                    for i in 0..steps {
-                        let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
-                        let items: Vec<DecodeItem> = (0..nseq)
-                            .map(|j| DecodeItem {
-                                seq: seqs[j],
-                                token: toks[j],
-                                params: sp,
-                                u: us[j],
-                                prev: (i > 0).then_some(j),
-                            })
-                            .collect();
+                for i in 0..steps {
+                    if i == 4 && !pipelined {
+                        t0 = std::time::Instant::now();
+                    }
+                    let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
+                    let items: Vec<DecodeItem> = (0..nseq)
+                        .map(|j| DecodeItem {
+                            seq: seqs[j],
+                            token: toks[j],
+                            params: sp,
+                            u: us[j],
+                            prev: (pipelined && i > 0).then_some(j),
+                        })
+                        .collect();
+                    if pipelined {
                         m.decode_launch(&items)?;
                         if i > 0 {
                             all.extend(m.decode_collect()?);
@@ -218,26 +221,13 @@ pub fn run(a: Args) -> Result<()> {
                         if i == 4 {
                             t0 = std::time::Instant::now();
                         }
-                    }
-                    all.extend(m.decode_collect()?);
-                } else {
-                    for i in 0..steps {
-                        if i == 4 {
-                            t0 = std::time::Instant::now();
-                        }
-                        let us: Vec<f64> = (0..nseq).map(|_| rng.uniform()).collect();
-                        let items: Vec<DecodeItem> = (0..nseq)
-                            .map(|j| DecodeItem {
-                                seq: seqs[j],
-                                token: toks[j],
-                                params: sp,
-                                u: us[j],
-                                prev: None,
-                            })
-                            .collect();
+                    } else {
                         toks = m.decode_step(&items)?;
                         all.extend(&toks);
                     }
+                }
+                if pipelined {
+                    all.extend(m.decode_collect()?);
                 }
                 let dt = t0.elapsed().as_secs_f64();
                 for s in seqs {

@@ -223,7 +223,7 @@ impl CudaModel {
         }
         let advance = self.dev.readback_ring().is_some();
         let fed = self.fed.replace(None).is_some_and(|f| {
-            f.advanced
+            advance
                 && f.seqs == seqs
                 && f.next_pos == pos
                 && items.iter().enumerate().all(|(i, it)| it.prev == Some(i))
@@ -270,7 +270,6 @@ impl CudaModel {
         self.fed.replace(Some(Fed {
             seqs,
             next_pos: pos.iter().map(|p| p + 1).collect(),
-            advanced: advance,
         }));
         Ok(())
     }
@@ -324,45 +323,28 @@ impl CudaModel {
     /// `sample_rows` over the first n rows of sc.logits with the parameters in sc.sparams.
     pub(super) fn launch_sample(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
-        // samp_g: as many blocks a row as fit on the device at once with every row's (its
-        // per-row barriers need all of a row's blocks resident), at most SAMP_G_MAX_BLOCKS.
+        // samp_g: `sample_rows_g` with as many blocks a row as fit on the device at once with
+        // every row's (its per-row barriers need all of a row's blocks resident), at most
+        // SAMP_G_MAX_BLOCKS; else `sample_rows`, one block a row.
         let per_sm = self.dev.occupancy("sample_rows_g", 512, 0) as usize;
         let nb = (per_sm * self.dev.sms as usize / n.max(1)).min(SAMP_G_MAX_BLOCKS);
-        if self.kset.samp_g && nb >= 2 {
-            return self
-                .dev
-                .launch_p(
-                    prof,
-                    "sample_rows_g",
-                    (nb as u32, n as u32, 1),
-                    (512, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(sc.logits)
-                            .i32(self.cfg.vocab_size as i32)
-                            .u64(sc.sparams)
-                            .u64(sc.samp_e)
-                            .u64(sc.amax)
-                            .u64(sc.samp_g);
-                    },
-                )
-                .map_err(cerr);
-        }
+        let g = self.kset.samp_g && nb >= 2;
+        let (name, grid, block) = if g {
+            ("sample_rows_g", (nb as u32, n as u32, 1), 512)
+        } else {
+            ("sample_rows", (n as u32, 1, 1), 1024)
+        };
         self.dev
-            .launch_p(
-                prof,
-                "sample_rows",
-                (n as u32, 1, 1),
-                (1024, 1, 1),
-                0,
-                |b| {
-                    b.u64(sc.logits)
-                        .i32(self.cfg.vocab_size as i32)
-                        .u64(sc.sparams)
-                        .u64(sc.samp_e)
-                        .u64(sc.amax);
-                },
-            )
+            .launch_p(prof, name, grid, (block, 1, 1), 0, |b| {
+                b.u64(sc.logits)
+                    .i32(self.cfg.vocab_size as i32)
+                    .u64(sc.sparams)
+                    .u64(sc.samp_e)
+                    .u64(sc.amax);
+                if g {
+                    b.u64(sc.samp_g);
+                }
+            })
             .map_err(cerr)
     }
 

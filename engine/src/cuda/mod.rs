@@ -284,12 +284,11 @@ struct Parts {
 }
 
 /// What a decode step leaves on the device for the next: its rows' tokens in `sc.amax` (what
-/// `DecodeItem::prev` names), and, after `decode_advance` (`advanced`), `sc.tokens` = row feeds
-/// and `sc.pos` = `next_pos` for the same sequences in the same rows.
+/// `DecodeItem::prev` names), and, when the readback ring is there (so `decode_advance` ran),
+/// `sc.tokens` = row feeds and `sc.pos` = `next_pos` for the same sequences in the same rows.
 pub(super) struct Fed {
     pub seqs: Vec<SeqId>,
     pub next_pos: Vec<i32>,
-    pub advanced: bool,
 }
 
 pub struct CudaModel {

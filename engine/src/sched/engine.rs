@@ -422,20 +422,7 @@ impl Engine {
         if self.model.decode_pipelined() && plan.len() <= cap {
             let seqs: Vec<SeqId> = plan.iter().map(|p| self.running[p.idx].seq).collect();
             let res = {
-                let items: Vec<DecodeItem> = plan
-                    .iter()
-                    .zip(&us)
-                    .map(|(p, &u)| {
-                        let r = &self.running[p.idx];
-                        DecodeItem {
-                            seq: r.seq,
-                            token: p.rows[0],
-                            params: &r.sub.req.sampling,
-                            u,
-                            prev: None,
-                        }
-                    })
-                    .collect();
+                let items = decode_items(&self.running, &plan, &us);
                 self.model.decode_launch(&items)
             };
             match res {
@@ -450,20 +437,7 @@ impl Engine {
         let mut err = String::new();
         for (chunk, cu) in plan.chunks(cap).zip(us.chunks(cap)) {
             let res = {
-                let items: Vec<DecodeItem> = chunk
-                    .iter()
-                    .zip(cu)
-                    .map(|(p, &u)| {
-                        let r = &self.running[p.idx];
-                        DecodeItem {
-                            seq: r.seq,
-                            token: p.rows[0],
-                            params: &r.sub.req.sampling,
-                            u,
-                            prev: None,
-                        }
-                    })
-                    .collect();
+                let items = decode_items(&self.running, chunk, cu);
                 self.model.decode_step(&items)
             };
             match res {
@@ -807,6 +781,24 @@ impl Engine {
         }
         false
     }
+}
+
+/// The decode items of planned one-token rows of `running` (the token from the host), with their
+/// uniforms.
+fn decode_items<'a>(running: &'a [Running], plan: &[Planned], us: &[f64]) -> Vec<DecodeItem<'a>> {
+    plan.iter()
+        .zip(us)
+        .map(|(p, &u)| {
+            let r = &running[p.idx];
+            DecodeItem {
+                seq: r.seq,
+                token: p.rows[0],
+                params: &r.sub.req.sampling,
+                u,
+                prev: None,
+            }
+        })
+        .collect()
 }
 
 /// The chosen token's logprob and the `n` best alternatives.
