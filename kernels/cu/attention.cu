@@ -1217,7 +1217,10 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     __shared__ float rc[64], rs[64];
     __shared__ __align__(16) bf16_t kp[128], vp[128];
     __shared__ float smx[4][16], ssm[4][16], cf[4][16], rl[16], rmx[16];
-    if (!QK) PDL_ENTRY();
+    if (!QK) {
+        pdl_wait();
+        pdl_launch();
+    }
     int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     int G = nh / nkv;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31, lg = lane >> 2, lt = lane & 3;
@@ -1227,6 +1230,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     int len = last + 1 - lo;
     int ns = tc_splits(len, nsplit);
     if (z >= ns) return;
+    STAMP();  // (LAGUNA_STAMP builds: the timeline's record of this block, its wait time set below)
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     int nsteps = k1 > k0 ? (k1 - k0 + 15) >> 4 : 0;
@@ -1324,7 +1328,9 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         else cp_async_commit();
     if (QK) {
         // Everything above read only what earlier passes and the host wrote.
-        PDL_ENTRY();
+        pdl_wait();
+        pdl_launch();
+        STAMP_MARK();
         // q/k norm + RoPE (qk_norm_rope_kv_t's expressions): items 0..G-1 the query heads, item G
         // the new key (writer block only); item w + 4 u to warp w, its values loaded first.
         int items = G + (writer ? 1 : 0);

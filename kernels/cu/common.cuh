@@ -22,7 +22,47 @@ __device__ __forceinline__ void pdl_launch() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+#ifdef LAGUNA_STAMP
+__device__ __forceinline__ unsigned long long emu_ns();  // below
+// Kernel timeline (`laguna bench` with LAGUNA_STAMP=1, which compiles every module with this
+// defined, into their own cubins): thread 0 of every block of a kernel with PDL_ENTRY records the
+// launch (%gridid), the time its wait returned, the time it left, its SM and block, and the name
+// of the function PDL_ENTRY is in, as one 64-byte record of laguna_stamps. Never in a normal build.
+#define STAMP_CAP (1u << 17)
+__device__ unsigned long long laguna_stamps[STAMP_CAP * 8];
+__device__ unsigned laguna_stamp_n;
+struct StampGuard {
+    unsigned long long tw;
+    const char* fn;
+    __device__ StampGuard(const char* f) : fn(f) { tw = emu_ns(); }
+    __device__ ~StampGuard() {
+        if (threadIdx.x | threadIdx.y | threadIdx.z) return;
+        unsigned long long te = emu_ns(), gid;
+        unsigned smid;
+        asm volatile("mov.u64 %0, %%gridid;" : "=l"(gid));
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        unsigned i = atomicAdd(&laguna_stamp_n, 1u);
+        if (i >= STAMP_CAP) return;
+        unsigned long long* r = laguna_stamps + (size_t)i * 8;
+        unsigned long long b = blockIdx.x + (unsigned long long)gridDim.x * (blockIdx.y + (unsigned long long)gridDim.y * blockIdx.z);
+        r[0] = gid;
+        r[1] = tw;
+        r[2] = te;
+        r[3] = ((unsigned long long)smid << 32) | (b & 0xffffffffull);
+        unsigned long long w[4] = {0, 0, 0, 0};
+        for (int k = 0; k < 32 && fn[k]; k++) w[k >> 3] |= (unsigned long long)(unsigned char)fn[k] << (8 * (k & 7));
+        r[4] = w[0]; r[5] = w[1]; r[6] = w[2]; r[7] = w[3];
+    }
+};
+#define STAMP() StampGuard laguna_stamp_guard_(__func__)
+// The record's wait time taken again here (a wait later than the STAMP in the same scope).
+#define STAMP_MARK() (laguna_stamp_guard_.tw = emu_ns())
+#define PDL_ENTRY() pdl_wait(); pdl_launch(); STAMP()
+#else
+#define STAMP() do {} while (0)
+#define STAMP_MARK() do {} while (0)
 #define PDL_ENTRY() do { pdl_wait(); pdl_launch(); } while (0)
+#endif
 // Ask for the 128-byte line at p to be brought into L2 (no register result, no wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) {
 #if defined(__CUDA_ARCH__)

@@ -975,6 +975,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // Every block is resident once all have passed this point (the launch needs all of them to
     // trigger), so a dependent launch cannot take the resources of a block still to start.
     pdl_launch();
+    STAMP();
     // tp (laguna kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
     // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
     // block (globaltimer ns).

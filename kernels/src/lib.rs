@@ -193,7 +193,18 @@ pub const NO_NVRTC_HELP: &str = "NVRTC (libnvrtc.so.13) was not found on the lib
 
 /// Full text NVRTC sees for a module: the common header, then the module.
 pub fn full_source(m: &KernelModule) -> String {
-    format!("{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
+    let stamp = if stamp_build() {
+        "#define LAGUNA_STAMP 1\n"
+    } else {
+        ""
+    };
+    format!("{stamp}{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
+}
+
+/// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
+/// own cubins, another cache key), so kernels record a timeline (`laguna bench`). Diagnostic only.
+pub fn stamp_build() -> bool {
+    std::env::var("LAGUNA_STAMP").is_ok_and(|v| v != "0" && !v.is_empty())
 }
 
 pub fn nvrtc_available() -> bool {

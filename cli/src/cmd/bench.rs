@@ -148,6 +148,10 @@ pub fn run(a: Args) -> Result<()> {
         // decode row's time splits into the GPU's step and the host's share between steps.
         if run == a.runs && !a.no_graph {
             replay_ms = m.replay_decode_graph(64)?;
+            // LAGUNA_STAMP builds: where the replayed step's time goes, launch by launch.
+            if let Some(t) = m.decode_timeline()? {
+                eprintln!("decode step timeline (LAGUNA_STAMP):\n{t}");
+            }
         }
         m.free_seq(s);
         if run == 0 {

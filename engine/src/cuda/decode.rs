@@ -77,6 +77,44 @@ impl CudaModel {
         Ok(Some(a.ms_to(&b) / n.max(1) as f64))
     }
 
+    /// Diagnostic (`laguna bench` under LAGUNA_STAMP): the decode graph replayed three times back
+    /// to back with the kernels recording a timeline; the middle replay's launches as a table
+    /// (None without a graph or a LAGUNA_STAMP build).
+    pub fn decode_timeline(&self) -> Result<Option<String>> {
+        let Some(g) = self.graph.as_ref() else {
+            return Ok(None);
+        };
+        if !self.dev.stamping() {
+            return Ok(None);
+        }
+        self.dev.sync().map_err(cerr)?;
+        self.dev.stamps_reset().map_err(cerr)?;
+        for _ in 0..3 {
+            g.launch().map_err(cerr)?;
+        }
+        self.dev.sync().map_err(cerr)?;
+        let recs = self.dev.stamps_take().map_err(cerr)?;
+        // LAGUNA_STAMP_OUT=file: every record as CSV (grid, wait ns, end ns, SM, block, function).
+        if let Some(p) = std::env::var_os("LAGUNA_STAMP_OUT") {
+            let mut s = String::from("grid,wait,end,sm,block,name\n");
+            for r in &recs {
+                s += &format!(
+                    "{},{},{},{},{},{}\n",
+                    r.grid, r.wait, r.end, r.sm, r.block, r.name
+                );
+            }
+            let _ = std::fs::write(p, s);
+        }
+        let ls = super::stamp::launches(&recs);
+        let st = super::stamp::step(&ls, "embed", 1);
+        Ok(Some(format!(
+            "{} records, {} launches over 3 replays\n\n{}",
+            recs.len(),
+            ls.len(),
+            super::stamp::report(&st)
+        )))
+    }
+
     /// `Model::decode_step` on the device: one pass of n rows (one per sequence), the final norm
     /// and lm_head over all of them, `sample_rows`; replayed from a CUDA graph per n when graphs
     /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens. With the

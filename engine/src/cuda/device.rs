@@ -159,6 +159,9 @@ pub struct Dev {
     /// LAGUNA_NO_STAGE is set. `rb_dev` is its device address.
     rb: Stage,
     rb_dev: u64,
+    /// The loaded modules when they were built with LAGUNA_STAMP (their `laguna_stamps`), else
+    /// empty.
+    stamp_mods: Vec<Arc<cudarc::driver::CudaModule>>,
 }
 
 /// Pinned host memory owned by `Dev` (freed in its Drop); every access goes through the
@@ -217,6 +220,7 @@ impl Dev {
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
         let mut funcs = HashMap::new();
+        let mut stamp_mods = vec![];
         for m in laguna_kernels::MODULES {
             let (bin, _) =
                 laguna_kernels::get_cubin(&root, m, &arch).map_err(|e| DevError(e.to_string()))?;
@@ -228,6 +232,9 @@ impl Dev {
                         m.name
                     ))
                 })?;
+            if laguna_kernels::stamp_build() {
+                stamp_mods.push(module.clone());
+            }
             for &e in m.entries {
                 let f = module.load_function(e)?;
                 let mut bytes = super::big_smem(e);
@@ -307,7 +314,44 @@ impl Dev {
             stage_off: Mutex::new(0),
             rb: Stage(rb.0),
             rb_dev: rb.1,
+            stamp_mods,
         })
+    }
+
+    /// Whether the kernels record a timeline (LAGUNA_STAMP builds).
+    pub fn stamping(&self) -> bool {
+        !self.stamp_mods.is_empty()
+    }
+
+    /// Forget the timeline records (synchronizes the stream).
+    pub fn stamps_reset(&self) -> R<()> {
+        for m in &self.stamp_mods {
+            let mut n = m.get_global("laguna_stamp_n", &self.stream)?;
+            self.stream.memset_zeros(&mut n)?;
+        }
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// The timeline records since `stamps_reset`, every module's (synchronizes the stream).
+    pub fn stamps_take(&self) -> R<Vec<super::stamp::Stamp>> {
+        let mut out = vec![];
+        for m in &self.stamp_mods {
+            let n = m.get_global("laguna_stamp_n", &self.stream)?;
+            let mut c = [0u8; 4];
+            self.stream.memcpy_dtoh(&n, &mut c)?;
+            self.stream.synchronize()?;
+            let cap = super::stamp::STAMP_CAP;
+            let n = (u32::from_le_bytes(c) as usize).min(cap);
+            if n == 0 {
+                continue;
+            }
+            let g = m.get_global("laguna_stamps", &self.stream)?;
+            let mut raw = vec![0u8; n * 64];
+            self.stream.memcpy_dtoh(&g.slice(0..n * 64), &mut raw)?;
+            self.stream.synchronize()?;
+            out.extend(raw.chunks_exact(64).map(super::stamp::Stamp::from_bytes));
+        }
+        Ok(out)
     }
 
     /// Dynamic shared memory to launch SPREAD kernel `name` with so that an SM holds one of its

@@ -19,6 +19,7 @@ mod load;
 mod ops;
 pub mod ring;
 pub mod spec;
+pub mod stamp;
 
 pub use device::{Args, Dev, DevError, Prof};
 pub use kernel_set::KernelSet;
