@@ -57,6 +57,8 @@ struct StampGuard {
 #define STAMP() StampGuard laguna_stamp_guard_(__func__)
 // The record's wait time taken again here (a wait later than the STAMP in the same scope).
 #define STAMP_MARK() (laguna_stamp_guard_.tw = emu_ns())
+// (Here PDL_ENTRY is three statements, the record living to the end of its scope: write it as a
+// statement of the function's own scope, never as the body of an unbraced if.)
 #define PDL_ENTRY() pdl_wait(); pdl_launch(); STAMP()
 #else
 #define STAMP() do {} while (0)

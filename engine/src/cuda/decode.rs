@@ -96,14 +96,9 @@ impl CudaModel {
         let recs = self.dev.stamps_take().map_err(cerr)?;
         // LAGUNA_STAMP_OUT=file: every record as CSV (grid, wait ns, end ns, SM, block, function).
         if let Some(p) = std::env::var_os("LAGUNA_STAMP_OUT") {
-            let mut s = String::from("grid,wait,end,sm,block,name\n");
-            for r in &recs {
-                s += &format!(
-                    "{},{},{},{},{},{}\n",
-                    r.grid, r.wait, r.end, r.sm, r.block, r.name
-                );
+            if let Err(e) = std::fs::write(&p, super::stamp::csv(&recs)) {
+                tracing::warn!("LAGUNA_STAMP_OUT {}: {e}", p.to_string_lossy());
             }
-            let _ = std::fs::write(p, s);
         }
         let ls = super::stamp::launches(&recs);
         let st = super::stamp::step(&ls, "embed", 1);

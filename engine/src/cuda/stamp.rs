@@ -38,6 +38,19 @@ impl Stamp {
     }
 }
 
+/// Every record as CSV (grid, wait ns, end ns, SM, block, function).
+pub fn csv(recs: &[Stamp]) -> String {
+    let mut s = String::from("grid,wait,end,sm,block,name\n");
+    for r in recs {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{}",
+            r.grid, r.wait, r.end, r.sm, r.block, r.name
+        );
+    }
+    s
+}
+
 /// One launch's blocks summarized.
 #[derive(Debug, Clone)]
 pub struct Launch {
@@ -197,6 +210,7 @@ mod tests {
         let s = Stamp::from_bytes(&b);
         assert_eq!((s.grid, s.wait, s.end, s.block, s.sm), (7, 1, 2, 5, 9));
         assert_eq!(s.name, "embed");
+        assert_eq!(csv(&[s]), "grid,wait,end,sm,block,name\n7,1,2,9,5,embed\n");
         let recs = vec![
             rec(1, 0, 1000, 0, "embed"),
             rec(2, 1500, 4000, 0, "gemv"),
