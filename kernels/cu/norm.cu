@@ -64,6 +64,19 @@ extern "C" __global__ void rmsnorm_split(const float* x, const int* rows, const 
     rmsnorm_t(x, rows, w, y, H, eps, xs);
 }
 
+// embed, then the first layer's input RMSNorm of the rows (rmsnorm / rmsnorm_split, xs set) in
+// the same launch: grid (M), block as rmsnorm's. Each thread writes the residual elements
+// rmsnorm_t then reads (the same thread-element mapping), so the same values and bits as the two
+// launches, one launch and one dependent-launch gap fewer a pass.
+extern "C" __global__ void embed_norm(const bf16_t* table, const int* tokens, const int* feed, float* x, int H,
+                                      const float* w, float* y, float eps, bf16_t* xs) { PDL_ENTRY();
+    int m = blockIdx.x;
+    int tm = tokens[m];
+    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
+    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
+    __syncthreads();
+    rmsnorm_t(x, nullptr, w, y, H, eps, xs);
+}
 // Draft tap fusion: x is [M, nw * H] (nw taps of width H per row); each H-wide piece j is
 // normalised with its own weight w[j * H ..]. grid (M * nw), blockDim as for rmsnorm.
 extern "C" __global__ void rmsnorm_taps(const float* x, const float* w, float* y, int H, int nw, float eps) { PDL_ENTRY();

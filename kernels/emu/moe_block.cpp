@@ -3,7 +3,8 @@
 // rmsnorm), both run by the CPU emulation of kernels/emu/cuda_emu.h on the same inputs, with the
 // launch shapes engine/src/cuda/layers.rs uses. Every output must be the same bits; the result is
 // also checked against a float64 evaluation of the MoE layer written here from the model's math
-// (not from the kernels). Built and run by kernels/emu/run.sh; exit status 0 = pass.
+// (not from the kernels). Also: router_topk against the host rule, the NVFP4 decode, and
+// embed_norm against embed + rmsnorm. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
 #include "kernels.inc"
@@ -282,6 +283,48 @@ static bool decode_cases() {
     return bad == 0;
 }
 
+// embed_norm (the first layer's input norm in the embedding launch) against embed then rmsnorm /
+// rmsnorm_split: the residual rows, the normed rows and their BF16 hi / lo split, bit for bit, for
+// rows given by token ids and by the previous step's drawn tokens (negative ids read `feed`).
+static bool embed_norm_cases() {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.f, 1.f);
+    bool ok = true;
+    int cases = 0;
+    for (int H : {64, 2048, 3000})
+        for (int split : {0, 1}) {
+            const int V = 50, M = 3;
+            unsigned short* table = emu_alloc<unsigned short>((size_t)V * H);
+            for (size_t i = 0; i < (size_t)V * H; i++) table[i] = f2bf(2.f * nd(rng));
+            float* w = emu_alloc<float>(H);
+            for (int i = 0; i < H; i++) w[i] = 1.f + 0.1f * nd(rng);
+            int* tokens = emu_alloc<int>(M);
+            int* feed = emu_alloc<int>(M);
+            tokens[0] = 7, tokens[1] = -2, tokens[2] = 49;  // row 1: row 1 of feed
+            feed[0] = 3, feed[1] = 31, feed[2] = 0;
+            float *xa = emu_alloc<float>((size_t)M * H), *ya = emu_alloc<float>((size_t)M * H);
+            float *xb = emu_alloc<float>((size_t)M * H), *yb = emu_alloc<float>((size_t)M * H);
+            unsigned short *sa = emu_alloc<unsigned short>((size_t)2 * M * H), *sb = emu_alloc<unsigned short>((size_t)2 * M * H);
+            unsigned nb = norm_block(H);
+            bool launched = emu_launch({M, 1, 1}, 256, [&] { embed(table, tokens, feed, xa, H); });
+            launched &= emu_launch({M, 1, 1}, nb, [&] {
+                if (split)
+                    rmsnorm_split(xa, nullptr, w, ya, H, 1e-6f, sa);
+                else
+                    rmsnorm(xa, nullptr, w, ya, H, 1e-6f);
+            });
+            launched &= emu_launch({M, 1, 1}, nb, [&] { embed_norm(table, tokens, feed, xb, H, w, yb, 1e-6f, split ? sb : nullptr); });
+            bool same = launched && same_bits("embedded rows", xa, xb, M * H) && same_bits("normed rows", ya, yb, M * H);
+            if (split)
+                for (int i = 0; i < 2 * M * H; i++) same &= sa[i] == sb[i];
+            if (!same) std::printf("  embed_norm H %d split %d: DIFFERS from embed + rmsnorm\n", H, split);
+            ok &= same;
+            cases++;
+        }
+    std::printf("embed_norm vs embed + rmsnorm (+ split): %d cases, %s\n", cases, ok ? "all the same bits" : "SOME DIFFER");
+    return ok;
+}
+
 int main() {
     emu_init(size_t(1) << 30);
     const Shape shapes[] = {
@@ -299,6 +342,7 @@ int main() {
     for (const Shape& s : shapes) ok &= run(s, seed++);
     ok &= topk_cases();
     ok &= decode_cases();
+    ok &= embed_norm_cases();
     std::printf(ok ? "moe_block_1 emulation: PASS\n" : "moe_block_1 emulation: FAIL\n");
     return ok ? 0 : 1;
 }

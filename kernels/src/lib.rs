@@ -24,6 +24,7 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/norm.cu"),
         entries: &[
             "embed",
+            "embed_norm",
             "decode_advance",
             "rmsnorm",
             "rmsnorm_split",

@@ -101,7 +101,12 @@ impl CudaModel {
             }
         }
         let ls = super::stamp::launches(&recs);
-        let st = super::stamp::step(&ls, "embed", 1);
+        let first = if self.kset.embed_norm {
+            "embed_norm"
+        } else {
+            "embed"
+        };
+        let st = super::stamp::step(&ls, first, 1);
         Ok(Some(format!(
             "{} records, {} launches over 3 replays\n\n{}",
             recs.len(),

@@ -141,6 +141,13 @@ pub struct KernelSet {
     /// (`sample_rows_g`: each block a chunk of the row, per-row barriers, histograms summed by
     /// integer atomics, so the same choice as the one-block `sample_rows`).
     pub samp_g: bool,
+    /// The embedding gather and the first layer's input RMSNorm as one launch (`embed_norm`:
+    /// each thread norms the residual elements it wrote, with rmsnorm's code, so the same bits).
+    pub embed_norm: bool,
+    /// One-row passes: the last layer's `moe_block_1` ends with the final RMSNorm of the row (its
+    /// next-input-norm phase with the final norm's weight, into the lm_head's input) instead of a
+    /// separate `rmsnorm` launch before the lm_head. Same arithmetic.
+    pub mk_final: bool,
 }
 
 impl KernelSet {
@@ -179,6 +186,8 @@ impl KernelSet {
             moe_dl: false,
             moe_x: false,
             samp_g: false,
+            embed_norm: false,
+            mk_final: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -216,6 +225,8 @@ impl KernelSet {
             moe_dl: true,
             moe_x: true,
             samp_g: true,
+            embed_norm: true,
+            mk_final: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -263,7 +274,9 @@ impl KernelSet {
                 "moe_dl" => k.moe_dl = on,
                 "moe_x" => k.moe_x = on,
                 "samp_g" => k.samp_g = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g)")),
+                "embed_norm" => k.embed_norm = on,
+                "mk_final" => k.mk_final = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final)")),
             }
         }
         Ok(k)
@@ -344,6 +357,9 @@ mod tests {
         assert!(k.attn_tc && k.attn_tc_swa && !KernelSet::original().attn_tc);
         let k = KernelSet::parse("-attn_tc").unwrap();
         assert!(!k.attn_tc && !k.attn_tc_swa && k.attn_qk);
+        let k = KernelSet::parse("-embed_norm,-mk_final").unwrap();
+        assert!(!k.embed_norm && !k.mk_final && k.moe_mk);
+        assert!(d.embed_norm && d.mk_final && !KernelSet::original().embed_norm);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

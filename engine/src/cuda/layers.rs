@@ -25,16 +25,50 @@ impl CudaModel {
         let kvw = nkv * hd;
         let eps = cfg.rms_norm_eps as f32;
         self.xs_holds.set((0, false));
-        d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
-            b.u64(self.embed)
-                .u64(sc.tokens)
-                .u64(sc.amax)
-                .u64(sc.x)
-                .i32(h as i32);
-        })
-        .map_err(cerr)?;
-        // The previous layer's MoE combine already wrote this layer's input norm into hn.
+        self.final_normed.set(false);
+        // The previous layer's MoE combine already wrote this layer's input norm into hn (and
+        // embed_norm the first layer's).
         let mut normed = false;
+        match self.layers.first() {
+            Some(l0) if self.kset.embed_norm => {
+                let split = m >= self.opts.gemm_min_rows;
+                // rmsnorm_split's BF16 hi / lo of hn too in a GEMM pass, as norm_rows writes it.
+                let xs = if split { sc.xs } else { 0 };
+                d.launch_p(
+                    prof,
+                    "embed_norm",
+                    (m as u32, 1, 1),
+                    (ops::norm_block(h), 1, 1),
+                    0,
+                    |b| {
+                        b.u64(self.embed)
+                            .u64(sc.tokens)
+                            .u64(sc.amax)
+                            .u64(sc.x)
+                            .i32(h as i32)
+                            .u64(l0.input_norm)
+                            .u64(sc.hn)
+                            .f32(eps)
+                            .u64(xs);
+                    },
+                )
+                .map_err(cerr)?;
+                if split {
+                    self.xs_holds.set((sc.hn, true));
+                }
+                normed = true;
+            }
+            _ => {
+                d.launch_p(prof, "embed", (m as u32, 1, 1), (256, 1, 1), 0, |b| {
+                    b.u64(self.embed)
+                        .u64(sc.tokens)
+                        .u64(sc.amax)
+                        .u64(sc.x)
+                        .i32(h as i32);
+                })
+                .map_err(cerr)?;
+            }
+        }
         for (li, l) in self.layers.iter().enumerate() {
             let nh = l.nh;
             let qw = nh * hd;
@@ -742,6 +776,17 @@ impl CudaModel {
         let sc = &self.sc;
         let h = cfg.hidden_size;
         self.xs_holds.set((0, false));
+        // The norm it ends with: the next layer's input norm into hn, or after the last layer
+        // (mk_final) the final norm of row 0 (the only row, so sc.sel's) into hsel, where
+        // final_logits would write it (rmsnorm's arithmetic either way).
+        let (norm_w, norm_out) = match next {
+            Some(n) => (n.input_norm, sc.hn),
+            None if self.kset.mk_final => {
+                self.final_normed.set(true);
+                (self.final_norm, sc.hsel)
+            }
+            None => (0, sc.hn),
+        };
         self.dev
             .launch_p(
                 prof,
@@ -784,8 +829,8 @@ impl CudaModel {
                         .u64(sc.wts)
                         .f32(cfg.routed_scaling_factor as f32)
                         .u64(sc.gbar)
-                        .u64(next.map_or(0, |n| n.input_norm))
-                        .u64(sc.hn)
+                        .u64(norm_w)
+                        .u64(norm_out)
                         .u64(0);
                 },
             )

@@ -751,6 +751,7 @@ impl CudaModel {
             mk_grid,
             mk_smem,
             xs_holds: std::cell::Cell::new((0, false)),
+            final_normed: std::cell::Cell::new(false),
         })
     }
 }

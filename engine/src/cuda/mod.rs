@@ -362,6 +362,10 @@ pub struct CudaModel {
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
     xs_holds: std::cell::Cell<(u64, bool)>,
+    /// The current pass is one row and its last `moe_block_1` wrote the final norm of that row
+    /// into `sc.hsel` (KernelSet mk_final), so `final_logits` of one row skips its `rmsnorm`.
+    /// Reset at the start of every pass.
+    final_normed: std::cell::Cell<bool>,
 }
 
 /// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the

@@ -315,16 +315,19 @@ impl CudaModel {
     pub(super) fn final_logits(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
-        self.rmsnorm(
-            prof,
-            sc.x,
-            sc.sel,
-            self.final_norm,
-            sc.hsel,
-            n,
-            h,
-            self.cfg.rms_norm_eps as f32,
-        )?;
+        // A one-row pass whose last moe_block_1 wrote the final norm of row 0 into hsel.
+        if !(n == 1 && self.final_normed.get()) {
+            self.rmsnorm(
+                prof,
+                sc.x,
+                sc.sel,
+                self.final_norm,
+                sc.hsel,
+                n,
+                h,
+                self.cfg.rms_norm_eps as f32,
+            )?;
+        }
         self.linear(
             prof,
             "lm_head",
