@@ -219,6 +219,11 @@ impl Dev {
                 .into()
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
+        // LAGUNA_CARVEOUT=percent: every kernel's preferred shared-memory carveout (A/B of
+        // whether switching the L1 / shared split between consecutive kernels delays blocks).
+        let carveout: Option<i32> = std::env::var("LAGUNA_CARVEOUT")
+            .ok()
+            .and_then(|v| v.parse().ok());
         let mut funcs = HashMap::new();
         let mut stamp_mods = vec![];
         for m in laguna_kernels::MODULES {
@@ -237,6 +242,14 @@ impl Dev {
             }
             for &e in m.entries {
                 let f = module.load_function(e)?;
+                if let Some(c) = carveout {
+                    if let Err(why) = f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                        c,
+                    ) {
+                        tracing::warn!("{e}: shared-memory carveout {c} refused ({why:?})");
+                    }
+                }
                 let mut bytes = super::big_smem(e);
                 if SPREAD.contains(&e) {
                     // Unused dynamic shared memory that leaves room for one block an SM: half an
