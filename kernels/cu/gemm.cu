@@ -438,6 +438,19 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_
 // A lane's weight fragments of linear_tc_bf16 for block blockIdx.x (16 rows from 16 blockIdx.x):
 // the 16 bytes of rows g and g + 8 (g = lane / 4) at K 32 kt + 8 (lane % 4) of K tile kt, read
 // from the row-major matrix or (tl) from tile_bf16's tile-interleaved copy of it.
+// A weight load that does not allocate in L1 (`ld.global.nc.L1::no_allocate`): streamed weights
+// leave the L1 to the activations the blocks of an SM share. The same value as __ldg.
+__device__ __forceinline__ uint4 ldg_na(const uint4* p) {
+#if defined(__CUDA_ARCH__)
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
 struct TcTile {
     const bf16_t *wa, *wb, *wt;
     __device__ __forceinline__ TcTile(const bf16_t* w, int N, int K, int lane) {
@@ -446,8 +459,11 @@ struct TcTile {
         wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
         wt = w + (size_t)blockIdx.x * (K >> 5) * 512 + 8 * lane;
     }
-    __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1) const {
-        if (tl) {
+    __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1, bool na = false) const {
+        if (tl && na) {
+            a0 = ldg_na(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
+            a1 = ldg_na(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
+        } else if (tl) {
             a0 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
             a1 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
         } else {
@@ -460,7 +476,10 @@ struct TcTile {
 // tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one contiguous 1 KB piece,
 // lane l's 16 bytes at 16 l and 512 + 16 l): a warp's load is 512 contiguous bytes instead of
 // 64 bytes of 8 rows. The same values in the same fragments, so the same bits.
-template <int TL>
+// NA (linear_tc_bf16_tln, KernelSet tc_na, off): TL with the weight loads not allocating in L1
+// (ldg_na), for a device whose kernels all run at the largest shared-memory carveout
+// (LAGUNA_CARVEOUT=100: 28 KB of L1 on the H200, PERF.md run 179). The same bits.
+template <int TL, int NA = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {
     __shared__ float red[16][32][4];
@@ -480,7 +499,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
-            if (kt < nk) wtile.ld(TL, kt, A0[u], A1[u]);
+            if (kt < nk) wtile.ld(TL, kt, A0[u], A1[u], NA);
         }
     };
     ldw(warp);
@@ -545,6 +564,10 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
 extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                              float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+extern "C" __global__ void linear_tc_bf16_tln(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
+                                              float* y, int ldy, int M, int N, int K, int accumulate) {
+    linear_tc_bf16_t<1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

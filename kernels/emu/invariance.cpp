@@ -116,7 +116,13 @@ int main() {
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16_tl(wt, nullptr, 1.f, x, K, yt, N, M, N, K, 0); });
                 bool et = same_bits("linear_tc_bf16_tl vs linear_tc_bf16", yt, ym, (size_t)M * N);
-                std::printf("linear_tc_bf16_tl on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S, et ? "yes" : "NO");
+                // linear_tc_bf16_tln (KernelSet tc_na: weight loads not allocating in L1): the same.
+                float* yn = emu_alloc<float>((size_t)M * N);
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, yn, N, M, N, K, 0); });
+                et &= same_bits("linear_tc_bf16_tln vs linear_tc_bf16", yn, ym, (size_t)M * N);
+                std::printf("linear_tc_bf16_tl and _tln on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
+                            et ? "yes" : "NO");
                 eq &= et;
             }
             double e = ref_err(0, ym, M);

@@ -139,6 +139,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_gemm_down_fp4_wk16",
             "linear_tc_bf16",
             "linear_tc_bf16_tl",
+            "linear_tc_bf16_tln",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",

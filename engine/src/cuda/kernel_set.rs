@@ -148,6 +148,12 @@ pub struct KernelSet {
     /// next-input-norm phase with the final norm's weight, into the lm_head's input) instead of a
     /// separate `rmsnorm` launch before the lm_head. Same arithmetic.
     pub mk_final: bool,
+    /// With `tc_tl`: the BF16 GEMV's weight loads do not allocate in L1 (`linear_tc_bf16_tln`,
+    /// `ld.global.nc.L1::no_allocate`; the same bits), for runs with every kernel at the largest
+    /// shared-memory carveout (`LAGUNA_CARVEOUT=100`: 28 KB of L1 on the H200, which the
+    /// streamed weights otherwise take from the activations; PERF.md runs 179-180). Off: not yet
+    /// measured on a GPU.
+    pub tc_na: bool,
 }
 
 impl KernelSet {
@@ -188,6 +194,7 @@ impl KernelSet {
             samp_g: false,
             embed_norm: false,
             mk_final: false,
+            tc_na: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -227,6 +234,7 @@ impl KernelSet {
             samp_g: true,
             embed_norm: true,
             mk_final: true,
+            tc_na: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -276,7 +284,8 @@ impl KernelSet {
                 "samp_g" => k.samp_g = on,
                 "embed_norm" => k.embed_norm = on,
                 "mk_final" => k.mk_final = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final)")),
+                "tc_na" => k.tc_na = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na)")),
             }
         }
         Ok(k)
@@ -360,6 +369,7 @@ mod tests {
         let k = KernelSet::parse("-embed_norm,-mk_final").unwrap();
         assert!(!k.embed_norm && !k.mk_final && k.moe_mk);
         assert!(d.embed_norm && d.mk_final && !KernelSet::original().embed_norm);
+        assert!(!d.tc_na && KernelSet::parse("+tc_na").unwrap().tc_na);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")
