@@ -425,19 +425,6 @@ extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_ks16(M
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
 
-// Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
-// pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
-// BF16 hi + lo on the fly. A warp owns 16 output rows and one 8-column tile of activation rows
-// (mma m16n8k16: W is the A operand, x^T the B operand); lane (g, t) loads 8 consecutive weights
-// of rows g and g+8 and the same 8 inputs of activation row g per 32-wide K tile (the k order
-// inside a tile is permuted identically for A and B, so the sum is unchanged). The block's S
-// warps split the K tiles round-robin and their partial tiles are added in warp order. Every
-// output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
-// decoded alone and the same row verified with k others are bit-identical.
-// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
-// A lane's weight fragments of linear_tc_bf16 for block blockIdx.x (16 rows from 16 blockIdx.x):
-// the 16 bytes of rows g and g + 8 (g = lane / 4) at K 32 kt + 8 (lane % 4) of K tile kt, read
-// from the row-major matrix or (tl) from tile_bf16's tile-interleaved copy of it.
 // A weight load that does not allocate in L1 (`ld.global.nc.L1::no_allocate`): streamed weights
 // leave the L1 to the activations the blocks of an SM share. The same value as __ldg.
 __device__ __forceinline__ uint4 ldg_na(const uint4* p) {
@@ -451,6 +438,19 @@ __device__ __forceinline__ uint4 ldg_na(const uint4* p) {
     return __ldg(p);
 #endif
 }
+// Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
+// pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
+// BF16 hi + lo on the fly. A warp owns 16 output rows and one 8-column tile of activation rows
+// (mma m16n8k16: W is the A operand, x^T the B operand); lane (g, t) loads 8 consecutive weights
+// of rows g and g+8 and the same 8 inputs of activation row g per 32-wide K tile (the k order
+// inside a tile is permuted identically for A and B, so the sum is unchanged). The block's S
+// warps split the K tiles round-robin and their partial tiles are added in warp order. Every
+// output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
+// decoded alone and the same row verified with k others are bit-identical.
+// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
+// A lane's weight fragments of linear_tc_bf16 for block blockIdx.x (16 rows from 16 blockIdx.x):
+// the 16 bytes of rows g and g + 8 (g = lane / 4) at K 32 kt + 8 (lane % 4) of K tile kt, read
+// from the row-major matrix or (tl) from tile_bf16's tile-interleaved copy of it.
 struct TcTile {
     const bf16_t *wa, *wb, *wt;
     __device__ __forceinline__ TcTile(const bf16_t* w, int N, int K, int lane) {

@@ -22,11 +22,15 @@ extern "C" __global__ void decode_advance(int n, const int* amax, int* ring, uns
 }
 // A token id -1 - j stands for the token row j of the previous decode step drew, still in `feed`
 // (sc.amax): a pipelined step is queued before the host has read that token back.
-extern "C" __global__ void embed(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) { PDL_ENTRY();
+// Row blockIdx.x of x = the embedding of its token (threads over the H elements, stride blockDim).
+__device__ __forceinline__ void embed_row(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) {
     int m = blockIdx.x;
     int tm = tokens[m];
     size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
+}
+extern "C" __global__ void embed(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) { PDL_ENTRY();
+    embed_row(table, tokens, feed, x, H);
 }
 // y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
@@ -70,10 +74,7 @@ extern "C" __global__ void rmsnorm_split(const float* x, const int* rows, const 
 // launches, one launch and one dependent-launch gap fewer a pass.
 extern "C" __global__ void embed_norm(const bf16_t* table, const int* tokens, const int* feed, float* x, int H,
                                       const float* w, float* y, float eps, bf16_t* xs) { PDL_ENTRY();
-    int m = blockIdx.x;
-    int tm = tokens[m];
-    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
+    embed_row(table, tokens, feed, x, H);
     __syncthreads();
     rmsnorm_t(x, nullptr, w, y, H, eps, xs);
 }
