@@ -72,6 +72,43 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 #endif
 }
 
+// Weight loads that do not allocate in L1 (`ld.global.nc.L1::no_allocate`): streamed weights
+// leave the L1 to the activations the blocks of an SM share. The same values as __ldg.
+__device__ __forceinline__ uint4 ldg_na(const uint4* p) {
+#if defined(__CUDA_ARCH__)
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+__device__ __forceinline__ uint2 ldg_na(const uint2* p) {
+#if defined(__CUDA_ARCH__)
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
+__device__ __forceinline__ u8 ldg_na(const u8* p) {
+#if defined(__CUDA_ARCH__)
+    u32 v;
+    asm volatile("ld.global.nc.L1::no_allocate.u8 %0, [%1];" : "=r"(v) : "l"(p));
+    return (u8)v;
+#else
+    return __ldg(p);
+#endif
+}
+// __ldg, or ldg_na when NA.
+template <bool NA, typename T> __device__ __forceinline__ T ldg_w(const T* p) {
+    if constexpr (NA) return ldg_na(p);
+    else return __ldg(p);
+}
+
 __device__ __forceinline__ float bf2f(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
 __device__ __forceinline__ bf16_t f2bf(float f) {
     u32 u = __float_as_uint(f);

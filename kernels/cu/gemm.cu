@@ -425,19 +425,6 @@ extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_ks16(M
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
 
-// A weight load that does not allocate in L1 (`ld.global.nc.L1::no_allocate`): streamed weights
-// leave the L1 to the activations the blocks of an SM share. The same value as __ldg.
-__device__ __forceinline__ uint4 ldg_na(const uint4* p) {
-#if defined(__CUDA_ARCH__)
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-#else
-    return __ldg(p);
-#endif
-}
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
 // BF16 hi + lo on the fly. A warp owns 16 output rows and one 8-column tile of activation rows

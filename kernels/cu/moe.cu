@@ -673,6 +673,8 @@ __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* c
 }
 // A gate/up item of expert e: cw[j][r] / sc[j][r] = block lane + 32 j of rows gate i, gate i + 1,
 // up i, up i + 1 (H <= 2048), all loaded before any arithmetic (sc: the raw E4M3 scale bytes).
+// NA: the loads skip L1 (ldg_na).
+template <bool NA = false>
 __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
                                            int I, int lane, uint2 (&cw)[4][4], u32 (&sc)[4][4]) {
     size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
@@ -690,8 +692,8 @@ __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const v
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             int n = i + (r & 1);
-            cw[j][r] = __ldg(reinterpret_cast<const uint2*>(wr[r] + (size_t)n * (H >> 1) + (size_t)b * 8));
-            sc[j][r] = __ldg(sr[r] + (size_t)n * nblk + b);
+            cw[j][r] = ldg_w<NA>(reinterpret_cast<const uint2*>(wr[r] + (size_t)n * (H >> 1) + (size_t)b * 8));
+            sc[j][r] = ldg_w<NA>(sr[r] + (size_t)n * nblk + b);
         }
     }
 }
@@ -720,7 +722,8 @@ __device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4]
     if (lane == 1) o[i + 1] = silu_f(g1) * u1;
 }
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512;
-// sc: the raw E4M3 scale bytes).
+// sc: the raw E4M3 scale bytes; NA: the loads skip L1).
+template <bool NA = false>
 __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
                                            uint2 (&cw)[2][4], u32 (&sc)[2][4]) {
     size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
@@ -734,8 +737,8 @@ __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, 
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int r = n + 4 * hh + j;
-            cw[hh][j] = __ldg(reinterpret_cast<const uint2*>(dwe + (size_t)r * (I >> 1) + (size_t)b * 8));
-            sc[hh][j] = __ldg(dse + (size_t)r * (I >> 4) + b);
+            cw[hh][j] = ldg_w<NA>(reinterpret_cast<const uint2*>(dwe + (size_t)r * (I >> 1) + (size_t)b * 8));
+            sc[hh][j] = ldg_w<NA>(dse + (size_t)r * (I >> 4) + b);
         }
 }
 // One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
@@ -942,7 +945,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
-template <bool LOCAL, bool EXIT = true>
+template <bool LOCAL, bool EXIT = true, bool NA = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1027,7 +1030,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             float gi = ginv[e], ui = uinv[e];
             uint2 cw[4][4];
             u32 sc[4][4];
-            sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
+            sp_gu_load<NA>(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
             sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
     }
@@ -1051,12 +1054,12 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         if (wib < KK * min(cg, gb1 - gb0)) {
             int g = wib % KK, n = (gb0 + wib / KK) * 8;
             ddi = dinv[s_ids[g]];
-            sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+            sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
         }
     } else if (swarp < ditems) {
         int g = swarp / dper, n = (swarp - g * dper) * 8;
         ddi = dinv[s_ids[g]];
-        sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+        sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
     mk_sync(bar, gphase, tp, 1);
     // 3. Down items on the activations staged in shared memory.
@@ -1083,7 +1086,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
                 int g = it % KK, nl = (it / KK) * 8;
                 if (!(c0 == gb0 && it == wib)) {
                     ddi = dinv[s_ids[g]];
-                    sp_dn_load(dw, ds, s_ids[g], c0 * 8 + nl, H, I, lane, dcw, dsc);
+                    sp_dn_load<NA>(dw, ds, s_ids[g], c0 * 8 + nl, H, I, lane, dcw, dsc);
                 }
                 sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, s_dn + g * rows, nl);
             }
@@ -1121,7 +1124,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             int g = it / dper, n = (it - g * dper) * 8;
             if (it != swarp) {
                 ddi = dinv[s_ids[g]];
-                sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+                sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
             }
             sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
         }
@@ -1167,3 +1170,5 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t<true>(MOE_BLOCK_ARGS); }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1g(MOE_BLOCK_PARAMS) { moe_block_1_t<false>(MOE_BLOCK_ARGS); }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARAMS) { moe_block_1_t<true, false>(MOE_BLOCK_ARGS); }
+// moe_block_1 with the expert weights' loads skipping L1 (KernelSet moe_na).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1n(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true>(MOE_BLOCK_ARGS); }

@@ -84,7 +84,8 @@ static bool run(const Shape& sh, unsigned seed) {
     // barriers 1..3 in / out, end: in that order.
     const int stamp[] = {0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9};
     // v 0: moe_block_1 (each block combines the rows whose down items it computed), 1:
-    // moe_block_1g (down items over the whole grid, a grid barrier, then the combine).
+    // moe_block_1g (down items over the whole grid, a grid barrier, then the combine), 2:
+    // moe_block_1n (moe_block_1 with its weight loads skipping L1; here the same loads).
     auto fused = [&](int v) {
         Fused f{emu_alloc<float>(H),      emu_alloc<float>(H),           emu_alloc<float>(E),
                 emu_alloc<float>(32),     emu_alloc<float>((size_t)KK * I), emu_alloc<float>((size_t)KK * H),
@@ -92,9 +93,9 @@ static bool run(const Shape& sh, unsigned seed) {
         std::memcpy(f.x, x0, 4 * H);
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
-        const char* name = v == 0 ? "moe_block_1" : "moe_block_1g";
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : "moe_block_1n";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : moe_block_1g)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : moe_block_1n)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp);
         }, 0));
@@ -111,6 +112,7 @@ static bool run(const Shape& sh, unsigned seed) {
     };
     Fused fg = fused(1);
     Fused fb = fused(0);
+    Fused fn = fused(2);
     float *xb = fb.x, *hn2_b = fb.hn2, *rlog_b = fb.rlog, *wts_b = fb.wts, *act_b = fb.act, *out_b = fb.out;
     int* ids_b = fb.ids;
     if (!ok) {
@@ -123,6 +125,8 @@ static bool run(const Shape& sh, unsigned seed) {
     same = same && same_bits("moe_block_1g residual", xa, fg.x, H) && same_bits("moe_block_1g next input norm", hn2_a, fg.hn2, H) &&
            same_bits("moe_block_1g expert outputs", out_a, fg.out, KK * H) &&
            same_bits("moe_block_1g router logits", rlog_a, fg.rlog, E);
+    same = same && same_bits("moe_block_1n residual", xa, fn.x, H) && same_bits("moe_block_1n next input norm", hn2_a, fn.hn2, H) &&
+           same_bits("moe_block_1n expert outputs", out_a, fn.out, KK * H);
     for (int k = 0; k < KK; k++)
         if (ids_a[k] != ids_b[k]) {
             std::printf("  expert id of slot %d: %d vs %d\n", k, ids_a[k], ids_b[k]);

@@ -110,6 +110,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1",
             "moe_block_1g",
             "moe_block_1w",
+            "moe_block_1n",
         ],
     },
     KernelModule {

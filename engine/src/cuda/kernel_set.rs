@@ -154,6 +154,10 @@ pub struct KernelSet {
     /// streamed weights otherwise take from the activations; PERF.md runs 179-180). Off: not yet
     /// measured on a GPU.
     pub tc_na: bool,
+    /// With `moe_mk`, `moe_dl` and `moe_x`: `moe_block_1`'s expert weight loads do not allocate
+    /// in L1 (`moe_block_1n`; the same bits), for the same carveout runs as `tc_na`. Off: not
+    /// yet measured on a GPU.
+    pub moe_na: bool,
 }
 
 impl KernelSet {
@@ -195,6 +199,7 @@ impl KernelSet {
             embed_norm: false,
             mk_final: false,
             tc_na: false,
+            moe_na: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -235,6 +240,7 @@ impl KernelSet {
             embed_norm: true,
             mk_final: true,
             tc_na: false,
+            moe_na: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -285,7 +291,8 @@ impl KernelSet {
                 "embed_norm" => k.embed_norm = on,
                 "mk_final" => k.mk_final = on,
                 "tc_na" => k.tc_na = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na)")),
+                "moe_na" => k.moe_na = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na)")),
             }
         }
         Ok(k)
@@ -370,6 +377,7 @@ mod tests {
         assert!(!k.embed_norm && !k.mk_final && k.moe_mk);
         assert!(d.embed_norm && d.mk_final && !KernelSet::original().embed_norm);
         assert!(!d.tc_na && KernelSet::parse("+tc_na").unwrap().tc_na);
+        assert!(!d.moe_na && KernelSet::parse("+moe_na").unwrap().moe_na);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -791,6 +791,7 @@ impl CudaModel {
             .launch_p(
                 prof,
                 match (self.kset.moe_dl, self.kset.moe_x) {
+                    (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
                     (true, false) => "moe_block_1w",
                     _ => "moe_block_1g",
