@@ -463,9 +463,9 @@ struct TcTile {
 // tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one contiguous 1 KB piece,
 // lane l's 16 bytes at 16 l and 512 + 16 l): a warp's load is 512 contiguous bytes instead of
 // 64 bytes of 8 rows. The same values in the same fragments, so the same bits.
-// NA (linear_tc_bf16_tln, KernelSet tc_na, off): TL with the weight loads not allocating in L1
-// (ldg_na), for a device whose kernels all run at the largest shared-memory carveout
-// (LAGUNA_CARVEOUT=100: 28 KB of L1 on the H200, PERF.md run 179). The same bits.
+// NA (linear_tc_bf16_tln, KernelSet tc_na, on): TL with the weight loads not allocating in L1
+// (ldg_na): the weights are read once, the activations by every block of an SM, so the L1 is
+// theirs (PERF.md runs 181-182). The same bits.
 template <int TL, int NA = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {

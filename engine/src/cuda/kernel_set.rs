@@ -149,14 +149,13 @@ pub struct KernelSet {
     /// separate `rmsnorm` launch before the lm_head. Same arithmetic.
     pub mk_final: bool,
     /// With `tc_tl`: the BF16 GEMV's weight loads do not allocate in L1 (`linear_tc_bf16_tln`,
-    /// `ld.global.nc.L1::no_allocate`; the same bits), for runs with every kernel at the largest
-    /// shared-memory carveout (`LAGUNA_CARVEOUT=100`: 28 KB of L1 on the H200, which the
-    /// streamed weights otherwise take from the activations; PERF.md runs 179-180). Off: not yet
-    /// measured on a GPU.
+    /// `ld.global.nc.L1::no_allocate`; the same bits): the streamed weights, read once, leave
+    /// the L1 to the activations the blocks of an SM share. With `moe_na`: 2.656 -> 2.472 ms a
+    /// step on the H200 (PERF.md runs 181-182).
     pub tc_na: bool,
-    /// With `moe_mk`, `moe_dl` and `moe_x`: `moe_block_1`'s expert weight loads do not allocate
-    /// in L1 (`moe_block_1n`; the same bits), for the same carveout runs as `tc_na`. Off: not
-    /// yet measured on a GPU.
+    /// With `moe_mk`, `moe_dl` and `moe_x`: `moe_block_1`'s expert weight and scale loads do
+    /// not allocate in L1 (`moe_block_1n`; the same bits). Alone 2.656 -> 2.634 ms a step, with
+    /// `tc_na` 2.472 (PERF.md run 182).
     pub moe_na: bool,
 }
 
@@ -239,8 +238,8 @@ impl KernelSet {
             samp_g: true,
             embed_norm: true,
             mk_final: true,
-            tc_na: false,
-            moe_na: false,
+            tc_na: true,
+            moe_na: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -376,8 +375,9 @@ mod tests {
         let k = KernelSet::parse("-embed_norm,-mk_final").unwrap();
         assert!(!k.embed_norm && !k.mk_final && k.moe_mk);
         assert!(d.embed_norm && d.mk_final && !KernelSet::original().embed_norm);
-        assert!(!d.tc_na && KernelSet::parse("+tc_na").unwrap().tc_na);
-        assert!(!d.moe_na && KernelSet::parse("+moe_na").unwrap().moe_na);
+        assert!(d.tc_na && !KernelSet::parse("-tc_na").unwrap().tc_na);
+        assert!(d.moe_na && !KernelSet::parse("-moe_na").unwrap().moe_na);
+        assert!(!KernelSet::original().tc_na && !KernelSet::original().moe_na);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")
