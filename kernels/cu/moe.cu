@@ -503,19 +503,19 @@ __device__ __forceinline__ void blk16_rows4(const float* x16, const uint4* wa, c
     }
 }
 // One 16-input block of weight row `n` of expert matrix base (rows of K inputs): packed words and
-// the block scale (1 for BF16).
-template <int FMT>
+// the block scale (1 for BF16). NA: the loads skip L1 (ldg_na).
+template <int FMT, bool NA = false>
 __device__ __forceinline__ void load_blk(const u8* base, const u8* sbase, int n, int K, int b, uint4& a, uint4& c, float& sc) {
     if (FMT == 0) {
         const uint4* p = reinterpret_cast<const uint4*>(base + ((size_t)n * K + (size_t)b * 16) * 2);
-        a = __ldg(p);
-        c = __ldg(p + 1);
+        a = ldg_w<NA>(p);
+        c = ldg_w<NA>(p + 1);
         sc = 1.f;
     } else {
-        uint2 u = __ldg(reinterpret_cast<const uint2*>(base + (size_t)n * (K >> 1) + (size_t)b * 8));
+        uint2 u = ldg_w<NA>(reinterpret_cast<const uint2*>(base + (size_t)n * (K >> 1) + (size_t)b * 8));
         a = make_uint4(u.x, u.y, 0u, 0u);
         c = make_uint4(0u, 0u, 0u, 0u);
-        sc = e4m3u(__ldg(sbase + (size_t)n * (K >> 4) + b)) * 64.f;  // 2^6: see blk16_dot
+        sc = e4m3u(ldg_w<NA>(sbase + (size_t)n * (K >> 4) + b)) * 64.f;  // 2^6: see blk16_dot
     }
 }
 // gate/up: item = (group, 2 consecutive intermediate rows). act[slot, i] = silu(g) * u.
@@ -766,7 +766,8 @@ __device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][
 // helpers' earlier load order (sp_*_load_m: each j block's scale bytes decoded next to their loads): the
 // all-loads-first form above spills there (168 bytes of stack at 96 registers) and made the
 // DFlash k=6 verify pass slower on the H200 (7.17 vs 6.53 ms, PERF.md run 148). The same
-// arithmetic in the same order, so the same bits as moe_block_1's items.
+// arithmetic in the same order, so the same bits as moe_block_1's items. NA: the loads skip L1.
+template <bool NA = false>
 __device__ __forceinline__ void sp_gu_load_m(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
                                            int I, int lane, uint2 (&cw)[4][4], float (&sc)[4][4]) {
     size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
@@ -781,13 +782,14 @@ __device__ __forceinline__ void sp_gu_load_m(const void* gw, const u8* gs, const
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 uint4 a4, c4;
-                load_blk<1>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
+                load_blk<1, NA>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
                 cw[j][r] = make_uint2(a4.x, a4.y);
             }
         }
     }
 }
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512).
+template <bool NA = false>
 __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
                                            uint2 (&cw)[2][4], float (&sc)[2][4]) {
     size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
@@ -799,10 +801,11 @@ __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e
         for (int j = 0; j < 4; j++)
             if (lane < (I >> 4)) {
                 uint4 a4, c4;
-                load_blk<1>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
+                load_blk<1, NA>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
                 cw[hh][j] = make_uint2(a4.x, a4.y);
             }
 }
+template <bool NA = false>
 __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
                                const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* act) {
@@ -816,7 +819,7 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
         float gi = ginv[e], ui = uinv[e];
         uint2 cw[4][4];
         float sc[4][4];
-        sp_gu_load_m(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
+        sp_gu_load_m<NA>(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             sp_gu_slot<true>(x + (size_t)(slot / KK) * H, cw, sc, H, lane, gi, ui, act + (size_t)slot * I, i);
@@ -824,6 +827,7 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
     }
 }
 // down, items of 8 output rows (two groups of 4, each moe_dn_s_impl's arithmetic); I <= 512.
+template <bool NA = false>
 __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                                const int* meta, float* out) {
@@ -837,7 +841,7 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         float di = dinv[e];
         uint2 cw[2][4];
         float sc[2][4];
-        sp_dn_load_m(dw, ds, e, n, H, I, lane, cw, sc);
+        sp_dn_load_m<NA>(dw, ds, e, n, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             sp_dn_slot<true>(act + (size_t)slot * I, cw, sc, I, lane, di, out + (size_t)slot * H, n);
@@ -853,6 +857,18 @@ extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_sp(const void* dw
                                            const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                            float* out) { PDL_ENTRY();
     moe_dn_sp_impl(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+}
+// _spn (KernelSet sp_na, off): the expert weight and scale loads skip L1, as moe_block_1n's do,
+// leaving it to the activation rows every item of a slot reads. The same bits.
+extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_spn(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
+                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
+    moe_gu_sp_impl<true>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+}
+extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_spn(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+                                           const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
+                                           float* out) { PDL_ENTRY();
+    moe_dn_sp_impl<true>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
 extern "C" __global__ void moe_gate_up_fp4_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,

@@ -160,14 +160,15 @@ int main() {
             ids[r * KK + K] = E;
         }
         Groups all = group(ids);
-        auto run = [&](bool sp, const Groups& g, const float* xr, int rows, float* act, float* out) {
+        // na: moe_*_fp4_spn (KernelSet sp_na: the weight loads skip L1; here the same loads).
+        auto run = [&](bool sp, const Groups& g, const float* xr, int rows, float* act, float* out, bool na = false) {
             int s = rows * KK, groups = std::min(s, NE);
             if (sp) {
                 ok &= emu_launch({(unsigned)ceil_div(groups * I / 2, 4), 1, 1}, 128, [&] {
-                    moe_gate_up_fp4_sp(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
+                    (na ? moe_gate_up_fp4_spn : moe_gate_up_fp4_sp)(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
                 });
                 ok &= emu_launch({(unsigned)ceil_div(groups * H / 8, 4), 1, 1}, 128, [&] {
-                    moe_down_fp4_sp(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
+                    (na ? moe_down_fp4_spn : moe_down_fp4_sp)(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
                 });
             } else {
                 unsigned gb = (unsigned)std::min(8, ceil_div(s * I / 2, 8)), db = (unsigned)std::min(8, ceil_div(s * H / 4, 8));
@@ -200,6 +201,13 @@ int main() {
                    same_bits("moe_*_s vs _sp outputs", outs, out7, (size_t)M * KK * H);
         std::printf("moe_*_fp4_sp = moe_*_fp4_s over %d rows: %s\n", M, eq2 ? "yes" : "NO");
         ok &= eq2;
+        float* actn = emu_alloc<float>((size_t)M * KK * I);
+        float* outn = emu_alloc<float>((size_t)M * KK * H);
+        run(true, all, x, M, actn, outn, true);
+        bool eq3 = same_bits("moe_*_spn vs _sp activations", actn, act7, (size_t)M * KK * I) &&
+                   same_bits("moe_*_spn vs _sp outputs", outn, out7, (size_t)M * KK * H);
+        std::printf("moe_*_fp4_spn = moe_*_fp4_sp over %d rows: %s\n", M, eq3 ? "yes" : "NO");
+        ok &= eq3;
     }
     std::printf(ok ? "weight-streaming invariance emulation: PASS\n" : "weight-streaming invariance emulation: FAIL\n");
     return ok ? 0 : 1;

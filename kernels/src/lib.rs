@@ -103,6 +103,8 @@ pub const MODULES: &[KernelModule] = &[
             "moe_combine_norm",
             "moe_gate_up_fp4_sp",
             "moe_down_fp4_sp",
+            "moe_gate_up_fp4_spn",
+            "moe_down_fp4_spn",
             "moe_gate_up_fp4_s",
             "moe_gate_up_bf16_s",
             "moe_down_fp4_s",

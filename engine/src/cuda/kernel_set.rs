@@ -157,6 +157,11 @@ pub struct KernelSet {
     /// not allocate in L1 (`moe_block_1n`; the same bits). Alone 2.656 -> 2.634 ms a step, with
     /// `tc_na` 2.472 (PERF.md run 182).
     pub moe_na: bool,
+    /// With `moe_sp`: the multi-row expert GEMVs (DFlash verify, several decode sequences) load
+    /// their weights and scales without allocating in L1 (`moe_gate_up_fp4_spn`,
+    /// `moe_down_fp4_spn`; the same bits), as `moe_na` does for one row. Off: not yet measured
+    /// on a GPU.
+    pub sp_na: bool,
 }
 
 impl KernelSet {
@@ -199,6 +204,7 @@ impl KernelSet {
             mk_final: false,
             tc_na: false,
             moe_na: false,
+            sp_na: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -240,6 +246,7 @@ impl KernelSet {
             mk_final: true,
             tc_na: true,
             moe_na: true,
+            sp_na: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -291,7 +298,8 @@ impl KernelSet {
                 "mk_final" => k.mk_final = on,
                 "tc_na" => k.tc_na = on,
                 "moe_na" => k.moe_na = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na)")),
+                "sp_na" => k.sp_na = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na)")),
             }
         }
         Ok(k)
@@ -378,6 +386,7 @@ mod tests {
         assert!(d.tc_na && !KernelSet::parse("-tc_na").unwrap().tc_na);
         assert!(d.moe_na && !KernelSet::parse("-moe_na").unwrap().moe_na);
         assert!(!KernelSet::original().tc_na && !KernelSet::original().moe_na);
+        assert!(!d.sp_na && KernelSet::parse("+sp_na").unwrap().sp_na);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -593,11 +593,20 @@ impl CudaModel {
                             blk = 128;
                             let gb = ceil_div(groups as usize * im / 2, 4) as u32;
                             let db = ceil_div(groups as usize * h / 8, 4) as u32;
+                            let na = self.kset.sp_na;
                             (
-                                "moe_gate_up_fp4_sp",
+                                if na {
+                                    "moe_gate_up_fp4_spn"
+                                } else {
+                                    "moe_gate_up_fp4_sp"
+                                },
                                 (gb.max(1), 1, 1),
                                 0,
-                                "moe_down_fp4_sp",
+                                if na {
+                                    "moe_down_fp4_spn"
+                                } else {
+                                    "moe_down_fp4_sp"
+                                },
                                 (db.max(1), 1, 1),
                                 0,
                             )
