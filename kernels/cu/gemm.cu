@@ -446,13 +446,12 @@ struct TcTile {
         wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
         wt = w + (size_t)blockIdx.x * (K >> 5) * 512 + 8 * lane;
     }
-    __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1, bool na = false) const {
-        if (tl && na) {
-            a0 = ldg_na(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-            a1 = ldg_na(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
-        } else if (tl) {
-            a0 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
-            a1 = __ldg(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
+    // NA: the tile-interleaved loads skip L1 (ldg_w).
+    template <bool NA = false>
+    __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1) const {
+        if (tl) {
+            a0 = ldg_w<NA>(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512));
+            a1 = ldg_w<NA>(reinterpret_cast<const uint4*>(wt + (size_t)kt * 512 + 256));
         } else {
             a0 = __ldg(reinterpret_cast<const uint4*>(wa + (size_t)kt * 32));
             a1 = __ldg(reinterpret_cast<const uint4*>(wb + (size_t)kt * 32));
@@ -486,7 +485,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
-            if (kt < nk) wtile.ld(TL, kt, A0[u], A1[u], NA);
+            if (kt < nk) wtile.ld<NA != 0>(TL, kt, A0[u], A1[u]);
         }
     };
     ldw(warp);

@@ -593,23 +593,12 @@ impl CudaModel {
                             blk = 128;
                             let gb = ceil_div(groups as usize * im / 2, 4) as u32;
                             let db = ceil_div(groups as usize * h / 8, 4) as u32;
-                            let na = self.kset.sp_na;
-                            (
-                                if na {
-                                    "moe_gate_up_fp4_spn"
-                                } else {
-                                    "moe_gate_up_fp4_sp"
-                                },
-                                (gb.max(1), 1, 1),
-                                0,
-                                if na {
-                                    "moe_down_fp4_spn"
-                                } else {
-                                    "moe_down_fp4_sp"
-                                },
-                                (db.max(1), 1, 1),
-                                0,
-                            )
+                            let (gu, dn) = if self.kset.sp_na {
+                                ("moe_gate_up_fp4_spn", "moe_down_fp4_spn")
+                            } else {
+                                ("moe_gate_up_fp4_sp", "moe_down_fp4_sp")
+                            };
+                            (gu, (gb.max(1), 1, 1), 0, dn, (db.max(1), 1, 1), 0)
                         } else if self.kset.moe_s && h % 16 == 0 && im % 16 == 0 {
                             let gb = (d.sms * 2).min(ceil_div(s * im / 2, 8) as u32).max(1);
                             let db = (d.sms * 2).min(ceil_div(s * h / 4, 8) as u32).max(1);
