@@ -858,7 +858,7 @@ extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_sp(const void* dw
                                            float* out) { PDL_ENTRY();
     moe_dn_sp_impl(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
-// _spn (KernelSet sp_na, off): the expert weight and scale loads skip L1, as moe_block_1n's do,
+// _spn (KernelSet sp_na, on since session 26): the expert weight and scale loads skip L1, as moe_block_1n's do,
 // leaving it to the activation rows every item of a slot reads. The same bits.
 extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_spn(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const float* x, int H, int I, int K, const int* ge,
@@ -957,10 +957,10 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
         float softcap, int norm_topk, int shared_slot, float inv_scale, const void *gw, const u8 *gs,               \
         const float *ginv, const void *uw, const u8 *us, const float *uinv, const void *dw, const u8 *ds,           \
         const float *dinv, int H, int I, float *act, float *out, int *ids_out, float *wts_out, float scale,         \
-        unsigned *bar, const float *next_w, float *hn_out, unsigned long long *tp
+        unsigned *bar, const float *next_w, float *hn_out, unsigned long long *tp, int stag
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
-        dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp
+        dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp, stag
 template <bool LOCAL, bool EXIT = true, bool NA = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
@@ -1038,6 +1038,11 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     }
     // (By swarp: the XS shape's 2,304 items spread over all 132 SMs, 17-18 each, instead of
     // filling 116 SMs' 20 warps and leaving 16 idle.)
+    // stag > 0: warp w of a block issues its item's loads w * stag ns after warp 0 (items are
+    // dealt in warp order, so in item order), so that the DRAM returns whole items in turn and
+    // their dot products run while later items' bytes arrive, instead of every item's last bytes
+    // arriving at the end of the phase (timing only: the same loads and arithmetic).
+    if (stag > 0 && (threadIdx.x >> 5) > 0) __nanosleep((unsigned)stag * (threadIdx.x >> 5));
     {
         int per = I >> 1;
         for (int it = swarp; it < KK * per; it += nwarps) {

@@ -97,7 +97,7 @@ static bool run(const Shape& sh, unsigned seed) {
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
             (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : moe_block_1n)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
-              tp);
+              tp, v == 2 ? 120 : 0);
         }, 0));
         for (int i = 0; i + 1 < 11; i++)
             if (tp[stamp[i]] > tp[stamp[i + 1]] || tp[stamp[i + 1]] == 0) {

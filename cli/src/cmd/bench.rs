@@ -463,6 +463,11 @@ pub fn run(a: Args) -> Result<()> {
         }
         println!("\n| metric | value |\n|---|---|");
         println!("| device | {} ({}) |", m.device_name(), m.arch());
+        let (stag, peak) = m.moe_stagger();
+        println!(
+            "| moe_block_1 issue stagger | {stag} ns a warp (peak DRAM {:.2} TB/s) |",
+            peak / 1e12
+        );
         println!(
             "| load | {:.1} s ({:.2} GB) |",
             m.load_secs,

@@ -1120,6 +1120,11 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
+    // LAGUNA_MOE_STAG: moe_block_1's gate/up issue stagger (ns a warp index), as the engine's.
+    let stag: i32 = std::env::var("LAGUNA_MOE_STAG")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
     // moe_block_1 (moe_dl: each block combines its own rows) or moe_block_1g (-moe_dl).
     let block_n = |name: &'static str, i: usize, tpp: u64| {
         d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
@@ -1155,7 +1160,8 @@ fn moe_layer(
                 .u64(gbar)
                 .u64(next_w)
                 .u64(hn2)
-                .u64(tpp);
+                .u64(tpp)
+                .i32(stag);
         })
         .map_err(e)
     };

@@ -143,6 +143,9 @@ pub struct Dev {
     pub sms: u32,
     /// Shared memory an SM holds (bytes): kernels sized for 3 blocks of ~70 KB stay off below it.
     pub smem_per_sm: u32,
+    /// Peak DRAM bandwidth (bytes/s) from the memory clock and bus width the driver reports; 0
+    /// when it reports neither (sizes `moe_block_1`'s issue stagger).
+    pub mem_bw: f64,
     allocs: Mutex<Vec<u64>>,
     /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).
     blas: std::sync::OnceLock<Option<super::blas::Blas>>,
@@ -206,6 +209,13 @@ impl Dev {
             )
             .unwrap_or(0)
             .max(0) as u32;
+        // Memory clock (kHz, double data rate) x bus width (bits).
+        let mem_bw = {
+            let a = |x| ctx.attribute(x).unwrap_or(0).max(0) as f64;
+            let khz = a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE);
+            let bits = a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
+            khz * 1e3 * 2.0 * bits / 8.0
+        };
         let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
         // LAGUNA_ATT_PAD=bytes overrides the spread padding of SPREAD kernels (0: none).
         let pad_env: Option<u32> = std::env::var("LAGUNA_ATT_PAD")
@@ -314,6 +324,7 @@ impl Dev {
             name,
             sms,
             smem_per_sm,
+            mem_bw,
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
             // LAGUNA_NO_STAGE (A/B): every upload synchronous, none skipped.

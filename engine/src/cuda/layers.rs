@@ -830,7 +830,8 @@ impl CudaModel {
                         .u64(sc.gbar)
                         .u64(norm_w)
                         .u64(norm_out)
-                        .u64(0);
+                        .u64(0)
+                        .i32(self.mk_stag);
                 },
             )
             .map_err(cerr)?;

@@ -707,6 +707,7 @@ impl CudaModel {
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
         let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
+        let mk_stag = mk_stagger(&cfg, &dev, mk_grid);
         Ok(CudaModel {
             cfg,
             dev,
@@ -750,10 +751,33 @@ impl CudaModel {
             nsplit_tc: nsplit_tc(nsplit),
             mk_grid,
             mk_smem,
+            mk_stag,
             xs_holds: std::cell::Cell::new((0, false)),
             final_normed: std::cell::Cell::new(false),
         })
     }
+}
+
+/// `moe_block_1`'s gate/up issue stagger (ns between consecutive warps of a block; kernel comment
+/// in moe.cu): 0.6 x the time the DRAM takes to deliver one item a block (four rows of codes and
+/// their scale bytes, grid blocks) at its peak bandwidth, 76 ns on the H200 (PERF.md run 185: 0 ->
+/// 60-120 ns took the step from 2.456 to 2.423-2.426 ms; 200 ns 2.440). 0 when the driver reports
+/// no memory clock. LAGUNA_MOE_STAG=ns overrides (0: off).
+fn mk_stagger(cfg: &LagunaConfig, dev: &Dev, grid: u32) -> i32 {
+    if let Some(v) = std::env::var("LAGUNA_MOE_STAG")
+        .ok()
+        .and_then(|v| v.parse::<i32>().ok())
+    {
+        return v.clamp(0, 5000);
+    }
+    if dev.mem_bw <= 0.0 || grid == 0 {
+        return 0;
+    }
+    let h = cfg.hidden_size as f64;
+    let item = 4.0 * (h / 2.0 + h / 16.0);
+    (0.6 * grid as f64 * item / dev.mem_bw * 1e9)
+        .round()
+        .clamp(0.0, 5000.0) as i32
 }
 
 /// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it cannot run:

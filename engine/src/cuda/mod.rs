@@ -358,6 +358,8 @@ pub struct CudaModel {
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
+    /// `moe_block_1`'s gate/up issue stagger, ns a warp index (LAGUNA_MOE_STAG; 0: none).
+    mk_stag: i32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
@@ -470,6 +472,11 @@ impl CudaModel {
     }
     pub fn device_name(&self) -> String {
         self.dev.name.clone()
+    }
+    /// `moe_block_1`'s gate/up issue stagger (ns a warp index) and the peak DRAM bandwidth it was
+    /// sized from (bytes/s; 0 when the driver reports none).
+    pub fn moe_stagger(&self) -> (i32, f64) {
+        (self.mk_stag, self.dev.mem_bw)
     }
     /// K/V pool of the full-attention layers: (pages, positions per page, bytes).
     pub fn kv_pool(&self) -> (usize, usize, usize) {
