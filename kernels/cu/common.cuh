@@ -216,6 +216,31 @@ __device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
 #endif
     return v;
 }
+// A relaxed GPU-scope load (not hoisted out of a polling loop; several may be in flight).
+__device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__)
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = __atomic_load_n(p, __ATOMIC_RELAXED);
+    emu_host_yield();
+#endif
+    return v;
+}
+// A float store, relaxed at GPU scope when R (a value other blocks poll for), else plain.
+template <bool R>
+__device__ __forceinline__ void st_w(float* p, float v) {
+#if defined(__CUDA_ARCH__)
+    if (R) {
+        asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(__float_as_uint(v)) : "memory");
+        return;
+    }
+    *p = v;
+#else
+    if (R) __atomic_store_n(reinterpret_cast<unsigned*>(p), __float_as_uint(v), __ATOMIC_RELAXED);
+    else *p = v;
+#endif
+}
 __device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
 #if defined(__CUDA_ARCH__)
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

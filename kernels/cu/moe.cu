@@ -17,7 +17,10 @@ __device__ __forceinline__ unsigned topk_key(float v) {
 // and bias is loaded before any is used (one memory round trip, not PER), then K rounds of: the
 // largest key by one warp reduction, the lowest expert index holding it by another, and the owner
 // dropping it. Same picks, weights and order of the weight sum as a scan in expert order.
-template <int PER>
+// POLL (moe_block_1p): the logits are read until none holds MK_UNSET (the launch's other blocks
+// write them; no grid barrier before), all of a lane's in flight at once each round.
+#define MK_UNSET 0xFFFFFFFFu
+template <int PER, bool POLL = false>
 __device__ __forceinline__ void router_topk_regs(int m, const float* logits, const float* bias, int E, int K,
                                                  float softcap, int norm_topk, int* ids, float* wts, int KK, float* sc) {
     int lane = threadIdx.x & 31;
@@ -25,8 +28,27 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         int e = lane + 32 * j;
-        lg[j] = e < E ? __ldcg(logits + (size_t)m * E + e) : 0.f;
+        lg[j] = e < E && !POLL ? __ldcg(logits + (size_t)m * E + e) : 0.f;
         bs[j] = e < E ? bias[e] : 0.f;
+    }
+    if (POLL) {
+        unsigned long long t0 = emu_ns();
+        for (;;) {
+            unsigned u[PER];
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                int e = lane + 32 * j;
+                u[j] = e < E ? ld_relaxed_u32(reinterpret_cast<const unsigned*>(logits + (size_t)m * E + e)) : 0u;
+            }
+            bool ok = true;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                ok = ok && u[j] != MK_UNSET;
+                lg[j] = __uint_as_float(u[j]);
+            }
+            if (__all_sync(0xffffffffu, ok)) break;
+            if (emu_ns() - t0 > GRID_SYNC_TIMEOUT_NS) __trap();
+        }
     }
     unsigned key[PER];
 #pragma unroll
@@ -68,14 +90,16 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
     }
 }
 // MAXPER: E <= 32 MAXPER (moe_block_1 takes 8, so its registers hold no 32-expert form).
-template <int MAXPER = 32>
+template <int MAXPER = 32, bool POLL = false>
 __device__ void router_topk_row(int m, const float* logits, const float* bias, int E, int K, float softcap,
                                 int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,
                                 int* grp_expert, int* grp_start, int* grp_count, int* perm, int* meta) {
     int KK = K + shared_slot;
     __shared__ float sc[1024];
     int lane = threadIdx.x & 31;
-    if (MAXPER <= 8 || E <= 256)
+    if (POLL)
+        router_topk_regs<8, true>(m, logits, bias, E, K, softcap, norm_topk, ids, wts, KK, sc);
+    else if (MAXPER <= 8 || E <= 256)
         router_topk_regs<8>(m, logits, bias, E, K, softcap, norm_topk, ids, wts, KK, sc);
     else
         router_topk_regs<32>(m, logits, bias, E, K, softcap, norm_topk, ids, wts, KK, sc);
@@ -961,7 +985,12 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp, stag
-template <bool LOCAL, bool EXIT = true, bool NA = false>
+// POLL (moe_block_1np, KernelSet moe_poll, on since session 26): no grid barrier between the router GEMV and the top-k:
+// every block reads the logits until none holds MK_UNSET (router_topk_regs<POLL>), so the logits'
+// read is the wait. `rlog` is then moe_block_1's own buffer, MK_UNSET everywhere before the launch
+// (the host sets it once): block 0 puts MK_UNSET back after the gate/up barrier, which every block
+// reaches after its top-k, so the next launch finds it unset.
+template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1021,15 +1050,25 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             } else {
                 row_dot<0, 1>(rw, nullptr, 1.f, n, H, xr, 1, a);
             }
-            if (lane == 0) rlog[n] = a[0];
-            if (lane == 1 && n + 1 < E) rlog[n + 1] = b[0];
+            // (POLL: relaxed GPU-scope stores, which the other blocks' relaxed loads may observe.)
+            if (lane == 0) st_w<POLL>(rlog + n, a[0]);
+            if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b[0]);
         }
     }
-    mk_sync(bar, gphase, tp, 0);
+    if (POLL) {
+        // (kbench's barrier 0 stamps: this block's arrival and its logits complete.)
+        if (tp) {
+            __syncthreads();
+            if (threadIdx.x == 0) atomicMax(tp + 1, emu_ns());
+        }
+    } else {
+        mk_sync(bar, gphase, tp, 0);
+    }
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
-        router_topk_row<8>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
+        router_topk_row<8, POLL>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
                         nullptr, nullptr, nullptr, nullptr);
+    if (POLL && tp && threadIdx.x == 0) atomicMax(tp + 2, emu_ns());
     __syncthreads();
     if (tp && threadIdx.x == 0) atomicMax(tp + 10, emu_ns());
     if (blockIdx.x == 0 && threadIdx.x < KK) {
@@ -1083,6 +1122,8 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
     mk_sync(bar, gphase, tp, 1);
+    if (POLL && blockIdx.x == 0)
+        for (int e = threadIdx.x; e < E; e += blockDim.x) rlog[e] = __uint_as_float(MK_UNSET);
     // 3. Down items on the activations staged in shared memory.
     // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
     {
@@ -1193,3 +1234,5 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1g(MOE_BLOCK_PARA
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARAMS) { moe_block_1_t<true, false>(MOE_BLOCK_ARGS); }
 // moe_block_1 with the expert weights' loads skipping L1 (KernelSet moe_na).
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1n(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true>(MOE_BLOCK_ARGS); }
+// moe_block_1n without the grid barrier before the top-k (KernelSet moe_poll, on).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1np(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true>(MOE_BLOCK_ARGS); }

@@ -91,11 +91,13 @@ static bool run(const Shape& sh, unsigned seed) {
                 emu_alloc<float>(32),     emu_alloc<float>((size_t)KK * I), emu_alloc<float>((size_t)KK * H),
                 emu_alloc<int>(32)};
         std::memcpy(f.x, x0, 4 * H);
+        // v 3 (moe_block_1np) waits on its logits instead of a barrier: they start unset.
+        if (v == 3) std::memset(f.rlog, 0xff, 4 * E);
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : "moe_block_1n";
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : "moe_block_1np";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : moe_block_1n)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : moe_block_1np)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -113,6 +115,7 @@ static bool run(const Shape& sh, unsigned seed) {
     Fused fg = fused(1);
     Fused fb = fused(0);
     Fused fn = fused(2);
+    Fused fp = fused(3);
     float *xb = fb.x, *hn2_b = fb.hn2, *rlog_b = fb.rlog, *wts_b = fb.wts, *act_b = fb.act, *out_b = fb.out;
     int* ids_b = fb.ids;
     if (!ok) {
@@ -127,6 +130,15 @@ static bool run(const Shape& sh, unsigned seed) {
            same_bits("moe_block_1g router logits", rlog_a, fg.rlog, E);
     same = same && same_bits("moe_block_1n residual", xa, fn.x, H) && same_bits("moe_block_1n next input norm", hn2_a, fn.hn2, H) &&
            same_bits("moe_block_1n expert outputs", out_a, fn.out, KK * H);
+    // moe_block_1np: the same values; its logits buffer back to unset for the next launch.
+    same = same && same_bits("moe_block_1np residual", xa, fp.x, H) && same_bits("moe_block_1np next input norm", hn2_a, fp.hn2, H) &&
+           same_bits("moe_block_1np expert outputs", out_a, fp.out, KK * H) && same_bits("moe_block_1np routing weights", wts_a, fp.wts, KK);
+    for (int e = 0; e < E; e++)
+        if (__float_as_uint(fp.rlog[e]) != 0xFFFFFFFFu) {
+            std::printf("  moe_block_1np: logit %d not unset after the launch\n", e);
+            same = false;
+            break;
+        }
     for (int k = 0; k < KK; k++)
         if (ids_a[k] != ids_b[k]) {
             std::printf("  expert id of slot %d: %d vs %d\n", k, ids_a[k], ids_b[k]);

@@ -113,6 +113,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1g",
             "moe_block_1w",
             "moe_block_1n",
+            "moe_block_1np",
         ],
     },
     KernelModule {

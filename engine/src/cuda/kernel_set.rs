@@ -162,6 +162,11 @@ pub struct KernelSet {
     /// `moe_down_fp4_spn`; the same bits), as `moe_na` does for one row. DFlash k=6 verify
     /// 6.470 -> 6.320 ms on the H200 (PERF.md run 185).
     pub sp_na: bool,
+    /// With `moe_mk`, `moe_dl`, `moe_x` and `moe_na`: no grid barrier between `moe_block_1`'s
+    /// router GEMV and its top-k; every block reads the logits until none is unset
+    /// (`moe_block_1np`; the same bits): 2.419-2.423 -> 2.391 ms a step on the H200 (PERF.md
+    /// run 189).
+    pub moe_poll: bool,
 }
 
 impl KernelSet {
@@ -205,6 +210,7 @@ impl KernelSet {
             tc_na: false,
             moe_na: false,
             sp_na: false,
+            moe_poll: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -247,6 +253,7 @@ impl KernelSet {
             tc_na: true,
             moe_na: true,
             sp_na: true,
+            moe_poll: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -299,7 +306,8 @@ impl KernelSet {
                 "tc_na" => k.tc_na = on,
                 "moe_na" => k.moe_na = on,
                 "sp_na" => k.sp_na = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na)")),
+                "moe_poll" => k.moe_poll = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll)")),
             }
         }
         Ok(k)
@@ -388,6 +396,8 @@ mod tests {
         assert!(!KernelSet::original().tc_na && !KernelSet::original().moe_na);
         assert!(d.sp_na && !KernelSet::parse("-sp_na").unwrap().sp_na);
         assert!(!KernelSet::original().sp_na);
+        assert!(d.moe_poll && !KernelSet::parse("-moe_poll").unwrap().moe_poll);
+        assert!(!KernelSet::original().moe_poll);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -785,10 +785,12 @@ impl CudaModel {
             }
             None => (0, sc.hn),
         };
+        let poll = self.kset.moe_dl && self.kset.moe_x && self.kset.moe_na && self.kset.moe_poll;
         self.dev
             .launch_p(
                 prof,
                 match (self.kset.moe_dl, self.kset.moe_x) {
+                    (true, true) if self.kset.moe_na && self.kset.moe_poll => "moe_block_1np",
                     (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
                     (true, false) => "moe_block_1w",
@@ -803,7 +805,7 @@ impl CudaModel {
                         .f32(cfg.rms_norm_eps as f32)
                         .i32(ops::norm_block(h) as i32)
                         .u64(router.w)
-                        .u64(sc.rlog)
+                        .u64(if poll { sc.rlog_mk } else { sc.rlog })
                         .u64(*bias)
                         .i32(cfg.num_experts as i32)
                         .i32(cfg.top_k as i32)

@@ -643,6 +643,7 @@ impl CudaModel {
             tiles: a(8 * (r * kk / 64 + e + 2))?,
             rcount: a(16)?,
             gbar: a(16)?,
+            rlog_mk: a(4 * e.max(1))?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
             natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
@@ -680,6 +681,9 @@ impl CudaModel {
         };
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
+        // moe_block_1np's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.
+        dev.memset_d32(sc.rlog_mk, 0xFFFF_FFFF, e.max(1))
+            .map_err(cerr)?;
         dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
             .map_err(cerr)?;
         dev.htod(sc.amax_cnt, &vec![0u8; 4 * lrows]).map_err(cerr)?;

@@ -194,6 +194,8 @@ struct Scratch {
     rcount: u64,
     /// Grid barrier word of moe_block_1 (0 at allocation; grid_sync keeps its low bits).
     gbar: u64,
+    /// Router logits of `moe_block_1np` (KernelSet moe_poll): unset (all bits 1) between launches.
+    rlog_mk: u64,
     moe_gu: u64,
     /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
     xs: u64,
