@@ -92,12 +92,14 @@ static bool run(const Shape& sh, unsigned seed) {
                 emu_alloc<int>(32)};
         std::memcpy(f.x, x0, 4 * H);
         // v 3 (moe_block_1np) waits on its logits instead of a barrier: they start unset.
-        if (v == 3) std::memset(f.rlog, 0xff, 4 * E);
+        if (v >= 3) std::memset(f.rlog, 0xff, 4 * E);
+        // v 4 (moe_block_1nq) waits on its activations too.
+        if (v == 4) std::memset(f.act, 0xff, 4 * (size_t)KK * I);
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : "moe_block_1np";
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : "moe_block_1nq";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : moe_block_1np)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : moe_block_1nq)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -116,6 +118,7 @@ static bool run(const Shape& sh, unsigned seed) {
     Fused fb = fused(0);
     Fused fn = fused(2);
     Fused fp = fused(3);
+    Fused fq = fused(4);
     float *xb = fb.x, *hn2_b = fb.hn2, *rlog_b = fb.rlog, *wts_b = fb.wts, *act_b = fb.act, *out_b = fb.out;
     int* ids_b = fb.ids;
     if (!ok) {
@@ -136,6 +139,21 @@ static bool run(const Shape& sh, unsigned seed) {
     for (int e = 0; e < E; e++)
         if (__float_as_uint(fp.rlog[e]) != 0xFFFFFFFFu) {
             std::printf("  moe_block_1np: logit %d not unset after the launch\n", e);
+            same = false;
+            break;
+        }
+    // moe_block_1nq: the same values; its logits and activations back to unset.
+    same = same && same_bits("moe_block_1nq residual", xa, fq.x, H) && same_bits("moe_block_1nq next input norm", hn2_a, fq.hn2, H) &&
+           same_bits("moe_block_1nq expert outputs", out_a, fq.out, KK * H) && same_bits("moe_block_1nq routing weights", wts_a, fq.wts, KK);
+    for (int e = 0; e < E; e++)
+        if (__float_as_uint(fq.rlog[e]) != 0xFFFFFFFFu) {
+            std::printf("  moe_block_1nq: logit %d not unset after the launch\n", e);
+            same = false;
+            break;
+        }
+    for (int q = 0; q < KK * I; q++)
+        if (__float_as_uint(fq.act[q]) != 0xFFFFFFFFu) {
+            std::printf("  moe_block_1nq: activation %d not unset after the launch\n", q);
             same = false;
             break;
         }

@@ -114,6 +114,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1w",
             "moe_block_1n",
             "moe_block_1np",
+            "moe_block_1nq",
         ],
     },
     KernelModule {
