@@ -17,7 +17,7 @@ __device__ __forceinline__ unsigned topk_key(float v) {
 // and bias is loaded before any is used (one memory round trip, not PER), then K rounds of: the
 // largest key by one warp reduction, the lowest expert index holding it by another, and the owner
 // dropping it. Same picks, weights and order of the weight sum as a scan in expert order.
-// POLL (moe_block_1p): the logits are read until none holds MK_UNSET (the launch's other blocks
+// POLL (moe_block_1np): the logits are read until none holds MK_UNSET (the launch's other blocks
 // write them; no grid barrier before), all of a lane's in flight at once each round.
 #define MK_UNSET 0xFFFFFFFFu
 template <int PER, bool POLL = false>
@@ -934,13 +934,21 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 
 // (emu_ns, ld_acquire_u32 and grid_sync: common.cuh.)
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
-__device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned long long* tp, int i) {
+// mk_arrive: that arrival stamp alone (the polling forms' wait has no barrier).
+__device__ __forceinline__ void mk_arrive(unsigned long long* tp, int i) {
     if (tp) {
         __syncthreads();
         if (threadIdx.x == 0) atomicMax(tp + 2 * i + 1, emu_ns());
     }
+}
+__device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned long long* tp, int i) {
+    mk_arrive(tp, i);
     grid_sync(bar, phase);
     if (tp && threadIdx.x == 0) atomicMax(tp + 2 * i + 2, emu_ns());
+}
+// Block-strided: p[0..n) = MK_UNSET (a polling form's buffer back to unset for the next launch).
+__device__ __forceinline__ void mk_unset(float* p, int n) {
+    for (int q = threadIdx.x; q < n; q += blockDim.x) p[q] = __uint_as_float(MK_UNSET);
 }
 // rmsnorm_t's 1 / rms of x[0..H) as a block of NB threads computes it (NB a multiple of 32, at
 // most 1024, NB >= H / 8): virtual thread v sums x[v + j NB]^2 over j < 8, virtual warps are
@@ -1063,15 +1071,11 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b[0]);
         }
     }
-    if (POLL) {
-        // (kbench's barrier 0 stamps: this block's arrival and its logits complete.)
-        if (tp) {
-            __syncthreads();
-            if (threadIdx.x == 0) atomicMax(tp + 1, emu_ns());
-        }
-    } else {
+    // (POLL: kbench's barrier 0 stamps are this block's arrival and its logits complete.)
+    if (POLL)
+        mk_arrive(tp, 0);
+    else
         mk_sync(bar, gphase, tp, 0);
-    }
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
         router_topk_row<8, POLL>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
@@ -1129,16 +1133,12 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         ddi = dinv[s_ids[g]];
         sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
+    // (Q: kbench's barrier 1 stamps are this block's arrival, then its activations complete.)
     if (Q) {
-        // (kbench's barrier 1 stamps: this block's arrival, then its activations complete.)
-        if (tp) {
-            __syncthreads();
-            if (threadIdx.x == 0) atomicMax(tp + 3, emu_ns());
-        }
+        mk_arrive(tp, 1);
     } else {
         mk_sync(bar, gphase, tp, 1);
-        if (POLL && blockIdx.x == 0)
-            for (int e = threadIdx.x; e < E; e += blockDim.x) rlog[e] = __uint_as_float(MK_UNSET);
+        if (POLL && blockIdx.x == 0) mk_unset(rlog, E);
     }
     // 3. Down items on the activations staged in shared memory.
     // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
@@ -1252,9 +1252,8 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         }
         mk_sync(bar, gphase, tp, 3);
         if (Q && blockIdx.x == 0) {
-            for (int q = threadIdx.x; q < KK * I; q += blockDim.x) act[q] = __uint_as_float(MK_UNSET);
-            if (POLL)
-                for (int e = threadIdx.x; e < E; e += blockDim.x) rlog[e] = __uint_as_float(MK_UNSET);
+            mk_unset(act, KK * I);
+            if (POLL) mk_unset(rlog, E);
         }
         // This thread's first output element: its residual loaded with the norm's (one L2 round
         // trip, not two), its weight from s_nw.

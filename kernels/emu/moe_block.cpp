@@ -136,27 +136,20 @@ static bool run(const Shape& sh, unsigned seed) {
     // moe_block_1np: the same values; its logits buffer back to unset for the next launch.
     same = same && same_bits("moe_block_1np residual", xa, fp.x, H) && same_bits("moe_block_1np next input norm", hn2_a, fp.hn2, H) &&
            same_bits("moe_block_1np expert outputs", out_a, fp.out, KK * H) && same_bits("moe_block_1np routing weights", wts_a, fp.wts, KK);
-    for (int e = 0; e < E; e++)
-        if (__float_as_uint(fp.rlog[e]) != 0xFFFFFFFFu) {
-            std::printf("  moe_block_1np: logit %d not unset after the launch\n", e);
-            same = false;
-            break;
-        }
+    // A polling form's buffer after its launch: every value back to unset (all bits 1).
+    auto unset = [](const char* what, const float* p, int n) {
+        for (int q = 0; q < n; q++)
+            if (__float_as_uint(p[q]) != 0xFFFFFFFFu) {
+                std::printf("  %s %d not unset after the launch\n", what, q);
+                return false;
+            }
+        return true;
+    };
+    same = same && unset("moe_block_1np: logit", fp.rlog, E);
     // moe_block_1nq: the same values; its logits and activations back to unset.
     same = same && same_bits("moe_block_1nq residual", xa, fq.x, H) && same_bits("moe_block_1nq next input norm", hn2_a, fq.hn2, H) &&
            same_bits("moe_block_1nq expert outputs", out_a, fq.out, KK * H) && same_bits("moe_block_1nq routing weights", wts_a, fq.wts, KK);
-    for (int e = 0; e < E; e++)
-        if (__float_as_uint(fq.rlog[e]) != 0xFFFFFFFFu) {
-            std::printf("  moe_block_1nq: logit %d not unset after the launch\n", e);
-            same = false;
-            break;
-        }
-    for (int q = 0; q < KK * I; q++)
-        if (__float_as_uint(fq.act[q]) != 0xFFFFFFFFu) {
-            std::printf("  moe_block_1nq: activation %d not unset after the launch\n", q);
-            same = false;
-            break;
-        }
+    same = same && unset("moe_block_1nq: logit", fq.rlog, E) && unset("moe_block_1nq: activation", fq.act, KK * I);
     for (int k = 0; k < KK; k++)
         if (ids_a[k] != ids_b[k]) {
             std::printf("  expert id of slot %d: %d vs %d\n", k, ids_a[k], ids_b[k]);

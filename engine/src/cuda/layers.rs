@@ -793,7 +793,7 @@ impl CudaModel {
                 prof,
                 match (self.kset.moe_dl, self.kset.moe_x) {
                     _ if poll2 => "moe_block_1nq",
-                    (true, true) if self.kset.moe_na && self.kset.moe_poll => "moe_block_1np",
+                    _ if poll => "moe_block_1np",
                     (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
                     (true, false) => "moe_block_1w",
