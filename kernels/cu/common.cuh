@@ -227,22 +227,6 @@ __device__ __forceinline__ unsigned ld_relaxed_u32(const unsigned* p) {
 #endif
     return v;
 }
-// Four floats by a relaxed GPU-scope load (each element single-copy atomic, not the four).
-__device__ __forceinline__ float4 ld_relaxed_f4(const float4* p) {
-    float4 v;
-#if defined(__CUDA_ARCH__)
-    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "l"(p)
-                 : "memory");
-#else
-    const unsigned* u = reinterpret_cast<const unsigned*>(p);
-    v = make_float4(__uint_as_float(__atomic_load_n(u, __ATOMIC_RELAXED)), __uint_as_float(__atomic_load_n(u + 1, __ATOMIC_RELAXED)),
-                    __uint_as_float(__atomic_load_n(u + 2, __ATOMIC_RELAXED)), __uint_as_float(__atomic_load_n(u + 3, __ATOMIC_RELAXED)));
-    emu_host_yield();
-#endif
-    return v;
-}
 // A float store, relaxed at GPU scope when R (a value other blocks poll for), else plain.
 template <bool R>
 __device__ __forceinline__ void st_w(float* p, float v) {

@@ -726,8 +726,7 @@ __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const v
 __device__ __forceinline__ float sp_scale(u32 b) { return e4m3u((u8)b) * 64.f; }
 __device__ __forceinline__ float sp_scale(float s) { return s; }
 // One slot of a gate/up item: o[i], o[i + 1] = SiLU(gate) * up for the activation row xr.
-// RS: o written by relaxed GPU-scope stores (moe_block_1nq's other blocks poll for them).
-template <bool LDG, bool RS = false, typename S>
+template <bool LDG, typename S>
 __device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4][4], const S (&sc)[4][4], int H, int lane,
                                            float gi, float ui, float* o, int i) {
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
@@ -743,8 +742,8 @@ __device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4]
     }
     float g0 = warp_sum(acc[0]) * gi, g1 = warp_sum(acc[1]) * gi;
     float u0 = warp_sum(acc[2]) * ui, u1 = warp_sum(acc[3]) * ui;
-    if (lane == 0) st_w<RS>(o + i, silu_f(g0) * u0);
-    if (lane == 1) st_w<RS>(o + i + 1, silu_f(g1) * u1);
+    if (lane == 0) o[i] = silu_f(g0) * u0;
+    if (lane == 1) o[i + 1] = silu_f(g1) * u1;
 }
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512;
 // sc: the raw E4M3 scale bytes; NA: the loads skip L1).
@@ -934,7 +933,7 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 
 // (emu_ns, ld_acquire_u32 and grid_sync: common.cuh.)
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
-// mk_arrive: that arrival stamp alone (the polling forms' wait has no barrier).
+// mk_arrive: that arrival stamp alone (the polling form's wait has no barrier).
 __device__ __forceinline__ void mk_arrive(unsigned long long* tp, int i) {
     if (tp) {
         __syncthreads();
@@ -946,7 +945,7 @@ __device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned
     grid_sync(bar, phase);
     if (tp && threadIdx.x == 0) atomicMax(tp + 2 * i + 2, emu_ns());
 }
-// Block-strided: p[0..n) = MK_UNSET (a polling form's buffer back to unset for the next launch).
+// Block-strided: p[0..n) = MK_UNSET (the polling form's buffer back to unset for the next launch).
 __device__ __forceinline__ void mk_unset(float* p, int n) {
     for (int q = threadIdx.x; q < n; q += blockDim.x) p[q] = __uint_as_float(MK_UNSET);
 }
@@ -999,14 +998,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 // read is the wait. `rlog` is then moe_block_1's own buffer, MK_UNSET everywhere before the launch
 // (the host sets it once): block 0 puts MK_UNSET back after the gate/up barrier, which every block
 // reaches after its top-k, so the next launch finds it unset.
-// Q (moe_block_1nq, KernelSet moe_poll2; with LOCAL, EXIT, NA and POLL; the host launches it only
-// with next_w): no grid barrier between the gate/up items and the down items either: `act` is
-// the launch's own buffer, MK_UNSET everywhere before the launch, the gate/up items store it
-// relaxed, and every block reads all of it into shared memory until none is unset. Every block
-// stores activations only after its own norm has read the residual, so a block that has them all
-// combines into a residual no block still reads. Block 0 puts `act` and `rlog` back to unset after
-// the last barrier, which every block reaches after its staging and top-k.
-template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool Q = false>
+template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1103,7 +1095,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             uint2 cw[4][4];
             u32 sc[4][4];
             sp_gu_load<NA>(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
-            sp_gu_slot<false, Q>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
+            sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
         }
     }
     // Down items (slot, 8 output rows). LOCAL: block b owns the row groups [gb0, gb1) (H / 8
@@ -1133,13 +1125,8 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         ddi = dinv[s_ids[g]];
         sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
-    // (Q: kbench's barrier 1 stamps are this block's arrival, then its activations complete.)
-    if (Q) {
-        mk_arrive(tp, 1);
-    } else {
-        mk_sync(bar, gphase, tp, 1);
-        if (POLL && blockIdx.x == 0) mk_unset(rlog, E);
-    }
+    mk_sync(bar, gphase, tp, 1);
+    if (POLL && blockIdx.x == 0) mk_unset(rlog, E);
     // 3. Down items on the activations staged in shared memory.
     // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
     {
@@ -1148,30 +1135,11 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         int n4 = (KK * I) >> 2;
         for (int i0 = threadIdx.x; i0 < n4; i0 += 2 * blockDim.x) {
             int i1 = i0 + blockDim.x;
-            float4 v0, v1;
-            if (Q) {
-                auto unset = [](float4 v) {
-                    return __float_as_uint(v.x) == MK_UNSET || __float_as_uint(v.y) == MK_UNSET ||
-                           __float_as_uint(v.z) == MK_UNSET || __float_as_uint(v.w) == MK_UNSET;
-                };
-                unsigned long long t0 = emu_ns();
-                for (;;) {
-                    v0 = ld_relaxed_f4(a4 + i0);
-                    v1 = i1 < n4 ? ld_relaxed_f4(a4 + i1) : make_float4(0.f, 0.f, 0.f, 0.f);
-                    if (!unset(v0) && !unset(v1)) break;
-                    if (emu_ns() - t0 > GRID_SYNC_TIMEOUT_NS) __trap();
-                }
-            } else {
-                v0 = __ldcg(a4 + i0);
-                v1 = i1 < n4 ? __ldcg(a4 + i1) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
+            float4 v0 = __ldcg(a4 + i0);
+            float4 v1 = i1 < n4 ? __ldcg(a4 + i1) : make_float4(0.f, 0.f, 0.f, 0.f);
             s4[i0] = v0;
             if (i1 < n4) s4[i1] = v1;
         }
-    }
-    if (Q && tp) {
-        __syncthreads();
-        if (threadIdx.x == 0) atomicMax(tp + 4, emu_ns());
     }
     if (LOCAL) {
         // The residual of this thread's first combine row, loaded with the activations.
@@ -1251,10 +1219,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             return;
         }
         mk_sync(bar, gphase, tp, 3);
-        if (Q && blockIdx.x == 0) {
-            mk_unset(act, KK * I);
-            if (POLL) mk_unset(rlog, E);
-        }
         // This thread's first output element: its residual loaded with the norm's (one L2 round
         // trip, not two), its weight from s_nw.
         int i0 = blockIdx.x * blockDim.x + threadIdx.x;
@@ -1275,5 +1239,3 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARA
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1n(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true>(MOE_BLOCK_ARGS); }
 // moe_block_1n without the grid barrier before the top-k (KernelSet moe_poll, on).
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1np(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true>(MOE_BLOCK_ARGS); }
-// moe_block_1np without the grid barrier before the down items either (KernelSet moe_poll2).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nq(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true>(MOE_BLOCK_ARGS); }

@@ -114,7 +114,6 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1w",
             "moe_block_1n",
             "moe_block_1np",
-            "moe_block_1nq",
         ],
     },
     KernelModule {

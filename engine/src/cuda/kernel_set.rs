@@ -167,10 +167,6 @@ pub struct KernelSet {
     /// (`moe_block_1np`; the same bits): 2.419-2.423 -> 2.391 ms a step on the H200 (PERF.md
     /// run 189).
     pub moe_poll: bool,
-    /// With `moe_poll`, for launches that end with a next norm: no grid barrier between the
-    /// gate/up and the down items either; every block reads all slots' activations until none is
-    /// unset (`moe_block_1nq`; the same bits in kernels/emu). Off: not yet measured on a GPU.
-    pub moe_poll2: bool,
 }
 
 impl KernelSet {
@@ -215,7 +211,6 @@ impl KernelSet {
             moe_na: false,
             sp_na: false,
             moe_poll: false,
-            moe_poll2: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -259,7 +254,6 @@ impl KernelSet {
             moe_na: true,
             sp_na: true,
             moe_poll: true,
-            moe_poll2: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -313,8 +307,7 @@ impl KernelSet {
                 "moe_na" => k.moe_na = on,
                 "sp_na" => k.sp_na = on,
                 "moe_poll" => k.moe_poll = on,
-                "moe_poll2" => k.moe_poll2 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, moe_poll2)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll)")),
             }
         }
         Ok(k)
@@ -405,7 +398,6 @@ mod tests {
         assert!(!KernelSet::original().sp_na);
         assert!(d.moe_poll && !KernelSet::parse("-moe_poll").unwrap().moe_poll);
         assert!(!KernelSet::original().moe_poll);
-        assert!(!d.moe_poll2 && KernelSet::parse("+moe_poll2").unwrap().moe_poll2);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -786,13 +786,10 @@ impl CudaModel {
             None => (0, sc.hn),
         };
         let poll = self.kset.moe_dl && self.kset.moe_x && self.kset.moe_na && self.kset.moe_poll;
-        // moe_block_1nq resets its buffers after the barrier before the next norm: only with one.
-        let poll2 = poll && self.kset.moe_poll2 && norm_w != 0;
         self.dev
             .launch_p(
                 prof,
                 match (self.kset.moe_dl, self.kset.moe_x) {
-                    _ if poll2 => "moe_block_1nq",
                     _ if poll => "moe_block_1np",
                     (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
@@ -827,7 +824,7 @@ impl CudaModel {
                         .u64(experts.down.inv)
                         .i32(h as i32)
                         .i32(cfg.moe_intermediate_size as i32)
-                        .u64(if poll2 { sc.act_mk } else { sc.moe_act })
+                        .u64(sc.moe_act)
                         .u64(sc.moe_out)
                         .u64(sc.ids)
                         .u64(sc.wts)

@@ -644,7 +644,6 @@ impl CudaModel {
             rcount: a(16)?,
             gbar: a(16)?,
             rlog_mk: a(4 * e.max(1))?,
-            act_mk: a(4 * kk * im)?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
             natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
@@ -684,8 +683,6 @@ impl CudaModel {
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
         // moe_block_1np's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.
         dev.memset_d32(sc.rlog_mk, 0xFFFF_FFFF, e.max(1))
-            .map_err(cerr)?;
-        dev.memset_d32(sc.act_mk, 0xFFFF_FFFF, kk * im)
             .map_err(cerr)?;
         dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
             .map_err(cerr)?;

@@ -196,8 +196,6 @@ struct Scratch {
     gbar: u64,
     /// Router logits of `moe_block_1np` (KernelSet moe_poll): unset (all bits 1) between launches.
     rlog_mk: u64,
-    /// Expert activations of `moe_block_1nq` (KernelSet moe_poll2): unset between launches.
-    act_mk: u64,
     moe_gu: u64,
     /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
     xs: u64,
