@@ -771,6 +771,64 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
+// R (attention_merge_16r / _64r / _tcr / _tc64r, KernelSet merge_r): attention_merge_t<U, CH>'s
+// arithmetic in the same order, its loads in one round trip. The row's position, its split count
+// and the sink come before the PDL wait (nothing in the pass writes them); after it a thread asks
+// for its first U split values and its gate together with the block's split maxima and sums
+// (those into shared memory), before the barrier that the maxima need. The plain form reads the
+// maxima, then (after two barriers) the values, then the gate: three round trips after its wait.
+template <int U, int CH = ATT_CHUNK>
+__device__ __forceinline__ void attention_merge_r(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
+                                                  const float* sink, const float* g, int ldg, int gate_mode,
+                                                  const int* pos, int window, const int* kend, float vscale) {
+    __shared__ float sm[128], sl[128], cz[128];
+    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int len = key_last(p, kend, m, window) + 1 - lo;
+    int ns = CH == TC_CHUNK ? tc_splits(len, nsplit) : min(nsplit, (len + CH - 1) / CH);
+    float sk = sink ? sink[h] : -INFINITY;
+    PDL_ENTRY();
+    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
+    bool own = tid < hd;
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = own && u < ns ? pp[u * (hd + 2) + 2 + tid] : 0.f;
+    float gv = 0.f;
+    if (own && gate_mode == 1) gv = g[(size_t)m * ldg + h];
+    else if (own && gate_mode == 2) gv = g[(size_t)m * ldg + h * hd + tid];
+    for (int z = tid; z < ns; z += blockDim.x) {
+        sm[z] = pp[z * (hd + 2)];
+        sl[z] = pp[z * (hd + 2) + 1];
+    }
+    __syncthreads();
+    float mx = sk;
+    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
+    for (int z = tid; z < ns; z += blockDim.x) cz[z] = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+    __syncthreads();
+    if (!own) return;
+    float l = sink ? expf(sk - mx) : 0.f;
+    float a = 0.f;
+    for (int z0 = 0; z0 < ns; z0 += U) {
+        if (z0 > 0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int z = z0 + u;
+            if (z < ns) {
+                float c = cz[z];
+                l += sl[z] * c;
+                a += (c == 0.f ? 0.f : v[u] * c);
+            }
+        }
+    }
+    float o = (a / l) * vscale;
+    if (gate_mode == 1) o *= softplus_f(gv);
+    else if (gate_mode == 2) o *= softplus_f(gv);
+    out[(size_t)m * ldo + h * hd + tid] = o;
+}
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
@@ -778,6 +836,9 @@ extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attentio
 extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
 // KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
 extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }
+// KernelSet merge_r: the same merges in one round trip after the wait (PDL_ENTRY inside).
+extern "C" __global__ void attention_merge_16r(MERGE_PARAMS) { attention_merge_r<16>(MERGE_ARGS); }
+extern "C" __global__ void attention_merge_64r(MERGE_PARAMS) { attention_merge_r<64>(MERGE_ARGS); }
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
 // One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive
@@ -1606,3 +1667,5 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS
 // and _64's arithmetic.
 extern "C" __global__ void attention_merge_tc(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }
 extern "C" __global__ void attention_merge_tc64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_merge_tcr(MERGE_PARAMS) { attention_merge_r<16, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_merge_tc64r(MERGE_PARAMS) { attention_merge_r<64, TC_CHUNK>(MERGE_ARGS); }

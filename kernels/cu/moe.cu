@@ -998,7 +998,12 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 // read is the wait. `rlog` is then moe_block_1's own buffer, MK_UNSET everywhere before the launch
 // (the host sets it once): block 0 puts MK_UNSET back after the gate/up barrier, which every block
 // reaches after its top-k, so the next launch finds it unset.
-template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false>
+// RP (moe_block_1npr, KernelSet moe_rp; with POLL): a router warp's two rows are loaded into
+// registers before the wait (not only asked into L2), so phase 1 is the residual's round trip
+// and the norm, then the dot products on registers: one L2 round trip fewer in the chain. The
+// same products and sums in the same order as row_dot2 / row_dot (the host launches it only
+// with E <= 2 x the grid's warps, so a warp has at most one pair, and H <= 2048).
+template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
@@ -1007,7 +1012,22 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // The weights do not depend on the previous launch, so their lines are asked into L2 before
     // waiting for it.
     int swarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
-    if (2 * swarp < E) {
+    // RP: lane l's 16-column blocks l + 32 j (j < 4: H <= 2048) of rows 2 swarp and 2 swarp + 1.
+    uint4 rpa[4][2], rpb[4][2];
+    if (RP && 2 * swarp < E) {
+        const bf16_t* ra = reinterpret_cast<const bf16_t*>(rw) + (size_t)2 * swarp * H;
+        const bf16_t* rb = 2 * swarp + 1 < E ? ra + H : ra;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int b = min(lane + 32 * j, (H >> 4) - 1);
+            const uint4* pa = reinterpret_cast<const uint4*>(ra + (size_t)b * 16);
+            const uint4* pb = reinterpret_cast<const uint4*>(rb + (size_t)b * 16);
+            rpa[j][0] = __ldg(pa);
+            rpa[j][1] = __ldg(pa + 1);
+            rpb[j][0] = __ldg(pb);
+            rpb[j][1] = __ldg(pb + 1);
+        }
+    } else if (!RP && 2 * swarp < E) {
         const char* r0 = reinterpret_cast<const char*>(rw) + (size_t)2 * swarp * H * 2;
         int lines = (min(2, E - 2 * swarp) * H * 2 + 127) >> 7;
         for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
@@ -1048,7 +1068,41 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
     for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = hn[i] * (x[i] * inv);
     __syncthreads();
-    {
+    if (RP) {
+        int n = 2 * swarp;
+        if (n < E) {
+            // dot16_bf16's products and sums on the registers, blocks in row_dot2's order.
+            auto dot = [&](const uint4 (&w2)[2], int b) {
+                uint4 a = w2[0], c = w2[1];
+                float w[16] = {bflo(a.x), bfhi(a.x), bflo(a.y), bfhi(a.y), bflo(a.z), bfhi(a.z), bflo(a.w), bfhi(a.w),
+                               bflo(c.x), bfhi(c.x), bflo(c.y), bfhi(c.y), bflo(c.z), bfhi(c.z), bflo(c.w), bfhi(c.w)};
+                const float4* xv = reinterpret_cast<const float4*>(hn + b * 16);
+                float s = 0.f;
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float4 v = xv[q];
+                    s = fmaf(w[4 * q], v.x, s);
+                    s = fmaf(w[4 * q + 1], v.y, s);
+                    s = fmaf(w[4 * q + 2], v.z, s);
+                    s = fmaf(w[4 * q + 3], v.w, s);
+                }
+                return s;
+            };
+            float a = 0.f, b2 = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int b = lane + 32 * j;
+                if (b < (H >> 4)) {
+                    a += dot(rpa[j], b);
+                    b2 += dot(rpb[j], b);
+                }
+            }
+            a = warp_sum(a);
+            b2 = warp_sum(b2);
+            if (lane == 0) st_w<POLL>(rlog + n, a);
+            if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b2);
+        }
+    } else {
         const float* xr[1] = {hn};
         for (int n = 2 * swarp; n < E; n += 2 * nwarps) {
             float a[1], b[1];
@@ -1239,3 +1293,5 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARA
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1n(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true>(MOE_BLOCK_ARGS); }
 // moe_block_1n without the grid barrier before the top-k (KernelSet moe_poll, on).
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1np(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true>(MOE_BLOCK_ARGS); }
+// moe_block_1np with the router rows loaded into registers before the wait (KernelSet moe_rp).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1npr(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true>(MOE_BLOCK_ARGS); }

@@ -114,8 +114,19 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
                 attention_merge_64(part, ns, o64, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
+            // attention_merge_16r / _64r (KernelSet merge_r: every load in one round trip) likewise.
+            float* o16r = emu_alloc<float>((size_t)rows * qw);
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
+                attention_merge_16r(part, ns, o16r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+            });
+            float* o64r = emu_alloc<float>((size_t)rows * qw);
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
+                attention_merge_64r(part, ns, o64r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+            });
             merge16_cases++;
-            if (std::memcmp(o16, out, 4 * (size_t)rows * qw) != 0 || std::memcmp(o64, out, 4 * (size_t)rows * qw) != 0)
+            const size_t nb = 4 * (size_t)rows * qw;
+            if (std::memcmp(o16, out, nb) != 0 || std::memcmp(o64, out, nb) != 0 || std::memcmp(o16r, out, nb) != 0 ||
+                std::memcmp(o64r, out, nb) != 0)
                 merge16_bad++;
         }
     };
@@ -328,7 +339,7 @@ int main() {
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
     ok &= run<unsigned short>(false, 0, 15, 2050);
-    std::printf("attention_merge_16 and _64 vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
+    std::printf("attention_merge_16, _64, _16r and _64r vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
                 merge16_bad ? "SOME DIFFER" : "the same bits");
     ok &= merge16_bad == 0 && merge16_cases > 0;
     ok &= run_prefill<unsigned short>(false, 0, 21);

@@ -90,13 +90,23 @@ static bool run(const Case& c) {
                 attention_tc(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode, scale,
                              vscale, nsplit, part, ke);
         }, 8);
-        if (nsplit > 1)
+        if (nsplit > 1) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                 if (nsplit > 16)
                     attention_merge_tc64(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
                 else
                     attention_merge_tc(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
             });
+            // attention_merge_tcr / _tc64r (KernelSet merge_r) on the same partials: the same bits.
+            float* orr = emu_alloc<float>((size_t)rows * qw);
+            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
+                if (nsplit > 16)
+                    attention_merge_tc64r(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                else
+                    attention_merge_tcr(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+            });
+            ok &= same_bits("attention_merge_tc(64)r vs attention_merge_tc(64)", o, orr, (size_t)rows * qw);
+        }
     };
     float* o3 = emu_alloc<float>((size_t)R * qw);
     float* o1 = emu_alloc<float>((size_t)R * qw);

@@ -68,6 +68,8 @@ pub const MODULES: &[KernelModule] = &[
             "attention_merge",
             "attention_merge_16",
             "attention_merge_64",
+            "attention_merge_16r",
+            "attention_merge_64r",
             "attention_prefill",
             "attention_prefill_fp8",
             "attention_prefill_h",
@@ -82,6 +84,8 @@ pub const MODULES: &[KernelModule] = &[
             "attention_tc_qk_fp8",
             "attention_merge_tc",
             "attention_merge_tc64",
+            "attention_merge_tcr",
+            "attention_merge_tc64r",
         ],
     },
     KernelModule {
@@ -114,6 +118,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1w",
             "moe_block_1n",
             "moe_block_1np",
+            "moe_block_1npr",
         ],
     },
     KernelModule {

@@ -167,6 +167,19 @@ pub struct KernelSet {
     /// (`moe_block_1np`; the same bits): 2.419-2.423 -> 2.391 ms a step on the H200 (PERF.md
     /// run 189).
     pub moe_poll: bool,
+    /// The split-KV merges (`merge16` / `merge64` forms, the sliding layers' and `attn_tc`'s) in
+    /// one memory round trip after their PDL wait instead of three (`attention_merge_16r`,
+    /// `_64r`, `_tcr`, `_tc64r`: position, split count and sink read before the wait, then a
+    /// thread's split values and gate asked for with the block's split maxima and sums; the same
+    /// arithmetic in the same order, so the same bits), launched with PDL. On since session 27:
+    /// 2.402 / 2.404 -> 2.389 / 2.389 ms a step on the H200, 2.379 / 2.378 with `moe_rp` (PERF.md
+    /// run 191).
+    pub merge_r: bool,
+    /// With `moe_poll`: `moe_block_1npr`, whose router warps load their two rows into registers
+    /// before the PDL wait instead of asking them into L2, so phase 1 holds one L2 round trip
+    /// fewer (the same products and sums in the same order: the same bits). On since session 27
+    /// (with `merge_r`; PERF.md run 191).
+    pub moe_rp: bool,
 }
 
 impl KernelSet {
@@ -211,6 +224,8 @@ impl KernelSet {
             moe_na: false,
             sp_na: false,
             moe_poll: false,
+            merge_r: false,
+            moe_rp: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -254,6 +269,8 @@ impl KernelSet {
             moe_na: true,
             sp_na: true,
             moe_poll: true,
+            merge_r: true,
+            moe_rp: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -307,7 +324,9 @@ impl KernelSet {
                 "moe_na" => k.moe_na = on,
                 "sp_na" => k.sp_na = on,
                 "moe_poll" => k.moe_poll = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll)")),
+                "merge_r" => k.merge_r = on,
+                "moe_rp" => k.moe_rp = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp)")),
             }
         }
         Ok(k)
@@ -398,6 +417,9 @@ mod tests {
         assert!(!KernelSet::original().sp_na);
         assert!(d.moe_poll && !KernelSet::parse("-moe_poll").unwrap().moe_poll);
         assert!(!KernelSet::original().moe_poll);
+        assert!(d.merge_r && !KernelSet::parse("-merge_r").unwrap().merge_r);
+        assert!(d.moe_rp && !KernelSet::parse("-moe_rp").unwrap().moe_rp);
+        assert!(!KernelSet::original().merge_r && !KernelSet::original().moe_rp);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -320,16 +320,33 @@ impl CudaModel {
                 })
                 .map_err(cerr)?;
                 if nsplit > 1 {
+                    let r = self.kset.merge_r;
                     d.launch_p(
                         prof,
                         if tc && nsplit > 16 {
-                            "attention_merge_tc64"
+                            if r {
+                                "attention_merge_tc64r"
+                            } else {
+                                "attention_merge_tc64"
+                            }
                         } else if tc {
-                            "attention_merge_tc"
+                            if r {
+                                "attention_merge_tcr"
+                            } else {
+                                "attention_merge_tc"
+                            }
                         } else if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
-                            "attention_merge_64"
+                            if r {
+                                "attention_merge_64r"
+                            } else {
+                                "attention_merge_64"
+                            }
                         } else if self.kset.merge16 {
-                            "attention_merge_16"
+                            if r {
+                                "attention_merge_16r"
+                            } else {
+                                "attention_merge_16"
+                            }
                         } else {
                             "attention_merge"
                         },
@@ -790,6 +807,13 @@ impl CudaModel {
             .launch_p(
                 prof,
                 match (self.kset.moe_dl, self.kset.moe_x) {
+                    // (A warp holds one router row pair: E <= 2 x the grid's warps.)
+                    _ if poll
+                        && self.kset.moe_rp
+                        && cfg.num_experts <= 2 * (self.mk_grid * load::MK_BLOCK / 32) as usize =>
+                    {
+                        "moe_block_1npr"
+                    }
                     _ if poll => "moe_block_1np",
                     (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
