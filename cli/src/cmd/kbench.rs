@@ -927,6 +927,17 @@ fn attn_layer(
                 tc_ns,
             )
         };
+        // KernelSet merge_r's forms of the same merges.
+        let merge_tcr = || {
+            merge_n(
+                if tc_ns > 16 {
+                    "attention_merge_tc64r"
+                } else {
+                    "attention_merge_tcr"
+                },
+                tc_ns,
+            )
+        };
         // Bits: both chains from the same q (the default chain norms q in place).
         let slot = if window > 0 { p % max_pages } else { p };
         let row = |c: u64| -> Result<Vec<u8>> {
@@ -935,11 +946,13 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 4] = [
+        let variants: [(Option<&'static str>, &'static str); 6] = [
             (None, "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge"),
             (Some("attention_gqa_qk"), "attention_merge_16"),
             (None, "attention_merge_64"),
+            (Some("attention_gqa_qk"), "attention_merge_16r"),
+            (None, "attention_merge_64r"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -962,6 +975,8 @@ fn attn_layer(
             "attention_gqa_qk + attention_merge",
             "attention_gqa_qk + attention_merge_16",
             "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
+            "attention_gqa_qk + attention_merge_16r",
+            "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64r",
         ]) {
             println!(
                 "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
@@ -1013,11 +1028,22 @@ fn attn_layer(
                 if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
                 if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
             );
+            // merge_r's form of the tensor-core merge on the same partials: the same bits.
+            merge_tcr()?;
+            d.sync().map_err(e)?;
+            let o3: Vec<u32> = dtoh_f32(d, out, qw)?
+                .into_iter()
+                .map(f32::to_bits)
+                .collect();
+            println!(
+                "attention_tc_qk + attention_merge_tc(64)r vs attention_tc_qk + attention_merge_tc(64), {label}, XS-2.1 shape at {p}: output {}",
+                if o3 == t3 { "bit-identical" } else { "DIFFERS" }
+            );
         }
         d.htod(q, &q0).map_err(e)?;
         let keys = if window > 0 { window } else { p + 1 };
         let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 15] = [
+        let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
             (
                 "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
                 &|| {
@@ -1063,6 +1089,18 @@ fn attn_layer(
             }),
             ("attention_tc_qk alone", &tc_qk),
             ("attention_merge_tc alone", &merge_tc),
+            ("attention_gqa_qk + attention_merge_16r", &|| {
+                fused("attention_gqa_qk")?;
+                merge("attention_merge_16r")
+            }),
+            ("attention_merge_16r alone", &|| {
+                merge("attention_merge_16r")
+            }),
+            ("attention_tc_qk + attention_merge_tc(64)r", &|| {
+                tc_qk()?;
+                merge_tcr()
+            }),
+            ("attention_merge_tc(64)r alone", &merge_tcr),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;
@@ -1126,14 +1164,17 @@ fn moe_layer(
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
     // moe_block_1 (moe_dl: each block combines its own rows) or moe_block_1g (-moe_dl).
-    let block_n = |name: &'static str, i: usize, tpp: u64| {
+    // The polling forms' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
+    let rlog_mk = z(4 * e_n)?;
+    d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
+    let block_r = |name: &'static str, i: usize, tpp: u64, rl: u64| {
         d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
             b.u64(x)
                 .u64(post_w)
                 .f32(eps)
                 .i32(nb as i32)
                 .u64(rwi(i))
-                .u64(rlog)
+                .u64(rl)
                 .u64(bias)
                 .i32(e_n as i32)
                 .i32(k as i32)
@@ -1165,6 +1206,7 @@ fn moe_layer(
         })
         .map_err(e)
     };
+    let block_n = |name: &'static str, i: usize, tpp: u64| block_r(name, i, tpp, rlog);
     let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
     let block_g = |i: usize, tpp: u64| block_n("moe_block_1g", i, tpp);
     let seven = |i: usize| -> Result<()> {
@@ -1296,12 +1338,15 @@ fn moe_layer(
     let mut differ = vec![];
     for i in 0..4 {
         let mut got = vec![];
-        for variant in 0..3 {
+        for variant in 0..6 {
             d.htod(x, &x0).map_err(e)?;
             match variant {
                 0 => seven(i)?,
                 1 => block_1(i, 0)?,
-                _ => block_g(i, 0)?,
+                2 => block_g(i, 0)?,
+                3 => block_n("moe_block_1n", i, 0)?,
+                4 => block_r("moe_block_1np", i, 0, rlog_mk)?,
+                _ => block_r("moe_block_1npr", i, 0, rlog_mk)?,
             }
             d.sync().map_err(e)?;
             got.push((
@@ -1312,7 +1357,13 @@ fn moe_layer(
             ));
         }
         let a = &got[0];
-        for (v, b) in [("moe_block_1", &got[1]), ("moe_block_1g", &got[2])] {
+        for (v, b) in [
+            ("moe_block_1", &got[1]),
+            ("moe_block_1g", &got[2]),
+            ("moe_block_1n", &got[3]),
+            ("moe_block_1np", &got[4]),
+            ("moe_block_1npr", &got[5]),
+        ] {
             for (name, same) in [
                 ("residual", a.0 == b.0),
                 ("next normed row", a.1 == b.1),
@@ -1325,8 +1376,15 @@ fn moe_layer(
             }
         }
     }
+    // The polling forms leave their logits unset for the next launch.
+    if dtoh_f32(d, rlog_mk, e_n)?
+        .iter()
+        .any(|v| v.to_bits() != 0xFFFF_FFFF)
+    {
+        differ.push("moe_block_1np / 1npr: logits not unset after the launch".into());
+    }
     if differ.is_empty() {
-        println!("moe_block_1 = moe_block_1g = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+        println!("moe_block_1 = moe_block_1g = moe_block_1n = moe_block_1np = moe_block_1npr = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
     } else {
         println!(
             "moe_block_1 / _1g vs the seven launches DIFFER: {}",
