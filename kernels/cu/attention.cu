@@ -709,6 +709,28 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
+// A thread's sum over the splits, U split values loaded at once (the first U already in v when
+// `have`): l += sl[z] c_z, a += v_z c_z in split order, c_z = cz[z] (a split with c_z = 0 adds 0).
+// Every split below ns wrote its partial (an empty one: sum 0, so c_z = 0).
+template <int U>
+__device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
+                                             float (&v)[U], bool have, float& l, float& a) {
+    for (int z0 = 0; z0 < ns; z0 += U) {
+        if (z0 > 0 || !have) {
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int z = z0 + u;
+            if (z < ns) {
+                float c = cz[z];
+                l += sl[z] * c;
+                a += (c == 0.f ? 0.f : v[u] * c);
+            }
+        }
+    }
+}
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
@@ -750,21 +772,8 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
             a += (c == 0.f ? 0.f : pp[z * (hd + 2) + 2 + tid] * c);
         }
     } else {
-        for (int z0 = 0; z0 < ns; z0 += U) {
-            // Every split below ns wrote its partial (an empty one: sum 0, so c = 0 below).
-            float v[U > 0 ? U : 1];
-#pragma unroll
-            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
-#pragma unroll
-            for (int u = 0; u < U; u++) {
-                int z = z0 + u;
-                if (z < ns) {
-                    float c = cz[z];
-                    l += sl[z] * c;
-                    a += (c == 0.f ? 0.f : v[u] * c);
-                }
-            }
-        }
+        float v[U > 0 ? U : 1];
+        merge_splits<(U > 0 ? U : 1)>(pp, ns, hd, tid, cz, sl, v, false, l, a);
     }
     float o = (a / l) * vscale;
     if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
@@ -809,24 +818,9 @@ __device__ __forceinline__ void attention_merge_r(const float* part, int nsplit,
     if (!own) return;
     float l = sink ? expf(sk - mx) : 0.f;
     float a = 0.f;
-    for (int z0 = 0; z0 < ns; z0 += U) {
-        if (z0 > 0) {
-#pragma unroll
-            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int z = z0 + u;
-            if (z < ns) {
-                float c = cz[z];
-                l += sl[z] * c;
-                a += (c == 0.f ? 0.f : v[u] * c);
-            }
-        }
-    }
+    merge_splits<U>(pp, ns, hd, tid, cz, sl, v, true, l, a);
     float o = (a / l) * vscale;
-    if (gate_mode == 1) o *= softplus_f(gv);
-    else if (gate_mode == 2) o *= softplus_f(gv);
+    if (gate_mode == 1 || gate_mode == 2) o *= softplus_f(gv);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \

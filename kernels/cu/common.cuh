@@ -324,28 +324,29 @@ __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : lo
 // ---- one 16-element block of a weight row, dotted with MR activation rows -------------------
 // BF16 weights: row-major [N, K]. NVFP4: packed [N, K/2] (element 2i low nibble), scales [N, K/16].
 // Both accumulate sum_k w[k] * x[r][k] for the 16 columns of block `blk` into acc[r].
+// The 16 BF16 weights held in a, b dotted with x16[0..16) (dot16_bf16's products and sum).
+__device__ __forceinline__ float dot16_bf16_w(uint4 a, uint4 b, const float* x16) {
+    float w[16] = {bflo(a.x), bfhi(a.x), bflo(a.y), bfhi(a.y), bflo(a.z), bfhi(a.z), bflo(a.w), bfhi(a.w),
+                   bflo(b.x), bfhi(b.x), bflo(b.y), bfhi(b.y), bflo(b.z), bfhi(b.z), bflo(b.w), bfhi(b.w)};
+    const float4* x = reinterpret_cast<const float4*>(x16);
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        float4 v = x[q];
+        s = fmaf(w[4 * q], v.x, s);
+        s = fmaf(w[4 * q + 1], v.y, s);
+        s = fmaf(w[4 * q + 2], v.z, s);
+        s = fmaf(w[4 * q + 3], v.w, s);
+    }
+    return s;
+}
 template <int MR>
 __device__ __forceinline__ void dot16_bf16(const bf16_t* __restrict__ wrow, int blk, const float* const* xr, int nr, float* acc) {
     const uint4* p = reinterpret_cast<const uint4*>(wrow + (size_t)blk * 16);
     uint4 a = __ldg(p), b = __ldg(p + 1);
-    float w[16] = {bflo(a.x), bfhi(a.x), bflo(a.y), bfhi(a.y), bflo(a.z), bfhi(a.z), bflo(a.w), bfhi(a.w),
-                   bflo(b.x), bfhi(b.x), bflo(b.y), bfhi(b.y), bflo(b.z), bfhi(b.z), bflo(b.w), bfhi(b.w)};
 #pragma unroll
-    for (int r = 0; r < MR; r++) {
-        if (r < nr) {
-            const float4* x = reinterpret_cast<const float4*>(xr[r] + blk * 16);
-            float s = 0.f;
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float4 v = x[q];
-                s = fmaf(w[4 * q], v.x, s);
-                s = fmaf(w[4 * q + 1], v.y, s);
-                s = fmaf(w[4 * q + 2], v.z, s);
-                s = fmaf(w[4 * q + 3], v.w, s);
-            }
-            acc[r] += s;
-        }
-    }
+    for (int r = 0; r < MR; r++)
+        if (r < nr) acc[r] += dot16_bf16_w(a, b, xr[r] + blk * 16);
 }
 template <int MR>
 __device__ __forceinline__ void dot16_fp4(const u8* __restrict__ prow, const u8* __restrict__ srow, int blk, const float* const* xr, int nr, float* acc) {

@@ -1072,29 +1072,13 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         int n = 2 * swarp;
         if (n < E) {
             // dot16_bf16's products and sums on the registers, blocks in row_dot2's order.
-            auto dot = [&](const uint4 (&w2)[2], int b) {
-                uint4 a = w2[0], c = w2[1];
-                float w[16] = {bflo(a.x), bfhi(a.x), bflo(a.y), bfhi(a.y), bflo(a.z), bfhi(a.z), bflo(a.w), bfhi(a.w),
-                               bflo(c.x), bfhi(c.x), bflo(c.y), bfhi(c.y), bflo(c.z), bfhi(c.z), bflo(c.w), bfhi(c.w)};
-                const float4* xv = reinterpret_cast<const float4*>(hn + b * 16);
-                float s = 0.f;
-#pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    float4 v = xv[q];
-                    s = fmaf(w[4 * q], v.x, s);
-                    s = fmaf(w[4 * q + 1], v.y, s);
-                    s = fmaf(w[4 * q + 2], v.z, s);
-                    s = fmaf(w[4 * q + 3], v.w, s);
-                }
-                return s;
-            };
             float a = 0.f, b2 = 0.f;
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int b = lane + 32 * j;
                 if (b < (H >> 4)) {
-                    a += dot(rpa[j], b);
-                    b2 += dot(rpb[j], b);
+                    a += dot16_bf16_w(rpa[j][0], rpa[j][1], hn + b * 16);
+                    b2 += dot16_bf16_w(rpb[j][0], rpb[j][1], hn + b * 16);
                 }
             }
             a = warp_sum(a);

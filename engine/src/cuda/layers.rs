@@ -320,35 +320,19 @@ impl CudaModel {
                 })
                 .map_err(cerr)?;
                 if nsplit > 1 {
-                    let r = self.kset.merge_r;
+                    let (k16, k64) = (self.kset.merge16, self.kset.merge64);
                     d.launch_p(
                         prof,
-                        if tc && nsplit > 16 {
-                            if r {
-                                "attention_merge_tc64r"
-                            } else {
-                                "attention_merge_tc64"
-                            }
-                        } else if tc {
-                            if r {
-                                "attention_merge_tcr"
-                            } else {
-                                "attention_merge_tc"
-                            }
-                        } else if self.kset.merge16 && self.kset.merge64 && nsplit > 16 {
-                            if r {
-                                "attention_merge_64r"
-                            } else {
-                                "attention_merge_64"
-                            }
-                        } else if self.kset.merge16 {
-                            if r {
-                                "attention_merge_16r"
-                            } else {
-                                "attention_merge_16"
-                            }
-                        } else {
-                            "attention_merge"
+                        match (tc, nsplit > 16, self.kset.merge_r) {
+                            (true, true, false) => "attention_merge_tc64",
+                            (true, true, true) => "attention_merge_tc64r",
+                            (true, false, false) => "attention_merge_tc",
+                            (true, false, true) => "attention_merge_tcr",
+                            (false, true, false) if k16 && k64 => "attention_merge_64",
+                            (false, true, true) if k16 && k64 => "attention_merge_64r",
+                            (false, _, false) if k16 => "attention_merge_16",
+                            (false, _, true) if k16 => "attention_merge_16r",
+                            _ => "attention_merge",
                         },
                         (m as u32, nh as u32, 1),
                         (blk, 1, 1),
