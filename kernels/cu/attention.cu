@@ -372,16 +372,21 @@ __device__ __forceinline__ int div_nc(int i, int m) { return (i * m) >> 20; }
 // One tile of tn keys (K rows at stride ldk, V rows at stride hd, BF16 in shared memory) for
 // warp w's query qq: lane j scores key j (dims in order), warp-level online softmax, then lane l
 // accumulates dims 4l..4l+3 over the keys in order.
+// pw: the warp's 32 floats of shared memory (a whole tile's probabilities, read back four at a time).
 __device__ __forceinline__ void gqa_tile(const bf16_t* Ks, const bf16_t* Vs, int ldk, const float* qq, int tn,
                                          int nc, int hd, int lane, float scale, float& run_max, float& run_sum,
-                                         float& a0, float& a1, float& a2, float& a3) {
+                                         float& a0, float& a1, float& a2, float& a3, float* pw) {
     int d = lane * 4;
     float s = -INFINITY;
     if (lane < tn) {
         const uint4* kr = reinterpret_cast<const uint4*>(Ks + lane * ldk);
         float acc = 0.f;
+        // (q's 8 values of chunk c as two 16-byte shared loads: qq is 16-byte aligned, hd % 8 == 0.)
+        const float4* q4 = reinterpret_cast<const float4*>(qq);
         for (int c = 0; c < nc; c++) {
-            acc = dot8_acc(qq + c * 8, kr[c], acc);
+            float4 qa = q4[2 * c], qb = q4[2 * c + 1];
+            float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+            acc = dot8_acc(qv, kr[c], acc);
         }
         s = acc * scale;
     }
@@ -393,6 +398,32 @@ __device__ __forceinline__ void gqa_tile(const bf16_t* Ks, const bf16_t* Vs, int
     run_max = nm;
     run_sum = run_sum * corr + sm;
     a0 *= corr; a1 *= corr; a2 *= corr; a3 *= corr;
+    if (tn == GQ_T) {
+        // A whole tile: the probabilities through shared memory (four a broadcast load) instead of
+        // one shuffle a key, and no branch inside the loop, so later keys' loads are issued ahead
+        // of earlier keys' FMAs (with a shuffle and a branch a key, every iteration waited for its
+        // shuffle and load in turn). Lanes past the head's dims (d >= hd) read another dim of the
+        // same row, in range, and their sums are never stored. The same FMAs in the same order,
+        // so the same bits.
+        pw[lane] = e;
+        __syncwarp();
+        const bf16_t* vr = Vs + min(d, hd - 4);
+#pragma unroll 4
+        for (int j0 = 0; j0 < GQ_T; j0 += 4) {
+            float4 p4 = *reinterpret_cast<const float4*>(pw + j0);
+            float pj[4] = {p4.x, p4.y, p4.z, p4.w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                uint2 u = *reinterpret_cast<const uint2*>(vr + (j0 + q) * hd);
+                a0 = fmaf(pj[q], bflo(u.x), a0);
+                a1 = fmaf(pj[q], bfhi(u.x), a1);
+                a2 = fmaf(pj[q], bflo(u.y), a2);
+                a3 = fmaf(pj[q], bfhi(u.y), a3);
+            }
+        }
+        __syncwarp();
+        return;
+    }
     for (int j = 0; j < tn; j++) {
         float pj = __shfl_sync(0xffffffffu, e, j);
         if (d < hd) {
@@ -424,6 +455,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
     __shared__ __align__(16) float qs[16 * 128];
+    __shared__ __align__(16) float pws[16][32];  // gqa_tile's probabilities, a warp's row
     int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
     int G = nh / nkv;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -505,7 +537,7 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
             }
         }
         __syncthreads();
-        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
+        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3, pws[w]);
     }
     if (w >= G || d >= hd) return;
     if (!final_) {
@@ -549,7 +581,8 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
     __shared__ __align__(16) float qs[16 * 128];
-    __shared__ float buf[17][128];
+    // A warp's row: its head's normed values (head below), then gqa_tile's probabilities.
+    __shared__ __align__(16) float buf[17][128];
     __shared__ float rc[64], rs[64];
     __shared__ __align__(16) bf16_t kp[128], vp[128];
     int m = blockIdx.x, kvh = blockIdx.y, z = blockIdx.z;
@@ -685,7 +718,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
             store3(t0, tn, i0);
         }
         __syncthreads();
-        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3);
+        if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3, buf[w]);
     }
     if (w >= G || d >= hd) return;
     if (!final_) {
