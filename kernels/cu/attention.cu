@@ -748,6 +748,22 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 template <int U>
 __device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
                                              float (&v)[U], bool have, float& l, float& a) {
+    if (have && ns <= U) {
+        // Every split's values already in v (attention_merge_r): the U steps without a branch, a
+        // step past ns keeping l and a by a select (the same expressions as below, so the same
+        // contraction into an FMA), so the shared loads of later splits are
+        // issued ahead of earlier splits' sums (with a branch a split, each step waited for its
+        // two loads in turn). The same operations on the same values, so the same bits.
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float c = cz[u], s = sl[u];
+            float lf = l + s * c, af = a + (c == 0.f ? 0.f : v[u] * c);
+            bool in = u < ns;
+            l = in ? lf : l;
+            a = in ? af : a;
+        }
+        return;
+    }
     for (int z0 = 0; z0 < ns; z0 += U) {
         if (z0 > 0 || !have) {
 #pragma unroll
