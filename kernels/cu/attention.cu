@@ -687,6 +687,24 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
             if (d < hd) bw[d] = w4[j] * (x4[j] * inv);
         }
         __syncwarp();
+        if (toq && hd == 128 && half == 64) {
+            // A query head of the sliding layers' shape (128 dims, all rotated): rope_at's
+            // expressions with the branch for each dim known per j, so the four dims' shared
+            // loads issue together instead of one dim's after another's branch.
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int d = lane + 32 * j;
+                float y;
+                if (j < 2) {
+                    y = bw[d] * rc[d] - bw[d + 64] * rs[d];
+                } else {
+                    int i = d - 64;
+                    y = bw[d] * rc[i] + bw[i] * rs[i];
+                }
+                qs[w * 128 + d] = y;
+            }
+            return;
+        }
         size_t off = toq ? 0 : (((size_t)kpage * page_size + p % page_size) * nkv + kvh) * hd;
 #pragma unroll
         for (int j = 0; j < 4; j++) {

@@ -50,15 +50,34 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
             if (emu_ns() - t0 > GRID_SYNC_TIMEOUT_NS) __trap();
         }
     }
-    unsigned key[PER];
+    // The softcap, the exponentials and the divisions each over all PER values in turn, so the
+    // exponentials (no branch) are issued together and no division waits for the next value's
+    // exponential; sigmoid_f's expression, 1 / (1 + expf(-l)), on the same values.
+    if (softcap > 0.f) {
 #pragma unroll
-    for (int j = 0; j < PER; j++) {
-        int e = lane + 32 * j;
-        float l = lg[j];
-        if (softcap > 0.f) l = tanhf(l / softcap) * softcap;
-        float s = sigmoid_f(l);
-        if (e < E) sc[e] = s;
-        key[j] = e < E ? topk_key(s + bs[j]) : 0u;
+        for (int j = 0; j < PER; j++) lg[j] = tanhf(lg[j] / softcap) * softcap;
+    }
+    float ex[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) ex[j] = expf(-lg[j]);
+    unsigned key[PER];
+    if (E == 32 * PER) {
+        // Every lane's PER experts exist (XS: 256 = 32 x 8): no per-expert test, so the values'
+        // steps interleave instead of each waiting in its own branch.
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            float s = 1.0f / (1.0f + ex[j]);
+            sc[lane + 32 * j] = s;
+            key[j] = topk_key(s + bs[j]);
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            int e = lane + 32 * j;
+            float s = 1.0f / (1.0f + ex[j]);
+            if (e < E) sc[e] = s;
+            key[j] = e < E ? topk_key(s + bs[j]) : 0u;
+        }
     }
     __syncwarp();
     float total = 0.f;
@@ -69,10 +88,16 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
 #pragma unroll
         for (int j = 1; j < PER; j++) best = max(best, key[j]);
         unsigned kmax = __reduce_max_sync(0xffffffffu, best);
-        unsigned cand = 0xffffffffu;
+        // The lane's lowest expert index holding kmax: a tree of minima over the candidates
+        // (none: all ones), not a chain of PER selects.
+        unsigned cs[PER];
 #pragma unroll
-        for (int j = PER - 1; j >= 0; j--)
-            if (key[j] == kmax) cand = (unsigned)(lane + 32 * j);
+        for (int j = 0; j < PER; j++) cs[j] = key[j] == kmax ? (unsigned)(lane + 32 * j) : 0xffffffffu;
+#pragma unroll
+        for (int w = 1; w < PER; w *= 2)
+#pragma unroll
+            for (int j = 0; j + w < PER; j += 2 * w) cs[j] = min(cs[j], cs[j + w]);
+        unsigned cand = cs[0];
         int bidx = (int)__reduce_min_sync(0xffffffffu, cand);
 #pragma unroll
         for (int j = 0; j < PER; j++)
