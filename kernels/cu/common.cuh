@@ -318,7 +318,6 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
     return t;
 }
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 // ---- one 16-element block of a weight row, dotted with MR activation rows -------------------

@@ -20,6 +20,20 @@ __device__ __forceinline__ unsigned topk_key(float v) {
 // POLL (moe_block_1np): the logits are read until none holds MK_UNSET (the launch's other blocks
 // write them; no grid barrier before), all of a lane's in flight at once each round.
 #define MK_UNSET 0xFFFFFFFFu
+// A lane's sigmoid scores 1 / (1 + ex[j]) into sc and their top-k keys (padding experts, e >= E:
+// key 0). ALL (E = 32 PER, e.g. XS's 256 = 32 x 8): every expert exists, so no per-expert test
+// and the values' steps interleave instead of each waiting in its own branch.
+template <int PER, bool ALL>
+__device__ __forceinline__ void topk_keys(const float (&ex)[PER], const float (&bs)[PER], int E, int lane, float* sc,
+                                          unsigned (&key)[PER]) {
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        int e = lane + 32 * j;
+        float s = 1.0f / (1.0f + ex[j]);
+        if (ALL || e < E) sc[e] = s;
+        key[j] = ALL || e < E ? topk_key(s + bs[j]) : 0u;
+    }
+}
 template <int PER, bool POLL = false>
 __device__ __forceinline__ void router_topk_regs(int m, const float* logits, const float* bias, int E, int K,
                                                  float softcap, int norm_topk, int* ids, float* wts, int KK, float* sc) {
@@ -52,7 +66,7 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
     }
     // The softcap, the exponentials and the divisions each over all PER values in turn, so the
     // exponentials (no branch) are issued together and no division waits for the next value's
-    // exponential; sigmoid_f's expression, 1 / (1 + expf(-l)), on the same values.
+    // exponential; the sigmoid is 1 / (1 + expf(-l)).
     if (softcap > 0.f) {
 #pragma unroll
         for (int j = 0; j < PER; j++) lg[j] = tanhf(lg[j] / softcap) * softcap;
@@ -61,24 +75,10 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
 #pragma unroll
     for (int j = 0; j < PER; j++) ex[j] = expf(-lg[j]);
     unsigned key[PER];
-    if (E == 32 * PER) {
-        // Every lane's PER experts exist (XS: 256 = 32 x 8): no per-expert test, so the values'
-        // steps interleave instead of each waiting in its own branch.
-#pragma unroll
-        for (int j = 0; j < PER; j++) {
-            float s = 1.0f / (1.0f + ex[j]);
-            sc[lane + 32 * j] = s;
-            key[j] = topk_key(s + bs[j]);
-        }
-    } else {
-#pragma unroll
-        for (int j = 0; j < PER; j++) {
-            int e = lane + 32 * j;
-            float s = 1.0f / (1.0f + ex[j]);
-            if (e < E) sc[e] = s;
-            key[j] = e < E ? topk_key(s + bs[j]) : 0u;
-        }
-    }
+    if (E == 32 * PER)
+        topk_keys<PER, true>(ex, bs, E, lane, sc, key);
+    else
+        topk_keys<PER, false>(ex, bs, E, lane, sc, key);
     __syncwarp();
     float total = 0.f;
     int my_id = 0;
