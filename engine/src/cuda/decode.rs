@@ -37,7 +37,12 @@ impl CudaModel {
             .map_err(cerr)?;
         let use_graph =
             self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
+        if self.graph_tc != self.tc_cap.get() {
+            // Captured with another attention_tc grid (the row crossed 8K or 16K keys).
+            self.graph = None;
+        }
         if use_graph && self.graph.is_none() {
+            self.graph_tc = self.tc_cap.get();
             match self.capture_decode() {
                 Ok(g) => self.graph = Some(g),
                 Err(e) => {
@@ -281,7 +286,7 @@ impl CudaModel {
             && self.kset.argmax_p
             && n <= self.sc.lrows
             && items.iter().all(|it| it.params.is_greedy());
-        let key = (n, greedy);
+        let key = (n, greedy, self.tc_cap.get());
         let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
         if use_graph && !self.step_graphs.contains_key(&key) {
             match self.capture(|m| m.decode_step_body(&mut None, n, greedy)) {

@@ -134,7 +134,7 @@ impl CudaModel {
                 1
             } else if tc {
                 split_grid(
-                    self.nsplit_tc,
+                    self.tc_cap.get(),
                     TC_CHUNK,
                     l.window,
                     self.noncausal,

@@ -325,10 +325,12 @@ pub struct CudaModel {
     /// Bytes one single-row decode step reads from weights (active experts only).
     pub decode_weight_bytes: usize,
     pub load_secs: f64,
+    /// The captured `decode_greedy` step and the `attention_tc` grid it was captured with.
     graph: Option<device::Graph>,
+    graph_tc: usize,
     graph_failed: bool,
-    /// Captured `decode_step` bodies by batch size.
-    step_graphs: HashMap<(usize, bool), device::Graph>,
+    /// Captured `decode_step` bodies by (batch size, all greedy, `attention_tc` grid).
+    step_graphs: HashMap<(usize, bool, usize), device::Graph>,
     /// Decode steps launched by `decode_launch` and not yet collected, oldest first: (readback
     /// ring slot, rows, an event recorded after the step).
     pending: std::collections::VecDeque<(usize, usize, device::Event)>,
@@ -356,6 +358,9 @@ pub struct CudaModel {
     nsplit: usize,
     /// Most key splits of `attention_tc` (NSPLIT_TC unless LAGUNA_TC_NSPLIT; at most `nsplit`).
     nsplit_tc: usize,
+    /// The current pass's `attention_tc` grid of splits (`tc_grid` of its longest row; set with
+    /// the pass's positions, `nsplit_tc` until then).
+    tc_cap: std::cell::Cell<usize>,
     /// `moe_block_1` (KernelSet moe_mk): its grid (one block an SM, all resident) and dynamic
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
@@ -395,6 +400,28 @@ pub fn nsplit_tc(nsplit: usize) -> usize {
 }
 /// Keys an `attention_tc` split covers at least (`TC_CHUNK` in attention.cu).
 pub const TC_CHUNK: usize = 64;
+/// `TC_SPLITS` and `TC_SPAN` in attention.cu: a row's `attention_tc` splits are
+/// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
+const TC_SPLITS: usize = 16;
+const TC_SPAN: usize = 512;
+/// The `attention_tc` grid of a pass whose longest row has `keys` keys, for a most of `cap`
+/// splits: the smallest of 16, 32 and `cap` that holds every split such a row (or a shorter one)
+/// takes with a grid of `cap`, so each row gets the splits, and so the bits, of the full grid,
+/// without the blocks past its splits that return at once (at 2K keys 128 live blocks of 512:
+/// PERF.md run 198, 2.264 -> 2.251 ms a step). The decode graphs are kept per grid.
+pub fn tc_grid(keys: usize, cap: usize) -> usize {
+    let need = cap
+        .min(TC_SPLITS.max(keys.div_ceil(TC_SPAN)))
+        .min(keys.div_ceil(TC_CHUNK));
+    let g = if need <= 16 {
+        16
+    } else if need <= 32 {
+        32
+    } else {
+        cap
+    };
+    g.min(cap).max(1)
+}
 /// The grid of key splits of a decode attention launch, from the most it takes (`cap`) and the
 /// fewest keys a split covers (`chunk`). With `swa_ns`, a sliding-window layer's grid is sized by
 /// its window: a row never sees more than window keys (2 x window - 1 for a non-causal draft
@@ -674,6 +701,7 @@ impl CudaModel {
         }
         sc.staged.set(staged);
         sc.solo.set(longest == 1 && !self.noncausal);
+        self.set_tc_cap(pos);
         if !fed {
             self.dev
                 .htod_staged(sc.tokens, as_bytes(tokens))
@@ -954,6 +982,20 @@ impl Model for CudaModel {
 }
 
 impl CudaModel {
+    /// The `attention_tc` grid of a pass with these positions (causal rows: position + 1 keys; a
+    /// non-causal draft keeps the full grid).
+    pub(super) fn set_tc_cap(&self, pos: &[i32]) {
+        let keys = pos
+            .iter()
+            .map(|&p| p.max(0) as usize + 1)
+            .max()
+            .unwrap_or(1);
+        self.tc_cap.set(if self.noncausal {
+            self.nsplit_tc
+        } else {
+            tc_grid(keys, self.nsplit_tc)
+        });
+    }
     /// Choose the weight-streaming kernel families (A/B checks and timing; see [`KernelSet`]).
     pub fn set_kernels(&mut self, k: KernelSet) {
         self.kset = k;
@@ -1088,6 +1130,57 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `tc_grid` may shrink `attention_tc`'s grid only where no row of the pass loses a split:
+    /// every row up to the pass's longest gets from the smaller grid the splits attention.cu's
+    /// `tc_splits` gives it with the full one (the constants read from attention.cu itself).
+    #[test]
+    fn tc_grid_keeps_every_rows_splits() {
+        let src = include_str!("../../../kernels/cu/attention.cu");
+        let def = |name: &str| -> usize {
+            let line = src
+                .lines()
+                .find(|l| l.starts_with(&format!("#define {name} ")))
+                .unwrap_or_else(|| panic!("{name} not in attention.cu"));
+            line.split_whitespace().nth(2).unwrap().parse().unwrap()
+        };
+        assert_eq!(
+            (def("TC_CHUNK"), def("TC_SPAN"), def("TC_SPLITS")),
+            (TC_CHUNK, TC_SPAN, TC_SPLITS)
+        );
+        // attention.cu's tc_splits(len, nsplit).
+        let splits = |len: usize, nsplit: usize| -> usize {
+            if nsplit == 1 {
+                return 1;
+            }
+            let want = TC_SPLITS.max(len.div_ceil(TC_SPAN));
+            nsplit.min(want).min(len.div_ceil(TC_CHUNK))
+        };
+        for cap in [64usize, 48, 32, 20, 16, 8, 2, 1] {
+            for keys in (1..=300_000usize)
+                .step_by(7)
+                .chain([8192, 8193, 16384, 16385, 262_144])
+            {
+                let g = tc_grid(keys, cap);
+                assert!(
+                    g <= cap && (g == cap || g == 16 || g == 32),
+                    "cap {cap} keys {keys}: {g}"
+                );
+                for len in [1, keys / 3 + 1, keys.saturating_sub(64).max(1), keys] {
+                    assert_eq!(
+                        splits(len, g),
+                        splits(len, cap),
+                        "cap {cap} keys {keys} len {len}"
+                    );
+                }
+            }
+        }
+        assert_eq!(tc_grid(2049, 64), 16);
+        assert_eq!(tc_grid(8192, 64), 16);
+        assert_eq!(tc_grid(8193, 64), 32);
+        assert_eq!(tc_grid(16385, 64), 64);
+        assert_eq!(tc_grid(131_072, 64), 64);
+    }
 
     /// moe_block_1 is sized for the XS-2.1 shape (H 2048, I 512, 8 + 1 slots: 26.6 KB of
     /// dynamic shared memory); wider shapes keep the separate launches.

@@ -76,7 +76,7 @@ struct Graphs {
 
 /// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch).
 pub struct CudaSpec {
-    graphs: HashMap<(usize, usize), Graphs>,
+    graphs: HashMap<(usize, usize, usize), Graphs>,
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
     pub timing: bool,
@@ -315,6 +315,7 @@ impl CudaSpec {
         let up = |dst: u64, v: &[i32]| dm.dev.htod_staged(dst, as_bytes(v)).map_err(cerr);
         up(dm.sc.tokens, &dt)?;
         up(dm.sc.pos, &pos)?;
+        dm.set_tc_cap(&pos);
         up(dm.sc.seqrow, &seqrow)?;
         up(draft.cpos, &pos)?;
         up(draft.cseq, &seqrow)?;
@@ -327,16 +328,19 @@ impl CudaSpec {
         }
         up(target.sc.tokens, &tt)?;
         up(target.sc.pos, &pos)?;
+        target.set_tc_cap(&pos);
         up(target.sc.seqrow, &seqrow)?;
         target.upload_tables(&tseqs)?;
         target.sc.staged.set(false);
         target.sc.solo.set(false);
         up(target.sc.sel, &tsel)?;
 
-        if self.use_graphs && !self.graphs.contains_key(&(k, nb)) {
+        // One set of graphs per (k, batch, the target's attention_tc grid).
+        let key = (k, nb, target.tc_cap.get());
+        if self.use_graphs && !self.graphs.contains_key(&key) {
             match Self::capture(target, draft, k, nb, self.accept_buf) {
                 Ok(g) => {
-                    self.graphs.insert((k, nb), g);
+                    self.graphs.insert(key, g);
                 }
                 Err(e) => {
                     tracing::warn!(
@@ -354,7 +358,7 @@ impl CudaSpec {
             }
         };
         let e0 = ev(self.timing)?;
-        match self.graphs.get(&(k, nb)).filter(|_| self.use_graphs) {
+        match self.graphs.get(&key).filter(|_| self.use_graphs) {
             Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
             Some(g) => {
                 g.propose.launch().map_err(cerr)?;
