@@ -36,11 +36,36 @@ extern "C" __global__ void embed(const bf16_t* table, const int* tokens, const i
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
 // With xs set (rmsnorm_split, long passes), y's BF16 hi / lo split is written too (xs [M, H] hi,
 // then lo at xs + M * H; M = gridDim.x), as split_bf16 would write it, for the GEMMs that read y.
-__device__ __forceinline__ void rmsnorm_t(const float* x, const int* rows, const float* w, float* y, int H, float eps,
-                                          bf16_t* xs) {
-    __shared__ float sh[32];
+// A thread's norm weights w[i] (i = threadIdx.x + j blockDim.x, j < 8) are loaded into wv by
+// rms_weights before the launch's PDL wait (weights: no kernel writes them; the step's weight
+// stream evicts them from L2, so loaded after the sum they were a DRAM round trip of their own).
+__device__ __forceinline__ void rms_weights(const float* w, int H, float (&wv)[8]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        wv[j] = i < H ? w[i] : 0.f;
+    }
+}
+// The norm of a thread's elements v[j] (i = threadIdx.x + j blockDim.x; 0 past H) whose squares
+// ss already holds, in j order: the sum over the block, then y (and xs) = wv[j] * (v[j] * inv).
+// Elements past 8 blockDim are read again from xr (and their weights from w).
+__device__ __forceinline__ void rms_finish(const float* xr, const float* w, const float (&wv)[8], const float (&v)[8],
+                                           float ss, float* y, int H, float eps, bf16_t* xs, float* sh) {
     int r = blockIdx.x;
     size_t M = gridDim.x;
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)H + eps);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        if (i < H) rms_store(y, xs, M, r, H, i, wv[j] * (v[j] * inv));
+    }
+    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) rms_store(y, xs, M, r, H, i, w[i] * (xr[i] * inv));
+}
+__device__ __forceinline__ void rmsnorm_t(const float* x, const int* rows, const float* w, const float (&wv)[8], float* y,
+                                          int H, float eps, bf16_t* xs) {
+    __shared__ float sh[32];
+    int r = blockIdx.x;
     int src = rows ? rows[r] : r;
     const float* xr = x + (size_t)src * H;
     float v[8];
@@ -52,31 +77,52 @@ __device__ __forceinline__ void rmsnorm_t(const float* x, const int* rows, const
         ss += v[j] * v[j];
     }
     for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) ss += xr[i] * xr[i];
-    ss = block_sum(ss, sh);
-    float inv = rsqrtf(ss / (float)H + eps);
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int i = threadIdx.x + j * blockDim.x;
-        if (i < H) rms_store(y, xs, M, r, H, i, w[i] * (v[j] * inv));
-    }
-    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) rms_store(y, xs, M, r, H, i, w[i] * (xr[i] * inv));
+    rms_finish(xr, w, wv, v, ss, y, H, eps, xs, sh);
 }
-extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) { PDL_ENTRY();
-    rmsnorm_t(x, rows, w, y, H, eps, nullptr);
+extern "C" __global__ void rmsnorm(const float* x, const int* rows, const float* w, float* y, int H, float eps) {
+    float wv[8];
+    rms_weights(w, H, wv);
+    PDL_ENTRY();
+    rmsnorm_t(x, rows, w, wv, y, H, eps, nullptr);
 }
-extern "C" __global__ void rmsnorm_split(const float* x, const int* rows, const float* w, float* y, int H, float eps, bf16_t* xs) { PDL_ENTRY();
-    rmsnorm_t(x, rows, w, y, H, eps, xs);
+extern "C" __global__ void rmsnorm_split(const float* x, const int* rows, const float* w, float* y, int H, float eps, bf16_t* xs) {
+    float wv[8];
+    rms_weights(w, H, wv);
+    PDL_ENTRY();
+    rmsnorm_t(x, rows, w, wv, y, H, eps, xs);
 }
 
 // embed, then the first layer's input RMSNorm of the rows (rmsnorm / rmsnorm_split, xs set) in
-// the same launch: grid (M), block as rmsnorm's. Each thread writes the residual elements
-// rmsnorm_t then reads (the same thread-element mapping), so the same values and bits as the two
-// launches, one launch and one dependent-launch gap fewer a pass.
+// the same launch: grid (M), block as rmsnorm's. A thread norms the residual elements it wrote
+// (rmsnorm_t's thread-element mapping), from registers instead of reading them back, with the
+// same squares summed in the same order: the same values and bits as embed + rmsnorm, one launch
+// and one dependent-launch gap fewer a pass, and no round trip between the gather and the norm.
 extern "C" __global__ void embed_norm(const bf16_t* table, const int* tokens, const int* feed, float* x, int H,
-                                      const float* w, float* y, float eps, bf16_t* xs) { PDL_ENTRY();
-    embed_row(table, tokens, feed, x, H);
-    __syncthreads();
-    rmsnorm_t(x, nullptr, w, y, H, eps, xs);
+                                      const float* w, float* y, float eps, bf16_t* xs) {
+    __shared__ float sh[32];
+    float wv[8];
+    rms_weights(w, H, wv);
+    PDL_ENTRY();
+    int m = blockIdx.x;
+    int tm = tokens[m];
+    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
+    const bf16_t* er = table + t * H;
+    float* xr = x + (size_t)m * H;
+    float v[8];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < H ? bf2f(er[i]) : 0.f;
+        if (i < H) xr[i] = v[j];
+        ss += v[j] * v[j];
+    }
+    for (int i = threadIdx.x + 8 * blockDim.x; i < H; i += blockDim.x) {
+        float u = bf2f(er[i]);
+        xr[i] = u;
+        ss += u * u;
+    }
+    rms_finish(xr, w, wv, v, ss, y, H, eps, xs, sh);
 }
 // Draft tap fusion: x is [M, nw * H] (nw taps of width H per row); each H-wide piece j is
 // normalised with its own weight w[j * H ..]. grid (M * nw), blockDim as for rmsnorm.
