@@ -44,7 +44,7 @@ pub struct CudaDraft {
     pub(super) cseq: u64,
     /// Bytes one propose reads from weights (layers, fc, lm_head once).
     pub step_weight_bytes: usize,
-    /// The device-resident greedy step (graphs per (k, batch)) used by `fused_greedy_step`.
+    /// The device-resident greedy step (graphs per (k, batch, grid)) used by `fused_greedy_step`.
     spec: super::spec::CudaSpec,
 }
 
