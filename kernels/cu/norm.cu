@@ -22,11 +22,15 @@ extern "C" __global__ void decode_advance(int n, const int* amax, int* ring, uns
 }
 // A token id -1 - j stands for the token row j of the previous decode step drew, still in `feed`
 // (sc.amax): a pipelined step is queued before the host has read that token back.
+// The token of row m.
+__device__ __forceinline__ size_t embed_token(const int* tokens, const int* feed, int m) {
+    int tm = tokens[m];
+    return (size_t)(tm < 0 ? feed[-1 - tm] : tm);
+}
 // Row blockIdx.x of x = the embedding of its token (threads over the H elements, stride blockDim).
 __device__ __forceinline__ void embed_row(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) {
     int m = blockIdx.x;
-    int tm = tokens[m];
-    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
+    size_t t = embed_token(tokens, feed, m);
     for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
 }
 extern "C" __global__ void embed(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) { PDL_ENTRY();
@@ -104,9 +108,7 @@ extern "C" __global__ void embed_norm(const bf16_t* table, const int* tokens, co
     rms_weights(w, H, wv);
     PDL_ENTRY();
     int m = blockIdx.x;
-    int tm = tokens[m];
-    size_t t = (size_t)(tm < 0 ? feed[-1 - tm] : tm);
-    const bf16_t* er = table + t * H;
+    const bf16_t* er = table + embed_token(tokens, feed, m) * H;
     float* xr = x + (size_t)m * H;
     float v[8];
     float ss = 0.f;
