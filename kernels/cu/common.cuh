@@ -94,6 +94,15 @@ __device__ __forceinline__ uint2 ldg_na(const uint2* p) {
     return __ldg(p);
 #endif
 }
+__device__ __forceinline__ u32 ldg_na(const u32* p) {
+#if defined(__CUDA_ARCH__)
+    u32 v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
 __device__ __forceinline__ u8 ldg_na(const u8* p) {
 #if defined(__CUDA_ARCH__)
     u32 v;

@@ -207,6 +207,56 @@ inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsign
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = out[i];
 }
+// IEEE half <-> f32 on the host (round to nearest even, subnormals kept), for the f16 forms of
+// moe.cu's tensor-core expert dot (moe_tc): cvt.rn.f16.f32, cvt.f32.f16, mul.rn.f16x2.
+inline float emu_h2f(unsigned short h) {
+    unsigned s = h >> 15, e = (h >> 10) & 31u, m = h & 1023u;
+    float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m + 1024), (int)e - 25);
+    return s ? -v : v;
+}
+inline unsigned short emu_f2h(float f) {
+    unsigned short sign = std::signbit(f) ? 0x8000 : 0;
+    if (std::isnan(f)) return sign | 0x7e00;
+    float a = std::fabs(f);
+    if (a >= 65520.f) return sign | 0x7c00;
+    if (a < 0x1p-14f) return sign | (unsigned short)std::nearbyint(a * 0x1p24f);  // 1024 -> the least normal
+    int e;
+    std::frexp(a, &e);
+    unsigned mi = (unsigned)std::nearbyint(std::ldexp(a, 11 - e));
+    int E = e + 14;
+    if (mi == 2048) {
+        mi = 1024;
+        E++;
+    }
+    return sign | (unsigned short)(E << 10) | (unsigned short)(mi - 1024);
+}
+// mma.sync m16n8k16 row.col f32.f16.f16.f32: emu_mma_bf16's layout and order with f16 halves.
+inline void emu_mma_f16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    unsigned* f = w.frag[l];
+    f[0] = a0; f[1] = a1; f[2] = a2; f[3] = a3; f[4] = b0; f[5] = b1;
+    w.bar.arrive_and_wait();
+    auto hf = [](unsigned v, int half) { return emu_h2f((unsigned short)(half ? v >> 16 : v & 0xffffu)); };
+    auto A = [&](int row, int k) {
+        int lane = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
+        return hf(w.frag[lane][reg], k % 2);
+    };
+    auto B = [&](int k, int col) {
+        int lane = col * 4 + (k % 8) / 2, reg = 4 + (k >= 8 ? 1 : 0);
+        return hf(w.frag[lane][reg], k % 2);
+    };
+    int g = l / 4, t = l % 4;
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float acc = c[i];
+        for (int k = 0; k < 16; k++) acc = fmaf(A(row, k), B(k, col), acc);
+        out[i] = acc;
+    }
+    w.bar.arrive_and_wait();
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+}
 // f32 -> OCP E4M3FN, round to nearest even, saturated to +-448 (cvt.rn.satfinite; NaN -> 0x7f).
 inline unsigned char emu_f2e4m3(float x) {
     if (std::isnan(x)) return 0x7f;

@@ -93,11 +93,12 @@ static bool run(const Shape& sh, unsigned seed) {
         std::memcpy(f.x, x0, 4 * H);
         // v 3 (moe_block_1np) and 4 (moe_block_1npr) wait on their logits instead of a barrier: they start unset.
         if (v >= 3) std::memset(f.rlog, 0xff, 4 * E);
+        // v 5: moe_block_1npt (moe_tc: the expert dot products on tensor cores; H 2048, I 512).
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : "moe_block_1npr";
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : "moe_block_1npt";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : moe_block_1npr)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : moe_block_1npt)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -210,6 +211,41 @@ static bool run(const Shape& sh, unsigned seed) {
     }
     double rel = err / std::max(mag, 1e-30);
     bool close = rel < 1e-4;
+    // moe_tc (H 2048, I 512): the same routing bit for bit (the router is unchanged), the layer
+    // within the same bound of the float64 reference (mma emulated as f32 FMAs in k order).
+    if (H == 2048 && I == 512) {
+        Fused ft = fused(5);
+        bool tsame = same_bits("moe_block_1npt routing weights", wts_a, ft.wts, KK) && unset("moe_block_1npt: logit", ft.rlog, E);
+        for (int k = 0; k < KK; k++) tsame &= ids_a[k] == ft.ids[k];
+        // The multi-row form (DFlash verify, batched decode) on the same routing: the row's B
+        // fragments, moe_gate_up_fp4_tc, moe_down_fp4_tc, the combine and the next norm give
+        // moe_block_1npt's bits.
+        float *xt = emu_alloc<float>(H), *hn2_t = emu_alloc<float>(H), *act_t = emu_alloc<float>((size_t)KK * I);
+        float* out_t = emu_alloc<float>((size_t)KK * H);
+        unsigned short* xf = emu_alloc<unsigned short>(2 * (size_t)H);
+        std::memcpy(xt, x0, 4 * H);
+        step("tc_bfrag_rows", emu_launch({1, 1, 1}, 256, [&] { tc_bfrag_rows(hn_a, xf); }));
+        step("moe_gate_up_fp4_tc", emu_launch({gb, 1, 1}, 128, [&] {
+            moe_gate_up_fp4_tc(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xf, H, I, KK, ge, gs, gc, perm, meta, act_t);
+        }));
+        step("moe_down_fp4_tc", emu_launch({db, 1, 1}, 128,
+                                           [&] { moe_down_fp4_tc(down.w, down.s, down.inv, act_t, H, I, ge, gs, gc, perm, meta, out_t); }));
+        step("moe_combine (tc)", emu_launch({(unsigned)ceil_div(H, 256), 1, 1}, 256, [&] { moe_combine(xt, out_t, wts_a, nullptr, H, KK, scale); }));
+        step("rmsnorm (next, tc)", emu_launch({1, 1, 1}, nb, [&] { rmsnorm(xt, nullptr, next_w, hn2_t, H, eps); }));
+        bool chain = same_bits("tc launches vs moe_block_1npt: residual", xt, ft.x, H) &&
+                     same_bits("tc launches vs moe_block_1npt: next input norm", hn2_t, ft.hn2, H) &&
+                     same_bits("tc launches vs moe_block_1npt: expert outputs", out_t, ft.out, KK * H);
+        std::printf("%s: moe_gate_up_fp4_tc + moe_down_fp4_tc launches = moe_block_1npt bit for bit: %s\n", sh.name, chain ? "yes" : "NO");
+        tsame &= chain;
+        double terr = 0;
+        for (int n = 0; n < H; n++) terr = std::max(terr, std::fabs(xr[n] - ft.x[n]));
+        double trel = terr / std::max(mag, 1e-30);
+        bool tclose = trel < 1e-4;
+        std::printf("%s: moe_block_1npt (tensor-core expert dots): routing = seven launches: %s; vs float64: max |err| / max |update| = %.2e %s\n",
+                    sh.name, tsame ? "yes" : "NO", trel, tclose ? "ok" : "TOO LARGE");
+        same = same && tsame;
+        close = close && tclose;
+    }
     std::printf("%s (H %d, I %d, E %d, top-%d%s, grid %u x %u): fused = seven launches bit for bit: %s; vs float64: max |err| / max |update| = %.2e %s\n",
                 sh.name, H, I, E, K, sh.shared ? " + shared" : "", sh.grid, sh.block, same ? "yes" : "NO", rel,
                 close ? "ok" : "TOO LARGE");

@@ -119,6 +119,11 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1n",
             "moe_block_1np",
             "moe_block_1npr",
+            "tc_bfrag_rows",
+            "moe_gate_up_fp4_tc",
+            "moe_down_fp4_tc",
+            "moe_block_1npt",
+            "moe_block_1nprt",
         ],
     },
     KernelModule {
