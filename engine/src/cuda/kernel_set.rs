@@ -180,6 +180,19 @@ pub struct KernelSet {
     /// fewer (the same products and sums in the same order: the same bits). On since session 27
     /// (with `merge_r`; PERF.md run 191).
     pub moe_rp: bool,
+    /// NVFP4 experts at H 2048 and I 512 (Laguna-XS 2.1), with `moe_mk`, `moe_dl`, `moe_x`,
+    /// `moe_na`, `moe_poll` and `moe_sp`: the expert items take their dot products on tensor
+    /// cores (mma.sync f16: every code times its block scale, exact in f16; the activations as
+    /// f16 hi + lo of x * 2^-4, ~22 bits; f32 accumulation) instead of f32 FMAs on decoded
+    /// codes, about half the instructions an item: one-row passes in `moe_block_1nprt` /
+    /// `_1npt`, multi-row passes (DFlash verify, several sequences) in `tc_bfrag_rows` +
+    /// `moe_gate_up_fp4_tc` + `moe_down_fp4_tc` with the same per-row arithmetic, so a verified
+    /// row keeps its decoded bits (`laguna kbench`; `laguna device-test --dflash-pair` on the
+    /// synthetic XS-2.1 pair). Other bits than the f32 items: 1.8e-6 of the layer update
+    /// (kbench), 5.7e-7 of it against float64 (kernels/emu). On since session 30: 2.232 ->
+    /// 2.185 ms a decode step on the H200, DFlash k=6 step 6.62 -> 6.21 ms (PERF.md runs
+    /// 205-206).
+    pub moe_tc: bool,
 }
 
 impl KernelSet {
@@ -226,6 +239,7 @@ impl KernelSet {
             moe_poll: false,
             merge_r: false,
             moe_rp: false,
+            moe_tc: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -271,6 +285,7 @@ impl KernelSet {
             moe_poll: true,
             merge_r: true,
             moe_rp: true,
+            moe_tc: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -326,7 +341,8 @@ impl KernelSet {
                 "moe_poll" => k.moe_poll = on,
                 "merge_r" => k.merge_r = on,
                 "moe_rp" => k.moe_rp = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp)")),
+                "moe_tc" => k.moe_tc = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc)")),
             }
         }
         Ok(k)
@@ -420,6 +436,11 @@ mod tests {
         assert!(d.merge_r && !KernelSet::parse("-merge_r").unwrap().merge_r);
         assert!(d.moe_rp && !KernelSet::parse("-moe_rp").unwrap().moe_rp);
         assert!(!KernelSet::original().merge_r && !KernelSet::original().moe_rp);
+        assert!(
+            d.moe_tc
+                && !KernelSet::parse("-moe_tc").unwrap().moe_tc
+                && !KernelSet::original().moe_tc
+        );
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

@@ -588,13 +588,32 @@ impl CudaModel {
                             && h <= 2048
                             && im <= 512;
                         let mut blk = 256;
+                        // moe_tc: the rows' B fragments into sc.xs (free here: the router has
+                        // run), then the tensor-core items (moe_block_1nprt's arithmetic).
+                        let tc = sp && self.moe_tc_on(experts);
+                        if tc {
+                            d.launch_p(
+                                prof,
+                                "tc_bfrag_rows",
+                                (m as u32, 1, 1),
+                                (256, 1, 1),
+                                0,
+                                |b| {
+                                    b.u64(sc.hn).u64(sc.xs);
+                                },
+                            )
+                            .map_err(cerr)?;
+                            self.xs_holds.set((0, false));
+                        }
                         let (gu_name, gu_grid, gu_shm, dn_name, dn_grid, dn_shm) = if sp {
                             // One item per warp (4 warps a block): gate/up items are 2
                             // intermediate rows of a group, down items 8 output rows.
                             blk = 128;
                             let gb = ceil_div(groups as usize * im / 2, 4) as u32;
                             let db = ceil_div(groups as usize * h / 8, 4) as u32;
-                            let (gu, dn) = if self.kset.sp_na {
+                            let (gu, dn) = if tc {
+                                ("moe_gate_up_fp4_tc", "moe_down_fp4_tc")
+                            } else if self.kset.sp_na {
                                 ("moe_gate_up_fp4_spn", "moe_down_fp4_spn")
                             } else {
                                 ("moe_gate_up_fp4_sp", "moe_down_fp4_sp")
@@ -644,7 +663,7 @@ impl CudaModel {
                                 .u64(experts.up.w)
                                 .u64(experts.up.s)
                                 .u64(experts.up.inv)
-                                .u64(sc.hn)
+                                .u64(if tc { sc.xs } else { sc.hn })
                                 .i32(h as i32)
                                 .i32(im as i32)
                                 .i32(kk as i32)
@@ -736,6 +755,27 @@ impl CudaModel {
         Ok(())
     }
 
+    /// Whether the MoE expert dot products take the tensor-core form (KernelSet `moe_tc`): in the
+    /// one-row launch (`moe_block_1npt` / `_1nprt`) and in the multi-row items
+    /// (`moe_*_fp4_tc`) together or in neither, so that a row verified or decoded with others
+    /// keeps the bits it has decoded alone. Needs NVFP4 experts at H 2048 and I 512 and the
+    /// families both forms build on.
+    pub(super) fn moe_tc_on(&self, experts: &Experts) -> bool {
+        let k = &self.kset;
+        k.moe_tc
+            && k.moe_mk
+            && k.moe_dl
+            && k.moe_x
+            && k.moe_na
+            && k.moe_poll
+            && k.moe_sp
+            && experts.gate.fp4
+            && experts.up.fp4
+            && experts.down.fp4
+            && self.cfg.hidden_size == 2048
+            && self.cfg.moe_intermediate_size == 512
+    }
+
     /// The MoE half of a one-row pass (post-attention norm, router, top-k, experts, combine into
     /// sc.x, then `next`'s input norm into sc.hn) as one `moe_block_1` launch when the family is
     /// on and the layer fits it: NVFP4 experts, a BF16 router, the shared expert folded into the
@@ -796,8 +836,13 @@ impl CudaModel {
                         && self.kset.moe_rp
                         && cfg.num_experts <= 2 * (self.mk_grid * load::MK_BLOCK / 32) as usize =>
                     {
-                        "moe_block_1npr"
+                        if self.moe_tc_on(experts) {
+                            "moe_block_1nprt"
+                        } else {
+                            "moe_block_1npr"
+                        }
                     }
+                    _ if poll && self.moe_tc_on(experts) => "moe_block_1npt",
                     _ if poll => "moe_block_1np",
                     (true, true) if self.kset.moe_na => "moe_block_1n",
                     (true, true) => "moe_block_1",
