@@ -52,7 +52,17 @@ pub fn opts() -> CudaOptions {
     }
 }
 
-fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) -> Result<DRow> {
+/// `cpu`: also compare proposals and acceptance with the CPU engine (fixtures; far too slow for
+/// a full-size checkpoint).
+pub fn check_pair(
+    ddir: &Path,
+    tdir: &Path,
+    prompt: &[u32],
+    k: usize,
+    gen: usize,
+    o: CudaOptions,
+    cpu: bool,
+) -> Result<DRow> {
     let name = ddir.file_name().unwrap().to_string_lossy().to_string();
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
@@ -67,7 +77,7 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
         stop_token_ids: vec![],
     };
     // Plain greedy on the device.
-    let mut cu = CudaModel::load(tdir, opts()).context("cuda target")?;
+    let mut cu = CudaModel::load(tdir, o).context("cuda target")?;
     let plain = generate(&mut cu, &req, false)?.completion;
     // 1. Verify rows vs one-row decode, bitwise, for [t, plain continuation...].
     let s = cu.new_seq()?;
@@ -133,9 +143,13 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let (generic, gstats) = generic?;
     let generic_same = generic.completion == plain && fused.completion == plain;
     // 3. Acceptance vs the CPU engine.
-    let mut cpu = CpuModel::load(tdir).context("cpu target")?;
-    let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
-    let (_cres, cstats) = generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true)?;
+    let cstats = if cpu {
+        let mut cpu = CpuModel::load(tdir).context("cpu target")?;
+        let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
+        generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true)?.1
+    } else {
+        fast.stats.clone()
+    };
     let mut agree = 0;
     let mut acc_same = true;
     for ((pc, ac), (pg, ag)) in cstats.proposals.iter().zip(&cstats.acceptance_lengths).zip(
@@ -153,8 +167,9 @@ fn check_pair(ddir: &Path, tdir: &Path, prompt: &[u32], k: usize, gen: usize) ->
     let fast_vs_generic = fast.stats.acceptance_lengths == gstats.acceptance_lengths
         && fstats.acceptance_lengths == gstats.acceptance_lengths;
     let accept_cmp = format!(
-        "{agree}/{} steps same proposals as CPU{}{}",
+        "{agree}/{} steps same proposals as {}{}{}",
         cstats.acceptance_lengths.len(),
+        if cpu { "CPU" } else { "itself (no CPU run)" },
         if acc_same {
             ", same acceptance"
         } else {
@@ -205,7 +220,7 @@ pub fn run_all(drafts: &Path, models: &Path) -> Result<Vec<DRow>> {
                 println!("{name} k={k}: SKIP (block_size {bs})");
                 continue;
             }
-            match check_pair(d, &tdir, &prompt, k, 40) {
+            match check_pair(d, &tdir, &prompt, k, 40, opts(), true) {
                 Ok(r) => {
                     println!(
                         "{} k={}: verify-bitwise {} device-loop-identical {} driver-identical (fused and generic steps) {} accepted {} ({}) -> {}",

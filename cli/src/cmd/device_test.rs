@@ -26,6 +26,12 @@ pub struct Args {
     /// Only the DFlash checks.
     #[arg(long)]
     pub only_dflash: bool,
+    /// Instead of the fixtures: DFlash on one draft and target pair, `DRAFT,TARGET` (e.g. the
+    /// synthetic XS-2.1 checkpoints of `laguna synth`), k = 6, a fixed 64-token prompt: verify
+    /// rows bit-identical to the decoded ones, the device loop's and the driver's tokens the
+    /// plain greedy ones. Exits non-zero on a failure.
+    #[arg(long, value_name = "DRAFT,TARGET")]
+    pub dflash_pair: Option<String>,
 }
 
 pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
@@ -361,6 +367,32 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
 pub fn run(a: Args) -> Result<()> {
     if let Err(e) = laguna_engine::cuda::gpu_available() {
         println!("SKIP device-test: {e}");
+        return Ok(());
+    }
+    if let Some(pair) = &a.dflash_pair {
+        let (dd, td) = pair
+            .split_once(',')
+            .context("--dflash-pair takes DRAFT,TARGET")?;
+        let prompt: Vec<u32> = (0..64u32).map(|i| 100 + 37 * i).collect();
+        // (A K/V budget for the XS-2.1 shape's 30 sliding-window rings of 8 sequences.)
+        let o = CudaOptions {
+            kv_pool_bytes: Some(2 << 30),
+            ..super::device_dflash::opts()
+        };
+        let r = super::device_dflash::check_pair(
+            Path::new(dd),
+            Path::new(td),
+            &prompt,
+            6,
+            24,
+            o,
+            false,
+        )?;
+        println!(
+            "{} k={}: verify-bitwise {} device-loop-identical {} driver-identical (fused and generic steps) {} accepted {} ({}) -> {}",
+            r.name, r.k, r.verify_bitwise, r.fast_same, r.generic_same, r.accepted, r.accept_cmp, if r.ok { "OK" } else { "FAIL" }
+        );
+        anyhow::ensure!(r.ok, "DFlash pair check failed");
         return Ok(());
     }
     let mut dirs: Vec<PathBuf> = vec![];

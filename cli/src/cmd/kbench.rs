@@ -1209,7 +1209,10 @@ fn moe_layer(
     let block_n = |name: &'static str, i: usize, tpp: u64| block_r(name, i, tpp, rlog);
     let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
     let block_g = |i: usize, tpp: u64| block_n("moe_block_1g", i, tpp);
-    let seven = |i: usize| -> Result<()> {
+    // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
+    // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
+    let xf = z(4 * h)?;
+    let seven = |i: usize, tc: bool| -> Result<()> {
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
                 b.u64(x).u64(0).u64(w).u64(y).i32(h as i32).f32(eps);
@@ -1258,9 +1261,19 @@ fn moe_layer(
         .map_err(e)?;
         let groups = kk;
         let gb = (groups * im / 2).div_ceil(4) as u32;
+        if tc {
+            d.launch_p(&mut None, "tc_bfrag_rows", (1, 1, 1), (256, 1, 1), 0, |b| {
+                b.u64(hn).u64(xf);
+            })
+            .map_err(e)?;
+        }
         d.launch_p(
             &mut None,
-            "moe_gate_up_fp4_sp",
+            if tc {
+                "moe_gate_up_fp4_tc"
+            } else {
+                "moe_gate_up_fp4_sp"
+            },
             (gb, 1, 1),
             (128, 1, 1),
             0,
@@ -1271,7 +1284,7 @@ fn moe_layer(
                     .u64(up.0)
                     .u64(up.1)
                     .u64(up.2)
-                    .u64(hn)
+                    .u64(if tc { xf } else { hn })
                     .i32(h as i32)
                     .i32(im as i32)
                     .i32(kk as i32)
@@ -1287,7 +1300,11 @@ fn moe_layer(
         let db = (groups * h / 8).div_ceil(4) as u32;
         d.launch_p(
             &mut None,
-            "moe_down_fp4_sp",
+            if tc {
+                "moe_down_fp4_tc"
+            } else {
+                "moe_down_fp4_sp"
+            },
             (db, 1, 1),
             (128, 1, 1),
             0,
@@ -1336,19 +1353,50 @@ fn moe_layer(
     };
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
     let mut differ = vec![];
+    // moe_block_1nprt (moe_tc): other bits by design; its routing must be the same bits and its
+    // layer update within float64-agreement distance of the seven launches'.
+    let (mut tc_upd, mut tc_norm, mut tc_act, mut tc_out) = (0f64, 0f64, 0f64, 0f64);
+    // (LAGUNA_KB_TC=moe_block_1npt: the form without the router rows in registers.)
+    let tc_name: &'static str = match std::env::var("LAGUNA_KB_TC").as_deref() {
+        Ok("moe_block_1npt") => "moe_block_1npt",
+        _ => "moe_block_1nprt",
+    };
+    // IEEE half -> f32 (moe_tc's B fragments).
+    let h2f = |h: u16| -> f64 {
+        let (s, e, m) = ((h >> 15) as i32, ((h >> 10) & 31) as i32, (h & 1023) as f64);
+        let v = if e == 0 {
+            m * 2f64.powi(-24)
+        } else {
+            (1024.0 + m) * 2f64.powi(e - 25)
+        };
+        if s == 1 {
+            -v
+        } else {
+            v
+        }
+    };
     for i in 0..4 {
         let mut got = vec![];
-        for variant in 0..6 {
+        let (mut acts, mut outs) = (vec![], vec![]);
+        for variant in 0..8 {
             d.htod(x, &x0).map_err(e)?;
             match variant {
-                0 => seven(i)?,
+                0 => seven(i, false)?,
+                7 => seven(i, true)?,
                 1 => block_1(i, 0)?,
                 2 => block_g(i, 0)?,
                 3 => block_n("moe_block_1n", i, 0)?,
                 4 => block_r("moe_block_1np", i, 0, rlog_mk)?,
-                _ => block_r("moe_block_1npr", i, 0, rlog_mk)?,
+                5 => block_r("moe_block_1npr", i, 0, rlog_mk)?,
+                _ => block_r(tc_name, i, 0, rlog_mk)?,
             }
             d.sync().map_err(e)?;
+            if variant == 0 || variant == 6 {
+                let mut ab = vec![0u8; 4 * kk * im];
+                d.dtoh(&mut ab, act).map_err(e)?;
+                acts.push(ab);
+                outs.push(dtoh_f32(d, out, kk * h)?);
+            }
             got.push((
                 bits(dtoh_f32(d, x, h)?),
                 bits(dtoh_f32(d, hn2, h)?),
@@ -1357,6 +1405,51 @@ fn moe_layer(
             ));
         }
         let a = &got[0];
+        // The multi-row tensor-core launches give moe_block_1nprt's bits.
+        if got[7] != got[6] {
+            differ.push(format!("moe_*_fp4_tc launches vs {tc_name}, router {i}"));
+        }
+        {
+            let t = &got[6];
+            if a.2 != t.2 || a.3 != t.3 {
+                differ.push(format!("moe_block_1nprt, router {i}: routing"));
+            }
+            let f = |u: &u32| f32::from_bits(*u) as f64;
+            let (mut err, mut mag, mut nerr, mut nmag) = (0f64, 0f64, 0f64, 0f64);
+            for n in 0..h {
+                let x0n = f32::from_le_bytes(x0[4 * n..4 * n + 4].try_into().unwrap()) as f64;
+                err = err.max((f(&a.0[n]) - f(&t.0[n])).abs());
+                mag = mag.max((f(&a.0[n]) - x0n).abs());
+                nerr = nerr.max((f(&a.1[n]) - f(&t.1[n])).abs());
+                nmag = nmag.max(f(&a.1[n]).abs());
+            }
+            tc_upd = tc_upd.max(err / mag.max(1e-30));
+            // The gate/up outputs (the seven launches' f32 rows; moe_tc's as the down's B
+            // fragments, hi + lo halves of x / 16 at tcd_put's places) and the per-slot down rows.
+            let (mut ae, mut am, mut oe, mut om) = (0f64, 0f64, 0f64, 0f64);
+            for g in 0..kk {
+                for k in 0..im {
+                    let q = 4 * (g * im + k);
+                    let r = f32::from_le_bytes(acts[0][q..q + 4].try_into().unwrap()) as f64;
+                    let pos = ((k >> 1) & 1) | ((k & 1) << 1);
+                    let b = g * 1024
+                        + ((((k >> 2) & 15) * 16 + (k >> 8) * 4 + ((k >> 6) & 3)) << 2)
+                        + pos;
+                    let hw = |u: usize| u16::from_le_bytes([acts[1][2 * u], acts[1][2 * u + 1]]);
+                    let v = (h2f(hw(b)) + h2f(hw(b + 32))) * 16.0;
+                    ae = ae.max((r - v).abs());
+                    am = am.max(r.abs());
+                }
+                for n in 0..h {
+                    let (r, v) = (outs[0][g * h + n] as f64, outs[1][g * h + n] as f64);
+                    oe = oe.max((r - v).abs());
+                    om = om.max(r.abs());
+                }
+            }
+            tc_act = tc_act.max(ae / am.max(1e-30));
+            tc_out = tc_out.max(oe / om.max(1e-30));
+            tc_norm = tc_norm.max(nerr / nmag.max(1e-30));
+        }
         for (v, b) in [
             ("moe_block_1", &got[1]),
             ("moe_block_1g", &got[2]),
@@ -1391,10 +1484,15 @@ fn moe_layer(
             differ.join(", ")
         );
     }
+    println!(
+        "moe_block_1nprt (moe_tc, tensor-core expert dots) vs the seven launches, 4 routers: routing {}, = the moe_*_fp4_tc launches bit for bit: {}; largest difference {tc_upd:.2e} of the largest layer update, next normed row {tc_norm:.2e} of its largest value, gate/up outputs {tc_act:.2e}, per-slot down rows {tc_out:.2e} (of the largest)",
+        if differ.iter().any(|d| d.starts_with("moe_block_1nprt")) { "DIFFERS" } else { "the same bits" },
+        if differ.iter().any(|d| d.starts_with("moe_*_fp4_tc")) { "NO" } else { "yes" }
+    );
     d.htod(x, &x0).map_err(e)?;
     // Bytes a layer reads: router + 9 experts' gate, up, down (codes + scales).
     let bytes = (rw_bytes + kk * 3 * im * h * 9 / 16) as f64;
-    let t7 = time_graph(d, reps, &|i| seven(i))?;
+    let t7 = time_graph(d, reps, &|i| seven(i, false))?;
     rows.push((
         "moe layer, 1 row: seven launches".into(),
         t7,
@@ -1402,13 +1500,22 @@ fn moe_layer(
     ));
     let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
     rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
+    for name in ["moe_block_1npr", "moe_block_1nprt"] {
+        let t = time_graph(d, reps, &|i| block_r(name, i, 0, rlog_mk))?;
+        rows.push((format!("moe layer, 1 row: {name}"), t, bytes / t / 1e6));
+    }
     let tg = time_graph(d, reps, &|i| block_g(i, 0))?;
     rows.push((
         "moe layer, 1 row: moe_block_1g".into(),
         tg,
         bytes / tg / 1e6,
     ));
-    for (vname, v) in [("moe_block_1", 0), ("moe_block_1g", 1)] {
+    for (vname, v) in [
+        ("moe_block_1", 0),
+        ("moe_block_1g", 1),
+        ("moe_block_1npr", 2),
+        ("moe_block_1nprt", 3),
+    ] {
         // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
         // up, then once more from fresh stamps.
         let mut init = vec![0u8; 8 * 16 * reps];
@@ -1420,7 +1527,9 @@ fn moe_layer(
             let t = tp + (128 * i) as u64;
             match v {
                 0 => block_1(i, t)?,
-                _ => block_g(i, t)?,
+                1 => block_g(i, t)?,
+                2 => block_r("moe_block_1npr", i, t, rlog_mk)?,
+                _ => block_r("moe_block_1nprt", i, t, rlog_mk)?,
             }
         }
         let g = d.end_capture().map_err(e)?;
@@ -1476,7 +1585,7 @@ fn moe_layer(
     }
     for p in [
         rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
-        gbar, tp,
+        gbar, tp, xf,
     ] {
         d.free(p);
     }
