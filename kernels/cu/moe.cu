@@ -947,13 +947,14 @@ extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const f
 // products. A's 16 rows are (weight row, K segment) pairs: every code decoded to f16 by the E4M3
 // trick (e2m1 * 2^-6, exact) and multiplied by its block's E4M3 scale as f16 (mul.rn.f16x2: the
 // product has at most 6 significant bits and lies in [2^-16, 42], so it is exact). B's columns
-// are the activation row's segments as f16 hi and lo of x * 2^-4 (TC_XS; ~22 significant bits for
-// |x| < 2^19), so one mma gives both halves; of D only the diagonal (row (r, s), columns hi s and
-// lo s) is used. A lane's codes of a segment are a contiguous run (one 16-byte load per 32 codes);
-// the k order inside a step is the same permutation in A and B (codes 0, 2 | 1, 3 of a step's
-// four: the pairs cvt.rn.f16x2.e4m3x2 gives), so the sum is the segment's dot product. A row's
-// value: its segments' (hi + lo) in a fixed tree, times TC_UNSCALE and the expert's global
-// inverse scale. B fragments are stored as mma wants them: step j, lane l at uint2 index (lanes a step) j + l.
+// are the activation row's segments as f16 hi and lo of x * 2^-4 (TC_XS; ~22 significant bits;
+// |x| must stay below 2^20, f16's range times 2^4), so one mma gives both halves; of D only the
+// diagonal (row (r, s), columns hi s and lo s) is used. A lane's codes of a segment are a
+// contiguous run (one 16-byte load per 32 codes); the k order inside a step is the same
+// permutation in A and B (codes 0, 2 | 1, 3 of a step's four: the pairs cvt.rn.f16x2.e4m3x2
+// gives), so the sum is the segment's dot product. A row's value: its segments' (hi + lo) in a
+// fixed tree, times TC_UNSCALE and the expert's global inverse scale. B fragments are stored as
+// mma wants them: step j, lane l at uint2 index (lanes a step) j + l.
 #define TC_XS 0.0625f
 // What an item's sums are multiplied by before the global inverse scale: 2^6 (the codes as
 // e2m1 * 2^-6) times 2^4 (1 / TC_XS). Exact.
