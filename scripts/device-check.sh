@@ -3,7 +3,8 @@
 # carried), CUDA-vs-CPU checks on every fixture, then a random-weight checkpoint of the real
 # Laguna-XS 2.1 shape and the decode/TTFT bench on it. Logs under $OUT; short table last.
 # Usage (device machine, repo root): scripts/device-check.sh [fixtures|bench|all] (default all)
-# Env: SWEEP_K=1..15 (also synthesize the XS-2.1 DFlash draft and time DFlash steps for these k),
+# Env: SWEEP_K=1..15 (also synthesize the XS-2.1 DFlash draft, check DFlash on that pair with
+# `laguna device-test --dflash-pair`, and time DFlash steps for these k),
 # DEVICE_TEST_ARGS (e.g. --only-dflash), PROMPT_LEN, GEN, RUNS, BENCH_ARGS, NO_BENCH=1 (skip the 2K
 # bench), LONG=262000 (also the long-context run with a 12 GiB K/V budget; LONG_ARGS, LONG_TIMEOUT).
 # Needs dist/laguna (release build, carried) and optionally dist/cache (precompiled cubins).
