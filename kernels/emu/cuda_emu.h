@@ -171,30 +171,27 @@ inline void emu_ldsm_x4(const unsigned short* p, bool trans, unsigned& r0, unsig
     w.bar.arrive_and_wait();
     r0 = r[0]; r1 = r[1]; r2 = r[2]; r3 = r[3];
 }
-// mma.sync m16n8k16 row.col f32.bf16.bf16.f32 with PTX's fragment layout (g = lane / 4,
+// mma.sync m16n8k16 row.col with f32 accumulation and PTX's fragment layout (g = lane / 4,
 // t = lane % 4): A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..); B b0 (k 2t.., n g),
 // b1 (k 2t+8.., n g); C c0 (g, 2t), c1 (g, 2t+1), c2 (g+8, 2t), c3 (g+8, 2t+1). Each output is
 // C + the 16 products added by f32 fmas in k order (the tensor core's own order and precision
-// are not modelled: compare emulated kernels with each other).
-inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+// are not modelled: compare emulated kernels with each other). `half` turns a 16-bit operand
+// into its value (BF16 or f16).
+template <class Half>
+inline void emu_mma(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1, Half half) {
     EmuWarp& w = emu_warp();
     int l = threadIdx.x & 31;
     unsigned* f = w.frag[l];
     f[0] = a0; f[1] = a1; f[2] = a2; f[3] = a3; f[4] = b0; f[5] = b1;
     w.bar.arrive_and_wait();
-    auto bf = [](unsigned v, int half) {
-        unsigned u = (half ? v >> 16 : v & 0xffffu) << 16;
-        float x;
-        std::memcpy(&x, &u, 4);
-        return x;
-    };
+    auto hv = [&](unsigned v, int hi) { return half((unsigned short)(hi ? v >> 16 : v & 0xffffu)); };
     auto A = [&](int row, int k) {
         int lane = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-        return bf(w.frag[lane][reg], k % 2);
+        return hv(w.frag[lane][reg], k % 2);
     };
     auto B = [&](int k, int col) {
         int lane = col * 4 + (k % 8) / 2, reg = 4 + (k >= 8 ? 1 : 0);
-        return bf(w.frag[lane][reg], k % 2);
+        return hv(w.frag[lane][reg], k % 2);
     };
     int g = l / 4, t = l % 4;
     float out[4];
@@ -206,6 +203,15 @@ inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsign
     }
     w.bar.arrive_and_wait();
     for (int i = 0; i < 4; i++) c[i] = out[i];
+}
+// f32.bf16.bf16.f32
+inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
+    emu_mma(c, a0, a1, a2, a3, b0, b1, [](unsigned short h) {
+        unsigned u = (unsigned)h << 16;
+        float x;
+        std::memcpy(&x, &u, 4);
+        return x;
+    });
 }
 // IEEE half <-> f32 on the host (round to nearest even, subnormals kept), for the f16 forms of
 // moe.cu's tensor-core expert dot (moe_tc): cvt.rn.f16.f32, cvt.f32.f16, mul.rn.f16x2.
@@ -230,32 +236,9 @@ inline unsigned short emu_f2h(float f) {
     }
     return sign | (unsigned short)(E << 10) | (unsigned short)(mi - 1024);
 }
-// mma.sync m16n8k16 row.col f32.f16.f16.f32: emu_mma_bf16's layout and order with f16 halves.
+// f32.f16.f16.f32 (moe.cu's moe_tc forms).
 inline void emu_mma_f16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
-    EmuWarp& w = emu_warp();
-    int l = threadIdx.x & 31;
-    unsigned* f = w.frag[l];
-    f[0] = a0; f[1] = a1; f[2] = a2; f[3] = a3; f[4] = b0; f[5] = b1;
-    w.bar.arrive_and_wait();
-    auto hf = [](unsigned v, int half) { return emu_h2f((unsigned short)(half ? v >> 16 : v & 0xffffu)); };
-    auto A = [&](int row, int k) {
-        int lane = (row % 8) * 4 + (k % 8) / 2, reg = (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0);
-        return hf(w.frag[lane][reg], k % 2);
-    };
-    auto B = [&](int k, int col) {
-        int lane = col * 4 + (k % 8) / 2, reg = 4 + (k >= 8 ? 1 : 0);
-        return hf(w.frag[lane][reg], k % 2);
-    };
-    int g = l / 4, t = l % 4;
-    float out[4];
-    for (int i = 0; i < 4; i++) {
-        int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-        float acc = c[i];
-        for (int k = 0; k < 16; k++) acc = fmaf(A(row, k), B(k, col), acc);
-        out[i] = acc;
-    }
-    w.bar.arrive_and_wait();
-    for (int i = 0; i < 4; i++) c[i] = out[i];
+    emu_mma(c, a0, a1, a2, a3, b0, b1, emu_h2f);
 }
 // f32 -> OCP E4M3FN, round to nearest even, saturated to +-448 (cvt.rn.satfinite; NaN -> 0x7f).
 inline unsigned char emu_f2e4m3(float x) {

@@ -1361,20 +1361,6 @@ fn moe_layer(
         Ok("moe_block_1npt") => "moe_block_1npt",
         _ => "moe_block_1nprt",
     };
-    // IEEE half -> f32 (moe_tc's B fragments).
-    let h2f = |h: u16| -> f64 {
-        let (s, e, m) = ((h >> 15) as i32, ((h >> 10) & 31) as i32, (h & 1023) as f64);
-        let v = if e == 0 {
-            m * 2f64.powi(-24)
-        } else {
-            (1024.0 + m) * 2f64.powi(e - 25)
-        };
-        if s == 1 {
-            -v
-        } else {
-            v
-        }
-    };
     for i in 0..4 {
         let mut got = vec![];
         let (mut acts, mut outs) = (vec![], vec![]);
@@ -1435,8 +1421,10 @@ fn moe_layer(
                     let b = g * 1024
                         + ((((k >> 2) & 15) * 16 + (k >> 8) * 4 + ((k >> 6) & 3)) << 2)
                         + pos;
-                    let hw = |u: usize| u16::from_le_bytes([acts[1][2 * u], acts[1][2 * u + 1]]);
-                    let v = (h2f(hw(b)) + h2f(hw(b + 32))) * 16.0;
+                    let hf = |u: usize| {
+                        half::f16::from_le_bytes([acts[1][2 * u], acts[1][2 * u + 1]]).to_f64()
+                    };
+                    let v = (hf(b) + hf(b + 32)) * 16.0;
                     ae = ae.max((r - v).abs());
                     am = am.max(r.abs());
                 }
