@@ -1322,15 +1322,17 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 #define TC_NST 2
 #define TC_LD 136                                // staged row stride in BF16 (272 bytes)
 #define TC_STAGE (2 * 16 * TC_LD)                // K then V rows of one 16-key step
-#define TC_WSMEM (TC_NST * TC_STAGE)             // one warp's stages (BF16 elements)
+#define TC_WSMEM (NST * TC_STAGE)                // one warp's stages (BF16 elements; NST: the kernel's stages)
 #define TC_QOFF (4 * TC_WSMEM)                   // Q hi then lo rows ([16][TC_LD] each)
 #define TC_CL 136                                // the warps' O rows in the combine (floats)
-#define ATC_SMEM ((TC_QOFF + 2 * 16 * TC_LD) * 2)   // 78,336 bytes
-#define ATC_QK_SMEM (ATC_SMEM + 4 * 128 * 4)        // + the warps' norm buffers: 80,384
+#define ATC_SMEM ((TC_QOFF + 2 * 16 * TC_LD) * 2)   // 78,336 bytes (NST 2)
+#define ATC_QK_SMEM (ATC_SMEM + 4 * 128 * 4)        // + the warps' norm buffers: 80,384 (NST 3: 115,200)
 // Every fragment loop runs over 128 dims (8 steps of 16) whatever hd is, so it unrolls into
 // independent mma chains: with hd < 128 the staged rows' dims past hd are zero (the block clears
 // its shared memory first), and so are Q's.
-template <typename KV, bool QK = false>
+// NST: K/V steps a warp has in flight (TC_NST; attention_tc_qk3: 3, so a 2K row's 9-step split
+// has every step of warp 0 asked for before the PDL wait too; 115 KB of shared memory).
+template <typename KV, bool QK = false, int NST = TC_NST>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
                                                const float* kn_w = nullptr, const float* inv_freq = nullptr, int half = 0,
@@ -1445,7 +1447,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         }
     }
 #pragma unroll
-    for (int i = 0; i < TC_NST; i++)
+    for (int i = 0; i < NST; i++)
         if (i < mine) stage(w + 4 * i, i, false);
         else cp_async_commit();
     if (QK) {
@@ -1532,8 +1534,8 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     if (QK && writer) {
         // Key p's row if its step was staged above (before the norms): the writer's last step.
         int jl = nsteps - 1;
-        if ((jl & 3) == w && (jl >> 2) < TC_NST && (p - k0 - 16 * jl) == kr)
-            put_key_p(ws + ((jl >> 2) % TC_NST) * TC_STAGE + kr * TC_LD);
+        if ((jl & 3) == w && (jl >> 2) < NST && (p - k0 - 16 * jl) == kr)
+            put_key_p(ws + ((jl >> 2) % NST) * TC_STAGE + kr * TC_LD);
     }
     // Rows lg (a) and lg + 8 (b): running max, this lane's partial sum; O fragments (n-tile i:
     // dims 8 i + 2 lt, + 1 of rows lg / lg + 8).
@@ -1548,8 +1550,8 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     const int krow = ((lane & 7) + ((lane >> 4) << 3)) * TC_LD + ((lane >> 3) & 1) * 8;
     const int vrow = qrow;
     for (int i = 0; i < mine; i++) {
-        int st = i % TC_NST;
-        cp_async_wait_group<TC_NST - 1>();
+        int st = i % NST;
+        cp_async_wait_group<NST - 1>();
         __syncwarp();
         const bf16_t* Ks = ws + st * TC_STAGE;
         const bf16_t* Vs = Ks + 16 * TC_LD;
@@ -1631,7 +1633,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             }
         }
         __syncwarp();
-        if (i + TC_NST < mine) stage(w + 4 * (i + TC_NST), st, true);
+        if (i + NST < mine) stage(w + 4 * (i + NST), st, true);
         else cp_async_commit();
     }
     cp_async_wait_all();
@@ -1714,6 +1716,11 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_fp8(ATT_PARAMS(u8
     attention_tc_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 // attention_tc_qk's PDL wait comes after its first K/V loads (inside attention_tc_t).
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) {
+    attention_tc_t<bf16_t, true, 3>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
+                                 gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,
+                                 attn_factor, eps, kinv, vinv);
+}
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) {
     attention_tc_t<bf16_t, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
                                  gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,

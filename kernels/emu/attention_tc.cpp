@@ -204,6 +204,31 @@ static bool run(const Case& c) {
         }
         same_qk = same_bits("attention_tc_qk vs qk_norm_rope_kv_l + attention_tc", oa, ob, (size_t)R * qw) &&
                   std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
+        if constexpr (sizeof(KV) == 2) {
+            // attention_tc_qk3 (KernelSet tc_nst3: three K/V steps a warp in flight): the same bits
+            // as attention_tc_qk, output and cache.
+            std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
+            std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
+            float* o3 = emu_alloc<float>((size_t)R * qw);
+            for (size_t i = 0; i < (size_t)R * qw; i++) o3[i] = NAN;
+            for (int r = 0; r < R; r++) {
+                const float* x = raw + (size_t)r * ldr;
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
+                    attention_tc_qk3(x, ldr, o3 + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
+                                     c.window, sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, x + qw, x + qw + kvw, ldr,
+                                     qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale);
+                }, 8);
+                if (nsplit > 1)
+                    ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
+                        attention_merge_tc(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r,
+                                           c.window, nullptr, vscale);
+                    });
+            }
+            bool same3 = same_bits("attention_tc_qk3 vs attention_tc_qk", o3, ob, (size_t)R * qw) &&
+                         std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
+            std::printf("attention_tc_qk3 = attention_tc_qk (output, K and V cache): %s\n", same3 ? "yes" : "NO");
+            same_qk &= same3;
+        }
         // Leave the cache as the reference below read it.
         std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
         std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);

@@ -81,6 +81,7 @@ pub const MODULES: &[KernelModule] = &[
             "attention_tc",
             "attention_tc_fp8",
             "attention_tc_qk",
+            "attention_tc_qk3",
             "attention_tc_qk_fp8",
             "attention_merge_tc",
             "attention_merge_tc64",

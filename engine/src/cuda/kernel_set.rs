@@ -193,6 +193,14 @@ pub struct KernelSet {
     /// 2.185 ms a decode step on the H200, DFlash k=6 step 6.62 -> 6.21 ms (PERF.md runs
     /// 205-206).
     pub moe_tc: bool,
+    /// With `attn_tc` and `attn_qk`: a BF16 cache's `attention_tc_qk` grids of at most one block
+    /// an SM (the decode step's full layers) take `attention_tc_qk3`, three 16-key K/V steps a
+    /// warp asked for before the PDL wait instead of two: a 2K row's 129-132-key split is nine
+    /// steps, and warp 0's third was a DRAM round trip after its first step. The same
+    /// arithmetic, the same bits (kernels/emu); 115 KB of shared memory, so off where an SM
+    /// holds less (`fit`). On since session 31: 2.194-2.199 -> 2.186-2.193 ms a decode step on
+    /// the H200 (PERF.md runs 211-212).
+    pub tc_nst3: bool,
 }
 
 impl KernelSet {
@@ -240,6 +248,7 @@ impl KernelSet {
             merge_r: false,
             moe_rp: false,
             moe_tc: false,
+            tc_nst3: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -286,6 +295,7 @@ impl KernelSet {
             merge_r: true,
             moe_rp: true,
             moe_tc: true,
+            tc_nst3: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -342,7 +352,8 @@ impl KernelSet {
                 "merge_r" => k.merge_r = on,
                 "moe_rp" => k.moe_rp = on,
                 "moe_tc" => k.moe_tc = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc)")),
+                "tc_nst3" => k.tc_nst3 = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3)")),
             }
         }
         Ok(k)
@@ -353,6 +364,10 @@ impl KernelSet {
     pub fn fit(mut self, smem_per_sm: u32) -> KernelSet {
         if smem_per_sm < 3 * (70 * 1024) {
             self.attn_q = false;
+        }
+        // attention_tc_qk3's dynamic shared memory, its ~2 KB of static and 1 KB reserved.
+        if smem_per_sm < super::ATC_QK3_SMEM + 4 * 1024 {
+            self.tc_nst3 = false;
         }
         self
     }
@@ -441,6 +456,9 @@ mod tests {
                 && !KernelSet::parse("-moe_tc").unwrap().moe_tc
                 && !KernelSet::original().moe_tc
         );
+        assert!(d.tc_nst3 && !KernelSet::original().tc_nst3);
+        // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
+        assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
         assert!(!k.merge64 && !k.serve_argmax && k.merge16 && k.argmax_p);
         assert!(KernelSet::parse("-fast")

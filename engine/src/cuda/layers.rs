@@ -279,8 +279,22 @@ impl CudaModel {
                 }
             } else {
                 let (aname, agrid, ablk) = if tc {
+                    // tc_nst3: a grid of at most one block an SM (the decode step's full layers)
+                    // takes attention_tc_qk3 (three K/V steps a warp before the wait; the same
+                    // bits, so a verify pass on the two-stage kernel still matches).
+                    let one_wave = (m * nkv * nsplit) as u32 <= d.sms;
                     (
-                        if tc_qk { kv.tc_qk_name } else { kv.tc_name },
+                        if tc_qk
+                            && self.kset.tc_nst3
+                            && one_wave
+                            && kv.tc_qk_name == "attention_tc_qk"
+                        {
+                            "attention_tc_qk3"
+                        } else if tc_qk {
+                            kv.tc_qk_name
+                        } else {
+                            kv.tc_name
+                        },
                         (m as u32, nkv as u32, nsplit as u32),
                         128,
                     )

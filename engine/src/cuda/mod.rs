@@ -449,6 +449,8 @@ pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_
 pub(crate) const ATC_SMEM: u32 = (4 * 2 * 2 * 16 + 2 * 16) * 136 * 2;
 /// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
 pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + 4 * 128 * 4;
+/// `attention_tc_qk3`: three stages a warp instead of two.
+pub(crate) const ATC_QK3_SMEM: u32 = (4 * 3 * 2 * 16 + 2 * 16) * 136 * 2 + 4 * 128 * 4;
 /// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
@@ -460,6 +462,7 @@ const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_tc_fp8", ATC_SMEM),
     ("attention_tc_qk", ATC_QK_SMEM),
     ("attention_tc_qk_fp8", ATC_QK_SMEM),
+    ("attention_tc_qk3", ATC_QK3_SMEM),
 ];
 /// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
 /// every other kernel.
