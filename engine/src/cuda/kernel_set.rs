@@ -201,6 +201,13 @@ pub struct KernelSet {
     /// holds less (`fit`). On since session 31: 2.194-2.199 -> 2.186-2.193 ms a decode step on
     /// the H200 (PERF.md runs 211-212).
     pub tc_nst3: bool,
+    /// The BF16 tensor-core GEMV at 5 warps a block instead of 4 where N > 4096 and its 16-row
+    /// groups number at most 4 an SM (XS-2.1's 48-head layers' q|k|v|g: 515 blocks): at 4
+    /// warps (82 registers) an SM holds 5 of its blocks and the blocks filled ~110 SMs; at 5 it
+    /// holds 4, so all 129 stream (11.0-11.3 -> 9.7-10.8 us a launch). Other bits for those
+    /// GEMVs (the K split), still fixed per (N, K) on a device, never by the pass's rows. On
+    /// since session 31: 2.189 -> 2.185-2.186 ms a decode step on the H200 (PERF.md run 213).
+    pub tc_s5: bool,
 }
 
 impl KernelSet {
@@ -249,6 +256,7 @@ impl KernelSet {
             moe_rp: false,
             moe_tc: false,
             tc_nst3: false,
+            tc_s5: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -296,6 +304,7 @@ impl KernelSet {
             moe_rp: true,
             moe_tc: true,
             tc_nst3: true,
+            tc_s5: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -353,7 +362,8 @@ impl KernelSet {
                 "moe_rp" => k.moe_rp = on,
                 "moe_tc" => k.moe_tc = on,
                 "tc_nst3" => k.tc_nst3 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3)")),
+                "tc_s5" => k.tc_s5 = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5)")),
             }
         }
         Ok(k)
@@ -457,6 +467,9 @@ mod tests {
                 && !KernelSet::original().moe_tc
         );
         assert!(d.tc_nst3 && !KernelSet::original().tc_nst3);
+        assert!(
+            d.tc_s5 && !KernelSet::original().tc_s5 && !KernelSet::parse("-tc_s5").unwrap().tc_s5
+        );
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -202,11 +202,17 @@ impl CudaModel {
             // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
             // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
             // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
-            // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K): batch-invariant.
+            // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K) on a device (never by
+            // the pass's rows): batch-invariant.
+            // tc_s5: 5 warps a block where the 16-row groups number at most 4 an SM (the 48-head
+            // layers' q|k|v|g, 515 blocks): at 4 warps an SM holds 5 of its blocks and ~20 SMs
+            // got none; at 5 it holds 4 (82 registers: 23 warps an SM), so every SM streams.
             let sw = if l.n <= 2048 {
                 16u32
             } else if l.n <= 4096 {
                 8
+            } else if self.kset.tc_s5 && ceil_div(l.n, 16) <= 4 * self.dev.sms as usize {
+                5
             } else {
                 4
             };
