@@ -1716,21 +1716,13 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_fp8(ATT_PARAMS(u8
     attention_tc_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 // attention_tc_qk's PDL wait comes after its first K/V loads (inside attention_tc_t).
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) {
-    attention_tc_t<bf16_t, true, 3>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
-                                 gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,
-                                 attn_factor, eps, kinv, vinv);
-}
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) {
-    attention_tc_t<bf16_t, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
-                                 gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half,
-                                 attn_factor, eps, kinv, vinv);
-}
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) {
-    attention_tc_t<u8, true>(q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg,
-                             gate_mode, scale, vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor,
-                             eps, kinv, vinv);
-}
+#define TC_QK_ARGS                                                                                                      \
+    q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, gate_mode, scale, \
+        vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true>(TC_QK_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
+// The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
 // The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's
 // and _64's arithmetic.
 extern "C" __global__ void attention_merge_tc(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }

@@ -184,17 +184,17 @@ static bool run(const Case& c) {
         std::vector<KV> ka(kc, kc + cn), va(vc, vc + cn);
         std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
         std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
+        // The _qk kernels' arguments for row r of raw, output rows at o.
+#define TCQK_ARGS(o) x, ldr, o + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window, sink, \
+    x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, \
+    1.f / kscale, 1.f / vscale
         for (int r = 0; r < R; r++) {
             const float* x = raw + (size_t)r * ldr;
             ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
-#define TCQK_ARGS x, ldr, ob + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window, sink, \
-    x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, \
-    1.f / kscale, 1.f / vscale
                 if constexpr (sizeof(KV) == 1)
-                    attention_tc_qk_fp8(TCQK_ARGS);
+                    attention_tc_qk_fp8(TCQK_ARGS(ob));
                 else
-                    attention_tc_qk(TCQK_ARGS);
-#undef TCQK_ARGS
+                    attention_tc_qk(TCQK_ARGS(ob));
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
@@ -213,11 +213,7 @@ static bool run(const Case& c) {
             for (size_t i = 0; i < (size_t)R * qw; i++) o3[i] = NAN;
             for (int r = 0; r < R; r++) {
                 const float* x = raw + (size_t)r * ldr;
-                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
-                    attention_tc_qk3(x, ldr, o3 + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
-                                     c.window, sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, x + qw, x + qw + kvw, ldr,
-                                     qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale);
-                }, 8);
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] { attention_tc_qk3(TCQK_ARGS(o3)); }, 8);
                 if (nsplit > 1)
                     ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                         attention_merge_tc(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r,
@@ -229,6 +225,7 @@ static bool run(const Case& c) {
             std::printf("attention_tc_qk3 = attention_tc_qk (output, K and V cache): %s\n", same3 ? "yes" : "NO");
             same_qk &= same3;
         }
+#undef TCQK_ARGS
         // Leave the cache as the reference below read it.
         std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
         std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);

@@ -283,18 +283,12 @@ impl CudaModel {
                     // takes attention_tc_qk3 (three K/V steps a warp before the wait; the same
                     // bits, so a verify pass on the two-stage kernel still matches).
                     let one_wave = (m * nkv * nsplit) as u32 <= d.sms;
+                    let qk_name = match kv.tc_qk3_name {
+                        Some(n) if self.kset.tc_nst3 && one_wave => n,
+                        _ => kv.tc_qk_name,
+                    };
                     (
-                        if tc_qk
-                            && self.kset.tc_nst3
-                            && one_wave
-                            && kv.tc_qk_name == "attention_tc_qk"
-                        {
-                            "attention_tc_qk3"
-                        } else if tc_qk {
-                            kv.tc_qk_name
-                        } else {
-                            kv.tc_name
-                        },
+                        if tc_qk { qk_name } else { kv.tc_name },
                         (m as u32, nkv as u32, nsplit as u32),
                         128,
                     )
@@ -937,6 +931,7 @@ impl CudaModel {
             } else {
                 "attention_tc_qk"
             },
+            tc_qk3_name: (!fp8).then_some("attention_tc_qk3"),
             gqa_qk_name: if fp8 {
                 "attention_gqa_qk_fp8"
             } else {

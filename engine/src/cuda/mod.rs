@@ -254,6 +254,8 @@ struct KvArgs {
     attn_name: &'static str,
     tc_name: &'static str,
     tc_qk_name: &'static str,
+    /// `tc_qk_name` with three K/V stages (KernelSet tc_nst3), where there is one (BF16).
+    tc_qk3_name: Option<&'static str>,
     gqa_name: &'static str,
     gqa_qk_name: &'static str,
     prefill_name: &'static str,
@@ -446,11 +448,15 @@ pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_
 }
 /// Dynamic shared memory of `attention_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
 /// stages x K and V rows of 16 keys, then Q's hi and lo rows, 16 each, at a stride of 136 BF16).
-pub(crate) const ATC_SMEM: u32 = (4 * 2 * 2 * 16 + 2 * 16) * 136 * 2;
+pub(crate) const ATC_SMEM: u32 = atc_smem(2);
 /// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
 pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + 4 * 128 * 4;
-/// `attention_tc_qk3`: three stages a warp instead of two.
-pub(crate) const ATC_QK3_SMEM: u32 = (4 * 3 * 2 * 16 + 2 * 16) * 136 * 2 + 4 * 128 * 4;
+/// `attention_tc_qk3`: three stages a warp instead of two, + the norm buffers.
+pub(crate) const ATC_QK3_SMEM: u32 = atc_smem(3) + 4 * 128 * 4;
+/// attention_tc's stages (4 warps x `nst` x K and V rows of 16 keys) and Q's hi and lo rows.
+const fn atc_smem(nst: u32) -> u32 {
+    (4 * nst * 2 * 16 + 2 * 16) * 136 * 2
+}
 /// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
