@@ -112,6 +112,17 @@ __device__ __forceinline__ u8 ldg_na(const u8* p) {
     return __ldg(p);
 #endif
 }
+// __ldg as a volatile asm: kept in program order with the other volatile asms (mma.sync), where
+// the compiler may issue an invariant load after an mma that waits on DRAM.
+__device__ __forceinline__ float4 ldg_v(const float4* p) {
+#if defined(__CUDA_ARCH__)
+    float4 v;
+    asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+#else
+    return __ldg(p);
+#endif
+}
 // __ldg, or ldg_na when NA.
 template <bool NA, typename T> __device__ __forceinline__ T ldg_w(const T* p) {
     if constexpr (NA) return ldg_na(p);

@@ -465,7 +465,15 @@ struct TcTile {
 // NA (linear_tc_bf16_tln, KernelSet tc_na, on): TL with the weight loads not allocating in L1
 // (ldg_na): the weights are read once, the activations by every block of an SM, so the L1 is
 // theirs (PERF.md runs 181-182). The same bits.
-template <int TL, int NA = 0>
+// BF (linear_tc_bf16_tlnb, KernelSet tc_bf, on): TL + NA with no branch inside a round: every
+// slot's activations are loaded (a clamped K tile) by volatile loads, zeroed where the slot is
+// past K or the row past M, and a slot past K multiplies zero weights (adds +0). The compiler
+// had issued slots 1-3's activation loads after slot 0's mma, which waits on the round's weights
+// from DRAM, so each round cost a DRAM and then an L2 round trip; now a round's weight and
+// activation loads all go out before its first mma. The same products and sums in the same
+// order, so the same bits (kernels/emu); at most 88 registers, so an SM holds as many blocks as
+// of linear_tc_bf16_tln.
+template <int TL, int NA = 0, int BF = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {
     __shared__ __align__(16) float red[16][32][4];
@@ -499,7 +507,18 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             size_t k = (size_t)kt * 32;
             X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
             X1[u] = X0[u];
-            if (kt < nk) {
+            if (BF) {
+                size_t kc = (size_t)min(kt, nk - 1) * 32;
+                float4 a = ldg_v(reinterpret_cast<const float4*>(xr + kc));
+                float4 b = ldg_v(reinterpret_cast<const float4*>(xr + kc + 4));
+                bool on = kt < nk && xv;
+                X0[u] = on ? a : X0[u];
+                X1[u] = on ? b : X1[u];
+                if (kt >= nk) {
+                    A0[u] = make_uint4(0u, 0u, 0u, 0u);
+                    A1[u] = A0[u];
+                }
+            } else if (kt < nk) {
                 if (xv) {
                     X0[u] = __ldg(reinterpret_cast<const float4*>(xr + k));
                     X1[u] = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
@@ -508,7 +527,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
         }
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            if (kt0 + u * S >= nk) break;
+            if (!BF && kt0 + u * S >= nk) break;
             float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
             u32 hi[4], lo[4];
 #pragma unroll
@@ -563,6 +582,10 @@ extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused,
 extern "C" __global__ void linear_tc_bf16_tln(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                               float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnb(const void* wv, const u8* s_unused, float inv_gs, const float* x,
+                                                               int ldx, float* y, int ldy, int M, int N, int K, int accumulate) {
+    linear_tc_bf16_t<1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

@@ -5,8 +5,8 @@
 //   * moe_{gate_up,down}_fp4_sp over 7 rows (57-ish experts, grouped, an expert shared by
 //     several rows read once) = the same kernels on each row alone (direct grouping);
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
-//   * linear_tc_bf16 (4 and 16 warps a block) over 7 rows = each row alone (and = linear_tc_bf16_tl
-//     on tile_bf16's tile-interleaved copy);
+//   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
+//     linear_tc_bf16_tl, _tln and _tlnb on tile_bf16's tile-interleaved copy);
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -98,7 +98,8 @@ int main() {
                 }
             return err / mag;
         };
-        for (int S : {4, 16}) {
+        // (5 warps: K's 16 tiles fall unevenly on the warps; 16: slots 1-3 of every warp past K.)
+        for (int S : {4, 5, 16}) {
             float* ym = emu_alloc<float>((size_t)M * N);
             float* y1 = emu_alloc<float>((size_t)M * N);
             ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
@@ -121,7 +122,21 @@ int main() {
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, yn, N, M, N, K, 0); });
                 et &= same_bits("linear_tc_bf16_tln vs linear_tc_bf16", yn, ym, (size_t)M * N);
-                std::printf("linear_tc_bf16_tl and _tln on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
+                // linear_tc_bf16_tlnb (KernelSet tc_bf: no branch in a round, slots past K
+                // multiplying zeros): the same bits, storing and accumulating.
+                float* yb = emu_alloc<float>((size_t)M * N);
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yb, N, M, N, K, 0); });
+                et &= same_bits("linear_tc_bf16_tlnb vs linear_tc_bf16", yb, ym, (size_t)M * N);
+                float* ya = emu_alloc<float>((size_t)M * N);
+                float* yc = emu_alloc<float>((size_t)M * N);
+                for (int i = 0; i < M * N; i++) ya[i] = yc[i] = nd(rng);
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, ya, N, M, N, K, 1); });
+                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yc, N, M, N, K, 1); });
+                et &= same_bits("linear_tc_bf16_tlnb vs _tln, accumulating", yc, ya, (size_t)M * N);
+                std::printf("linear_tc_bf16_tl, _tln and _tlnb (storing and accumulating) on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
                             et ? "yes" : "NO");
                 eq &= et;
             }

@@ -155,6 +155,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16",
             "linear_tc_bf16_tl",
             "linear_tc_bf16_tln",
+            "linear_tc_bf16_tlnb",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",

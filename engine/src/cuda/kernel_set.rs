@@ -208,6 +208,12 @@ pub struct KernelSet {
     /// GEMVs (the K split), still fixed per (N, K) on a device, never by the pass's rows. On
     /// since session 31: 2.189 -> 2.185-2.186 ms a decode step on the H200 (PERF.md run 213).
     pub tc_s5: bool,
+    /// With `tc_na`: the BF16 GEMV with no branch inside a round (`linear_tc_bf16_tlnb`): a
+    /// round's activation loads all issued with its weight loads, before its first mma (the
+    /// compiler had put three of the four slots' after the first slot's mma, which waits on
+    /// DRAM: a DRAM and then an L2 round trip a round). The same bits. On since session 32:
+    /// 2.182-2.183 -> 2.126-2.128 ms a decode step on the H200 (PERF.md run 217).
+    pub tc_bf: bool,
 }
 
 impl KernelSet {
@@ -257,6 +263,7 @@ impl KernelSet {
             moe_tc: false,
             tc_nst3: false,
             tc_s5: false,
+            tc_bf: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -305,6 +312,7 @@ impl KernelSet {
             moe_tc: true,
             tc_nst3: true,
             tc_s5: true,
+            tc_bf: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -363,7 +371,8 @@ impl KernelSet {
                 "moe_tc" => k.moe_tc = on,
                 "tc_nst3" => k.tc_nst3 = on,
                 "tc_s5" => k.tc_s5 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5)")),
+                "tc_bf" => k.tc_bf = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf)")),
             }
         }
         Ok(k)
@@ -469,6 +478,9 @@ mod tests {
         assert!(d.tc_nst3 && !KernelSet::original().tc_nst3);
         assert!(
             d.tc_s5 && !KernelSet::original().tc_s5 && !KernelSet::parse("-tc_s5").unwrap().tc_s5
+        );
+        assert!(
+            d.tc_bf && !KernelSet::original().tc_bf && !KernelSet::parse("-tc_bf").unwrap().tc_bf
         );
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);

@@ -217,7 +217,9 @@ impl CudaModel {
                 4
             };
             // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
-            let (name, w) = if l.t != 0 && self.kset.tc_na {
+            let (name, w) = if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
+                ("linear_tc_bf16_tlnb", l.t)
+            } else if l.t != 0 && self.kset.tc_na {
                 ("linear_tc_bf16_tln", l.t)
             } else if l.t != 0 {
                 ("linear_tc_bf16_tl", l.t)
