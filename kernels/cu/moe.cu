@@ -1341,7 +1341,14 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 // fragments into `act` (the same bytes as its f32 rows), which phase 3 stages as before. The
 // same per-row arithmetic as tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
 // bits as those launches (kernels/emu, laguna kbench).
-template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false>
+// DEP (moe_block_1nprtd, KernelSet moe_dep, off: not yet measured on a GPU): a gate/up item's
+// first code word is XORed with (a zero the compilers cannot see: E >> 16, E <= 256) AND
+// (every other code and scale word of the item), so its first mma needs all of the item's loads
+// and all ten go out before it. Without it ptxas issues four code and both scale loads, then the
+// first mma (which waits on DRAM), then the other four: two DRAM round trips an item (the SASS
+// of moe_block_1nprt, session 32). The same values, so the same bits.
+template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false,
+          bool DEP = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     static_assert(!TC || LOCAL, "moe_tc: block-local down items only");
     int lane = threadIdx.x & 31;
@@ -1477,6 +1484,12 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
                 uint4 tw[8];
                 uint2 ts[2];
                 tcg_load<NA>(gw, gs, uw, us, e, i, lane, tw, ts);
+                if (DEP) {
+                    u32 d = tw[0].y ^ tw[0].z ^ tw[0].w ^ ts[0].x ^ ts[0].y ^ ts[1].x ^ ts[1].y;
+#pragma unroll
+                    for (int q = 1; q < 8; q++) d ^= tw[q].x ^ tw[q].y ^ tw[q].z ^ tw[q].w;
+                    tw[0].x ^= ((unsigned)E >> 16) & d;  // E <= 256: a zero the compilers cannot see
+                }
                 float c[4];
                 tcg_dot(tw, ts, reinterpret_cast<const uint2*>(sact), lane, c);
                 tcg_out(c, lane, gi, ui, reinterpret_cast<u16*>(act + (size_t)g * I), nullptr, i);
@@ -1650,3 +1663,10 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1npr(MOE_BLOCK_PA
 // I 512; _1npt for the emulated test, whose grid is too small for the router rows in registers).
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1npt(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, false, true>(MOE_BLOCK_ARGS); }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprt(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true, true>(MOE_BLOCK_ARGS); }
+// moe_block_1npt with DEP (kernels/emu checks DEP on it where a grid has too few warps for RP).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptd(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, false, true, true>(MOE_BLOCK_ARGS);
+}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtd(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, true, true, true>(MOE_BLOCK_ARGS);
+}

@@ -96,9 +96,11 @@ static bool run(const Shape& sh, unsigned seed) {
         // v 5: moe_block_1npt (moe_tc: the expert dot products on tensor cores; H 2048, I 512).
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : "moe_block_1npt";
+        // v 6: moe_block_1nprtd (moe_dep: a gate/up item's first mma made to need all its loads),
+        // 7: moe_block_1nptd (the same without the router rows in registers).
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : v == 5 ? "moe_block_1npt" : v == 6 ? "moe_block_1nprtd" : "moe_block_1nptd";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : moe_block_1npt)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : v == 5 ? moe_block_1npt : v == 6 ? moe_block_1nprtd : moe_block_1nptd)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -237,6 +239,17 @@ static bool run(const Shape& sh, unsigned seed) {
                      same_bits("tc launches vs moe_block_1npt: expert outputs", out_t, ft.out, KK * H);
         std::printf("%s: moe_gate_up_fp4_tc + moe_down_fp4_tc launches = moe_block_1npt bit for bit: %s\n", sh.name, chain ? "yes" : "NO");
         tsame &= chain;
+        {
+            // moe_dep: _1nprtd where a warp holds at most one router row pair, else _1nptd.
+            Fused fd = fused(rp ? 6 : 7);
+            bool dsame = same_bits("moe_dep vs _1npt: residual", fd.x, ft.x, H) &&
+                         same_bits("moe_dep vs _1npt: next input norm", fd.hn2, ft.hn2, H) &&
+                         same_bits("moe_dep vs _1npt: expert outputs", fd.out, ft.out, KK * H) &&
+                         same_bits("moe_dep vs _1npt: routing weights", fd.wts, ft.wts, KK);
+            std::printf("%s: %s (moe_dep) = moe_block_1npt bit for bit: %s\n", sh.name, rp ? "moe_block_1nprtd" : "moe_block_1nptd",
+                        dsame ? "yes" : "NO");
+            tsame &= dsame;
+        }
         double terr = 0;
         for (int n = 0; n < H; n++) terr = std::max(terr, std::fabs(xr[n] - ft.x[n]));
         double trel = terr / std::max(mag, 1e-30);

@@ -125,6 +125,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_fp4_tc",
             "moe_block_1npt",
             "moe_block_1nprt",
+            "moe_block_1nprtd",
         ],
     },
     KernelModule {

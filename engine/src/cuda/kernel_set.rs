@@ -214,6 +214,12 @@ pub struct KernelSet {
     /// DRAM: a DRAM and then an L2 round trip a round). The same bits. On since session 32:
     /// 2.182-2.183 -> 2.126-2.128 ms a decode step on the H200 (PERF.md run 217).
     pub tc_bf: bool,
+    /// With `moe_tc` and `moe_rp`: `moe_block_1nprtd`, whose gate/up items make their first mma
+    /// depend on all ten of their loads (an XOR with a zero from shared memory), so that ptxas
+    /// issues them all before it: the SASS of `moe_block_1nprt` has four code loads after the
+    /// first mma, a second DRAM round trip an item. The same bits (kernels/emu). Off: not yet
+    /// measured on a GPU (session 32 had no device time left).
+    pub moe_dep: bool,
 }
 
 impl KernelSet {
@@ -264,6 +270,7 @@ impl KernelSet {
             tc_nst3: false,
             tc_s5: false,
             tc_bf: false,
+            moe_dep: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -313,6 +320,7 @@ impl KernelSet {
             tc_nst3: true,
             tc_s5: true,
             tc_bf: true,
+            moe_dep: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -372,7 +380,8 @@ impl KernelSet {
                 "tc_nst3" => k.tc_nst3 = on,
                 "tc_s5" => k.tc_s5 = on,
                 "tc_bf" => k.tc_bf = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf)")),
+                "moe_dep" => k.moe_dep = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep)")),
             }
         }
         Ok(k)
@@ -482,6 +491,7 @@ mod tests {
         assert!(
             d.tc_bf && !KernelSet::original().tc_bf && !KernelSet::parse("-tc_bf").unwrap().tc_bf
         );
+        assert!(!d.moe_dep && KernelSet::parse("+moe_dep").unwrap().moe_dep);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

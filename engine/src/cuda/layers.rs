@@ -844,7 +844,9 @@ impl CudaModel {
                         && self.kset.moe_rp
                         && cfg.num_experts <= 2 * (self.mk_grid * load::MK_BLOCK / 32) as usize =>
                     {
-                        if self.moe_tc_on(experts) {
+                        if self.moe_tc_on(experts) && self.kset.moe_dep {
+                            "moe_block_1nprtd"
+                        } else if self.moe_tc_on(experts) {
                             "moe_block_1nprt"
                         } else {
                             "moe_block_1npr"
