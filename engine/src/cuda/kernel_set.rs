@@ -215,7 +215,8 @@ pub struct KernelSet {
     /// 2.182-2.183 -> 2.126-2.128 ms a decode step on the H200 (PERF.md run 217).
     pub tc_bf: bool,
     /// With `moe_tc` and `moe_rp`: `moe_block_1nprtd`, whose gate/up items make their first mma
-    /// depend on all ten of their loads (an XOR with a zero from shared memory), so that ptxas
+    /// depend on all ten of their loads (an XOR with (E >> 16) & the other words, a zero the
+    /// compilers cannot see since E <= 256), so that ptxas
     /// issues them all before it: the SASS of `moe_block_1nprt` has four code loads after the
     /// first mma, a second DRAM round trip an item. The same bits (kernels/emu). Off: not yet
     /// measured on a GPU (session 32 had no device time left).
