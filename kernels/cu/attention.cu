@@ -570,7 +570,12 @@ extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float
 // the stored values in shared memory (kp, vp), from which its last tile takes that key (nothing
 // reads the slot from memory in this launch; only the writer block's split reaches position p). The first tile's page-table entries and K/V rows are loaded
 // before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
-template <typename KV>
+// PRE (attention_gqa_qkp, KernelSet gqa_pre, off: not yet measured on a GPU): the exit test also
+// reads the sequence row (never negative), so ptxas issues its load with the position's instead
+// of after the exit that needs the position (the SASS of attention_gqa_qk: position, exit,
+// sequence row, page entries, K/V rows, four dependent round trips before the wait; three with
+// it). The same values, so the same bits.
+template <typename KV, bool PRE = false>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
                                                    int page_size, int nh, int nkv, int hd, int window, const float* sink,
@@ -595,7 +600,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     int last = p;
     int len = last + 1 - lo;
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    if (z >= ns) return;
+    if (z >= ns || (PRE && srow < 0)) return;
     int chunk = (len + ns - 1) / ns;
     // The split holding the row's own key (not always the last: with 64 splits of a long row
     // the last ones can be empty).
@@ -758,6 +763,8 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
 // (PDL_ENTRY inside, after the loads that do not depend on the previous launch.)
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
+// attention_gqa_qk with the sequence row's load beside the position's (KernelSet gqa_pre).
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, true>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 // A thread's sum over the splits, U split values loaded at once (the first U already in v when
@@ -1332,7 +1339,16 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 // its shared memory first), and so are Q's.
 // NST: K/V steps a warp has in flight (TC_NST; attention_tc_qk3: 3, so a 2K row's 9-step split
 // has every step of warp 0 asked for before the PDL wait too; 115 KB of shared memory).
-template <typename KV, bool QK = false, int NST = TC_NST>
+// PRE (attention_tc_qk3p, KernelSet tc_pre, off: not yet measured on a GPU; QK, half <= 64): the
+// chain before the wait shortened, the same values, so the same bits. Without it the SASS has
+// the position's load, the exit test, then the sequence row's load, then stage 0's page entry,
+// its copies (which wait on it), stage 1's page entry, ...: five dependent round trips, and the
+// blocks of this launch only get an SM as the q|k|v|g GEMV before it ends. With it the sequence
+// row is loaded with the position and every stage's page entry before any copy: two. Also the
+// q/k norm weights, the rotary frequencies and the new key's page entry, which no launch of the
+// pass writes, are loaded before the PDL wait (as attention_gqa_qk does) instead of with q after
+// it (the step's weight stream evicts them from L2: DRAM round trips beside q's L2 one).
+template <typename KV, bool QK = false, int NST = TC_NST, bool PRE = false>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
                                                const float* kn_w = nullptr, const float* inv_freq = nullptr, int half = 0,
@@ -1353,13 +1369,17 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     int last = key_last(p, kend, m, window);
     int len = last + 1 - lo;
     int ns = tc_splits(len, nsplit);
-    if (z >= ns) return;
+    // PRE: the sequence row read with the position (the test makes ptxas issue its load before
+    // the exit; a row is never negative), not after the exit that needs the position: one
+    // round trip fewer before the first page entry.
+    int srow = PRE ? seqrow[m] : 0;
+    if (z >= ns || (PRE && srow < 0)) return;
     STAMP();  // (LAGUNA_STAMP builds: the timeline's record of this block, its wait time set below)
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     int nsteps = k1 > k0 ? (k1 - k0 + 15) >> 4 : 0;
     int mine = nsteps > w ? (nsteps - w + 3) >> 2 : 0;  // this warp's steps: w, w + 4, ...
-    const int* btr = bt + (size_t)seqrow[m] * max_pages;
+    const int* btr = bt + (size_t)(PRE ? srow : seqrow[m]) * max_pages;
     const int nc = hd >> 3;
     bf16_t* ws = atc_s + (size_t)w * TC_WSMEM;
     bf16_t* qhi = atc_s + TC_QOFF;
@@ -1384,18 +1404,33 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             *reinterpret_cast<uint4*>(Kd + 16 * TC_LD + c * 8) = *reinterpret_cast<const uint4*>(vp + c * 8);
         }
     };
-    auto stage = [&](int j, int st, bool after) {
-        int key = k0 + 16 * j + kr;
-        bf16_t* Kd = ws + st * TC_STAGE + kr * TC_LD;
-        bf16_t* Vd = Kd + 16 * TC_LD;
-        bool ok = key < k1;
+    // Stage j's cache offset for this lane's key (0 past the split).
+    auto stage_off = [&](int j) -> size_t {
         size_t off = 0;
-        if (ok) {
+        if (k0 + 16 * j + kr < k1) {
             TilePages tp(k0 + 16 * j, page_size, max_pages);
             int in;
             int pi = tp.index(kr, in);
             off = (((size_t)btr[pi] * page_size + in) * nkv + kvh) * hd;
         }
+        return off;
+    };
+    // PRE: the same offset with the page entry loaded whether or not the key is in the split (its
+    // index is in the row's table either way), so no branch keeps one stage's load behind another
+    // stage's copies.
+    auto stage_off_pre = [&](int j) -> size_t {
+        TilePages tp(k0 + 16 * j, page_size, max_pages);
+        int in;
+        int pi = tp.index(kr, in);
+        int pg = btr[pi];
+        return k0 + 16 * j + kr < k1 ? (((size_t)pg * page_size + in) * nkv + kvh) * hd : 0;
+    };
+    // Stage j's copies at cache offset off.
+    auto stage_at = [&](int j, int st, bool after, size_t off) {
+        int key = k0 + 16 * j + kr;
+        bf16_t* Kd = ws + st * TC_STAGE + kr * TC_LD;
+        bf16_t* Vd = Kd + 16 * TC_LD;
+        bool ok = key < k1;
         if (writer && key == p) {
             if (after) put_key_p(Kd);
         } else {
@@ -1420,6 +1455,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         }
         cp_async_commit();
     };
+    auto stage = [&](int j, int st, bool after) { stage_at(j, st, after, stage_off(j)); };
     // Q row r, dims c, c + 1 as BF16 hi / lo pairs into shared memory.
     auto put_q = [&](int r, int c, float x0, float x1) {
         u32 h = bf2_pack(x0, x1);
@@ -1446,19 +1482,50 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             put_q(r, c, x0, x1);
         }
     }
+    if (PRE) {
+        // Every stage's page entry asked for before the first stage's copies (which wait on it).
+        size_t offs[NST];
 #pragma unroll
-    for (int i = 0; i < NST; i++)
-        if (i < mine) stage(w + 4 * i, i, false);
-        else cp_async_commit();
+        for (int i = 0; i < NST; i++) offs[i] = stage_off_pre(w + 4 * i);
+#pragma unroll
+        for (int i = 0; i < NST; i++)
+            if (i < mine) stage_at(w + 4 * i, i, false, offs[i]);
+            else cp_async_commit();
+    } else {
+#pragma unroll
+        for (int i = 0; i < NST; i++)
+            if (i < mine) stage(w + 4 * i, i, false);
+            else cp_async_commit();
+    }
+    // QK: the norms' items: 0..G-1 the query heads, item G the new key (writer block only); item
+    // w + 4 u to warp w. PRE: their norm weights, this thread's rotary frequency (half <= 64 <
+    // blockDim) and the new key's page entry, before the wait.
+    float nwv[5][4];
+    float fr = 0.f;
+    int kpage = 0;
+    if (QK && PRE) {
+        int items = G + (writer ? 1 : 0);
+#pragma unroll
+        for (int u = 0; u < 5; u++) {
+            int it = w + 4 * u;
+            const float* nw = it < G ? qn_w : kn_w;
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int dd = lane + 32 * jj;
+                nwv[u][jj] = it < items && dd < hd ? nw[dd] : 0.f;
+            }
+        }
+        fr = (int)threadIdx.x < half ? inv_freq[threadIdx.x] : 0.f;
+        kpage = writer ? btr[(p / page_size) % max_pages] : 0;
+    }
     if (QK) {
         // Everything above read only what earlier passes and the host wrote.
         pdl_wait();
         pdl_launch();
         STAMP_MARK();
-        // q/k norm + RoPE (qk_norm_rope_kv_t's expressions): items 0..G-1 the query heads, item G
-        // the new key (writer block only); item w + 4 u to warp w, its values loaded first.
+        // q/k norm + RoPE (qk_norm_rope_kv_t's expressions), each item's values loaded first.
         int items = G + (writer ? 1 : 0);
-        float xv[5][4], nwv[5][4], vv[4];
+        float xv[5][4], vv[4];
 #pragma unroll
         for (int u = 0; u < 5; u++) {
             int it = w + 4 * u;
@@ -1470,7 +1537,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
                 int dd = lane + 32 * jj;
                 bool in = live && dd < hd;
                 xv[u][jj] = in ? src[dd] : 0.f;
-                nwv[u][jj] = in ? nw[dd] : 0.f;
+                if (!PRE) nwv[u][jj] = in ? nw[dd] : 0.f;
             }
         }
 #pragma unroll
@@ -1478,11 +1545,19 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             int dd = lane + 32 * jj;
             vv[jj] = writer && w == G % 4 && dd < hd ? v[(size_t)m * ldkv + (size_t)kvh * hd + dd] : 0.f;
         }
-        int kpage = writer ? btr[(p / page_size) % max_pages] : 0;
-        for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            float ang = (float)p * inv_freq[i];
-            rc[i] = cosf(ang) * attn_factor;
-            rs[i] = sinf(ang) * attn_factor;
+        if (!PRE) kpage = writer ? btr[(p / page_size) % max_pages] : 0;
+        if (PRE) {
+            if ((int)threadIdx.x < half) {
+                float ang = (float)p * fr;
+                rc[threadIdx.x] = cosf(ang) * attn_factor;
+                rs[threadIdx.x] = sinf(ang) * attn_factor;
+            }
+        } else {
+            for (int i = threadIdx.x; i < half; i += blockDim.x) {
+                float ang = (float)p * inv_freq[i];
+                rc[i] = cosf(ang) * attn_factor;
+                rs[i] = sinf(ang) * attn_factor;
+            }
         }
         // Q rows past the group are zero.
         for (int e = threadIdx.x; e < (16 - G) * 64; e += blockDim.x) put_q(G + (e >> 6), 2 * (e & 63), 0.f, 0.f);
@@ -1723,6 +1798,9 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf1
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
 // The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
+// attention_tc_qk3 with the norms' weights, frequencies and page entry read before the wait
+// (KernelSet tc_pre).
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3p(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3, true>(TC_QK_ARGS); }
 // The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's
 // and _64's arithmetic.
 extern "C" __global__ void attention_merge_tc(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }

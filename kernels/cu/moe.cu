@@ -1347,8 +1347,15 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 // and all ten go out before it. Without it ptxas issues four code and both scale loads, then the
 // first mma (which waits on DRAM), then the other four: two DRAM round trips an item (the SASS
 // of moe_block_1nprt, session 32). The same values, so the same bits.
+// GI (moe_block_1nprtg / _1nprtdg, KernelSet moe_gi, off: not yet measured on a GPU): the experts'
+// global inverse scales (gate and up, E + shared_slot each) read into shared memory before the
+// PDL wait, as the bias is. Without it a gate/up item reads ginv[e] / uinv[e] from global memory
+// where they are used: ptxas puts both loads after the item's mma chain and its shuffles (inside
+// the two lanes' output branch), so every item ends with one more memory round trip (DRAM or L2:
+// the step's weight stream evicts them) before its output store, which the barrier after the
+// phase waits for (SASS of moe_block_1nprt, session 33). The same values, so the same bits.
 template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false,
-          bool DEP = false>
+          bool DEP = false, bool GI = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     static_assert(!TC || LOCAL, "moe_tc: block-local down items only");
     int lane = threadIdx.x & 31;
@@ -1387,8 +1394,15 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
     __shared__ float s_bias[256];
     __shared__ float s_nw[1024];
+    // GI: E + shared_slot <= 257 (E <= 256: s_bias).
+    __shared__ float s_gi[GI ? 260 : 1], s_ui[GI ? 260 : 1];
     for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i];
     for (int e = threadIdx.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
+    if (GI)
+        for (int e = threadIdx.x; e < E + shared_slot; e += blockDim.x) {
+            s_gi[e] = ginv[e];
+            s_ui[e] = uinv[e];
+        }
     {
         int i = blockIdx.x * blockDim.x + threadIdx.x;
         if (next_w && i < H) s_nw[threadIdx.x] = next_w[i];
@@ -1479,7 +1493,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         for (int it = swarp; it < KK * per; it += nwarps) {
             int g = it / per, i = (it - g * per) * 2;
             int e = s_ids[g];
-            float gi = ginv[e], ui = uinv[e];
+            float gi = GI ? s_gi[e] : ginv[e], ui = GI ? s_ui[e] : uinv[e];
             if (TC) {
                 uint4 tw[8];
                 uint2 ts[2];
@@ -1669,4 +1683,14 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptd(MOE_BLOCK_P
 }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtd(MOE_BLOCK_PARAMS) {
     moe_block_1_t<true, true, true, true, true, true, true>(MOE_BLOCK_ARGS);
+}
+// GI, without and with DEP (KernelSet moe_gi; _1nptdg for the emulated test, as _1nptd).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtg(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, true, true, false, true>(MOE_BLOCK_ARGS);
+}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtdg(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, true, true, true, true>(MOE_BLOCK_ARGS);
+}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptdg(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, false, true, true, true>(MOE_BLOCK_ARGS);
 }

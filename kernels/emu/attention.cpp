@@ -157,13 +157,15 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     // for passes whose rows are each alone in their sequence): each row alone, in order, fresh
     // cache, with 64 splits and with one (the output written directly): the same cache and output
     // bits as qk_norm_rope_kv + attention_gqa (+ attention_merge) on that row.
-    auto fused = [&](int r, int ns, float* out) {
+    auto fused = [&](int r, int ns, float* out, bool pre = false) {
         const float* x = raw + (size_t)r * ld;
         ok &= emu_launch({1, (unsigned)nkv, (unsigned)ns}, 32 * (G + 1), [&] {
 #define QK_F_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, 1, \
     scale, vscale, ns, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
             if constexpr (sizeof(KV) == 1) {
                 attention_gqa_qk_fp8(QK_F_ARGS);
+            } else if (pre) {
+                attention_gqa_qkp(QK_F_ARGS);
             } else {
                 attention_gqa_qk(QK_F_ARGS);
             }
@@ -180,6 +182,19 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     for (int r = 0; r < R; r++) fused(r, nsplit, oF + (size_t)r * qw);
     bool same_f = std::memcmp(o1, oF, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                   std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
+    // attention_gqa_qkp (KernelSet gqa_pre: the sequence row loaded with the position): the
+    // same output and cache bits (BF16 cache only).
+    if constexpr (sizeof(KV) == 2) {
+        std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+        std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+        float* oP = emu_alloc<float>((size_t)R * qw);
+        for (int r = 0; r < R; r++) fused(r, nsplit, oP + (size_t)r * qw, true);
+        bool same_p = std::memcmp(oF, oP, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
+                      std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
+        std::printf("attention_gqa_qkp = attention_gqa_qk (output, K and V cache; %s): %s\n", window ? "window 128" : "full",
+                    same_p ? "yes" : "NO");
+        same_f &= same_p;
+    }
     // KernelSet swa_ns: a sliding layer's grid of ceil(window / 32) splits (4 here) instead of 64,
     // the same splits, so the same bits.
     if (window > 0) {

@@ -205,25 +205,34 @@ static bool run(const Case& c) {
         same_qk = same_bits("attention_tc_qk vs qk_norm_rope_kv_l + attention_tc", oa, ob, (size_t)R * qw) &&
                   std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
         if constexpr (sizeof(KV) == 2) {
-            // attention_tc_qk3 (KernelSet tc_nst3: three K/V steps a warp in flight): the same bits
-            // as attention_tc_qk, output and cache.
+            // attention_tc_qk3 (KernelSet tc_nst3: three K/V steps a warp in flight) and
+            // attention_tc_qk3p (tc_pre: the norms' weights, frequencies and page entry read
+            // before the wait): the same bits as attention_tc_qk, output and cache.
+            for (int pv = 0; pv < 2; pv++) {
+            const char* n3 = pv ? "attention_tc_qk3p" : "attention_tc_qk3";
             std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
             std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
             float* o3 = emu_alloc<float>((size_t)R * qw);
             for (size_t i = 0; i < (size_t)R * qw; i++) o3[i] = NAN;
             for (int r = 0; r < R; r++) {
                 const float* x = raw + (size_t)r * ldr;
-                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] { attention_tc_qk3(TCQK_ARGS(o3)); }, 8);
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
+                    if (pv)
+                        attention_tc_qk3p(TCQK_ARGS(o3));
+                    else
+                        attention_tc_qk3(TCQK_ARGS(o3));
+                }, 8);
                 if (nsplit > 1)
                     ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                         attention_merge_tc(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r,
                                            c.window, nullptr, vscale);
                     });
             }
-            bool same3 = same_bits("attention_tc_qk3 vs attention_tc_qk", o3, ob, (size_t)R * qw) &&
+            bool same3 = same_bits(pv ? "attention_tc_qk3p vs attention_tc_qk" : "attention_tc_qk3 vs attention_tc_qk", o3, ob, (size_t)R * qw) &&
                          std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
-            std::printf("attention_tc_qk3 = attention_tc_qk (output, K and V cache): %s\n", same3 ? "yes" : "NO");
+            std::printf("%s = attention_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
             same_qk &= same3;
+            }
         }
 #undef TCQK_ARGS
         // Leave the cache as the reference below read it.

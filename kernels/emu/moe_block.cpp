@@ -97,10 +97,12 @@ static bool run(const Shape& sh, unsigned seed) {
         unsigned long long* tp = emu_alloc<unsigned long long>(11);
         tp[0] = ~0ull;
         // v 6: moe_block_1nprtd (moe_dep: a gate/up item's first mma made to need all its loads),
-        // 7: moe_block_1nptd (the same without the router rows in registers).
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : v == 5 ? "moe_block_1npt" : v == 6 ? "moe_block_1nprtd" : "moe_block_1nptd";
+        // 7: moe_block_1nptd (the same without the router rows in registers); 8: moe_block_1nprtdg
+        // (moe_dep + moe_gi: the gate/up global inverse scales from shared memory), 9:
+        // moe_block_1nptdg, 10: moe_block_1nprtg (moe_gi alone).
+        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : v == 5 ? "moe_block_1npt" : v == 6 ? "moe_block_1nprtd" : v == 7 ? "moe_block_1nptd" : v == 8 ? "moe_block_1nprtdg" : v == 9 ? "moe_block_1nptdg" : "moe_block_1nprtg";
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : v == 5 ? moe_block_1npt : v == 6 ? moe_block_1nprtd : moe_block_1nptd)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : v == 5 ? moe_block_1npt : v == 6 ? moe_block_1nprtd : v == 7 ? moe_block_1nptd : v == 8 ? moe_block_1nprtdg : v == 9 ? moe_block_1nptdg : moe_block_1nprtg)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -249,6 +251,18 @@ static bool run(const Shape& sh, unsigned seed) {
             std::printf("%s: %s (moe_dep) = moe_block_1npt bit for bit: %s\n", sh.name, rp ? "moe_block_1nprtd" : "moe_block_1nptd",
                         dsame ? "yes" : "NO");
             tsame &= dsame;
+            // moe_gi with moe_dep (_1nprtdg, else _1nptdg), and alone (_1nprtg) where it runs.
+            for (int gv : {rp ? 8 : 9, rp ? 10 : -1}) {
+                if (gv < 0) continue;
+                Fused fgi = fused(gv);
+                const char* gn = gv == 8 ? "moe_block_1nprtdg" : gv == 9 ? "moe_block_1nptdg" : "moe_block_1nprtg";
+                bool gsame = same_bits("moe_gi vs _1npt: residual", fgi.x, ft.x, H) &&
+                             same_bits("moe_gi vs _1npt: next input norm", fgi.hn2, ft.hn2, H) &&
+                             same_bits("moe_gi vs _1npt: expert outputs", fgi.out, ft.out, KK * H) &&
+                             same_bits("moe_gi vs _1npt: routing weights", fgi.wts, ft.wts, KK);
+                std::printf("%s: %s (moe_gi) = moe_block_1npt bit for bit: %s\n", sh.name, gn, gsame ? "yes" : "NO");
+                tsame &= gsame;
+            }
         }
         double terr = 0;
         for (int n = 0; n < H; n++) terr = std::max(terr, std::fabs(xr[n] - ft.x[n]));

@@ -221,6 +221,24 @@ pub struct KernelSet {
     /// first mma, a second DRAM round trip an item. The same bits (kernels/emu). Off: not yet
     /// measured on a GPU (session 32 had no device time left).
     pub moe_dep: bool,
+    /// With `moe_tc` and `moe_rp`: `moe_block_1nprtg` (`_1nprtdg` with `moe_dep`), which reads
+    /// the experts' gate and up global inverse scales into shared memory before its PDL wait:
+    /// the SASS of `moe_block_1nprt` loads `ginv[e]` / `uinv[e]` after a gate/up item's mma
+    /// chain, where they are used, so every item ends with one more memory round trip before
+    /// its output store, which the next grid barrier waits for. The same bits (kernels/emu).
+    /// Off: not yet measured on a GPU (session 33 had no device).
+    pub moe_gi: bool,
+    /// With `tc_nst3`: `attention_tc_qk3p`, which reads the q/k norm weights, the rotary
+    /// frequencies and the new key's page entry before its PDL wait (attention_gqa_qk does);
+    /// `attention_tc_qk3` reads them after it, beside q: DRAM round trips (the step's weight
+    /// stream evicts them from L2) where q is an L2 one. The same bits (kernels/emu). Off: not
+    /// yet measured on a GPU (session 33 had no device).
+    pub tc_pre: bool,
+    /// `attention_gqa_qkp` for the sliding layers' decode attention: its sequence row loaded
+    /// with its position instead of after the exit test that needs the position (one dependent
+    /// round trip fewer before its page entries, K/V rows and PDL wait). The same bits
+    /// (kernels/emu). Off: not yet measured on a GPU (session 33 had no device).
+    pub gqa_pre: bool,
 }
 
 impl KernelSet {
@@ -272,6 +290,9 @@ impl KernelSet {
             tc_s5: false,
             tc_bf: false,
             moe_dep: false,
+            moe_gi: false,
+            tc_pre: false,
+            gqa_pre: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -322,6 +343,9 @@ impl KernelSet {
             tc_s5: true,
             tc_bf: true,
             moe_dep: false,
+            moe_gi: false,
+            tc_pre: false,
+            gqa_pre: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -382,7 +406,10 @@ impl KernelSet {
                 "tc_s5" => k.tc_s5 = on,
                 "tc_bf" => k.tc_bf = on,
                 "moe_dep" => k.moe_dep = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep)")),
+                "moe_gi" => k.moe_gi = on,
+                "tc_pre" => k.tc_pre = on,
+                "gqa_pre" => k.gqa_pre = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre)")),
             }
         }
         Ok(k)
@@ -493,6 +520,9 @@ mod tests {
             d.tc_bf && !KernelSet::original().tc_bf && !KernelSet::parse("-tc_bf").unwrap().tc_bf
         );
         assert!(!d.moe_dep && KernelSet::parse("+moe_dep").unwrap().moe_dep);
+        assert!(!d.moe_gi && KernelSet::parse("+moe_gi").unwrap().moe_gi);
+        assert!(!d.tc_pre && KernelSet::parse("+tc_pre").unwrap().tc_pre);
+        assert!(!d.gqa_pre && KernelSet::parse("+gqa_pre").unwrap().gqa_pre);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -283,7 +283,12 @@ impl CudaModel {
                     // takes attention_tc_qk3 (three K/V steps a warp before the wait; the same
                     // bits, so a verify pass on the two-stage kernel still matches).
                     let one_wave = (m * nkv * nsplit) as u32 <= d.sms;
+                    // tc_pre: attention_tc_qk3p (the norms' weights, frequencies and page
+                    // entry read before the wait; the same bits).
                     let qk_name = match kv.tc_qk3_name {
+                        Some(_) if self.kset.tc_nst3 && one_wave && self.kset.tc_pre => {
+                            "attention_tc_qk3p"
+                        }
                         Some(n) if self.kset.tc_nst3 && one_wave => n,
                         _ => kv.tc_qk_name,
                     };
@@ -294,7 +299,12 @@ impl CudaModel {
                     )
                 } else if fuse_qk {
                     (
-                        kv.gqa_qk_name,
+                        // gqa_pre: the sequence row with the position (BF16 cache; the same bits).
+                        if self.kset.gqa_pre && kv.gqa_qk_name == "attention_gqa_qk" {
+                            "attention_gqa_qkp"
+                        } else {
+                            kv.gqa_qk_name
+                        },
                         (m as u32, nkv as u32, nsplit as u32),
                         (32 * (group + 1)) as u32,
                     )
@@ -844,10 +854,13 @@ impl CudaModel {
                         && self.kset.moe_rp
                         && cfg.num_experts <= 2 * (self.mk_grid * load::MK_BLOCK / 32) as usize =>
                     {
-                        if self.moe_tc_on(experts) && self.kset.moe_dep {
-                            "moe_block_1nprtd"
-                        } else if self.moe_tc_on(experts) {
-                            "moe_block_1nprt"
+                        if self.moe_tc_on(experts) {
+                            match (self.kset.moe_dep, self.kset.moe_gi) {
+                                (true, true) => "moe_block_1nprtdg",
+                                (true, false) => "moe_block_1nprtd",
+                                (false, true) => "moe_block_1nprtg",
+                                (false, false) => "moe_block_1nprt",
+                            }
                         } else {
                             "moe_block_1npr"
                         }
