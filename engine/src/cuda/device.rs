@@ -177,7 +177,11 @@ unsafe impl Sync for Stage {}
 /// blocks, scheduled as the previous kernel's blocks retire, crowd onto the first SMs freed: the
 /// sliding layers' decode attention (PERF.md run 155). `Dev::spread_pad` gives the launch's
 /// padding.
-const SPREAD: &[&str] = &["attention_gqa_qk", "attention_gqa_qk_fp8", "attention_gqa_qkp"];
+const SPREAD: &[&str] = &[
+    "attention_gqa_qk",
+    "attention_gqa_qk_fp8",
+    "attention_gqa_qkp",
+];
 
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
