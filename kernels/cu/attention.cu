@@ -1798,8 +1798,7 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf1
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
 // The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
-// attention_tc_qk3 with the norms' weights, frequencies and page entry read before the wait
-// (KernelSet tc_pre).
+// attention_tc_qk3 with the shorter chain before the wait (PRE above; KernelSet tc_pre).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3p(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3, true>(TC_QK_ARGS); }
 // The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's
 // and _64's arithmetic.

@@ -228,11 +228,13 @@ pub struct KernelSet {
     /// its output store, which the next grid barrier waits for. The same bits (kernels/emu).
     /// Off: not yet measured on a GPU (session 33 had no device).
     pub moe_gi: bool,
-    /// With `tc_nst3`: `attention_tc_qk3p`, which reads the q/k norm weights, the rotary
-    /// frequencies and the new key's page entry before its PDL wait (attention_gqa_qk does);
-    /// `attention_tc_qk3` reads them after it, beside q: DRAM round trips (the step's weight
-    /// stream evicts them from L2) where q is an L2 one. The same bits (kernels/emu). Off: not
-    /// yet measured on a GPU (session 33 had no device).
+    /// With `tc_nst3`: `attention_tc_qk3p`, whose chain before the PDL wait is two dependent
+    /// round trips instead of five (the sequence row loaded with the position, every stage's
+    /// page entry before the first stage's copies) and which also reads the q/k norm weights,
+    /// the rotary frequencies and the new key's page entry before that wait (attention_gqa_qk
+    /// does; `attention_tc_qk3` reads them after it, beside q: DRAM round trips, the step's
+    /// weight stream evicts them from L2, where q is an L2 one). The same bits (kernels/emu).
+    /// Off: not yet measured on a GPU (session 33 had no device).
     pub tc_pre: bool,
     /// `attention_gqa_qkp` for the sliding layers' decode attention: its sequence row loaded
     /// with its position instead of after the exit test that needs the position (one dependent

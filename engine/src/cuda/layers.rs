@@ -283,12 +283,7 @@ impl CudaModel {
                     // takes attention_tc_qk3 (three K/V steps a warp before the wait; the same
                     // bits, so a verify pass on the two-stage kernel still matches).
                     let one_wave = (m * nkv * nsplit) as u32 <= d.sms;
-                    // tc_pre: attention_tc_qk3p (the norms' weights, frequencies and page
-                    // entry read before the wait; the same bits).
                     let qk_name = match kv.tc_qk3_name {
-                        Some(_) if self.kset.tc_nst3 && one_wave && self.kset.tc_pre => {
-                            "attention_tc_qk3p"
-                        }
                         Some(n) if self.kset.tc_nst3 && one_wave => n,
                         _ => kv.tc_qk_name,
                     };
@@ -299,12 +294,7 @@ impl CudaModel {
                     )
                 } else if fuse_qk {
                     (
-                        // gqa_pre: the sequence row with the position (BF16 cache; the same bits).
-                        if self.kset.gqa_pre && kv.gqa_qk_name == "attention_gqa_qk" {
-                            "attention_gqa_qkp"
-                        } else {
-                            kv.gqa_qk_name
-                        },
+                        kv.gqa_qk_name,
                         (m as u32, nkv as u32, nsplit as u32),
                         (32 * (group + 1)) as u32,
                     )
@@ -946,11 +936,16 @@ impl CudaModel {
             } else {
                 "attention_tc_qk"
             },
-            tc_qk3_name: (!fp8).then_some("attention_tc_qk3"),
-            gqa_qk_name: if fp8 {
-                "attention_gqa_qk_fp8"
+            // tc_pre / gqa_pre: the forms with the shorter chain before the wait (BF16 cache).
+            tc_qk3_name: (!fp8).then_some(if self.kset.tc_pre {
+                "attention_tc_qk3p"
             } else {
-                "attention_gqa_qk"
+                "attention_tc_qk3"
+            }),
+            gqa_qk_name: match (fp8, self.kset.gqa_pre) {
+                (true, _) => "attention_gqa_qk_fp8",
+                (false, true) => "attention_gqa_qkp",
+                (false, false) => "attention_gqa_qk",
             },
 
             gqa_name: match (fp8, self.kset.gqa_ld) {
