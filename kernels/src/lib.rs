@@ -161,6 +161,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tl",
             "linear_tc_bf16_tln",
             "linear_tc_bf16_tlnb",
+            "linear_tc_bf16_tlnd",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",
@@ -221,7 +222,24 @@ pub fn full_source(m: &KernelModule) -> String {
     } else {
         ""
     };
-    format!("{stamp}{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
+    let tcs = match tc_splits_override() {
+        Some(n) if m.name == "attention" => format!("#define TC_SPLITS {n}\n"),
+        _ => String::new(),
+    };
+    format!(
+        "{stamp}{tcs}{}\n#line 1 \"{}.cu\"\n{}",
+        COMMON, m.name, m.source
+    )
+}
+
+/// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_tc` gives a row
+/// (`TC_SPLITS` in attention.cu, 16) set to N in the attention module (its own cubins, another
+/// cache key); the engine's `tc_grid` reads the same variable.
+pub fn tc_splits_override() -> Option<usize> {
+    std::env::var("LAGUNA_TC_SPLITS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| (1..=128).contains(&n))
 }
 
 /// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its

@@ -405,6 +405,11 @@ pub const TC_CHUNK: usize = 64;
 /// `TC_SPLITS` and `TC_SPAN` in attention.cu: a row's `attention_tc` splits are
 /// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
 const TC_SPLITS: usize = 16;
+/// `TC_SPLITS`, or LAGUNA_TC_SPLITS for A/B runs (laguna-kernels then builds the modules with
+/// the same value).
+fn tc_splits_min() -> usize {
+    laguna_kernels::tc_splits_override().unwrap_or(TC_SPLITS)
+}
 const TC_SPAN: usize = 512;
 /// The `attention_tc` grid of a pass whose longest row has `keys` keys, for a most of `cap`
 /// splits: the smallest of 16, 32 and `cap` that holds every split such a row (or a shorter one)
@@ -413,7 +418,7 @@ const TC_SPAN: usize = 512;
 /// PERF.md run 198, 2.264 -> 2.251 ms a step). The decode graphs are kept per grid.
 pub fn tc_grid(keys: usize, cap: usize) -> usize {
     let need = cap
-        .min(TC_SPLITS.max(keys.div_ceil(TC_SPAN)))
+        .min(tc_splits_min().max(keys.div_ceil(TC_SPAN)))
         .min(keys.div_ceil(TC_CHUNK));
     let g = if need <= 16 {
         16
