@@ -473,7 +473,15 @@ struct TcTile {
 // activation loads all go out before its first mma. The same products and sums in the same
 // order, so the same bits (kernels/emu); at most 88 registers, so an SM holds as many blocks as
 // of linear_tc_bf16_tln.
-template <int TL, int NA = 0, int BF = 0>
+// DB (linear_tc_bf16_tlnd, KernelSet tc_db, off: not yet measured on a GPU): TL + NA + BF for one
+// activation row (M == 1, K <= 16 x blockDim) at 16 warps a block (N <= 2048: o_proj and the MLP down,
+// one block an SM, so up to 128 registers a thread cost no occupancy), with two rounds of weight
+// loads in flight a warp: round r + 2's loads go out as soon as round r's mma have read its
+// registers, so the DRAM holds a warp's next round while the warp computes this one (BF: round
+// r + 1's loads after round r's mma, one round in flight and a bubble a round). The row is staged
+// in shared memory once, while the first two rounds' weights (asked for before the PDL wait)
+// arrive. The same tiles in the same order, the same products and sums: the same bits.
+template <int TL, int NA = 0, int BF = 0, int DB = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {
     __shared__ __align__(16) float red[16][32][4];
@@ -487,59 +495,118 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     float c[4] = {0.f, 0.f, 0.f, 0.f};
     int nk = K >> 5;
     // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
-    // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait.
-    uint4 A0[4], A1[4];
-    auto ldw = [&](int kt0) {
+    // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait
+    // (DB: the first eight, two rounds).
+    uint4 A0[4], A1[4], B0[4], B1[4];
+    auto ldw = [&](uint4* P0, uint4* P1, int kt0) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
-            if (kt < nk) wtile.ld<NA != 0>(TL, kt, A0[u], A1[u]);
+            if (kt < nk) wtile.ld<NA != 0>(TL, kt, P0[u], P1[u]);
         }
     };
-    ldw(warp);
+    ldw(A0, A1, warp);
+    if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
     PDL_ENTRY();
-    for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
-        if (kt0 != warp) ldw(kt0);
-        float4 X0[4], X1[4];
+    if constexpr (DB != 0) {
+        __shared__ __align__(16) float xsh[8192];
+        // The activation row (M == 1) into shared memory: one L2 round trip for the block (all of
+        // a thread's loads before its stores; K <= 16 x blockDim, the host's 512 threads).
+        {
+            float4 v[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int kt = kt0 + u * S;
-            size_t k = (size_t)kt * 32;
-            X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-            X1[u] = X0[u];
-            if (BF) {
-                size_t kc = (size_t)min(kt, nk - 1) * 32;
-                float4 a = ldg_v(reinterpret_cast<const float4*>(xr + kc));
-                float4 b = ldg_v(reinterpret_cast<const float4*>(xr + kc + 4));
-                bool on = kt < nk && xv;
-                X0[u] = on ? a : X0[u];
-                X1[u] = on ? b : X1[u];
-                if (kt >= nk) {
-                    A0[u] = make_uint4(0u, 0u, 0u, 0u);
-                    A1[u] = A0[u];
-                }
-            } else if (kt < nk) {
-                if (xv) {
-                    X0[u] = __ldg(reinterpret_cast<const float4*>(xr + k));
-                    X1[u] = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
-                }
+            for (int j = 0; j < 4; j++) {
+                int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
+                v[j] = i < K ? ldg_v(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
+                if (i < K) *reinterpret_cast<float4*>(xsh + i) = v[j];
             }
         }
+        __syncthreads();
+        const float* xq = xsh + 8 * t;
+        // One round (tiles kt0 + u S, u < 4) on the weights in P: BF's arithmetic (slots past K
+        // multiply zeros, lanes of rows past M zeros).
+        auto round = [&](uint4* P0, uint4* P1, int kt0) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            if (!BF && kt0 + u * S >= nk) break;
-            float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
-            u32 hi[4], lo[4];
+            for (int u = 0; u < 4; u++) {
+                int kt = kt0 + u * S;
+                bool on = kt < nk;
+                int kc = min(kt, nk - 1) * 32;
+                float4 a = *reinterpret_cast<const float4*>(xq + kc);
+                float4 b = *reinterpret_cast<const float4*>(xq + kc + 4);
+                float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+                a = on && xv ? a : z;
+                b = on && xv ? b : z;
+                uint4 zu = make_uint4(0u, 0u, 0u, 0u);
+                uint4 p0 = on ? P0[u] : zu, p1 = on ? P1[u] : zu;
+                float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+                u32 hi[4], lo[4];
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
-                lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+                for (int i = 0; i < 4; i++) {
+                    hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+                    lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+                }
+                mma_bf16(c, p0.x, p1.x, p0.y, p1.y, hi[0], hi[1]);
+                mma_bf16(c, p0.x, p1.x, p0.y, p1.y, lo[0], lo[1]);
+                mma_bf16(c, p0.z, p1.z, p0.w, p1.w, hi[2], hi[3]);
+                mma_bf16(c, p0.z, p1.z, p0.w, p1.w, lo[2], lo[3]);
             }
-            // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
-            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
-            mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, lo[0], lo[1]);
-            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, hi[2], hi[3]);
-            mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, lo[2], lo[3]);
+        };
+        for (int kt0 = warp; kt0 < nk; kt0 += 8 * S) {
+            round(A0, A1, kt0);
+            if (kt0 + 8 * S < nk) ldw(A0, A1, kt0 + 8 * S);
+            if (kt0 + 4 * S < nk) {
+                round(B0, B1, kt0 + 4 * S);
+                if (kt0 + 12 * S < nk) ldw(B0, B1, kt0 + 12 * S);
+            }
+        }
+    } else {
+        for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
+            if (kt0 != warp) ldw(A0, A1, kt0);
+            float4 X0[4], X1[4];
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                int kt = kt0 + u * S;
+                size_t k = (size_t)kt * 32;
+                X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+                X1[u] = X0[u];
+                if (BF) {
+                    size_t kc = (size_t)min(kt, nk - 1) * 32;
+                    float4 a = ldg_v(reinterpret_cast<const float4*>(xr + kc));
+                    float4 b = ldg_v(reinterpret_cast<const float4*>(xr + kc + 4));
+                    bool on = kt < nk && xv;
+                    X0[u] = on ? a : X0[u];
+                    X1[u] = on ? b : X1[u];
+                    if (kt >= nk) {
+                        A0[u] = make_uint4(0u, 0u, 0u, 0u);
+                        A1[u] = A0[u];
+                    }
+                } else if (kt < nk) {
+                    if (xv) {
+                        X0[u] = __ldg(reinterpret_cast<const float4*>(xr + k));
+                        X1[u] = __ldg(reinterpret_cast<const float4*>(xr + k + 4));
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                if (!BF && kt0 + u * S >= nk) break;
+                float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
+                u32 hi[4], lo[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+                    lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+                }
+                // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+                mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
+                mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, lo[0], lo[1]);
+                mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, hi[2], hi[3]);
+                mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, lo[2], lo[3]);
+            }
         }
     }
     *reinterpret_cast<float4*>(red[warp][lane]) = make_float4(c[0], c[1], c[2], c[3]);
@@ -586,6 +653,11 @@ extern "C" __global__ void linear_tc_bf16_tln(const void* wv, const u8* s_unused
 extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnb(const void* wv, const u8* s_unused, float inv_gs, const float* x,
                                                                int ldx, float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const void* wv, const u8* s_unused, float inv_gs,
+                                                                        const float* x, int ldx, float* y, int ldy, int M,
+                                                                        int N, int K, int accumulate) {
+    linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

@@ -217,7 +217,16 @@ impl CudaModel {
                 4
             };
             // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
-            let (name, w) = if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
+            let (name, w) = if l.t != 0
+                && self.kset.tc_na
+                && self.kset.tc_bf
+                && self.kset.tc_db
+                && m == 1
+                && sw == 16
+                && l.k <= 8192
+            {
+                ("linear_tc_bf16_tlnd", l.t)
+            } else if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
                 ("linear_tc_bf16_tlnb", l.t)
             } else if l.t != 0 && self.kset.tc_na {
                 ("linear_tc_bf16_tln", l.t)
