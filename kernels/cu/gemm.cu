@@ -473,7 +473,7 @@ struct TcTile {
 // activation loads all go out before its first mma. The same products and sums in the same
 // order, so the same bits (kernels/emu); at most 88 registers, so an SM holds as many blocks as
 // of linear_tc_bf16_tln.
-// DB (linear_tc_bf16_tlnd, KernelSet tc_db, off: not yet measured on a GPU): TL + NA + BF for one
+// DB (linear_tc_bf16_tlnd, KernelSet tc_db, on since session 34): TL + NA + BF for one
 // activation row (M == 1, K <= 16 x blockDim) at 16 warps a block (N <= 2048: o_proj and the MLP down,
 // one block an SM, so up to 128 registers a thread cost no occupancy), with two rounds of weight
 // loads in flight a warp: round r + 2's loads go out as soon as round r's mma have read its
@@ -509,7 +509,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
     PDL_ENTRY();
     if constexpr (DB != 0) {
-        __shared__ __align__(16) float xsh[8192];
+        __shared__ __align__(16) float xsh[DB == 2 ? 2560 : 8192];
         // The activation row (M == 1) into shared memory: one L2 round trip for the block (all of
         // a thread's loads before its stores; K <= 16 x blockDim, the host's 512 threads).
         {
@@ -658,6 +658,14 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const v
                                                                         const float* x, int ldx, float* y, int ldy, int M,
                                                                         int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// DBQ (linear_tc_bf16_tlndq, KernelSet tc_dbq, off: not yet measured on a GPU): DB for the one-row
+// GEMVs of 4 or 5 warps a block that an SM holds 4-5 of (the q|k|v|g and the MLP gate / up: K <=
+// 2560, 4096 < N <= 16384), at most 96 registers (20 warps an SM, as _tlnb's 88) and a 10 KB row.
+extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq(const void* wv, const u8* s_unused, float inv_gs,
+                                                              const float* x, int ldx, float* y, int ldy, int M, int N,
+                                                              int K, int accumulate) {
+    linear_tc_bf16_t<1, 1, 1, 2>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

@@ -6,7 +6,7 @@
 //     several rows read once) = the same kernels on each row alone (direct grouping);
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
-//     linear_tc_bf16_tl, _tln, _tlnb and _tlnd on tile_bf16's tile-interleaved copy);
+//     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -177,6 +177,37 @@ int main() {
                         ed ? "yes" : "NO");
             ok &= ed;
         }
+        // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
+        // 2560): the same bits as linear_tc_bf16 on one row, storing and accumulating, at the
+        // XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and K 1056.
+        for (int S : {4, 5})
+            for (int KD : {2048, 1056}) {
+                const int ND = 40;
+                float* xd = emu_alloc<float>((size_t)KD);
+                for (int i = 0; i < KD; i++) xd[i] = nd(rng);
+                unsigned short* wd = emu_alloc<unsigned short>((size_t)ND * KD);
+                for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
+                unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
+                ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
+                float* y0 = emu_alloc<float>(ND);
+                float* y1 = emu_alloc<float>(ND);
+                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16(wd, nullptr, 1.f, xd, KD, y0, ND, 1, ND, KD, 0); });
+                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tlndq(wdt, nullptr, 1.f, xd, KD, y1, ND, 1, ND, KD, 0); });
+                bool ed = same_bits("linear_tc_bf16_tlndq vs linear_tc_bf16", y1, y0, ND);
+                float* ya = emu_alloc<float>(ND);
+                float* yc = emu_alloc<float>(ND);
+                for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
+                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
+                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
+                                 [&] { linear_tc_bf16_tlndq(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
+                ed &= same_bits("linear_tc_bf16_tlndq vs _tlnb, accumulating", yc, ya, ND);
+                std::printf("linear_tc_bf16_tlndq (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", S, KD,
+                            ed ? "yes" : "NO");
+                ok &= ed;
+            }
         // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
         // permutes) on activations split into BF16 hi + lo, against float64.
         unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);

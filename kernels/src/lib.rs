@@ -162,6 +162,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tln",
             "linear_tc_bf16_tlnb",
             "linear_tc_bf16_tlnd",
+            "linear_tc_bf16_tlndq",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",

@@ -246,8 +246,13 @@ pub struct KernelSet {
     /// weight loads in flight a warp instead of one (round r + 2's loads right after round r's
     /// mma, up to 128 registers, which one block an SM leaves free), the activation row staged
     /// in shared memory once. The same tiles in the same order: the same bits (kernels/emu).
-    /// Off: not yet measured on a GPU.
+    /// On since session 34 (PERF.md run 221: 2.138 -> 2.126 ms a step).
     pub tc_db: bool,
+    /// With `tc_bf`: `linear_tc_bf16_tlndq` for the one-row GEMVs of 4 or 5 warps a block with
+    /// 4096 < N <= 16384 and K <= 2560 (the q|k|v|g, the dense MLP's gate and up): `tc_db`'s two
+    /// rounds in flight a warp at 96 registers, so an SM still holds 20 warps. The same bits
+    /// (kernels/emu). Off: not yet measured on a GPU.
+    pub tc_dbq: bool,
 }
 
 impl KernelSet {
@@ -303,6 +308,7 @@ impl KernelSet {
             tc_pre: false,
             gqa_pre: false,
             tc_db: false,
+            tc_dbq: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -356,7 +362,8 @@ impl KernelSet {
             moe_gi: false,
             tc_pre: false,
             gqa_pre: false,
-            tc_db: false,
+            tc_db: true,
+            tc_dbq: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -421,7 +428,8 @@ impl KernelSet {
                 "tc_pre" => k.tc_pre = on,
                 "gqa_pre" => k.gqa_pre = on,
                 "tc_db" => k.tc_db = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db)")),
+                "tc_dbq" => k.tc_dbq = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq)")),
             }
         }
         Ok(k)
@@ -535,7 +543,10 @@ mod tests {
         assert!(!d.moe_gi && KernelSet::parse("+moe_gi").unwrap().moe_gi);
         assert!(!d.tc_pre && KernelSet::parse("+tc_pre").unwrap().tc_pre);
         assert!(!d.gqa_pre && KernelSet::parse("+gqa_pre").unwrap().gqa_pre);
-        assert!(!d.tc_db && KernelSet::parse("+tc_db").unwrap().tc_db);
+        assert!(
+            d.tc_db && !KernelSet::original().tc_db && !KernelSet::parse("-tc_db").unwrap().tc_db
+        );
+        assert!(!d.tc_dbq && KernelSet::parse("+tc_dbq").unwrap().tc_dbq);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -226,6 +226,17 @@ impl CudaModel {
                 && l.k <= 8192
             {
                 ("linear_tc_bf16_tlnd", l.t)
+            } else if l.t != 0
+                && self.kset.tc_na
+                && self.kset.tc_bf
+                && self.kset.tc_dbq
+                && m == 1
+                && (sw == 4 || sw == 5)
+                && l.k <= 2560
+                && l.n > 4096
+                && l.n <= 16384
+            {
+                ("linear_tc_bf16_tlndq", l.t)
             } else if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
                 ("linear_tc_bf16_tlnb", l.t)
             } else if l.t != 0 && self.kset.tc_na {
