@@ -214,7 +214,7 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // split has more than TC_SPAN (512) keys, at most nsplit (the grid's).
 #define TC_CHUNK 64
 #define TC_SPAN 512
-#ifndef TC_SPLITS  // LAGUNA_TC_SPLITS (A/B runs) defines it for every module
+#ifndef TC_SPLITS  // LAGUNA_TC_SPLITS (A/B runs) defines it for this module's build
 #define TC_SPLITS 16
 #endif
 __device__ __forceinline__ int tc_splits(int len, int nsplit) {

@@ -473,6 +473,22 @@ struct TcTile {
 // activation loads all go out before its first mma. The same products and sums in the same
 // order, so the same bits (kernels/emu); at most 88 registers, so an SM holds as many blocks as
 // of linear_tc_bf16_tln.
+// One 32-wide K tile of linear_tc_bf16: a lane's 8 inputs split into BF16 hi + lo, four mma on
+// its weight fragments a0 (row g) and a1 (row g + 8). Step 0: actual k 8t+0..3; step 1: 8t+4..7
+// (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
+__device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4 x0, float4 x1) {
+    float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    u32 hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
+        lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
+    }
+    mma_bf16(c, a0.x, a1.x, a0.y, a1.y, hi[0], hi[1]);
+    mma_bf16(c, a0.x, a1.x, a0.y, a1.y, lo[0], lo[1]);
+    mma_bf16(c, a0.z, a1.z, a0.w, a1.w, hi[2], hi[3]);
+    mma_bf16(c, a0.z, a1.z, a0.w, a1.w, lo[2], lo[3]);
+}
 // DB (linear_tc_bf16_tlnd, KernelSet tc_db, on since session 34): TL + NA + BF for one
 // activation row (M == 1, K <= 16 x blockDim) at 16 warps a block (N <= 2048: o_proj and the MLP down,
 // one block an SM, so up to 128 registers a thread cost no occupancy), with two rounds of weight
@@ -542,17 +558,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
                 b = on && xv ? b : z;
                 uint4 zu = make_uint4(0u, 0u, 0u, 0u);
                 uint4 p0 = on ? P0[u] : zu, p1 = on ? P1[u] : zu;
-                float xs[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-                u32 hi[4], lo[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
-                    lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
-                }
-                mma_bf16(c, p0.x, p1.x, p0.y, p1.y, hi[0], hi[1]);
-                mma_bf16(c, p0.x, p1.x, p0.y, p1.y, lo[0], lo[1]);
-                mma_bf16(c, p0.z, p1.z, p0.w, p1.w, hi[2], hi[3]);
-                mma_bf16(c, p0.z, p1.z, p0.w, p1.w, lo[2], lo[3]);
+                tc_tile_mma(c, p0, p1, a, b);
             }
         };
         for (int kt0 = warp; kt0 < nk; kt0 += 8 * S) {
@@ -594,18 +600,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
             for (int u = 0; u < 4; u++) {
                 if (!BF && kt0 + u * S >= nk) break;
-                float xs[8] = {X0[u].x, X0[u].y, X0[u].z, X0[u].w, X1[u].x, X1[u].y, X1[u].z, X1[u].w};
-                u32 hi[4], lo[4];
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    hi[i] = bf2_pack(xs[2 * i], xs[2 * i + 1]);
-                    lo[i] = bf2_pack(xs[2 * i] - bflo(hi[i]), xs[2 * i + 1] - bfhi(hi[i]));
-                }
-                // step 0: actual k 8t+0..3; step 1: 8t+4..7 (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
-                mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, hi[0], hi[1]);
-                mma_bf16(c, A0[u].x, A1[u].x, A0[u].y, A1[u].y, lo[0], lo[1]);
-                mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, hi[2], hi[3]);
-                mma_bf16(c, A0[u].z, A1[u].z, A0[u].w, A1[u].w, lo[2], lo[3]);
+                tc_tile_mma(c, A0[u], A1[u], X0[u], X1[u]);
             }
         }
     }

@@ -17,6 +17,7 @@
 #include "emu_test.h"
 
 #include <map>
+#include <string>
 
 // Grouping of M rows x KK slots by expert, as moe_group / router_topk's direct form describe it:
 // groups in expert order, perm = slots of each group.
@@ -145,12 +146,9 @@ int main() {
                         eq ? "yes" : "NO", e, e < 1e-4 ? "ok" : "TOO LARGE");
             ok &= eq && e < 1e-4;
         }
-        // linear_tc_bf16_tlnd (KernelSet tc_db: one row, 16 warps a block, two rounds of weight
-        // loads in flight a warp, the row staged in shared memory): the same bits as
-        // linear_tc_bf16 on that row, storing and accumulating, at the K of the XS-2.1 o_proj
-        // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
-        // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
-        for (int KD : {8192, 6144, 4256}) {
+        // One row through `kern` at S warps a block and K = KD on tile_bf16's copy: the same bits
+        // as linear_tc_bf16 storing and as _tlnb accumulating.
+        auto one_row = [&](const char* name, auto kern, int S, int KD) {
             const int ND = 40;
             float* xd = emu_alloc<float>((size_t)KD);
             for (int i = 0; i < KD; i++) xd[i] = nd(rng);
@@ -158,56 +156,32 @@ int main() {
             for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
             unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
             ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
+            EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
             float* y0 = emu_alloc<float>(ND);
             float* y1 = emu_alloc<float>(ND);
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 512,
-                             [&] { linear_tc_bf16(wd, nullptr, 1.f, xd, KD, y0, ND, 1, ND, KD, 0); });
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 512,
-                             [&] { linear_tc_bf16_tlnd(wdt, nullptr, 1.f, xd, KD, y1, ND, 1, ND, KD, 0); });
-            bool ed = same_bits("linear_tc_bf16_tlnd vs linear_tc_bf16", y1, y0, ND);
+            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16(wd, nullptr, 1.f, xd, KD, y0, ND, 1, ND, KD, 0); });
+            ok &= emu_launch(grid, 32 * S, [&] { kern(wdt, nullptr, 1.f, xd, KD, y1, ND, 1, ND, KD, 0); });
+            bool ed = same_bits((std::string(name) + " vs linear_tc_bf16").c_str(), y1, y0, ND);
             float* ya = emu_alloc<float>(ND);
             float* yc = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 512,
-                             [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 512,
-                             [&] { linear_tc_bf16_tlnd(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
-            ed &= same_bits("linear_tc_bf16_tlnd vs _tlnb, accumulating", yc, ya, ND);
-            std::printf("linear_tc_bf16_tlnd (16 warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", KD,
+            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 32 * S, [&] { kern(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
+            ed &= same_bits((std::string(name) + " vs _tlnb, accumulating").c_str(), yc, ya, ND);
+            std::printf("%s (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", name, S, KD,
                         ed ? "yes" : "NO");
             ok &= ed;
-        }
+        };
+        // linear_tc_bf16_tlnd (KernelSet tc_db: one row, 16 warps a block, two rounds of weight
+        // loads in flight a warp, the row staged in shared memory), at the K of the XS-2.1 o_proj
+        // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
+        // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
+        for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tlnd", linear_tc_bf16_tlnd, 16, KD);
         // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
-        // 2560): the same bits as linear_tc_bf16 on one row, storing and accumulating, at the
-        // XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and K 1056.
+        // 2560), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
+        // K 1056.
         for (int S : {4, 5})
-            for (int KD : {2048, 1056}) {
-                const int ND = 40;
-                float* xd = emu_alloc<float>((size_t)KD);
-                for (int i = 0; i < KD; i++) xd[i] = nd(rng);
-                unsigned short* wd = emu_alloc<unsigned short>((size_t)ND * KD);
-                for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
-                unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
-                ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
-                float* y0 = emu_alloc<float>(ND);
-                float* y1 = emu_alloc<float>(ND);
-                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16(wd, nullptr, 1.f, xd, KD, y0, ND, 1, ND, KD, 0); });
-                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlndq(wdt, nullptr, 1.f, xd, KD, y1, ND, 1, ND, KD, 0); });
-                bool ed = same_bits("linear_tc_bf16_tlndq vs linear_tc_bf16", y1, y0, ND);
-                float* ya = emu_alloc<float>(ND);
-                float* yc = emu_alloc<float>(ND);
-                for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
-                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
-                ok &= emu_launch({(unsigned)ceil_div(ND, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlndq(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
-                ed &= same_bits("linear_tc_bf16_tlndq vs _tlnb, accumulating", yc, ya, ND);
-                std::printf("linear_tc_bf16_tlndq (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", S, KD,
-                            ed ? "yes" : "NO");
-                ok &= ed;
-            }
+            for (int KD : {2048, 1056}) one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
         // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
         // permutes) on activations split into BF16 hi + lo, against float64.
         unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);

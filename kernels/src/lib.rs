@@ -235,12 +235,15 @@ pub fn full_source(m: &KernelModule) -> String {
 
 /// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_tc` gives a row
 /// (`TC_SPLITS` in attention.cu, 16) set to N in the attention module (its own cubins, another
-/// cache key); the engine's `tc_grid` reads the same variable.
+/// cache key); the engine's `tc_grid` reads the same value (once a process: it runs every pass).
 pub fn tc_splits_override() -> Option<usize> {
-    std::env::var("LAGUNA_TC_SPLITS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|&n| (1..=128).contains(&n))
+    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *N.get_or_init(|| {
+        std::env::var("LAGUNA_TC_SPLITS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| (1..=128).contains(&n))
+    })
 }
 
 /// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its

@@ -217,28 +217,22 @@ impl CudaModel {
                 4
             };
             // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
-            let (name, w) = if l.t != 0
-                && self.kset.tc_na
-                && self.kset.tc_bf
-                && self.kset.tc_db
-                && m == 1
-                && sw == 16
-                && l.k <= 8192
-            {
-                ("linear_tc_bf16_tlnd", l.t)
-            } else if l.t != 0
-                && self.kset.tc_na
-                && self.kset.tc_bf
-                && self.kset.tc_dbq
-                && m == 1
-                && (sw == 4 || sw == 5)
-                && l.k <= 2560
-                && l.n > 4096
-                && l.n <= 16384
-            {
-                ("linear_tc_bf16_tlndq", l.t)
-            } else if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
-                ("linear_tc_bf16_tlnb", l.t)
+            let (name, w) = if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
+                // tc_db / tc_dbq: one row, two rounds of weight loads in flight a warp.
+                let one = m == 1;
+                if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
+                    ("linear_tc_bf16_tlnd", l.t)
+                } else if one
+                    && self.kset.tc_dbq
+                    && (sw == 4 || sw == 5)
+                    && l.k <= 2560
+                    && l.n > 4096
+                    && l.n <= 16384
+                {
+                    ("linear_tc_bf16_tlndq", l.t)
+                } else {
+                    ("linear_tc_bf16_tlnb", l.t)
+                }
             } else if l.t != 0 && self.kset.tc_na {
                 ("linear_tc_bf16_tln", l.t)
             } else if l.t != 0 {
