@@ -563,6 +563,69 @@ extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float
     attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
 }
 
+template <int U>
+__device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
+                                             float (&v)[U], bool have, float& l, float& a);  // below
+// attention_gqa_qkc's merge (see attention_gqa_qk_t, CL): block z of a cluster of the KV head's
+// gridDim.z <= 16 split blocks, warp w < G holding head kvh * G + w's partial (run_max, run_sum,
+// a0..a3 at dims d..d + 3), every thread of the block calling. The partials go to this block's
+// shared memory in the layout of attention_gqa's `part` (max, sum, hd values a head); after the
+// cluster barrier, thread t < per of block z merges output o = z * per + t (head o / hd, dim
+// o % hd) from the ns blocks' partials: attention_merge_r<16>'s expressions (the same maximum, the
+// same split factors, merge_splits' steps in split order), so the same bits. The split maxima and
+// sums of the block's heads (at most 8) go to `scr` (256 floats of this block's shared memory,
+// free by then), asked for with the values, before one block barrier.
+__device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, int kvh, int z, int G, int hd, int ns, int w,
+                                                  int lane, int d, float run_max, float run_sum, float a0, float a1,
+                                                  float a2, float a3, const float* sink, const float* g, int ldg,
+                                                  int gate_mode, float vscale, float* scr) {
+    CLUSTER_SHARED(float, pm, 8 * 130);
+    if (w < G && d < hd) {
+        float* pw = pm + w * (hd + 2);
+        pw[2 + d] = a0; pw[3 + d] = a1; pw[4 + d] = a2; pw[5 + d] = a3;
+        if (lane == 0) { pw[0] = run_max; pw[1] = run_sum; }
+    }
+    cluster_sync();
+    int nz = gridDim.z, per = (G * hd + nz - 1) / nz;
+    int t = threadIdx.x, o0 = z * per, o = o0 + t;
+    int h0 = o0 / hd, nhs = min(G * hd, o0 + per) > o0 ? (min(G * hd, o0 + per) - 1) / hd - h0 + 1 : 0;
+    bool own = t < per && o < G * hd;
+    int hh = own ? o / hd : h0, dd = o - hh * hd, h = kvh * G + hh;
+    float v[16];
+#pragma unroll
+    for (int u = 0; u < 16; u++) v[u] = own && u < ns ? ld_cluster(pm + hh * (hd + 2) + 2 + dd, u) : 0.f;
+    float* msm = scr;
+    float* msl = scr + 128;
+    for (int i = t; i < nhs * ns; i += blockDim.x) {
+        int hs = i / ns, u = i - hs * ns;
+        msm[hs * 16 + u] = ld_cluster(pm + (h0 + hs) * (hd + 2), u);
+        msl[hs * 16 + u] = ld_cluster(pm + (h0 + hs) * (hd + 2) + 1, u);
+    }
+    float gv = 0.f;
+    if (own && gate_mode == 1) gv = g[(size_t)m * ldg + h];
+    else if (own && gate_mode == 2) gv = g[(size_t)m * ldg + h * hd + dd];
+    float sk = sink ? sink[h] : -INFINITY;
+    __syncthreads();
+    if (own) {
+        const float* sm = msm + (hh - h0) * 16;
+        const float* sl = msl + (hh - h0) * 16;
+        float mx = sk;
+        for (int u = 0; u < ns; u++) mx = fmaxf(mx, sm[u]);
+        float cz[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) cz[u] = u < ns && sl[u] != 0.f ? expf(sm[u] - mx) : 0.f;
+        float l = sink ? expf(sk - mx) : 0.f;
+        float a = 0.f;
+        // ns <= 16 (the grid's splits): only merge_splits' unrolled form remains, cz in registers.
+        if (ns > 16) __builtin_unreachable();
+        merge_splits<16>(nullptr, ns, hd, dd, cz, sl, v, true, l, a);
+        float r = (a / l) * vscale;
+        if (gate_mode == 1 || gate_mode == 2) r *= softplus_f(gv);
+        out[(size_t)m * ldo + h * hd + dd] = r;
+    }
+    // No block leaves (its shared memory) while another may still read it.
+    cluster_sync();
+}
 // attention_gqa_qk (KernelSet attn_qk): qk_norm_rope_kv_l and attention_gqa_l as one launch, for
 // passes in which every row is the only row of its sequence (decode steps; not DFlash, whose rows
 // see each other's keys). Block (m, kvh, z) norms and rotates its G query heads itself, into
@@ -577,7 +640,14 @@ extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float
 // of after the exit that needs the position (the SASS of attention_gqa_qk: position, exit,
 // sequence row, page entries, K/V rows, four dependent round trips before the wait; three with
 // it). The same values, so the same bits.
-template <typename KV, bool PRE = false>
+// CL (attention_gqa_qkc, KernelSet gqa_cl, off: not yet measured on a GPU): launched in clusters
+// of the row's nsplit (<= 16) split blocks of a KV head (cluster dims (1, 1, nsplit)), which merge
+// their splits themselves instead of an attention_merge_16r launch: each block keeps its G
+// partials in shared memory, and after a cluster barrier block z merges its slice of the G x hd
+// outputs from the ns blocks' partials (distributed shared memory), with attention_merge_r<16>'s
+// arithmetic in the same order on the same values (merge_splits), so the same bits. Blocks past
+// the row's split count (z >= ns) stay for the two barriers and their slice of the merge.
+template <typename KV, bool PRE = false, bool CL = false>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
                                                    int page_size, int nh, int nkv, int hd, int window, const float* sink,
@@ -602,7 +672,8 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     int last = p;
     int len = last + 1 - lo;
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    if (z >= ns || (PRE && srow < 0)) return;
+    // (CL: a block past ns has k0 >= k1 below, so no tile and no key of its own.)
+    if ((!CL && z >= ns) || (PRE && srow < 0)) return;
     int chunk = (len + ns - 1) / ns;
     // The split holding the row's own key (not always the last: with 64 splits of a long row
     // the last ones can be empty).
@@ -745,6 +816,13 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         __syncthreads();
         if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3, buf[w]);
     }
+    if constexpr (CL) {
+        if (!final_) {
+            gqa_cluster_merge(out, ldo, m, kvh, z, G, hd, ns, w, lane, d, run_max, run_sum, a0, a1, a2, a3, sink, g, ldg,
+                              gate_mode, vscale, &buf[0][0]);
+            return;
+        }
+    }
     if (w >= G || d >= hd) return;
     if (!final_) {
         float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
@@ -765,6 +843,9 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
 // (PDL_ENTRY inside, after the loads that do not depend on the previous launch.)
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
+// attention_gqa_qk merging its splits in the cluster of a KV head's split blocks (KernelSet gqa_cl;
+// launched with cluster dims (1, 1, nsplit), nsplit <= 16; no attention_merge launch after it).
+extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkc(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, false, true>(GQK_ARGS); }
 // attention_gqa_qk with the sequence row's load beside the position's (KernelSet gqa_pre).
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, true>(GQK_ARGS); }
 

@@ -309,6 +309,34 @@ __device__ __forceinline__ void grid_arrive(unsigned* bar) {
         red_release_add_u32(bar, first ? 0x80000000u - (nb - 1u) : 1u);
     }
 }
+// Thread block clusters (sm_90+; KernelSet gqa_cl): the blocks of a cluster read each other's
+// shared memory (distributed shared memory) between two cluster barriers. CLUSTER_SHARED declares
+// a block's array that the others read by ld_cluster(p, rank): p is the address in this block's
+// own array, rank the other block's rank in the cluster. cluster_sync: every thread of every block
+// of the cluster arrives (release), then waits (acquire). kernels/emu: the arrays live in the
+// device mapping (emu_cluster_shared), the barrier is grid-wide (cuda_emu.h).
+#if defined(__CUDA_ARCH__)
+#define CLUSTER_SHARED(T, name, n) __shared__ __align__(16) T name[n]
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ float ld_cluster(const float* p, unsigned rank) {
+    float v = 0.f;
+#if __CUDA_ARCH__ >= 900
+    u32 a = smem_addr(p), r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+    return v;
+}
+#else
+#define CLUSTER_SHARED(T, name, n) T* name = emu_cluster_shared<T>(n)
+inline void cluster_sync() { emu_cluster_sync(); }
+inline float ld_cluster(const float* p, unsigned rank) { return *emu_cluster_peer(p, rank); }
+#endif
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -500,7 +500,9 @@ __device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4
 template <int TL, int NA = 0, int BF = 0, int DB = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate) {
-    __shared__ __align__(16) float red[16][32][4];
+    // DB == 2, 3 (_tlndq, _tlndq1): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
+    constexpr bool DQ = DB == 2 || DB == 3;
+    __shared__ __align__(16) float red[DQ ? 5 : 16][32][4];
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -522,10 +524,12 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
         }
     };
     ldw(A0, A1, warp);
-    if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
+    // DB == 3 (_tlndq1): the second round's loads right after the wait instead of before it.
+    if (DB && DB != 3 && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
     PDL_ENTRY();
+    if (DB == 3 && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
     if constexpr (DB != 0) {
-        __shared__ __align__(16) float xsh[DB == 2 ? 2560 : 8192];
+        __shared__ __align__(16) float xsh[DQ ? 2048 : 8192];
         // The activation row (M == 1) into shared memory: one L2 round trip for the block (all of
         // a thread's loads before its stores; K <= 16 x blockDim, the host's 512 threads).
         {
@@ -654,13 +658,26 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const v
                                                                         int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBQ (linear_tc_bf16_tlndq, KernelSet tc_dbq, off: not yet measured on a GPU): DB for the one-row
-// GEMVs of 4 or 5 warps a block that an SM holds 4-5 of (the q|k|v|g and the MLP gate / up: K <=
-// 2560, 4096 < N <= 16384), at most 96 registers (20 warps an SM, as _tlnb's 88) and a 10 KB row.
+// DBQ (linear_tc_bf16_tlndq, KernelSet tc_dbq, off): DB for the one-row GEMVs of 4 or 5 warps a
+// block that an SM holds 4-5 of (the q|k|v|g and the MLP gate / up: K <= 2048, 4096 < N <=
+// 16384), at most 96 registers (20 warps an SM, as _tlnb's 88). Its first form (a 10 KB row and
+// the 8 KB cross-warp buffer a block, 18 KB against _tlnb's 8) ran faster alone but slower in the
+// graph (PERF.md run 222: eager 0.654 vs 0.721 ms a step, graph 2.167-2.172 vs 2.131-2.133),
+// as if fewer of its blocks joined an SM beside the draining MoE launch's before the PDL wait;
+// now 10.5 KB a block (an 8 KB row, the buffer for 5 warps).
 extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq(const void* wv, const u8* s_unused, float inv_gs,
                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
                                                               int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 2>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// DBQ1 (linear_tc_bf16_tlndq1, KernelSet tc_dbq1, off: not yet measured on a GPU): _tlndq with one
+// round of weight loads a warp before the PDL wait instead of two (the second right after it),
+// in case two rounds from every early block crowd the DRAM while the MoE launch before it ends.
+// The same tiles in the same order: the same bits.
+extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq1(const void* wv, const u8* s_unused, float inv_gs,
+                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
+                                                               int K, int accumulate) {
+    linear_tc_bf16_t<1, 1, 1, 3>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

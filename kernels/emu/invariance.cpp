@@ -178,10 +178,13 @@ int main() {
         // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
         for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tlnd", linear_tc_bf16_tlnd, 16, KD);
         // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
-        // 2560), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
+        // 2048), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
         // K 1056.
         for (int S : {4, 5})
-            for (int KD : {2048, 1056}) one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
+            for (int KD : {2048, 1056}) {
+                one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
+                one_row("linear_tc_bf16_tlndq1", linear_tc_bf16_tlndq1, S, KD);  // (KernelSet tc_dbq1)
+            }
         // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
         // permutes) on activations split into BF16 hi + lo, against float64.
         unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);

@@ -137,6 +137,9 @@ pub struct Dev {
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
     /// SPREAD kernels: the dynamic shared memory that makes an SM hold one of their blocks.
     pads: HashMap<&'static str, u32>,
+    /// `cluster_fit`'s answers, by (kernel, grid, block, cluster size, shared-memory choices).
+    #[allow(clippy::type_complexity)]
+    cluster_fits: Mutex<HashMap<(&'static str, (u32, u32, u32), u32, u32, Vec<u32>), Option<u32>>>,
     pub arch: String,
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
@@ -181,7 +184,13 @@ const SPREAD: &[&str] = &[
     "attention_gqa_qk",
     "attention_gqa_qk_fp8",
     "attention_gqa_qkp",
+    "attention_gqa_qkc",
 ];
+
+/// Kernels launched in thread block clusters (`Dev::launch_pc`) of up to 16 blocks, more than the
+/// portable 8: they get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, and
+/// `Dev::cluster_fit` says whether (and with which padding) a grid of them can run.
+const CLUSTER: &[&str] = &["attention_gqa_qkc"];
 
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
@@ -264,6 +273,14 @@ impl Dev {
                         tracing::warn!("{e}: shared-memory carveout {c} refused ({why:?})");
                     }
                 }
+                if CLUSTER.contains(&e) {
+                    if let Err(why) = f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
+                        1,
+                    ) {
+                        tracing::debug!("{e}: non-portable cluster sizes refused ({why:?})");
+                    }
+                }
                 let mut bytes = super::big_smem(e);
                 if SPREAD.contains(&e) {
                     // Unused dynamic shared memory that leaves room for one block an SM: half an
@@ -324,6 +341,7 @@ impl Dev {
             stream,
             funcs,
             pads,
+            cluster_fits: Mutex::new(HashMap::new()),
             arch,
             name,
             sms,
@@ -572,6 +590,79 @@ impl Dev {
         shmem: u32,
         f: impl FnOnce(&mut Args),
     ) -> R<()> {
+        self.launch_pc(prof, name, grid, block, shmem, 0, f)
+    }
+
+    /// The smallest of `shmem_choices` (dynamic shared memory bytes, tried in order) with which
+    /// every cluster of (1, 1, `cz`) blocks of `name`'s `grid` is resident at once (the device
+    /// holds grid.0 * grid.1 such clusters), or None: the kernel is not loaded, the device has no
+    /// clusters of that size, or too few fit. Asked of the driver once per shape, then cached.
+    pub fn cluster_fit(
+        &self,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: u32,
+        cz: u32,
+        shmem_choices: &[u32],
+    ) -> Option<u32> {
+        let key = (name, grid, block, cz, shmem_choices.to_vec());
+        if let Some(v) = self.cluster_fits.lock().ok()?.get(&key) {
+            return *v;
+        }
+        let (func, _) = self.funcs.get(name)?;
+        let need = grid.0 as i32 * grid.1 as i32;
+        let mut fit = None;
+        for &sh in shmem_choices {
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attr.value.clusterDim.x = 1;
+            attr.value.clusterDim.y = 1;
+            attr.value.clusterDim.z = cz;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: sh,
+                hStream: self.stream.cu_stream(),
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            let mut n: std::ffi::c_int = 0;
+            let ok = self.ctx.bind_to_thread().is_ok()
+                && unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &cfg) }
+                    == sys::CUresult::CUDA_SUCCESS;
+            if ok && n >= need {
+                fit = Some(sh);
+                break;
+            }
+        }
+        if fit.is_none() {
+            tracing::warn!(
+                "{name}: clusters of {cz} blocks for grid {grid:?} are not all resident on this \
+                 device; the kernels without clusters run instead"
+            );
+        }
+        if let Ok(mut m) = self.cluster_fits.lock() {
+            m.insert(key, fit);
+        }
+        fit
+    }
+
+    /// `launch_p` in thread block clusters of (1, 1, `cluster_z`) blocks (0: no clusters).
+    #[allow(clippy::too_many_arguments)]
+    pub fn launch_pc(
+        &self,
+        prof: &mut Option<Prof>,
+        name: &'static str,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shmem: u32,
+        cluster_z: u32,
+        f: impl FnOnce(&mut Args),
+    ) -> R<()> {
         let (func, pdl) = self
             .funcs
             .get(name)
@@ -594,10 +685,22 @@ impl Dev {
                     Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
                 })
                 .collect();
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut na = 0usize;
         let pdl = *pdl && prof.is_none();
+        if pdl {
+            attrs[na].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[na].value.programmaticStreamSerializationAllowed = 1;
+            na += 1;
+        }
+        if cluster_z > 0 {
+            attrs[na].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[na].value.clusterDim.x = 1;
+            attrs[na].value.clusterDim.y = 1;
+            attrs[na].value.clusterDim.z = cluster_z;
+            na += 1;
+        }
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -607,8 +710,12 @@ impl Dev {
             blockDimZ: block.2,
             sharedMemBytes: shmem,
             hStream: self.stream.cu_stream(),
-            attrs: if pdl { &mut attr } else { std::ptr::null_mut() },
-            numAttrs: pdl as u32,
+            attrs: if na > 0 {
+                attrs.as_mut_ptr()
+            } else {
+                std::ptr::null_mut()
+            },
+            numAttrs: na as u32,
         };
         self.ctx.bind_to_thread()?;
         unsafe {

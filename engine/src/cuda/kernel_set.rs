@@ -249,10 +249,22 @@ pub struct KernelSet {
     /// On since session 34 (PERF.md run 221: 2.138 -> 2.126 ms a step).
     pub tc_db: bool,
     /// With `tc_bf`: `linear_tc_bf16_tlndq` for the one-row GEMVs of 4 or 5 warps a block with
-    /// 4096 < N <= 16384 and K <= 2560 (the q|k|v|g, the dense MLP's gate and up): `tc_db`'s two
+    /// 4096 < N <= 16384 and K <= 2048 (the q|k|v|g, the dense MLP's gate and up): `tc_db`'s two
     /// rounds in flight a warp at 96 registers, so an SM still holds 20 warps. The same bits
-    /// (kernels/emu). Off: not yet measured on a GPU.
+    /// (kernels/emu). Off: its first form (18 KB of shared memory a block) was faster alone but
+    /// slower in the graph (PERF.md run 222); the 10.5 KB form is not yet measured.
     pub tc_dbq: bool,
+    /// `tc_dbq` with `linear_tc_bf16_tlndq1`: one round of weight loads a warp before the PDL
+    /// wait instead of two (the second right after it). The same bits (kernels/emu). Off: not
+    /// yet measured on a GPU.
+    pub tc_dbq1: bool,
+    /// With `attn_qk`: `attention_gqa_qkc` for the sliding layers' decode attention (BF16 cache,
+    /// 2-16 splits): a KV head's split blocks launched as one thread block cluster merge their
+    /// splits through distributed shared memory, so no `attention_merge_16r` launch follows
+    /// (30 launches and their gaps a step fewer). The merge's arithmetic in the same order on
+    /// the same values: the same bits (kernels/emu). Used only where the driver says every
+    /// cluster is resident at once (`Dev::cluster_fit`). Off: not yet measured on a GPU.
+    pub gqa_cl: bool,
 }
 
 impl KernelSet {
@@ -309,6 +321,8 @@ impl KernelSet {
             gqa_pre: false,
             tc_db: false,
             tc_dbq: false,
+            tc_dbq1: false,
+            gqa_cl: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -364,6 +378,8 @@ impl KernelSet {
             gqa_pre: false,
             tc_db: true,
             tc_dbq: false,
+            tc_dbq1: false,
+            gqa_cl: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -429,7 +445,9 @@ impl KernelSet {
                 "gqa_pre" => k.gqa_pre = on,
                 "tc_db" => k.tc_db = on,
                 "tc_dbq" => k.tc_dbq = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq)")),
+                "tc_dbq1" => k.tc_dbq1 = on,
+                "gqa_cl" => k.gqa_cl = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, tc_dbq1, gqa_cl)")),
             }
         }
         Ok(k)
@@ -547,6 +565,8 @@ mod tests {
             d.tc_db && !KernelSet::original().tc_db && !KernelSet::parse("-tc_db").unwrap().tc_db
         );
         assert!(!d.tc_dbq && KernelSet::parse("+tc_dbq").unwrap().tc_dbq);
+        assert!(!d.gqa_cl && KernelSet::parse("+gqa_cl").unwrap().gqa_cl);
+        assert!(!d.tc_dbq1 && KernelSet::parse("+tc_dbq1").unwrap().tc_dbq1);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -307,6 +307,36 @@ impl CudaModel {
                 } else {
                     (kv.attn_name, (m as u32, nh as u32, nsplit as u32), ablk)
                 };
+                // gqa_cl: the sliding layers' decode attention merging its own splits in clusters
+                // of a KV head's split blocks (attention_gqa_qkc; BF16 cache, at most 16 splits
+                // and 8 query heads a KV head), when the device holds every cluster at once:
+                // padded to one block an SM if that fits, else unpadded.
+                let cl_shape = fuse_qk
+                    && self.kset.gqa_cl
+                    && kv.gqa_qk_name != "attention_gqa_qk_fp8"
+                    && (2..=16).contains(&nsplit)
+                    && group <= 8
+                    && hd <= 128
+                    && (group * hd).div_ceil(nsplit) <= 32 * (group + 1);
+                let cl_name = "attention_gqa_qkc";
+                let cl_smem = if cl_shape {
+                    let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
+                    let pad = if nblk <= d.sms as u64 {
+                        d.spread_pad(cl_name)
+                    } else {
+                        0
+                    };
+                    let choices: &[u32] = if pad > 0 { &[pad, 0] } else { &[0] };
+                    d.cluster_fit(cl_name, agrid, ablk, nsplit as u32, choices)
+                } else {
+                    None
+                };
+                let cluster = cl_smem.is_some();
+                let (aname, cz) = if cluster {
+                    (cl_name, nsplit as u32)
+                } else {
+                    (aname, 0)
+                };
                 // One block an SM for a grid within one wave (see device::SPREAD).
                 let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
                 let pad = if nblk <= d.sms as u64 {
@@ -314,8 +344,8 @@ impl CudaModel {
                 } else {
                     0
                 };
-                let ashm = big_smem(aname).max(pad);
-                d.launch_p(prof, aname, agrid, (ablk, 1, 1), ashm, |b| {
+                let ashm = cl_smem.unwrap_or(big_smem(aname).max(pad));
+                d.launch_pc(prof, aname, agrid, (ablk, 1, 1), ashm, cz, |b| {
                     common(b);
                     b.i32(nsplit as i32).u64(sc.part);
                     if fuse_qk || tc_qk {
@@ -327,7 +357,7 @@ impl CudaModel {
                     }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 {
+                if nsplit > 1 && !cluster {
                     let (k16, k64) = (self.kset.merge16, self.kset.merge64);
                     d.launch_p(
                         prof,

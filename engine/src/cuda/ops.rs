@@ -223,13 +223,17 @@ impl CudaModel {
                 if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
                     ("linear_tc_bf16_tlnd", l.t)
                 } else if one
-                    && self.kset.tc_dbq
+                    && (self.kset.tc_dbq || self.kset.tc_dbq1)
                     && (sw == 4 || sw == 5)
-                    && l.k <= 2560
+                    && l.k <= 2048
                     && l.n > 4096
                     && l.n <= 16384
                 {
-                    ("linear_tc_bf16_tlndq", l.t)
+                    if self.kset.tc_dbq1 {
+                        ("linear_tc_bf16_tlndq1", l.t)
+                    } else {
+                        ("linear_tc_bf16_tlndq", l.t)
+                    }
                 } else {
                     ("linear_tc_bf16_tlnb", l.t)
                 }
