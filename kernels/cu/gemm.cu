@@ -539,6 +539,19 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
                 int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
                 v[j] = i < K ? ldg_v(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
+            if constexpr (DB == 4) {
+                // _tlnds: x is a gate | up row (K each); the row is silu_mul's SiLU(gate) * up.
+                float4 u[4];
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
+                    u[j] = i < K ? ldg_v(reinterpret_cast<const float4*>(x + K + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    v[j] = make_float4(silu_f(v[j].x) * u[j].x, silu_f(v[j].y) * u[j].y, silu_f(v[j].z) * u[j].z,
+                                       silu_f(v[j].w) * u[j].w);
+            }
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
@@ -669,6 +682,15 @@ extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq(const void* wv, 
                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
                                                               int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 2>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// DBS (linear_tc_bf16_tlnds, KernelSet silu_fold, off: not yet measured on a GPU): _tlnd for a
+// dense MLP's one-row down projection reading the gate | up row (x: gate at [0, K), up at
+// [K, 2K)) and staging silu_mul's SiLU(gate) * up (the same expression) as its row, so no
+// silu_mul launch precedes it. The same bits as silu_mul + _tlnd.
+extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnds(const void* wv, const u8* s_unused, float inv_gs,
+                                                                         const float* x, int ldx, float* y, int ldy, int M,
+                                                                         int N, int K, int accumulate) {
+    linear_tc_bf16_t<1, 1, 1, 4>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // DBQ1 (linear_tc_bf16_tlndq1, KernelSet tc_dbq1, off: not yet measured on a GPU): _tlndq with one
 // round of weight loads a warp before the PDL wait instead of two (the second right after it),

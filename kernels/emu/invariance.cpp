@@ -177,6 +177,28 @@ int main() {
         // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
         // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
         for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tlnd", linear_tc_bf16_tlnd, 16, KD);
+        // linear_tc_bf16_tlnds (KernelSet silu_fold: _tlnd staging SiLU(gate) * up from a gate | up
+        // row) against silu_mul + _tlnd, at the XS-2.1 dense MLP's K (8192) and 4256.
+        for (int KD : {8192, 4256}) {
+            const int ND = 40;
+            float* gu = emu_alloc<float>((size_t)2 * KD);
+            for (int i = 0; i < 2 * KD; i++) gu[i] = 2.f * nd(rng);
+            float* act = emu_alloc<float>((size_t)KD);
+            ok &= emu_launch({(unsigned)ceil_div(KD, 256), 1, 1}, 256, [&] { silu_mul(gu, act, 1, KD); });
+            unsigned short* wd = emu_alloc<unsigned short>((size_t)ND * KD);
+            for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
+            unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
+            ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
+            EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
+            float* y0 = emu_alloc<float>(ND);
+            float* y1 = emu_alloc<float>(ND);
+            for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnd(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnds(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
+            bool es = same_bits("linear_tc_bf16_tlnds vs silu_mul + _tlnd", y1, y0, ND);
+            std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
+            ok &= es;
+        }
         // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
         // 2048), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
         // K 1056.

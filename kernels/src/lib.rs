@@ -165,6 +165,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tlnd",
             "linear_tc_bf16_tlndq",
             "linear_tc_bf16_tlndq1",
+            "linear_tc_bf16_tlnds",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",

@@ -258,6 +258,11 @@ pub struct KernelSet {
     /// wait instead of two (the second right after it). The same bits (kernels/emu). Off: not
     /// yet measured on a GPU.
     pub tc_dbq1: bool,
+    /// With `tc_db`: a dense MLP's one-row down projection is `linear_tc_bf16_tlnds`, which
+    /// stages silu_mul's SiLU(gate) * up from the gate | up row itself, so no `silu_mul` launch
+    /// precedes it (XS-2.1's layer 0). The same bits (kernels/emu). Off: not yet measured on a
+    /// GPU.
+    pub silu_fold: bool,
     /// With `attn_qk`: `attention_gqa_qkc` for the sliding layers' decode attention (BF16 cache,
     /// 2-16 splits): a KV head's split blocks launched as one thread block cluster merge their
     /// splits through distributed shared memory, so no `attention_merge_16r` launch follows
@@ -322,6 +327,7 @@ impl KernelSet {
             tc_db: false,
             tc_dbq: false,
             tc_dbq1: false,
+            silu_fold: false,
             gqa_cl: false,
         }
     }
@@ -379,6 +385,7 @@ impl KernelSet {
             tc_db: true,
             tc_dbq: false,
             tc_dbq1: false,
+            silu_fold: false,
             gqa_cl: false,
         }
     }
@@ -446,8 +453,9 @@ impl KernelSet {
                 "tc_db" => k.tc_db = on,
                 "tc_dbq" => k.tc_dbq = on,
                 "tc_dbq1" => k.tc_dbq1 = on,
+                "silu_fold" => k.silu_fold = on,
                 "gqa_cl" => k.gqa_cl = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, tc_dbq1, gqa_cl)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, tc_dbq1, silu_fold, gqa_cl)")),
             }
         }
         Ok(k)
@@ -567,6 +575,7 @@ mod tests {
         assert!(!d.tc_dbq && KernelSet::parse("+tc_dbq").unwrap().tc_dbq);
         assert!(!d.gqa_cl && KernelSet::parse("+gqa_cl").unwrap().gqa_cl);
         assert!(!d.tc_dbq1 && KernelSet::parse("+tc_dbq1").unwrap().tc_dbq1);
+        assert!(!d.silu_fold && KernelSet::parse("+silu_fold").unwrap().silu_fold);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -316,6 +316,46 @@ impl CudaModel {
             m,
             false,
         )?;
+        // silu_fold: one row whose down projection would be `linear_tc_bf16_tlnd` reads the
+        // gate | up row itself (`_tlnds`: the same bits as silu_mul + `_tlnd`).
+        if m == 1
+            && m < self.opts.gemm_min_rows
+            && self.kset.silu_fold
+            && self.kset.tc_gemv
+            && self.kset.tc_na
+            && self.kset.tc_bf
+            && self.kset.tc_db
+            && !down.fp4
+            && down.t != 0
+            && down.k == i
+            && down.k % 32 == 0
+            && down.k <= 8192
+            && down.n <= 2048
+        {
+            return self
+                .dev
+                .launch_p(
+                    prof,
+                    "linear_tc_bf16_tlnds",
+                    (ceil_div(down.n, 16) as u32, 1, 1),
+                    (512, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(down.t)
+                            .u64(down.s)
+                            .f32(down.inv_gs)
+                            .u64(sc.gu)
+                            .i32(2 * i as i32)
+                            .u64(out)
+                            .i32(h as i32)
+                            .i32(1)
+                            .i32(down.n as i32)
+                            .i32(down.k as i32)
+                            .i32(acc as i32);
+                    },
+                )
+                .map_err(cerr);
+        }
         self.dev
             .launch_p(
                 prof,
