@@ -317,7 +317,9 @@ impl CudaModel {
                     && (2..=16).contains(&nsplit)
                     && group <= 8
                     && hd <= 128
-                    && (group * hd).div_ceil(nsplit) <= 32 * (group + 1);
+                    && (group * hd).div_ceil(nsplit) <= 32 * (group + 1)
+                    // (a block's outputs span at most 8 heads: the kernel's split tables)
+                    && (group * hd).div_ceil(nsplit).div_ceil(hd.max(1)) < 8;
                 let cl_name = "attention_gqa_qkc";
                 let cl_smem = if cl_shape {
                     let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
