@@ -146,17 +146,22 @@ int main() {
                         eq ? "yes" : "NO", e, e < 1e-4 ? "ok" : "TOO LARGE");
             ok &= eq && e < 1e-4;
         }
+        // Random BF16 weights [ND, KD] (wd) and tile_bf16's copy of them (wdt).
+        const int ND = 40;
+        auto tiled = [&](int KD, unsigned short*& wd, unsigned short*& wdt) {
+            wd = emu_alloc<unsigned short>((size_t)ND * KD);
+            for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
+            wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
+            ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
+        };
+        const EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
         // One row through `kern` at S warps a block and K = KD on tile_bf16's copy: the same bits
         // as linear_tc_bf16 storing and as _tlnb accumulating.
         auto one_row = [&](const char* name, auto kern, int S, int KD) {
-            const int ND = 40;
             float* xd = emu_alloc<float>((size_t)KD);
             for (int i = 0; i < KD; i++) xd[i] = nd(rng);
-            unsigned short* wd = emu_alloc<unsigned short>((size_t)ND * KD);
-            for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
-            unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
-            EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
+            unsigned short *wd, *wdt;
+            tiled(KD, wd, wdt);
             float* y0 = emu_alloc<float>(ND);
             float* y1 = emu_alloc<float>(ND);
             ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16(wd, nullptr, 1.f, xd, KD, y0, ND, 1, ND, KD, 0); });
@@ -180,16 +185,12 @@ int main() {
         // linear_tc_bf16_tlnds (KernelSet silu_fold: _tlnd staging SiLU(gate) * up from a gate | up
         // row) against silu_mul + _tlnd, at the XS-2.1 dense MLP's K (8192) and 4256.
         for (int KD : {8192, 4256}) {
-            const int ND = 40;
             float* gu = emu_alloc<float>((size_t)2 * KD);
             for (int i = 0; i < 2 * KD; i++) gu[i] = 2.f * nd(rng);
             float* act = emu_alloc<float>((size_t)KD);
             ok &= emu_launch({(unsigned)ceil_div(KD, 256), 1, 1}, 256, [&] { silu_mul(gu, act, 1, KD); });
-            unsigned short* wd = emu_alloc<unsigned short>((size_t)ND * KD);
-            for (int i = 0; i < ND * KD; i++) wd[i] = f2bf(0.05f * nd(rng));
-            unsigned short* wdt = emu_alloc<unsigned short>((size_t)ceil_div(ND, 16) * 16 * KD);
-            ok &= emu_launch({(unsigned)ceil_div(ND, 16), (unsigned)(KD / 32), 1}, 32, [&] { tile_bf16(wd, wdt, ND, KD); });
-            EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
+            unsigned short *wd, *wdt;
+            tiled(KD, wd, wdt);
             float* y0 = emu_alloc<float>(ND);
             float* y1 = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);

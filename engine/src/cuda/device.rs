@@ -192,6 +192,16 @@ const SPREAD: &[&str] = &[
 /// `Dev::cluster_fit` says whether (and with which padding) a grid of them can run.
 const CLUSTER: &[&str] = &["attention_gqa_qkc"];
 
+/// The launch attribute for thread block clusters of (1, 1, `cz`) blocks.
+fn cluster_attr(cz: u32) -> sys::CUlaunchAttribute {
+    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    a.value.clusterDim.x = 1;
+    a.value.clusterDim.y = 1;
+    a.value.clusterDim.z = cz;
+    a
+}
+
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
 const STAGE_BYTES: usize = 1 << 20;
@@ -613,23 +623,8 @@ impl Dev {
         let need = grid.0 as i32 * grid.1 as i32;
         let mut fit = None;
         for &sh in shmem_choices {
-            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attr.value.clusterDim.x = 1;
-            attr.value.clusterDim.y = 1;
-            attr.value.clusterDim.z = cz;
-            let cfg = sys::CUlaunchConfig {
-                gridDimX: grid.0,
-                gridDimY: grid.1,
-                gridDimZ: grid.2,
-                blockDimX: block,
-                blockDimY: 1,
-                blockDimZ: 1,
-                sharedMemBytes: sh,
-                hStream: self.stream.cu_stream(),
-                attrs: &mut attr,
-                numAttrs: 1,
-            };
+            let mut attr = [cluster_attr(cz)];
+            let cfg = self.launch_config(grid, (block, 1, 1), sh, &mut attr);
             let mut n: std::ffi::c_int = 0;
             let ok = self.ctx.bind_to_thread().is_ok()
                 && unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &cfg) }
@@ -649,6 +644,32 @@ impl Dev {
             m.insert(key, fit);
         }
         fit
+    }
+
+    /// A launch of `grid` x `block` on the stream with `attrs` (none when empty).
+    fn launch_config(
+        &self,
+        grid: (u32, u32, u32),
+        block: (u32, u32, u32),
+        shmem: u32,
+        attrs: &mut [sys::CUlaunchAttribute],
+    ) -> sys::CUlaunchConfig {
+        sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block.0,
+            blockDimY: block.1,
+            blockDimZ: block.2,
+            sharedMemBytes: shmem,
+            hStream: self.stream.cu_stream(),
+            attrs: if attrs.is_empty() {
+                std::ptr::null_mut()
+            } else {
+                attrs.as_mut_ptr()
+            },
+            numAttrs: attrs.len() as u32,
+        }
     }
 
     /// `launch_p` in thread block clusters of (1, 1, `cluster_z`) blocks (0: no clusters).
@@ -695,28 +716,10 @@ impl Dev {
             na += 1;
         }
         if cluster_z > 0 {
-            attrs[na].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attrs[na].value.clusterDim.x = 1;
-            attrs[na].value.clusterDim.y = 1;
-            attrs[na].value.clusterDim.z = cluster_z;
+            attrs[na] = cluster_attr(cluster_z);
             na += 1;
         }
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: grid.2,
-            blockDimX: block.0,
-            blockDimY: block.1,
-            blockDimZ: block.2,
-            sharedMemBytes: shmem,
-            hStream: self.stream.cu_stream(),
-            attrs: if na > 0 {
-                attrs.as_mut_ptr()
-            } else {
-                std::ptr::null_mut()
-            },
-            numAttrs: na as u32,
-        };
+        let cfg = self.launch_config(grid, block, shmem, &mut attrs[..na]);
         self.ctx.bind_to_thread()?;
         unsafe {
             sys::cuLaunchKernelEx(

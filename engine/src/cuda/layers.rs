@@ -320,14 +320,18 @@ impl CudaModel {
                     && (group * hd).div_ceil(nsplit) <= 32 * (group + 1)
                     // (a block's outputs span at most 8 heads: the kernel's split tables)
                     && (group * hd).div_ceil(nsplit).div_ceil(hd.max(1)) < 8;
-                let cl_name = "attention_gqa_qkc";
-                let cl_smem = if cl_shape {
-                    let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
-                    let pad = if nblk <= d.sms as u64 {
-                        d.spread_pad(cl_name)
+                // One block an SM for a grid within one wave (see device::SPREAD).
+                let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
+                let spread = |name: &str| {
+                    if nblk <= d.sms as u64 {
+                        d.spread_pad(name)
                     } else {
                         0
-                    };
+                    }
+                };
+                let cl_name = "attention_gqa_qkc";
+                let cl_smem = if cl_shape {
+                    let pad = spread(cl_name);
                     let choices: &[u32] = if pad > 0 { &[pad, 0] } else { &[0] };
                     d.cluster_fit(cl_name, agrid, ablk, nsplit as u32, choices)
                 } else {
@@ -339,14 +343,7 @@ impl CudaModel {
                 } else {
                     (aname, 0)
                 };
-                // One block an SM for a grid within one wave (see device::SPREAD).
-                let nblk = agrid.0 as u64 * agrid.1 as u64 * agrid.2 as u64;
-                let pad = if nblk <= d.sms as u64 {
-                    d.spread_pad(aname)
-                } else {
-                    0
-                };
-                let ashm = cl_smem.unwrap_or(big_smem(aname).max(pad));
+                let ashm = cl_smem.unwrap_or_else(|| big_smem(aname).max(spread(aname)));
                 d.launch_pc(prof, aname, agrid, (ablk, 1, 1), ashm, cz, |b| {
                     common(b);
                     b.i32(nsplit as i32).u64(sc.part);

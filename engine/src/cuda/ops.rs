@@ -108,6 +108,57 @@ impl CudaModel {
             .map_err(cerr)
     }
 
+    /// The tensor-core GEMV `linear` launches for `l` over `m` rows (non-NVFP4, K % 32 == 0,
+    /// KernelSet tc_gemv): the kernel, the weights it reads and its warps a block.
+    fn tc_gemv(&self, l: &Lin, m: usize) -> (&'static str, u64, u32) {
+        // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
+        // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
+        // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
+        // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K) on a device (never by
+        // the pass's rows): batch-invariant.
+        // tc_s5: 5 warps a block where the 16-row groups number at most 4 an SM (the 48-head
+        // layers' q|k|v|g, 515 blocks): at 4 warps an SM holds 5 of its blocks and ~20 SMs
+        // got none; at 5 it holds 4 (82 registers: 23 warps an SM), so every SM streams.
+        let sw = if l.n <= 2048 {
+            16u32
+        } else if l.n <= 4096 {
+            8
+        } else if self.kset.tc_s5 && ceil_div(l.n, 16) <= 4 * self.dev.sms as usize {
+            5
+        } else {
+            4
+        };
+        // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
+        let (name, w) = if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
+            // tc_db / tc_dbq: one row, two rounds of weight loads in flight a warp.
+            let one = m == 1;
+            if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
+                ("linear_tc_bf16_tlnd", l.t)
+            } else if one
+                && (self.kset.tc_dbq || self.kset.tc_dbq1)
+                && (sw == 4 || sw == 5)
+                && l.k <= 2048
+                && l.n > 4096
+                && l.n <= 16384
+            {
+                if self.kset.tc_dbq1 {
+                    ("linear_tc_bf16_tlndq1", l.t)
+                } else {
+                    ("linear_tc_bf16_tlndq", l.t)
+                }
+            } else {
+                ("linear_tc_bf16_tlnb", l.t)
+            }
+        } else if l.t != 0 && self.kset.tc_na {
+            ("linear_tc_bf16_tln", l.t)
+        } else if l.t != 0 {
+            ("linear_tc_bf16_tl", l.t)
+        } else {
+            ("linear_tc_bf16", l.w)
+        };
+        (name, w, sw)
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(super) fn linear(
         &self,
@@ -121,20 +172,8 @@ impl CudaModel {
         m: usize,
         acc: bool,
     ) -> Result<()> {
-        // Every Linear kernel takes the same arguments (x: the activations it reads).
-        let args_w = |b: &mut device::Args, w: u64, x: u64| {
-            b.u64(w)
-                .u64(l.s)
-                .f32(l.inv_gs)
-                .u64(x)
-                .i32(ldx as i32)
-                .u64(y)
-                .i32(ldy as i32)
-                .i32(m as i32)
-                .i32(l.n as i32)
-                .i32(l.k as i32)
-                .i32(acc as i32);
-        };
+        let args_w =
+            |b: &mut device::Args, w: u64, x: u64| lin_args(b, l, w, x, ldx, y, ldy, m, acc);
         let args = |b: &mut device::Args, x: u64| args_w(b, l.w, x);
         if m >= self.opts.gemm_min_rows {
             // The router keeps ~f32 precision (hi + lo BF16 split) so top-k picks match the reference.
@@ -199,51 +238,7 @@ impl CudaModel {
                 .map_err(cerr);
         }
         if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
-            // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
-            // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
-            // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
-            // outputs (o_proj: N = 2048 is 128 blocks). Fixed per (N, K) on a device (never by
-            // the pass's rows): batch-invariant.
-            // tc_s5: 5 warps a block where the 16-row groups number at most 4 an SM (the 48-head
-            // layers' q|k|v|g, 515 blocks): at 4 warps an SM holds 5 of its blocks and ~20 SMs
-            // got none; at 5 it holds 4 (82 registers: 23 warps an SM), so every SM streams.
-            let sw = if l.n <= 2048 {
-                16u32
-            } else if l.n <= 4096 {
-                8
-            } else if self.kset.tc_s5 && ceil_div(l.n, 16) <= 4 * self.dev.sms as usize {
-                5
-            } else {
-                4
-            };
-            // The tile-interleaved copy when there is one (`tc_tl`): same arguments, same bits.
-            let (name, w) = if l.t != 0 && self.kset.tc_na && self.kset.tc_bf {
-                // tc_db / tc_dbq: one row, two rounds of weight loads in flight a warp.
-                let one = m == 1;
-                if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
-                    ("linear_tc_bf16_tlnd", l.t)
-                } else if one
-                    && (self.kset.tc_dbq || self.kset.tc_dbq1)
-                    && (sw == 4 || sw == 5)
-                    && l.k <= 2048
-                    && l.n > 4096
-                    && l.n <= 16384
-                {
-                    if self.kset.tc_dbq1 {
-                        ("linear_tc_bf16_tlndq1", l.t)
-                    } else {
-                        ("linear_tc_bf16_tlndq", l.t)
-                    }
-                } else {
-                    ("linear_tc_bf16_tlnb", l.t)
-                }
-            } else if l.t != 0 && self.kset.tc_na {
-                ("linear_tc_bf16_tln", l.t)
-            } else if l.t != 0 {
-                ("linear_tc_bf16_tl", l.t)
-            } else {
-                ("linear_tc_bf16", l.w)
-            };
+            let (name, w, sw) = self.tc_gemv(l, m);
             return self
                 .dev
                 .launch_p(
@@ -316,45 +311,30 @@ impl CudaModel {
             m,
             false,
         )?;
-        // silu_fold: one row whose down projection would be `linear_tc_bf16_tlnd` reads the
-        // gate | up row itself (`_tlnds`: the same bits as silu_mul + `_tlnd`).
-        if m == 1
+        // silu_fold: one row whose down projection `linear` would launch as
+        // `linear_tc_bf16_tlnd` reads the gate | up row itself (`_tlnds`: the same bits as
+        // silu_mul + `_tlnd`, with the same grid and arguments but the row).
+        let tc_down = m == 1
             && m < self.opts.gemm_min_rows
-            && self.kset.silu_fold
-            && self.kset.tc_gemv
-            && self.kset.tc_na
-            && self.kset.tc_bf
-            && self.kset.tc_db
             && !down.fp4
-            && down.t != 0
-            && down.k == i
             && down.k % 32 == 0
-            && down.k <= 8192
-            && down.n <= 2048
-        {
-            return self
-                .dev
-                .launch_p(
-                    prof,
-                    "linear_tc_bf16_tlnds",
-                    (ceil_div(down.n, 16) as u32, 1, 1),
-                    (512, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(down.t)
-                            .u64(down.s)
-                            .f32(down.inv_gs)
-                            .u64(sc.gu)
-                            .i32(2 * i as i32)
-                            .u64(out)
-                            .i32(h as i32)
-                            .i32(1)
-                            .i32(down.n as i32)
-                            .i32(down.k as i32)
-                            .i32(acc as i32);
-                    },
-                )
-                .map_err(cerr);
+            && down.k == i
+            && self.kset.tc_gemv;
+        if tc_down && self.kset.silu_fold {
+            let (name, w, sw) = self.tc_gemv(down, m);
+            if name == "linear_tc_bf16_tlnd" {
+                return self
+                    .dev
+                    .launch_p(
+                        prof,
+                        "linear_tc_bf16_tlnds",
+                        (ceil_div(down.n, 16) as u32, 1, 1),
+                        (32 * sw, 1, 1),
+                        0,
+                        |b| lin_args(b, down, w, sc.gu, 2 * i, out, h, m, acc),
+                    )
+                    .map_err(cerr);
+            }
         }
         self.dev
             .launch_p(
@@ -413,4 +393,30 @@ impl CudaModel {
 /// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
 pub(super) fn norm_block(h: usize) -> u32 {
     (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
+/// The arguments every Linear kernel takes (x: the activations it reads, w: the weights).
+#[allow(clippy::too_many_arguments)]
+fn lin_args(
+    b: &mut device::Args,
+    l: &Lin,
+    w: u64,
+    x: u64,
+    ldx: usize,
+    y: u64,
+    ldy: usize,
+    m: usize,
+    acc: bool,
+) {
+    b.u64(w)
+        .u64(l.s)
+        .f32(l.inv_gs)
+        .u64(x)
+        .i32(ldx as i32)
+        .u64(y)
+        .i32(ldy as i32)
+        .i32(m as i32)
+        .i32(l.n as i32)
+        .i32(l.k as i32)
+        .i32(acc as i32);
 }
