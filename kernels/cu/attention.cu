@@ -191,13 +191,6 @@ extern "C" __global__ void ring_commit(const u8* ks, const u8* vs, const int* po
     }
 }
 
-// Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
-// last position kend[m] - 1, limited by the window to keys with |p - key| < window.
-__device__ __forceinline__ int key_last(int p, const int* kend, int m, int window) {
-    if (!kend) return p;
-    int last = kend[m] - 1;
-    return window > 0 ? min(last, p + window - 1) : last;
-}
 
 // One block per (row, query head, split). Keys lo..pos[m] (lo from the window) are cut into
 // `nsplit` equal ranges (by the row's own length only: a row's result never depends on the batch);
@@ -208,20 +201,6 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 // Tiles of blockDim keys: every thread scores one key (16-byte K loads, q from shared memory),
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
 // hd <= blockDim <= 256.
-#define ATT_CHUNK 32
-// attention_tc's splits of a row with `len` keys (its merges use the same): at least TC_SPLITS
-// (16) where the row has TC_CHUNK (64) keys a split for them, more as the row grows so that no
-// split has more than TC_SPAN (512) keys, at most nsplit (the grid's).
-#define TC_CHUNK 64
-#define TC_SPAN 512
-#ifndef TC_SPLITS  // LAGUNA_TC_SPLITS (A/B runs) defines it for this module's build
-#define TC_SPLITS 16
-#endif
-__device__ __forceinline__ int tc_splits(int len, int nsplit) {
-    if (nsplit == 1) return 1;
-    int want = max(TC_SPLITS, (len + TC_SPAN - 1) / TC_SPAN);
-    return min(min(nsplit, want), (len + TC_CHUNK - 1) / TC_CHUNK);
-}
 #define ATT_PARAMS(KV)                                                                                             \
     const float *q, int ldq, float *out, int ldo, const KV *kc, const KV *vc, const int *pos, const int *seqrow,   \
         const int *bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink,       \
@@ -563,9 +542,6 @@ extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float
     attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
 }
 
-template <int U>
-__device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
-                                             float (&v)[U], bool have, float& l, float& a);  // below
 // attention_gqa_qkc's merge (see attention_gqa_qk_t, CL): block z of a cluster of the KV head's
 // gridDim.z <= 16 split blocks, warp w < G holding head kvh * G + w's partial (run_max, run_sum,
 // a0..a3 at dims d..d + 3), every thread of the block calling. The partials go to this block's
@@ -635,12 +611,12 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
 // the stored values in shared memory (kp, vp), from which its last tile takes that key (nothing
 // reads the slot from memory in this launch; only the writer block's split reaches position p). The first tile's page-table entries and K/V rows are loaded
 // before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
-// PRE (attention_gqa_qkp, KernelSet gqa_pre, off: not yet measured on a GPU): the exit test also
+// PRE (attention_gqa_qkp, KernelSet gqa_pre, off: within the noise in PERF.md run 219): the exit test also
 // reads the sequence row (never negative), so ptxas issues its load with the position's instead
 // of after the exit that needs the position (the SASS of attention_gqa_qk: position, exit,
 // sequence row, page entries, K/V rows, four dependent round trips before the wait; three with
 // it). The same values, so the same bits.
-// CL (attention_gqa_qkc, KernelSet gqa_cl, off: not yet measured on a GPU): launched in clusters
+// CL (attention_gqa_qkc, KernelSet gqa_cl, off: slower in PERF.md runs 222 and 223): launched in clusters
 // of the row's nsplit (<= 16) split blocks of a KV head (cluster dims (1, 1, nsplit)), which merge
 // their splits themselves instead of an attention_merge_16r launch: each block keeps its G
 // partials in shared memory, and after a cluster barrier block z merges its slice of the G x hd
@@ -850,44 +826,6 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkc(GQK_PARAM
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, true>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
-// A thread's sum over the splits, U split values loaded at once (the first U already in v when
-// `have`): l += sl[z] c_z, a += v_z c_z in split order, c_z = cz[z] (a split with c_z = 0 adds 0).
-// Every split below ns wrote its partial (an empty one: sum 0, so c_z = 0).
-template <int U>
-__device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
-                                             float (&v)[U], bool have, float& l, float& a) {
-    if (have && ns <= U) {
-        // Every split's values already in v (attention_merge_r): the U steps without a branch, a
-        // step past ns keeping l and a by a select (the same expressions as below, so the same
-        // contraction into an FMA), so the shared loads of later splits are
-        // issued ahead of earlier splits' sums (with a branch a split, each step waited for its
-        // two loads in turn). The same operations on the same values, so the same bits.
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            float c = cz[u], s = sl[u];
-            float lf = l + s * c, af = a + (c == 0.f ? 0.f : v[u] * c);
-            bool in = u < ns;
-            l = in ? lf : l;
-            a = in ? af : a;
-        }
-        return;
-    }
-    for (int z0 = 0; z0 < ns; z0 += U) {
-        if (z0 > 0 || !have) {
-#pragma unroll
-            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
-        }
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            int z = z0 + u;
-            if (z < ns) {
-                float c = cz[z];
-                l += sl[z] * c;
-                a += (c == 0.f ? 0.f : v[u] * c);
-            }
-        }
-    }
-}
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
 // KernelSet merge16, U = 16; attention_merge_64, merge64, U = 64): a thread's U next split values
 // loaded at once (a sliding layer's 16 splits in one L2 round trip, a full layer's 64 in four, or
@@ -947,38 +885,11 @@ template <int U, int CH = ATT_CHUNK>
 __device__ __forceinline__ void attention_merge_r(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
                                                   const int* pos, int window, const int* kend, float vscale) {
-    __shared__ float sm[128], sl[128], cz[128];
-    int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-    int p = pos[m];
-    int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int len = key_last(p, kend, m, window) + 1 - lo;
-    int ns = CH == TC_CHUNK ? tc_splits(len, nsplit) : min(nsplit, (len + CH - 1) / CH);
+    int m = blockIdx.x, h = blockIdx.y;
+    int ns = merge_nsplit(m, nsplit, pos, window, kend, CH);
     float sk = sink ? sink[h] : -INFINITY;
     PDL_ENTRY();
-    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
-    bool own = tid < hd;
-    float v[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) v[u] = own && u < ns ? pp[u * (hd + 2) + 2 + tid] : 0.f;
-    float gv = 0.f;
-    if (own && gate_mode == 1) gv = g[(size_t)m * ldg + h];
-    else if (own && gate_mode == 2) gv = g[(size_t)m * ldg + h * hd + tid];
-    for (int z = tid; z < ns; z += blockDim.x) {
-        sm[z] = pp[z * (hd + 2)];
-        sl[z] = pp[z * (hd + 2) + 1];
-    }
-    __syncthreads();
-    float mx = sk;
-    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
-    for (int z = tid; z < ns; z += blockDim.x) cz[z] = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
-    __syncthreads();
-    if (!own) return;
-    float l = sink ? expf(sk - mx) : 0.f;
-    float a = 0.f;
-    merge_splits<U>(pp, ns, hd, tid, cz, sl, v, true, l, a);
-    float o = (a / l) * vscale;
-    if (gate_mode == 1 || gate_mode == 2) o *= softplus_f(gv);
-    out[(size_t)m * ldo + h * hd + tid] = o;
+    merge_head_r<U>(part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, vscale, m, h, ns, sk);
 }
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
@@ -1422,7 +1333,7 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 // its shared memory first), and so are Q's.
 // NST: K/V steps a warp has in flight (TC_NST; attention_tc_qk3: 3, so a 2K row's 9-step split
 // has every step of warp 0 asked for before the PDL wait too; 115 KB of shared memory).
-// PRE (attention_tc_qk3p, KernelSet tc_pre, off: not yet measured on a GPU; QK, half <= 64): the
+// PRE (attention_tc_qk3p, KernelSet tc_pre, off: within the noise in PERF.md run 219; QK, half <= 64): the
 // chain before the wait shortened, the same values, so the same bits. Without it the SASS has
 // the position's load, the exit test, then the sequence row's load, then stage 0's page entry,
 // its copies (which wait on it), stage 1's page entry, ...: five dependent round trips, and the

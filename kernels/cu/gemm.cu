@@ -497,11 +497,37 @@ __device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4
 // r + 1's loads after round r's mma, one round in flight and a bubble a round). The row is staged
 // in shared memory once, while the first two rounds' weights (asked for before the PDL wait)
 // arrive. The same tiles in the same order, the same products and sums: the same bits.
+// DM (linear_tc_bf16_tlndm, KernelSet merge_o): DB for an o_proj GEMV whose input row is the
+// split-KV decode attention's output, with the split merge (attention_merge_16r / _tcr) done in
+// the same launch: block b < nh merges head b with attention_merge_r's code (merge_head_r) into
+// x, every block meets the others at a grid barrier (all blocks resident: one an SM, grid <= SMs,
+// and no dependent launch takes an SM before every block has passed its PDL wait), then stages
+// the merged row through L2 (__ldcg: other blocks wrote it) and runs DB's rounds. Its first two
+// rounds of weights are asked for before the PDL wait, as DB's: as soon as the attention's
+// blocks leave, every SM streams the o_proj's weights while the merge and the barrier run, where
+// the merge launch's blocks held 52-64 SMs that the o_proj's blocks could not join. The merge's
+// and the GEMV's arithmetic unchanged: the same bits as the merge launch + _tlnd. Off: on an H100
+// (PERF.md run 225) the same bits but 6-8 us a step slower: the gap before the launch's wait stayed
+// 3.8-4.6 us and the merge and barrier added ~2.3 us to its run.
+struct MergeO {
+    const float* part = nullptr;
+    int nsplit = 0, nh = 0, hd = 0;
+    const float* sink = nullptr;
+    const float* g = nullptr;
+    int ldg = 0, gate_mode = 0;
+    const int* pos = nullptr;
+    int window = 0;
+    const int* kend = nullptr;
+    float vscale = 1.f;
+    unsigned* bar = nullptr;
+    int ch = ATT_CHUNK;
+};
 template <int TL, int NA = 0, int BF = 0, int DB = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
-                                                 float* y, int ldy, int M, int N, int K, int accumulate) {
-    // DB == 2, 3 (_tlndq, _tlndq1): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
-    constexpr bool DQ = DB == 2 || DB == 3;
+                                                 float* y, int ldy, int M, int N, int K, int accumulate,
+                                                 MergeO mo = MergeO{}) {
+    // DB == 2 (_tlndq): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
+    constexpr bool DQ = DB == 2;
     __shared__ __align__(16) float red[DQ ? 5 : 16][32][4];
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
@@ -524,10 +550,25 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
         }
     };
     ldw(A0, A1, warp);
-    // DB == 3 (_tlndq1): the second round's loads right after the wait instead of before it.
-    if (DB && DB != 3 && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
+    if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
+    // DM: the head this block merges: its split count and sink before the wait (attention_merge_r).
+    bool mh = DB == 5 && (int)blockIdx.x < mo.nh;
+    int mns = 0;
+    float msk = 0.f;
+    if (mh) {
+        mns = merge_nsplit(0, mo.nsplit, mo.pos, mo.window, mo.kend, mo.ch);
+        msk = mo.sink ? mo.sink[blockIdx.x] : -INFINITY;
+    }
     PDL_ENTRY();
-    if (DB == 3 && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
+    if constexpr (DB == 5) {
+        __shared__ unsigned gphase;
+        if (threadIdx.x == 0) gphase = ld_acquire_u32(mo.bar) & 0x80000000u;
+        if (mh)
+            merge_head_r<16>(mo.part, mo.nsplit, const_cast<float*>(x), ldx, mo.nh, mo.hd, mo.sink, mo.g, mo.ldg,
+                             mo.gate_mode, mo.vscale, 0, blockIdx.x, mns, msk);
+        unsigned ph = gphase;  // used by thread 0 only, which wrote it
+        grid_sync(mo.bar, ph);
+    }
     if constexpr (DB != 0) {
         __shared__ __align__(16) float xsh[DQ ? 2048 : 8192];
         // The activation row (M == 1) into shared memory: one L2 round trip for the block (all of
@@ -537,7 +578,10 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
-                v[j] = i < K ? ldg_v(reinterpret_cast<const float4*>(x + i)) : make_float4(0.f, 0.f, 0.f, 0.f);
+                // DM: the row the blocks merged in this launch, through L2.
+                v[j] = i >= K ? make_float4(0.f, 0.f, 0.f, 0.f)
+                       : DB == 5 ? __ldcg(reinterpret_cast<const float4*>(x + i))
+                                 : ldg_v(reinterpret_cast<const float4*>(x + i));
             }
             if constexpr (DB == 4) {
                 // _tlnds: x is a gate | up row (K each); the row is silu_mul's SiLU(gate) * up.
@@ -677,13 +721,15 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const v
 // the 8 KB cross-warp buffer a block, 18 KB against _tlnb's 8) ran faster alone but slower in the
 // graph (PERF.md run 222: eager 0.654 vs 0.721 ms a step, graph 2.167-2.172 vs 2.131-2.133),
 // as if fewer of its blocks joined an SM beside the draining MoE launch's before the PDL wait;
-// now 10.5 KB a block (an 8 KB row, the buffer for 5 warps).
+// now 10.5 KB a block (an 8 KB row, the buffer for 5 warps), which on an H100 (run 223) ran its
+// launches 4.9 us faster each but lengthened the MoE launch before it by 1-2 us and the gap
+// before its own wait by 3-4 us (its 26 MB of early loads): the graph no faster. Off.
 extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq(const void* wv, const u8* s_unused, float inv_gs,
                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
                                                               int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 2>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBS (linear_tc_bf16_tlnds, KernelSet silu_fold, off: not yet measured on a GPU): _tlnd for a
+// DBS (linear_tc_bf16_tlnds, KernelSet silu_fold, on since session 36: PERF.md run 223): _tlnd for a
 // dense MLP's one-row down projection reading the gate | up row (x: gate at [0, K), up at
 // [K, 2K)) and staging silu_mul's SiLU(gate) * up (the same expression) as its row, so no
 // silu_mul launch precedes it. The same bits as silu_mul + _tlnd.
@@ -692,14 +738,28 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnds(const 
                                                                          int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 4>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBQ1 (linear_tc_bf16_tlndq1, KernelSet tc_dbq1, off: not yet measured on a GPU): _tlndq with one
-// round of weight loads a warp before the PDL wait instead of two (the second right after it),
-// in case two rounds from every early block crowd the DRAM while the MoE launch before it ends.
-// The same tiles in the same order: the same bits.
-extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq1(const void* wv, const u8* s_unused, float inv_gs,
-                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
-                                                               int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1, 3>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+// DM: see MergeO. ch: ATT_CHUNK (the sliding layers' attention_gqa_qk partials) or TC_CHUNK
+// (attention_tc's); bar: a zeroed word no other launch of the pass uses.
+extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlndm(
+    const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K,
+    int accumulate, const float* part, int nsplit, int nh, int hd, const float* sink, const float* g, int ldg,
+    int gate_mode, const int* pos, int window, const int* kend, float vscale, unsigned* bar, int ch) {
+    MergeO mo;
+    mo.part = part;
+    mo.nsplit = nsplit;
+    mo.nh = nh;
+    mo.hd = hd;
+    mo.sink = sink;
+    mo.g = g;
+    mo.ldg = ldg;
+    mo.gate_mode = gate_mode;
+    mo.pos = pos;
+    mo.window = window;
+    mo.kend = kend;
+    mo.vscale = vscale;
+    mo.bar = bar;
+    mo.ch = ch;
+    linear_tc_bf16_t<1, 1, 1, 5>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, mo);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

@@ -1341,13 +1341,13 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 // fragments into `act` (the same bytes as its f32 rows), which phase 3 stages as before. The
 // same per-row arithmetic as tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
 // bits as those launches (kernels/emu, laguna kbench).
-// DEP (moe_block_1nprtd, KernelSet moe_dep, off: not yet measured on a GPU): a gate/up item's
+// DEP (moe_block_1nprtd, KernelSet moe_dep, off: within the noise in PERF.md run 219): a gate/up item's
 // first code word is XORed with (a zero the compilers cannot see: E >> 16, E <= 256) AND
 // (every other code and scale word of the item), so its first mma needs all of the item's loads
 // and all ten go out before it. Without it ptxas issues four code and both scale loads, then the
 // first mma (which waits on DRAM), then the other four: two DRAM round trips an item (the SASS
 // of moe_block_1nprt, session 32). The same values, so the same bits.
-// GI (moe_block_1nprtg / _1nprtdg, KernelSet moe_gi, off: not yet measured on a GPU): the experts'
+// GI (moe_block_1nprtg / _1nprtdg, KernelSet moe_gi, off: within the noise in PERF.md run 219): the experts'
 // global inverse scales (gate and up, E + shared_slot each) read into shared memory before the
 // PDL wait, as the bias is. Without it a gate/up item reads ginv[e] / uinv[e] from global memory
 // where they are used: ptxas puts both loads after the item's mma chain and its shuffles (inside

@@ -7,6 +7,7 @@
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
 //     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
+//   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -200,14 +201,78 @@ int main() {
             std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
         }
+        // linear_tc_bf16_tlndm (KernelSet merge_o: the split merge and the o_proj GEMV in one
+        // launch, a grid barrier between) against attention_merge_16r / _tcr + _tlnd on the same
+        // partials: 4 heads of 128 dims (K 512), 4 blocks of 16 rows (block h merges head h), the
+        // whole grid at once; 16 splits at position 2047 (sliding: window 512, 16 splits of 32
+        // keys; full: 16 of 128) and a short row at position 300 (10 and 5 splits used, empty
+        // splits past them), a sink and per-head gates in one case, FP8's V scale in another.
+        {
+            const int NH = 4, HD = 128, KM = NH * HD, NM = 16 * NH, NS = 16;
+            unsigned short* wm = emu_alloc<unsigned short>((size_t)NM * KM);
+            for (int i = 0; i < NM * KM; i++) wm[i] = f2bf(0.05f * nd(rng));
+            unsigned short* wmt = emu_alloc<unsigned short>((size_t)NM * KM);
+            ok &= emu_launch({(unsigned)(NM / 16), (unsigned)(KM / 32), 1}, 32, [&] { tile_bf16(wm, wmt, NM, KM); });
+            float* part = emu_alloc<float>((size_t)NH * NS * (HD + 2));
+            float* sinkv = emu_alloc<float>(NH);
+            float* gv = emu_alloc<float>(NH);
+            int* posv = emu_alloc<int>(1);
+            unsigned* bar = emu_alloc<unsigned>(4);
+            for (int h = 0; h < NH; h++) {
+                sinkv[h] = nd(rng);
+                gv[h] = nd(rng);
+            }
+            struct Case {
+                int tc, p, window, sink, gate;
+                float vscale;
+            };
+            for (Case c : {Case{0, 2047, 512, 1, 1, 1.f}, Case{0, 300, 512, 0, 0, 0.75f}, Case{1, 2047, 0, 0, 1, 1.f},
+                           Case{1, 300, 0, 1, 1, 1.f}}) {
+                posv[0] = c.p;
+                int len = c.window > 0 ? std::min(c.p + 1, c.window) : c.p + 1;
+                int used = c.tc ? std::min(NS, (len + 63) / 64) : std::min(NS, (len + 31) / 32);
+                for (int h = 0; h < NH; h++)
+                    for (int z = 0; z < NS; z++) {
+                        float* q = part + ((size_t)h * NS + z) * (HD + 2);
+                        bool live = z < used && (z + h) % 7 != 3;  // some empty splits among the used
+                        q[0] = live ? 3.f * nd(rng) : -INFINITY;
+                        q[1] = live ? 1.f + std::fabs(nd(rng)) : 0.f;
+                        for (int d = 0; d < HD; d++) q[2 + d] = z < used ? nd(rng) : NAN;
+                    }
+                const float* sk = c.sink ? sinkv : nullptr;
+                const float* gg = c.gate ? gv : nullptr;
+                int gm = c.gate ? 1 : 0;
+                float* xr = emu_alloc<float>(KM);
+                ok &= emu_launch({1, (unsigned)NH, 1}, 128, [&] {
+                    if (c.tc) attention_merge_tcr(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
+                    else attention_merge_16r(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
+                });
+                float* y0 = emu_alloc<float>(NM);
+                float* y1 = emu_alloc<float>(NM);
+                float* xm = emu_alloc<float>(KM);
+                for (int i = 0; i < KM; i++) xm[i] = NAN;  // the fused launch writes it before use
+                for (int i = 0; i < NM; i++) y0[i] = y1[i] = nd(rng);
+                ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512,
+                                 [&] { linear_tc_bf16_tlnd(wmt, nullptr, 1.f, xr, KM, y0, NM, 1, NM, KM, 1); });
+                ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512, [&] {
+                    linear_tc_bf16_tlndm(wmt, nullptr, 1.f, xm, KM, y1, NM, 1, NM, KM, 1, part, NS, NH, HD, sk, gg, NH, gm, posv,
+                                         c.window, nullptr, c.vscale, bar, c.tc ? 64 : 32);
+                }, 0);
+                bool em = same_bits("linear_tc_bf16_tlndm's merged row", xm, xr, KM) &
+                          same_bits("linear_tc_bf16_tlndm vs merge + _tlnd", y1, y0, NM);
+                for (int i = 0; i < KM; i++) em &= std::isfinite(xr[i]) && xr[i] != 0.f;  // a real merge
+                std::printf("linear_tc_bf16_tlndm (%s, position %d, %d of %d splits, accumulating) = %s + "
+                            "linear_tc_bf16_tlnd: %s\n",
+                            c.tc ? "full" : "sliding", c.p, used, NS, c.tc ? "attention_merge_tcr" : "attention_merge_16r",
+                            em ? "yes" : "NO");
+                ok &= em;
+            }
+        }
         // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
         // 2048), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
         // K 1056.
         for (int S : {4, 5})
-            for (int KD : {2048, 1056}) {
-                one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
-                one_row("linear_tc_bf16_tlndq1", linear_tc_bf16_tlndq1, S, KD);  // (KernelSet tc_dbq1)
-            }
+            for (int KD : {2048, 1056}) one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
         // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
         // permutes) on activations split into BF16 hi + lo, against float64.
         unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);

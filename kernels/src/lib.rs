@@ -164,8 +164,8 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tlnb",
             "linear_tc_bf16_tlnd",
             "linear_tc_bf16_tlndq",
-            "linear_tc_bf16_tlndq1",
             "linear_tc_bf16_tlnds",
+            "linear_tc_bf16_tlndm",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",
@@ -227,7 +227,8 @@ pub fn full_source(m: &KernelModule) -> String {
         ""
     };
     let tcs = match tc_splits_override() {
-        Some(n) if m.name == "attention" => format!("#define TC_SPLITS {n}\n"),
+        // (tc_splits lives in common.cuh: the attention module's merges and gemm's linear_tc_bf16_tlndm)
+        Some(n) if m.name == "attention" || m.name == "gemm" => format!("#define TC_SPLITS {n}\n"),
         _ => String::new(),
     };
     format!(
@@ -237,7 +238,7 @@ pub fn full_source(m: &KernelModule) -> String {
 }
 
 /// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_tc` gives a row
-/// (`TC_SPLITS` in attention.cu, 16) set to N in the attention module (its own cubins, another
+/// (`TC_SPLITS` in common.cuh, 16) set to N in the attention and gemm modules (their own cubins, another
 /// cache key); the engine's `tc_grid` reads the same value (once a process: it runs every pass).
 pub fn tc_splits_override() -> Option<usize> {
     static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();

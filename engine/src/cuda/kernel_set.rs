@@ -226,7 +226,7 @@ pub struct KernelSet {
     /// the SASS of `moe_block_1nprt` loads `ginv[e]` / `uinv[e]` after a gate/up item's mma
     /// chain, where they are used, so every item ends with one more memory round trip before
     /// its output store, which the next grid barrier waits for. The same bits (kernels/emu).
-    /// Off: not yet measured on a GPU (session 33 had no device).
+    /// Off: within the noise (PERF.md run 219).
     pub moe_gi: bool,
     /// With `tc_nst3`: `attention_tc_qk3p`, whose chain before the PDL wait is two dependent
     /// round trips instead of five (the sequence row loaded with the position, every stage's
@@ -234,12 +234,12 @@ pub struct KernelSet {
     /// the rotary frequencies and the new key's page entry before that wait (attention_gqa_qk
     /// does; `attention_tc_qk3` reads them after it, beside q: DRAM round trips, the step's
     /// weight stream evicts them from L2, where q is an L2 one). The same bits (kernels/emu).
-    /// Off: not yet measured on a GPU (session 33 had no device).
+    /// Off: within the noise (PERF.md run 219).
     pub tc_pre: bool,
     /// `attention_gqa_qkp` for the sliding layers' decode attention: its sequence row loaded
     /// with its position instead of after the exit test that needs the position (one dependent
     /// round trip fewer before its page entries, K/V rows and PDL wait). The same bits
-    /// (kernels/emu). Off: not yet measured on a GPU (session 33 had no device).
+    /// (kernels/emu). Off: within the noise (PERF.md run 219).
     pub gqa_pre: bool,
     /// With `tc_bf`: `linear_tc_bf16_tlnd` for one-row GEMVs at 16 warps a block (N <= 2048:
     /// o_proj and the dense MLP's down projection, one block an SM, K <= 8192): two rounds of
@@ -252,24 +252,32 @@ pub struct KernelSet {
     /// 4096 < N <= 16384 and K <= 2048 (the q|k|v|g, the dense MLP's gate and up): `tc_db`'s two
     /// rounds in flight a warp at 96 registers, so an SM still holds 20 warps. The same bits
     /// (kernels/emu). Off: its first form (18 KB of shared memory a block) was faster alone but
-    /// slower in the graph (PERF.md run 222); the 10.5 KB form is not yet measured.
+    /// slower in the graph (PERF.md run 222); the 10.5 KB form no faster (run 223, H100: its
+    /// launches 4.9 us faster, the MoE launch before them and their own gaps longer).
     pub tc_dbq: bool,
-    /// `tc_dbq` with `linear_tc_bf16_tlndq1`: one round of weight loads a warp before the PDL
-    /// wait instead of two (the second right after it). The same bits (kernels/emu). Off: not
-    /// yet measured on a GPU.
-    pub tc_dbq1: bool,
     /// With `tc_db`: a dense MLP's one-row down projection is `linear_tc_bf16_tlnds`, which
     /// stages silu_mul's SiLU(gate) * up from the gate | up row itself, so no `silu_mul` launch
-    /// precedes it (XS-2.1's layer 0). The same bits (kernels/emu). Off: not yet measured on a
-    /// GPU.
+    /// precedes it (XS-2.1's layer 0). The same bits (kernels/emu; on the H100 of PERF.md run
+    /// 223 the XS-2.1 DFlash pair bit for bit, the same fingerprint). On since session 36: a
+    /// launch fewer, 1-3 us a step in every A/B of runs 223 and 225 (within their spread).
     pub silu_fold: bool,
     /// With `attn_qk`: `attention_gqa_qkc` for the sliding layers' decode attention (BF16 cache,
     /// 2-16 splits): a KV head's split blocks launched as one thread block cluster merge their
     /// splits through distributed shared memory, so no `attention_merge_16r` launch follows
     /// (30 launches and their gaps a step fewer). The merge's arithmetic in the same order on
     /// the same values: the same bits (kernels/emu). Used only where the driver says every
-    /// cluster is resident at once (`Dev::cluster_fit`). Off: not yet measured on a GPU.
+    /// cluster is resident at once (`Dev::cluster_fit`). Off: slower (PERF.md run 222 padded on
+    /// an H200, run 223 unpadded on an H100).
     pub gqa_cl: bool,
+    /// With `tc_db` and `merge_r`: a one-row pass's split merge (`attention_merge_16r` /
+    /// `_tcr`) and its o_proj GEMV (`linear_tc_bf16_tlnd`) in one launch,
+    /// `linear_tc_bf16_tlndm`: the first nh blocks merge a head each, a grid barrier, then the
+    /// GEMV on the merged row; its blocks stream the o_proj's weights from the moment the
+    /// attention's blocks leave instead of after the merge launch's. The same bits (kernels/emu).
+    /// Used where the GEMV's blocks all fit at once (one an SM). Off: the same bits on an H100
+    /// (PERF.md run 225: device-test, the XS-2.1 DFlash pair, the fingerprint) but 6-8 us a step
+    /// slower.
+    pub merge_o: bool,
 }
 
 impl KernelSet {
@@ -326,9 +334,9 @@ impl KernelSet {
             gqa_pre: false,
             tc_db: false,
             tc_dbq: false,
-            tc_dbq1: false,
             silu_fold: false,
             gqa_cl: false,
+            merge_o: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -384,9 +392,9 @@ impl KernelSet {
             gqa_pre: false,
             tc_db: true,
             tc_dbq: false,
-            tc_dbq1: false,
-            silu_fold: false,
+            silu_fold: true,
             gqa_cl: false,
+            merge_o: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -452,10 +460,10 @@ impl KernelSet {
                 "gqa_pre" => k.gqa_pre = on,
                 "tc_db" => k.tc_db = on,
                 "tc_dbq" => k.tc_dbq = on,
-                "tc_dbq1" => k.tc_dbq1 = on,
                 "silu_fold" => k.silu_fold = on,
                 "gqa_cl" => k.gqa_cl = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, tc_dbq1, silu_fold, gqa_cl)")),
+                "merge_o" => k.merge_o = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o)")),
             }
         }
         Ok(k)
@@ -574,8 +582,12 @@ mod tests {
         );
         assert!(!d.tc_dbq && KernelSet::parse("+tc_dbq").unwrap().tc_dbq);
         assert!(!d.gqa_cl && KernelSet::parse("+gqa_cl").unwrap().gqa_cl);
-        assert!(!d.tc_dbq1 && KernelSet::parse("+tc_dbq1").unwrap().tc_dbq1);
-        assert!(!d.silu_fold && KernelSet::parse("+silu_fold").unwrap().silu_fold);
+        assert!(
+            d.silu_fold
+                && !KernelSet::original().silu_fold
+                && !KernelSet::parse("-silu_fold").unwrap().silu_fold
+        );
+        assert!(!d.merge_o && KernelSet::parse("+merge_o").unwrap().merge_o);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -226,6 +226,8 @@ impl CudaModel {
                     .f32(((1.0 / (hd as f64).sqrt()) * l.kscale as f64) as f32)
                     .f32(l.vscale);
             };
+            // merge_o: the o_proj GEMV already ran (with the merge, linear_tc_bf16_tlndm).
+            let mut o_done = false;
             if flash {
                 let pname = match (kv.prefill_name, self.kset.bf16_attn, self.kset.attn_ex2) {
                     ("attention_prefill", true, _) => "attention_prefill_h",
@@ -358,23 +360,63 @@ impl CudaModel {
                 .map_err(cerr)?;
                 if nsplit > 1 && !cluster {
                     let (k16, k64) = (self.kset.merge16, self.kset.merge64);
-                    d.launch_p(
-                        prof,
-                        match (tc, nsplit > 16, self.kset.merge_r) {
-                            (true, true, false) => "attention_merge_tc64",
-                            (true, true, true) => "attention_merge_tc64r",
-                            (true, false, false) => "attention_merge_tc",
-                            (true, false, true) => "attention_merge_tcr",
-                            (false, true, false) if k16 && k64 => "attention_merge_64",
-                            (false, true, true) if k16 && k64 => "attention_merge_64r",
-                            (false, _, false) if k16 => "attention_merge_16",
-                            (false, _, true) if k16 => "attention_merge_16r",
-                            _ => "attention_merge",
-                        },
-                        (m as u32, nh as u32, 1),
-                        (blk, 1, 1),
-                        0,
-                        |b| {
+                    let mname = match (tc, nsplit > 16, self.kset.merge_r) {
+                        (true, true, false) => "attention_merge_tc64",
+                        (true, true, true) => "attention_merge_tc64r",
+                        (true, false, false) => "attention_merge_tc",
+                        (true, false, true) => "attention_merge_tcr",
+                        (false, true, false) if k16 && k64 => "attention_merge_64",
+                        (false, true, true) if k16 && k64 => "attention_merge_64r",
+                        (false, _, false) if k16 => "attention_merge_16",
+                        (false, _, true) if k16 => "attention_merge_16r",
+                        _ => "attention_merge",
+                    };
+                    // merge_o: the merge inside the o_proj GEMV's launch (linear_tc_bf16_tlndm,
+                    // attention_merge_16r's / _tcr's code): one row, the GEMV `linear` would
+                    // launch as linear_tc_bf16_tlnd, its grid one block an SM at most and at
+                    // least a block a head (block h merges head h).
+                    let (oname, ow, osw) = self.tc_gemv(&l.o, m);
+                    let oblocks = l.o.n.div_ceil(16);
+                    if self.kset.merge_o
+                        && m == 1
+                        && matches!(mname, "attention_merge_16r" | "attention_merge_tcr")
+                        && oname == "linear_tc_bf16_tlnd"
+                        && oblocks <= d.sms as usize
+                        && nh <= oblocks
+                        && hd <= 32 * osw as usize
+                        && nsplit <= 128
+                        && l.o.k == qw
+                    {
+                        let ch = if tc { TC_CHUNK } else { ATT_CHUNK };
+                        d.launch_p(
+                            prof,
+                            "linear_tc_bf16_tlndm",
+                            (oblocks as u32, 1, 1),
+                            (32 * osw, 1, 1),
+                            0,
+                            |b| {
+                                ops::lin_args(b, &l.o, ow, sc.attn, qw, sc.x, h, m, true);
+                                b.u64(sc.part)
+                                    .i32(nsplit as i32)
+                                    .i32(nh as i32)
+                                    .i32(hd as i32)
+                                    .u64(l.sink)
+                                    .u64(gp)
+                                    .i32(ldg as i32)
+                                    .i32(gate_mode)
+                                    .u64(sc.pos)
+                                    .i32(l.window as i32)
+                                    .u64(if self.noncausal { sc.kend } else { 0 })
+                                    .f32(l.vscale)
+                                    // gbar's second word (moe_block_1 uses the first).
+                                    .u64(sc.gbar + 4)
+                                    .i32(ch as i32);
+                            },
+                        )
+                        .map_err(cerr)?;
+                        o_done = true;
+                    } else {
+                        d.launch_p(prof, mname, (m as u32, nh as u32, 1), (blk, 1, 1), 0, |b| {
                             b.u64(sc.part)
                                 .i32(nsplit as i32)
                                 .u64(sc.attn)
@@ -389,12 +431,14 @@ impl CudaModel {
                                 .i32(l.window as i32)
                                 .u64(if self.noncausal { sc.kend } else { 0 })
                                 .f32(l.vscale);
-                        },
-                    )
-                    .map_err(cerr)?;
+                        })
+                        .map_err(cerr)?;
+                    }
                 }
             }
-            self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
+            if !o_done {
+                self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
+            }
             let next = self.layers.get(li + 1);
             if self.moe_block(prof, l, next, m, gemm_pass)? {
                 // It also wrote the next layer's input norm into sc.hn.

@@ -389,7 +389,7 @@ fn nsplit() -> usize {
         .map(|n| n.clamp(1, 128))
         .unwrap_or(NSPLIT)
 }
-/// Most key splits of `attention_tc` (its grid; a row uses `tc_splits` in attention.cu: 16 for
+/// Most key splits of `attention_tc` (its grid; a row uses `tc_splits` in common.cuh: 16 for
 /// a 2K row, one per 512 keys past 8K, at least 64 keys each). `LAGUNA_TC_NSPLIT` overrides it
 /// for A/B runs (at most `nsplit`, which sizes `sc.part`).
 const NSPLIT_TC: usize = 64;
@@ -400,9 +400,9 @@ pub fn nsplit_tc(nsplit: usize) -> usize {
         .unwrap_or(NSPLIT_TC)
         .clamp(1, nsplit)
 }
-/// Keys an `attention_tc` split covers at least (`TC_CHUNK` in attention.cu).
+/// Keys an `attention_tc` split covers at least (`TC_CHUNK` in common.cuh).
 pub const TC_CHUNK: usize = 64;
-/// `TC_SPLITS` and `TC_SPAN` in attention.cu: a row's `attention_tc` splits are
+/// `TC_SPLITS` and `TC_SPAN` in common.cuh: a row's `attention_tc` splits are
 /// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
 const TC_SPLITS: usize = 16;
 /// `TC_SPLITS`, or LAGUNA_TC_SPLITS for A/B runs (laguna-kernels then builds the modules with
@@ -490,7 +490,7 @@ const DECODE_ROWS: usize = 16;
 const SAMP_G_STRIDE: usize = 2048;
 const SAMP_G_MAX_BLOCKS: usize = 64;
 const SPLIT_ROWS: usize = 64;
-/// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in attention.cu).
+/// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in common.cuh).
 pub const ATT_CHUNK: usize = 32;
 
 fn ceil_div(a: usize, b: usize) -> usize {
@@ -1147,23 +1147,23 @@ mod tests {
     use super::*;
 
     /// `tc_grid` may shrink `attention_tc`'s grid only where no row of the pass loses a split:
-    /// every row up to the pass's longest gets from the smaller grid the splits attention.cu's
-    /// `tc_splits` gives it with the full one (the constants read from attention.cu itself).
+    /// every row up to the pass's longest gets from the smaller grid the splits common.cuh's
+    /// `tc_splits` gives it with the full one (the constants read from common.cuh itself).
     #[test]
     fn tc_grid_keeps_every_rows_splits() {
-        let src = include_str!("../../../kernels/cu/attention.cu");
+        let src = include_str!("../../../kernels/cu/common.cuh");
         let def = |name: &str| -> usize {
             let line = src
                 .lines()
                 .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("{name} not in attention.cu"));
+                .unwrap_or_else(|| panic!("{name} not in common.cuh"));
             line.split_whitespace().nth(2).unwrap().parse().unwrap()
         };
         assert_eq!(
             (def("TC_CHUNK"), def("TC_SPAN"), def("TC_SPLITS")),
             (TC_CHUNK, TC_SPAN, TC_SPLITS)
         );
-        // attention.cu's tc_splits(len, nsplit).
+        // common.cuh's tc_splits(len, nsplit).
         let splits = |len: usize, nsplit: usize| -> usize {
             if nsplit == 1 {
                 return 1;

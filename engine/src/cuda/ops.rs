@@ -110,7 +110,7 @@ impl CudaModel {
 
     /// The tensor-core GEMV `linear` launches for `l` over `m` rows (non-NVFP4, K % 32 == 0,
     /// KernelSet tc_gemv): the kernel, the weights it reads and its warps a block.
-    fn tc_gemv(&self, l: &Lin, m: usize) -> (&'static str, u64, u32) {
+    pub(super) fn tc_gemv(&self, l: &Lin, m: usize) -> (&'static str, u64, u32) {
         // Tensor-core GEMV: one weight read for up to 8 rows per column tile, identical
         // per-row arithmetic for 1 row and for k+1 (batch-invariant decode vs verify).
         // Warps per block (they split K): enough blocks x warps to fill the GPU for narrow
@@ -135,17 +135,13 @@ impl CudaModel {
             if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
                 ("linear_tc_bf16_tlnd", l.t)
             } else if one
-                && (self.kset.tc_dbq || self.kset.tc_dbq1)
+                && self.kset.tc_dbq
                 && (sw == 4 || sw == 5)
                 && l.k <= 2048
                 && l.n > 4096
                 && l.n <= 16384
             {
-                if self.kset.tc_dbq1 {
-                    ("linear_tc_bf16_tlndq1", l.t)
-                } else {
-                    ("linear_tc_bf16_tlndq", l.t)
-                }
+                ("linear_tc_bf16_tlndq", l.t)
             } else {
                 ("linear_tc_bf16_tlnb", l.t)
             }
@@ -397,7 +393,7 @@ pub(super) fn norm_block(h: usize) -> u32 {
 
 /// The arguments every Linear kernel takes (x: the activations it reads, w: the weights).
 #[allow(clippy::too_many_arguments)]
-fn lin_args(
+pub(super) fn lin_args(
     b: &mut device::Args,
     l: &Lin,
     w: u64,
