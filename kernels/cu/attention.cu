@@ -839,10 +839,7 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
                                                   const int* pos, int window, const int* kend, float vscale) {
     __shared__ float sm[128], sl[128], cz[128];
     int m = blockIdx.x, h = blockIdx.y, tid = threadIdx.x;
-    int p = pos[m];
-    int lo = window > 0 ? max(0, p + 1 - window) : 0;
-    int len = key_last(p, kend, m, window) + 1 - lo;
-    int ns = CH == TC_CHUNK ? tc_splits(len, nsplit) : min(nsplit, (len + CH - 1) / CH);
+    int ns = merge_nsplit(m, nsplit, pos, window, kend, CH);
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
     for (int z = tid; z < ns; z += blockDim.x) {
         sm[z] = pp[z * (hd + 2)];

@@ -744,21 +744,7 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlndm(
     const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K,
     int accumulate, const float* part, int nsplit, int nh, int hd, const float* sink, const float* g, int ldg,
     int gate_mode, const int* pos, int window, const int* kend, float vscale, unsigned* bar, int ch) {
-    MergeO mo;
-    mo.part = part;
-    mo.nsplit = nsplit;
-    mo.nh = nh;
-    mo.hd = hd;
-    mo.sink = sink;
-    mo.g = g;
-    mo.ldg = ldg;
-    mo.gate_mode = gate_mode;
-    mo.pos = pos;
-    mo.window = window;
-    mo.kend = kend;
-    mo.vscale = vscale;
-    mo.bar = bar;
-    mo.ch = ch;
+    MergeO mo{part, nsplit, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale, bar, ch};
     linear_tc_bf16_t<1, 1, 1, 5>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, mo);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group

@@ -371,22 +371,40 @@ impl CudaModel {
                         (false, _, true) if k16 => "attention_merge_16r",
                         _ => "attention_merge",
                     };
+                    // The arguments both launches take after their first ones.
+                    let merge_tail = |b: &mut device::Args| {
+                        b.u64(l.sink)
+                            .u64(gp)
+                            .i32(ldg as i32)
+                            .i32(gate_mode)
+                            .u64(sc.pos)
+                            .i32(l.window as i32)
+                            .u64(if self.noncausal { sc.kend } else { 0 })
+                            .f32(l.vscale);
+                    };
                     // merge_o: the merge inside the o_proj GEMV's launch (linear_tc_bf16_tlndm,
                     // attention_merge_16r's / _tcr's code): one row, the GEMV `linear` would
                     // launch as linear_tc_bf16_tlnd, its grid one block an SM at most and at
                     // least a block a head (block h merges head h).
-                    let (oname, ow, osw) = self.tc_gemv(&l.o, m);
                     let oblocks = l.o.n.div_ceil(16);
-                    if self.kset.merge_o
+                    let fused = if self.kset.merge_o
                         && m == 1
                         && matches!(mname, "attention_merge_16r" | "attention_merge_tcr")
-                        && oname == "linear_tc_bf16_tlnd"
                         && oblocks <= d.sms as usize
                         && nh <= oblocks
-                        && hd <= 32 * osw as usize
                         && nsplit <= 128
                         && l.o.k == qw
                     {
+                        match self.tc_gemv(&l.o, m) {
+                            ("linear_tc_bf16_tlnd", ow, osw) if hd <= 32 * osw as usize => {
+                                Some((ow, osw))
+                            }
+                            _ => None,
+                        }
+                    } else {
+                        None
+                    };
+                    if let Some((ow, osw)) = fused {
                         let ch = if tc { TC_CHUNK } else { ATT_CHUNK };
                         d.launch_p(
                             prof,
@@ -399,18 +417,10 @@ impl CudaModel {
                                 b.u64(sc.part)
                                     .i32(nsplit as i32)
                                     .i32(nh as i32)
-                                    .i32(hd as i32)
-                                    .u64(l.sink)
-                                    .u64(gp)
-                                    .i32(ldg as i32)
-                                    .i32(gate_mode)
-                                    .u64(sc.pos)
-                                    .i32(l.window as i32)
-                                    .u64(if self.noncausal { sc.kend } else { 0 })
-                                    .f32(l.vscale)
-                                    // gbar's second word (moe_block_1 uses the first).
-                                    .u64(sc.gbar + 4)
-                                    .i32(ch as i32);
+                                    .i32(hd as i32);
+                                merge_tail(b);
+                                // gbar's second word (moe_block_1 uses the first).
+                                b.u64(sc.gbar + 4).i32(ch as i32);
                             },
                         )
                         .map_err(cerr)?;
@@ -422,15 +432,8 @@ impl CudaModel {
                                 .u64(sc.attn)
                                 .i32(qw as i32)
                                 .i32(nh as i32)
-                                .i32(hd as i32)
-                                .u64(l.sink)
-                                .u64(gp)
-                                .i32(ldg as i32)
-                                .i32(gate_mode)
-                                .u64(sc.pos)
-                                .i32(l.window as i32)
-                                .u64(if self.noncausal { sc.kend } else { 0 })
-                                .f32(l.vscale);
+                                .i32(hd as i32);
+                            merge_tail(b);
                         })
                         .map_err(cerr)?;
                     }
