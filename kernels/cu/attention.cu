@@ -602,6 +602,87 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
     // No block leaves (its shared memory) while another may still read it.
     cluster_sync();
 }
+// attention_gqa_qkl's merge (see attention_gqa_qk_t, LM): every thread of a split block calls it
+// after its partial stores. The block takes a ticket on its (row, KV head) counter (the stores
+// made visible first: a fence by every thread, then the block barrier); the block that draws the
+// last of the row's ns tickets sets the counter back to 0 for the next launch and merges the
+// group's G heads, warp w head kvh * G + w, lane l dims l + 32 j: attention_merge_r<16>'s
+// expressions in the same order on the same values (the maximum over the sink and the split
+// maxima in split order, the split factors, merge_splits' steps), so the same bits as
+// attention_merge_16r after the launch. The partials come through L2 (__ldcg: other blocks wrote
+// them in this launch), all 64 of a lane's split values (4 dims) in flight at once, one round
+// trip. ns <= 16 (the host uses it with 16 splits at most). scr: 128 floats a warp of this
+// block's shared memory, free by then.
+__device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
+                                               int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
+                                               const float* g, int ldg, int gate_mode, float vscale, float* scr) {
+    __shared__ unsigned s_last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = cnt + (size_t)m * nkv + kvh;
+        bool last = atomicAdd(c, 1u) == (unsigned)ns - 1u;
+        if (last) {
+            *c = 0u;
+            __threadfence();
+        }
+        s_last = last ? 1u : 0u;
+    }
+    __syncthreads();
+    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (!s_last || w >= G) return;
+    ns = min(ns, 16);  // (the host's bound; known to the compiler, merge_splits' loop form goes)
+    int h = kvh * G + w;
+    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
+    float* sm = scr + w * 128;  // the split maxima [0, 16), sums [16, 32), factors [32, 48)
+    float* sl = sm + 16;
+    float* cz = sm + 32;
+    // Every load at once: the lane's 4 dims' split values (lanes past hd: zeros, nothing
+    // stored), the gates, the split maxima and sums.
+    float v[4][16];
+    if (nsplit == 16 && hd == 128) {
+        // (The decode step's shape: every load in the head's 16 partials, at constant offsets,
+        // no test a load; splits past ns are read and left out by merge_splits' selects.)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int u = 0; u < 16; u++) v[j][u] = __ldcg(pp + u * 130 + 2 + lane + 32 * j);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            int dd = lane + 32 * j;
+#pragma unroll
+            for (int u = 0; u < 16; u++) v[j][u] = u < ns && dd < hd ? __ldcg(pp + u * (hd + 2) + 2 + dd) : 0.f;
+        }
+    }
+    float gv[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int dd = lane + 32 * j;
+        if (gate_mode == 1) gv[j] = g[(size_t)m * ldg + h];
+        else if (gate_mode == 2 && dd < hd) gv[j] = g[(size_t)m * ldg + h * hd + dd];
+    }
+    if (lane < ns) {
+        sm[lane] = __ldcg(pp + lane * (hd + 2));
+        sl[lane] = __ldcg(pp + lane * (hd + 2) + 1);
+    }
+    __syncwarp();
+    float sk = sink ? sink[h] : -INFINITY;
+    float mx = sk;
+    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
+    if (lane < ns) cz[lane] = sl[lane] == 0.f ? 0.f : expf(sm[lane] - mx);
+    __syncwarp();
+    float l0 = sink ? expf(sk - mx) : 0.f;
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        int dd = lane + 32 * j;
+        float l = l0, a = 0.f;
+        merge_splits<16>(pp, ns, hd, dd, cz, sl, v[j], true, l, a);
+        float o = (a / l) * vscale;
+        if (gate_mode == 1 || gate_mode == 2) o *= softplus_f(gv[j]);
+        if (dd < hd) out[(size_t)m * ldo + h * hd + dd] = o;
+    }
+}
 // attention_gqa_qk (KernelSet attn_qk): qk_norm_rope_kv_l and attention_gqa_l as one launch, for
 // passes in which every row is the only row of its sequence (decode steps; not DFlash, whose rows
 // see each other's keys). Block (m, kvh, z) norms and rotates its G query heads itself, into
@@ -623,14 +704,19 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
 // outputs from the ns blocks' partials (distributed shared memory), with attention_merge_r<16>'s
 // arithmetic in the same order on the same values (merge_splits), so the same bits. Blocks past
 // the row's split count (z >= ns) stay for the two barriers and their slice of the merge.
-template <typename KV, bool PRE = false, bool CL = false>
+// LM (attention_gqa_qkl, KernelSet gqa_lm, off until measured): the split merge in this launch
+// without clusters or a grid barrier: each split block takes a ticket on its (row, KV head)
+// counter after its partial stores, and the last of the row's ns blocks merges the group's heads
+// (gqa_last_merge), so no attention_merge_16r launch follows and no block waits for another.
+template <typename KV, bool PRE = false, bool CL = false, bool LM = false>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
                                                    int page_size, int nh, int nkv, int hd, int window, const float* sink,
                                                    const float* g, int ldg, int gate_mode, float scale, float vscale,
                                                    int nsplit, float* part, const float* k, const float* v, int ldkv,
                                                    const float* qn_w, const float* kn_w, const float* inv_freq, int half,
-                                                   float attn_factor, float eps, float kinv, float vinv) {
+                                                   float attn_factor, float eps, float kinv, float vinv,
+                                                   unsigned* cnt = nullptr) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
     __shared__ __align__(16) float qs[16 * 128];
@@ -799,6 +885,18 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
             return;
         }
     }
+    if constexpr (LM) {
+        if (!final_) {
+            if (w < G && d < hd) {
+                float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
+                pp[2 + d] = a0; pp[3 + d] = a1; pp[4 + d] = a2; pp[5 + d] = a3;
+                if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
+            }
+            gqa_last_merge(part, cnt, m, kvh, nkv, nh, G, hd, nsplit, ns, out, ldo, sink, g, ldg, gate_mode, vscale,
+                           &buf[0][0]);
+            return;
+        }
+    }
     if (w >= G || d >= hd) return;
     if (!final_) {
         float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
@@ -822,6 +920,14 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PA
 // attention_gqa_qk merging its splits in the cluster of a KV head's split blocks (KernelSet gqa_cl;
 // launched with cluster dims (1, 1, nsplit), nsplit <= 16; no attention_merge launch after it).
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkc(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, false, true>(GQK_ARGS); }
+// attention_gqa_qk merging its splits in the launch's last split block of each (row, KV head)
+// (KernelSet gqa_lm; nsplit <= 16; cnt: a zeroed counter a (row, KV head), left zeroed; no
+// attention_merge launch after it). At most 2 blocks an SM (112 registers): the merge holds 64
+// split values a lane, and at 72 registers (3 an SM) even half of them made ptxas spill in the
+// main path; the decode step's grid (128 blocks) runs one block an SM anyway (device.rs SPREAD).
+extern "C" __global__ __launch_bounds__(288, 2) void attention_gqa_qkl(GQK_PARAMS(bf16_t), unsigned* cnt) {
+    attention_gqa_qk_t<bf16_t, false, false, true>(GQK_ARGS, cnt);
+}
 // attention_gqa_qk with the sequence row's load beside the position's (KernelSet gqa_pre).
 extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, true>(GQK_ARGS); }
 

@@ -368,6 +368,22 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// Greedy argmax folded by a 64-bit atomicMax (argmax_rows_p, linear_tc_bf16_tlnba): logit v at
+// index idx as (order-preserving key of v) << 32 | ~idx, so the largest key is the largest value
+// and, among equal values, the lowest index, whatever the order the folds arrive in (+0 and -0
+// get one key, as they compare equal). A value that never wins (NaN; -inf, which no scan's
+// `v > best` from -inf takes) gets 0, below every other key; a slot still 0 decodes to
+// 0x7fffffff, argmax_rows' index for a row with no winner.
+__device__ __forceinline__ unsigned long long amax_key(float v, int idx) {
+    u32 f = v == 0.f ? 0u : __float_as_uint(v);
+    u32 key = (f & 0x80000000u) ? ~f : (f | 0x80000000u);
+    return v > -INFINITY ? ((unsigned long long)key << 32) | (unsigned long long)(0xffffffffu - (u32)idx) : 0ull;
+}
+__device__ __forceinline__ int amax_index(unsigned long long sv) {
+    return sv == 0ull ? 0x7fffffff : (int)(0xffffffffu - (u32)(sv & 0xffffffffull));
+}
+__device__ __forceinline__ unsigned long long u64_max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+
 // ---- split-KV merge helpers (attention.cu's merges, gemm.cu's linear_tc_bf16_tlndm) ----------
 // Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
 // last position kend[m] - 1, limited by the window to keys with |p - key| < window.

@@ -522,10 +522,16 @@ struct MergeO {
     unsigned* bar = nullptr;
     int ch = ATT_CHUNK;
 };
-template <int TL, int NA = 0, int BF = 0, int DB = 0>
+// AM (linear_tc_bf16_tlnba, KernelSet lm_argmax): _tlnb for the lm_head of a greedy pass, each
+// block also folding its 16 outputs of every row into the row's argmax slot (amax_key: the
+// largest value, among equal ones the lowest index) by one 64-bit atomicMax a row, whose result
+// nobody waits for; argmax_fin then decodes the slots. The same logits (the same arithmetic and
+// stores) and the same token as argmax_rows_p over them, one launch and its read of the logits
+// fewer.
+template <int TL, int NA = 0, int BF = 0, int DB = 0, int AM = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate,
-                                                 MergeO mo = MergeO{}) {
+                                                 MergeO mo = MergeO{}, unsigned long long* amax = nullptr) {
     // DB == 2 (_tlndq): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
     constexpr bool DQ = DB == 2;
     __shared__ __align__(16) float red[DQ ? 5 : 16][32][4];
@@ -690,7 +696,27 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
         int n = n0 + g + (i >= 2 ? 8 : 0), m = m0 + 2 * t + (i & 1);
         if (n < N && m < M) {
             float* o = y + (size_t)m * ldy + n;
-            *o = accumulate ? *o + c[i] : c[i];
+            float v = accumulate ? *o + c[i] : c[i];
+            *o = v;
+            if (AM) c[i] = v;
+        }
+    }
+    if constexpr (AM != 0) {
+        // Row m0 + 2t + j: this lane's outputs g and g + 8 (c[j], c[2 + j]), then the largest
+        // key over the 8 lanes of the same t (lane bits 2-4), folded by lane t.
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            unsigned long long kb = 0ull;
+#pragma unroll
+            for (int hh = 0; hh < 2; hh++) {
+                int n = n0 + g + 8 * hh;
+                kb = u64_max(kb, n < N ? amax_key(c[2 * hh + j], n) : 0ull);
+            }
+            kb = u64_max(kb, __shfl_xor_sync(0xffffffffu, kb, 4));
+            kb = u64_max(kb, __shfl_xor_sync(0xffffffffu, kb, 8));
+            kb = u64_max(kb, __shfl_xor_sync(0xffffffffu, kb, 16));
+            int m = m0 + 2 * t + j;
+            if (g == 0 && m < M && kb != 0ull) atomicMax(amax + m, kb);
         }
     }
 }
@@ -709,6 +735,12 @@ extern "C" __global__ void linear_tc_bf16_tln(const void* wv, const u8* s_unused
 extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnb(const void* wv, const u8* s_unused, float inv_gs, const float* x,
                                                                int ldx, float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+}
+// AM: see linear_tc_bf16_t. amax: a zeroed slot a row (argmax_fin zeroes them again).
+extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnba(const void* wv, const u8* s_unused, float inv_gs,
+                                                                const float* x, int ldx, float* y, int ldy, int M, int N,
+                                                                int K, int accumulate, unsigned long long* amax) {
+    linear_tc_bf16_t<1, 1, 1, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, amax);
 }
 extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const void* wv, const u8* s_unused, float inv_gs,
                                                                         const float* x, int ldx, float* y, int ldy, int M,

@@ -52,18 +52,28 @@ extern "C" __global__ void argmax_rows_p(const float* logits, int V, int* out, u
     float best;
     int idx = range_argmax(logits + (size_t)row * V, lo, min(V, lo + chunk), best, bv, bi);
     if (threadIdx.x == 0) {
-        if (idx != 0x7fffffff) {
-            u32 f = best == 0.f ? 0u : __float_as_uint(best);
-            u32 key = (f & 0x80000000u) ? ~f : (f | 0x80000000u);
-            atomicMax(slot + row, ((unsigned long long)key << 32) | (unsigned long long)(0xffffffffu - (u32)idx));
-        }
+        // (amax_key: common.cuh; a chunk's winner is above -inf, so its key is not 0.)
+        if (idx != 0x7fffffff) atomicMax(slot + row, amax_key(best, idx));
         __threadfence();
         if (atomicAdd(cnt + row, 1u) == gridDim.y - 1) {
             __threadfence();
             unsigned long long sv = atomicExch(slot + row, 0ull);
-            out[row] = sv == 0ull ? 0x7fffffff : (int)(0xffffffffu - (u32)(sv & 0xffffffffull));
+            out[row] = amax_index(sv);
             cnt[row] = 0u;
         }
+    }
+}
+// argmax_fin (KernelSet lm_argmax): the greedy tokens of rows 0..M-1 from the slots that
+// linear_tc_bf16_tlnba (the lm_head GEMV) folded every logit into, decoded as argmax_rows_p
+// decodes its own, and the slots back to zero for the next launch (zero at allocation). The
+// same index as argmax_rows_p over the stored logits: the largest key over the same values.
+// grid 1, block >= M.
+extern "C" __global__ void argmax_fin(unsigned long long* slot, int M, int* out) { PDL_ENTRY();
+    int r = threadIdx.x;
+    if (r < M) {
+        unsigned long long sv = slot[r];
+        slot[r] = 0ull;
+        out[r] = amax_index(sv);
     }
 }
 // Device copy bandwidth probe: dst[i] = src[i] (uint4), grid-stride.

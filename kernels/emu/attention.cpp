@@ -238,6 +238,42 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             same_f &= same_c;
         }
     }
+    // attention_gqa_qkl (KernelSet gqa_lm: the last split block of each KV head merges the
+    // group's heads, no attention_merge launch, no barrier): grids of 16 splits and, windowed, of
+    // window / 32, against attention_gqa_qk + attention_merge on the same grid: the same output
+    // and cache bits, and the counters back to zero.
+    if constexpr (sizeof(KV) == 2) {
+        std::vector<int> grids = {16};
+        if (window > 0) grids.push_back(ceil_div(window, 32));
+        unsigned* cnt = emu_alloc<unsigned>(nkv);
+        for (int ng : grids) {
+            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+            float* oA = emu_alloc<float>((size_t)R * qw);
+            for (int r = 0; r < R; r++) fused(r, ng, oA + (size_t)r * qw);
+            std::vector<KV> kcA(kc, kc + (size_t)slots * kvw), vcA(vc, vc + (size_t)slots * kvw);
+            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+            float* oL = emu_alloc<float>((size_t)R * qw);
+            for (int i = 0; i < R * qw; i++) oL[i] = NAN;  // every output written by the merging blocks
+            for (int r = 0; r < R; r++) {
+                const float* x = raw + (size_t)r * ld;
+                float* out = oL + (size_t)r * qw;
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)ng}, 32 * (G + 1), [&] {
+                    attention_gqa_qkl(x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                                      x + qw + 2 * kvw, ld, 1, scale, vscale, ng, part, x + qw, x + qw + kvw, ld, qn_w, kn_w,
+                                      inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale, cnt);
+                }, 8);
+            }
+            bool zero = true;
+            for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
+            bool same_m = std::memcmp(oA, oL, 4 * (size_t)R * qw) == 0 && std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
+                          std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0 && zero;
+            std::printf("attention_gqa_qkl = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
+                        window ? "window 128" : "full", P, ng, same_m ? "yes" : "NO");
+            same_f &= same_m;
+        }
+    }
     // One split: the standard kernels on each row alone (nsplit 1), then the fused kernel.
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);

@@ -58,6 +58,8 @@ inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); retu
 inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
 inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline long long __double_as_longlong(double d) { long long u; std::memcpy(&u, &d, 8); return u; }
+inline double __longlong_as_double(long long u) { double d; std::memcpy(&d, &u, 8); return d; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int __ffs(int v) { return v ? __builtin_ctz((unsigned)v) + 1 : 0; }
 // Byte i of the result is byte (s >> 4i) & 7 of the 8 bytes {y:x} (x = bytes 0..3).
@@ -87,6 +89,7 @@ template <class T> inline T atomicMax(T* p, T v) {
     while (o < v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
     return o;
 }
+template <class T> inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 template <class T> inline T atomicMin(T* p, T v) {
     T o = __atomic_load_n(p, __ATOMIC_SEQ_CST);
     while (o > v && !__atomic_compare_exchange_n(p, &o, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
@@ -285,6 +288,19 @@ inline unsigned __reduce_min_sync(unsigned, unsigned v) {
     return r;
 }
 inline int __any_sync(unsigned m, int p) { return __ballot_sync(m, p) != 0u; }
+// The emulation runs a warp's lanes converged (every lane of a full warp reaches each warp
+// operation, as the shuffles need), so the active mask is the whole warp.
+inline unsigned __activemask() { return 0xffffffffu; }
+inline unsigned __match_any_sync(unsigned, unsigned v) {
+    EmuWarp& w = emu_warp();
+    int l = threadIdx.x & 31;
+    w.slot[l] = v;
+    w.bar.arrive_and_wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= (unsigned)(w.slot[i] == v) << i;
+    w.bar.arrive_and_wait();
+    return r;
+}
 
 // ---- dynamic shared memory: the kernels' `extern __shared__ T name[]` (run.sh drops __shared__
 // from those lines, so they name these arrays; one copy per emulated block = process) ----

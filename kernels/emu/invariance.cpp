@@ -8,6 +8,7 @@
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
 //     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
 //   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
+//   * linear_tc_bf16_tlnba + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_p;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -288,6 +289,55 @@ int main() {
                         e < 1e-4 ? "ok" : "TOO LARGE");
             ok &= e < 1e-4;
         }
+    }
+
+    // ---- linear_tc_bf16_tlnba (KernelSet lm_argmax): the lm_head GEMV folding its outputs into
+    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_p and argmax_rows over
+    // the stored logits: the same logits, the same tokens. N = 1000 (the last block's rows past
+    // N), rows: 0 plain; 1 with three equal maxima, two in one block and one in another (W rows
+    // 70, 71 and 900 the same: the lowest index wins); 2 with a NaN input (every logit NaN: no
+    // winner, 0x7fffffff); 3 all zero (+-0 logits: index 0); 4 with the winner in the last,
+    // partial block.
+    {
+        const int N = 1000, K = 256, MR = 5, S = 4;
+        unsigned short* wl = emu_alloc<unsigned short>((size_t)N * K);
+        for (int i = 0; i < N * K; i++) wl[i] = f2bf(0.05f * nd(rng));
+        float* xl = emu_alloc<float>((size_t)MR * K);
+        for (int i = 0; i < MR * K; i++) xl[i] = nd(rng);
+        // Row 1's winners: W rows 70, 71 and 900 the same, 30 x x[1] (so their logit is the
+        // largest by far); row 4's: W row 995 = 30 x x[4].
+        for (int k = 0; k < K; k++) {
+            unsigned short v = f2bf(30.f * xl[K + k]);
+            wl[(size_t)70 * K + k] = wl[(size_t)71 * K + k] = wl[(size_t)900 * K + k] = v;
+            wl[(size_t)995 * K + k] = f2bf(30.f * xl[4 * K + k]);
+        }
+        xl[2 * K + 17] = NAN;
+        for (int k = 0; k < K; k++) xl[3 * K + k] = 0.f;
+        unsigned short* wlt = emu_alloc<unsigned short>((size_t)ceil_div(N, 16) * 16 * K);
+        ok &= emu_launch({(unsigned)ceil_div(N, 16), (unsigned)(K / 32), 1}, 32, [&] { tile_bf16(wl, wlt, N, K); });
+        float* y0 = emu_alloc<float>((size_t)MR * N);
+        float* y1 = emu_alloc<float>((size_t)MR * N);
+        unsigned long long* slot = emu_alloc<unsigned long long>(MR);
+        unsigned long long* slot0 = emu_alloc<unsigned long long>(MR);
+        unsigned* cnt = emu_alloc<unsigned>(MR);
+        int *t0 = emu_alloc<int>(MR), *t1 = emu_alloc<int>(MR), *t2 = emu_alloc<int>(MR);
+        const EmuDim lg{(unsigned)ceil_div(N, 16), 1, 1};
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnb(wlt, nullptr, 1.f, xl, K, y0, N, MR, N, K, 0); });
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnba(wlt, nullptr, 1.f, xl, K, y1, N, MR, N, K, 0, slot); });
+        ok &= emu_launch({1, 1, 1}, 32, [&] { argmax_fin(slot, MR, t1); });
+        ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_p(y0, N, t0, slot0, cnt); });
+        ok &= emu_launch({(unsigned)MR, 1, 1}, 1024, [&] { argmax_rows(y0, N, t2); });
+        bool el = same_bits("linear_tc_bf16_tlnba vs _tlnb logits", y1, y0, (size_t)MR * N);
+        bool et = true;
+        for (int r = 0; r < MR; r++) {
+            std::printf("  row %d: argmax_fin %d, argmax_rows_p %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
+            et &= t1[r] == t0[r] && t1[r] == t2[r] && slot[r] == 0ull && slot0[r] == 0ull && cnt[r] == 0u;
+        }
+        // The cases meant what they say: the ties, the NaN row, the zero row, the last block.
+        et &= t2[1] == 70 && t2[2] == 0x7fffffff && t2[3] == 0 && t2[4] == 995;
+        std::printf("linear_tc_bf16_tlnba + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_p / argmax_rows: logits %s, tokens %s\n",
+                    MR, N, el ? "yes" : "NO", et ? "yes" : "NO");
+        ok &= el && et;
     }
 
     // ---- experts: E routed + 1 shared, KK = K + 1 slots a row ----

@@ -17,7 +17,7 @@ mkdir -p "$out"
 # defines those arrays, one copy per emulated block (process).
 {
     cat "$cu/common.cuh"
-    for m in norm linear moe gemm attention; do
+    for m in norm linear moe gemm attention sample; do
         echo "#line 1 \"$m.cu\""
         sed 's/extern __shared__ /extern /' "$cu/$m.cu"
     done

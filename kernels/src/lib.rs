@@ -66,6 +66,7 @@ pub const MODULES: &[KernelModule] = &[
             "attention_gqa_qk",
             "attention_gqa_qkp",
             "attention_gqa_qkc",
+            "attention_gqa_qkl",
             "attention_gqa_qk_fp8",
             "attention_merge",
             "attention_merge_16",
@@ -162,6 +163,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tl",
             "linear_tc_bf16_tln",
             "linear_tc_bf16_tlnb",
+            "linear_tc_bf16_tlnba",
             "linear_tc_bf16_tlnd",
             "linear_tc_bf16_tlndq",
             "linear_tc_bf16_tlnds",
@@ -177,6 +179,7 @@ pub const MODULES: &[KernelModule] = &[
         entries: &[
             "argmax_rows",
             "argmax_rows_p",
+            "argmax_fin",
             "copy_u4",
             "spec_accept",
             "scatter_drafts",

@@ -185,6 +185,7 @@ const SPREAD: &[&str] = &[
     "attention_gqa_qk_fp8",
     "attention_gqa_qkp",
     "attention_gqa_qkc",
+    "attention_gqa_qkl",
 ];
 
 /// Kernels launched in thread block clusters (`Dev::launch_pc`) of up to 16 blocks, more than the

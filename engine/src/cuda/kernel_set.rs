@@ -278,6 +278,20 @@ pub struct KernelSet {
     /// (PERF.md run 225: device-test, the XS-2.1 DFlash pair, the fingerprint) but 6-8 us a step
     /// slower.
     pub merge_o: bool,
+    /// With `argmax_p` and `tc_bf`: a greedy pass's lm_head GEMV is `linear_tc_bf16_tlnba`,
+    /// which also folds each block's logits into the rows' argmax slots (one 64-bit atomicMax a
+    /// row a block, nothing waits for it), and `argmax_fin` reads the tokens from the slots:
+    /// no `argmax_rows_p` launch and no second read of the logits. The same logits and the same
+    /// tokens (kernels/emu, ties, NaN and zero rows included). Off until measured on a GPU.
+    pub lm_argmax: bool,
+    /// With `attn_qk`: the sliding layers' decode attention (BF16 cache, 2-16 splits) is
+    /// `attention_gqa_qkl`, whose split blocks take a ticket on their (row, KV head) counter
+    /// after writing their partials; the last of a row's splits merges the group's heads with
+    /// `attention_merge_16r`'s arithmetic, so no merge launch follows (30 launches and their
+    /// gaps a step fewer) and no block waits on another (no cluster, no grid barrier: what made
+    /// `gqa_cl` and session 16's grid-barrier merge slower). The same bits (kernels/emu). Off
+    /// until measured on a GPU.
+    pub gqa_lm: bool,
 }
 
 impl KernelSet {
@@ -337,6 +351,8 @@ impl KernelSet {
             silu_fold: false,
             gqa_cl: false,
             merge_o: false,
+            lm_argmax: false,
+            gqa_lm: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -395,6 +411,8 @@ impl KernelSet {
             silu_fold: true,
             gqa_cl: false,
             merge_o: false,
+            lm_argmax: false,
+            gqa_lm: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -463,7 +481,9 @@ impl KernelSet {
                 "silu_fold" => k.silu_fold = on,
                 "gqa_cl" => k.gqa_cl = on,
                 "merge_o" => k.merge_o = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o)")),
+                "lm_argmax" => k.lm_argmax = on,
+                "gqa_lm" => k.gqa_lm = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm)")),
             }
         }
         Ok(k)
@@ -588,6 +608,8 @@ mod tests {
                 && !KernelSet::parse("-silu_fold").unwrap().silu_fold
         );
         assert!(!d.merge_o && KernelSet::parse("+merge_o").unwrap().merge_o);
+        assert!(!d.lm_argmax && KernelSet::parse("+lm_argmax").unwrap().lm_argmax);
+        assert!(!d.gqa_lm && KernelSet::parse("+gqa_lm").unwrap().gqa_lm);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -340,8 +340,19 @@ impl CudaModel {
                     None
                 };
                 let cluster = cl_smem.is_some();
+                // gqa_lm: the last split block of each (row, KV head) merges the group's heads
+                // (attention_gqa_qkl; BF16 cache, at most 16 splits, counters for SPLIT_ROWS rows).
+                let last_merge = !cluster
+                    && self.kset.gqa_lm
+                    && aname == "attention_gqa_qk"
+                    && (2..=16).contains(&nsplit)
+                    && group <= 16
+                    && hd <= 128
+                    && m <= SPLIT_ROWS;
                 let (aname, cz) = if cluster {
                     (cl_name, nsplit as u32)
+                } else if last_merge {
+                    ("attention_gqa_qkl", 0)
                 } else {
                     (aname, 0)
                 };
@@ -353,12 +364,15 @@ impl CudaModel {
                         b.u64(kp).u64(vp).i32(ldkv as i32);
                         rope(b);
                         b.f32(1.0 / l.kscale).f32(1.0 / l.vscale);
+                        if last_merge {
+                            b.u64(sc.att_cnt);
+                        }
                     } else {
                         b.u64(if self.noncausal { sc.kend } else { 0 });
                     }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 && !cluster {
+                if nsplit > 1 && !cluster && !last_merge {
                     let (k16, k64) = (self.kset.merge16, self.kset.merge64);
                     let mname = match (tc, nsplit > 16, self.kset.merge_r) {
                         (true, true, false) => "attention_merge_tc64",

@@ -678,7 +678,10 @@ impl CudaModel {
                 * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
                 * nsplit
                 * (hd + 2))?,
+            att_cnt: a(4 * SPLIT_ROWS.min(r) * nkv)?,
         };
+        dev.htod(sc.att_cnt, &vec![0u8; 4 * SPLIT_ROWS.min(r) * nkv])
+            .map_err(cerr)?;
         dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
         // moe_block_1np's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.

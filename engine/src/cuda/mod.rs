@@ -243,6 +243,9 @@ struct Scratch {
     /// left zero by every launch).
     samp_g: u64,
     part: u64,
+    /// `attention_gqa_qkl`'s split counters, one a (row, KV head) of a split pass (zero at
+    /// load, left zero by every launch).
+    att_cnt: u64,
 }
 
 /// See [`CudaModel::kv_args`].
@@ -1068,7 +1071,23 @@ impl CudaModel {
     /// argmax ids written to `out` (device, n ints). No host work: graph-capturable.
     fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
         let sc = &self.sc;
-        self.final_logits(prof, n)?;
+        // lm_argmax: the lm_head folds the rows' argmax into their slots; one block reads them.
+        let fold = self.kset.lm_argmax && self.kset.argmax_p && n <= sc.lrows;
+        if self.final_logits_am(prof, n, fold)? {
+            return self
+                .dev
+                .launch_p(
+                    prof,
+                    "argmax_fin",
+                    (1, 1, 1),
+                    (n.div_ceil(32) as u32 * 32, 1, 1),
+                    0,
+                    |b| {
+                        b.u64(sc.amax_slot).i32(n as i32).u64(out);
+                    },
+                )
+                .map_err(cerr);
+        }
         if self.kset.argmax_p && n <= self.sc.lrows {
             // 64 blocks a row (1,568 logits each at XS's vocabulary) instead of one.
             let nb = ceil_div(self.cfg.vocab_size, 1536).clamp(1, 64) as u32;

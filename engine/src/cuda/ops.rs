@@ -357,6 +357,18 @@ impl CudaModel {
 
     /// Final norm + lm_head over the n rows of the residual listed in sc.sel, into sc.logits.
     pub(super) fn final_logits(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
+        self.final_logits_am(prof, n, false).map(|_| ())
+    }
+
+    /// `final_logits`; with `fold` (a greedy pass, KernelSet lm_argmax) the lm_head GEMV is
+    /// `linear_tc_bf16_tlnba` where `linear` would launch `linear_tc_bf16_tlnb` for it, folding
+    /// the logits into `sc.amax_slot`'s rows for `argmax_fin`. Returns whether it did.
+    pub(super) fn final_logits_am(
+        &self,
+        prof: &mut Option<device::Prof>,
+        n: usize,
+        fold: bool,
+    ) -> Result<bool> {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
         // A one-row pass whose last moe_block_1 wrote the final norm of row 0 into hsel.
@@ -372,17 +384,43 @@ impl CudaModel {
                 self.cfg.rms_norm_eps as f32,
             )?;
         }
+        let l = &self.lm_head;
+        let fold = fold
+            && n < self.opts.gemm_min_rows
+            && !l.fp4
+            && l.k % 32 == 0
+            && self.kset.tc_gemv
+            && self.tc_gemv(l, n).0 == "linear_tc_bf16_tlnb";
+        if fold {
+            let (_, w, sw) = self.tc_gemv(l, n);
+            let v = self.cfg.vocab_size;
+            self.dev
+                .launch_p(
+                    prof,
+                    "linear_tc_bf16_tlnba",
+                    (ceil_div(l.n, 16) as u32, ceil_div(n, 8) as u32, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| {
+                        lin_args(b, l, w, sc.hsel, h, sc.logits, v, n, false);
+                        b.u64(sc.amax_slot);
+                    },
+                )
+                .map_err(cerr)?;
+            return Ok(true);
+        }
         self.linear(
             prof,
             "lm_head",
-            &self.lm_head,
+            l,
             sc.hsel,
             h,
             sc.logits,
             self.cfg.vocab_size,
             n,
             false,
-        )
+        )?;
+        Ok(false)
     }
 }
 
