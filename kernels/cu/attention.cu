@@ -604,7 +604,7 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
 }
 // attention_gqa_qkl's merge (see attention_gqa_qk_t, LM): every thread of a split block calls it
 // after its partial stores. The block takes a ticket on its (row, KV head) counter (the stores
-// made visible first: a fence by every thread, then the block barrier); the block that draws the
+// made visible first: the block barrier, then a fence); the block that draws the
 // last of the row's ns tickets sets the counter back to 0 for the next launch and merges the
 // group's G heads, warp w head kvh * G + w, lane l dims l + 32 j: attention_merge_r<16>'s
 // expressions in the same order on the same values (the maximum over the sink and the split
@@ -617,10 +617,12 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
                                                int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
                                                const float* g, int ldg, int gate_mode, float vscale, float* scr) {
     __shared__ unsigned s_last;
-    __threadfence();
+    // (cooperative groups' grid barrier order: the block barrier, then one thread's fence before
+    // its arrival, and after the last arrival a fence before the block barrier.)
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned* c = cnt + (size_t)m * nkv + kvh;
+        __threadfence();
         bool last = atomicAdd(c, 1u) == (unsigned)ns - 1u;
         if (last) {
             *c = 0u;
