@@ -1397,6 +1397,67 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
     attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 
+// attention_tc_qk3l's merge (see attention_tc_t, LM): every thread of a split block calls it after
+// its partial stores. The ticket as gqa_last_merge's; the block that draws the row's last one
+// copies the group's partials (G heads x nsplit splits x (hd + 2) floats, contiguous; the host
+// keeps nsplit (hd + 2) a multiple of 4, so 16-byte pieces) from L2 into its shared memory at
+// `sp` (the stages, free by then) in one round trip, then merges output e = (head, dim) a thread
+// at a time with attention_merge_r<16, TC_CHUNK>'s expressions in the same order (the maximum
+// over the sink and the split maxima in split order, the split factors, merge_splits), so the
+// same bits as attention_merge_tcr after the launch. ns <= 16, G <= 16.
+__device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
+                                              int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
+                                              const float* g, int ldg, int gate_mode, float vscale, float* sp) {
+    __shared__ unsigned s_last;
+    __shared__ float tmx[16], tcz[16 * 16], tsl[16 * 16];
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* c = cnt + (size_t)m * nkv + kvh;
+        __threadfence();
+        bool last = atomicAdd(c, 1u) == (unsigned)ns - 1u;
+        if (last) {
+            *c = 0u;
+            __threadfence();
+        }
+        s_last = last ? 1u : 0u;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    ns = min(ns, 16);
+    const int ld = hd + 2;
+    const float* src = part + ((size_t)m * nh + (size_t)kvh * G) * nsplit * ld;
+    int n4 = (G * nsplit * ld) >> 2;
+    for (int i = threadIdx.x; i < n4; i += blockDim.x) cp_async16(sp + 4 * i, src + 4 * i, 16u);
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    for (int t = threadIdx.x; t < G * 16; t += blockDim.x) {
+        int r = t >> 4, z = t & 15;
+        const float* ph = sp + (size_t)r * nsplit * ld;
+        float mx = sink ? sink[kvh * G + r] : -INFINITY;
+        for (int u = 0; u < ns; u++) mx = fmaxf(mx, ph[u * ld]);
+        if (z == 0) tmx[r] = mx;
+        if (z < ns) {
+            float sl = ph[z * ld + 1];
+            tsl[t] = sl;
+            tcz[t] = sl == 0.f ? 0.f : expf(ph[z * ld] - mx);
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
+        int r = e / hd, dd = e - r * hd, h = kvh * G + r;
+        float mx = tmx[r], sk = sink ? sink[h] : -INFINITY;
+        float l = sink ? expf(sk - mx) : 0.f, a = 0.f;
+        float v[16];
+        merge_splits<16>(sp + (size_t)r * nsplit * ld, ns, hd, dd, tcz + r * 16, tsl + r * 16, v, false, l, a);
+        float o = (a / l) * vscale;
+        if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
+        else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + dd]);
+        out[(size_t)m * ldo + h * hd + dd] = o;
+    }
+}
+
 // ---- attention_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
 // The weight-streaming regime's decode attention (decode steps, DFlash propose / verify) for GQA
 // groups of G <= 16 query heads, hd % 16 == 0, hd <= 128. One block of 4 warps per (row, KV
@@ -1447,11 +1508,16 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 // q/k norm weights, the rotary frequencies and the new key's page entry, which no launch of the
 // pass writes, are loaded before the PDL wait (as attention_gqa_qk does) instead of with q after
 // it (the step's weight stream evicts them from L2: DRAM round trips beside q's L2 one).
-template <typename KV, bool QK = false, int NST = TC_NST, bool PRE = false>
+// LM (attention_tc_qk3l, KernelSet tc_lm, off until measured; with QK): the split merge in the
+// launch, as attention_gqa_qkl does it: a ticket on the (row, KV head) counter after the partial
+// stores, and the row's last split block merges the group's heads (tc_last_merge), so no
+// attention_merge_tcr launch follows.
+template <typename KV, bool QK = false, int NST = TC_NST, bool PRE = false, bool LM = false>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
                                                const float* kn_w = nullptr, const float* inv_freq = nullptr, int half = 0,
-                                               float attn_factor = 1.f, float eps = 0.f, float kinv = 1.f, float vinv = 1.f) {
+                                               float attn_factor = 1.f, float eps = 0.f, float kinv = 1.f, float vinv = 1.f,
+                                               unsigned* cnt = nullptr) {
     extern __shared__ __align__(16) bf16_t atc_s[];
     __shared__ float rc[64], rs[64];
     __shared__ __align__(16) bf16_t kp[128], vp[128];
@@ -1882,6 +1948,11 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         else if (gate_mode == 2) ov *= softplus_f(g[(size_t)m * ldg + h * hd + dd]);
         out[(size_t)m * ldo + h * hd + dd] = ov;
     }
+    if constexpr (LM) {
+        if (!final_)
+            tc_last_merge(part, cnt, m, kvh, nkv, nh, G, hd, nsplit, ns, out, ldo, sink, g, ldg, gate_mode, vscale,
+                          reinterpret_cast<float*>(atc_s));
+    }
 }
 extern "C" __global__ __launch_bounds__(128) void attention_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
     attention_tc_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
@@ -1897,6 +1968,12 @@ extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf1
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
 // The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
+// attention_tc_qk3 merging its splits in the row's last split block of each KV head (KernelSet
+// tc_lm; nsplit <= 16, the group's partials within ATC_QK3_SMEM; cnt as attention_gqa_qkl's; no
+// attention_merge_tcr launch after it).
+extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3l(GQK_PARAMS(bf16_t), unsigned* cnt) {
+    attention_tc_t<bf16_t, true, 3, false, true>(TC_QK_ARGS, cnt);
+}
 // attention_tc_qk3 with the shorter chain before the wait (PRE above; KernelSet tc_pre).
 extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3p(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3, true>(TC_QK_ARGS); }
 // The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's

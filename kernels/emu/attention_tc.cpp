@@ -233,6 +233,29 @@ static bool run(const Case& c) {
             std::printf("%s = attention_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
             same_qk &= same3;
             }
+            // attention_tc_qk3l (KernelSet tc_lm: the row's last split block of each KV head
+            // merges the group's heads, no merge launch) where the host takes it (16 splits, the
+            // group's partials in 16-byte pieces): the same output and cache bits, the counters
+            // back to zero.
+            if (nsplit == 16 && (nsplit * (hd + 2)) % 4 == 0) {
+                std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
+                std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
+                float* ol = emu_alloc<float>((size_t)R * qw);
+                for (size_t i = 0; i < (size_t)R * qw; i++) ol[i] = NAN;
+                unsigned* cnt = emu_alloc<unsigned>(nkv);
+                for (int r = 0; r < R; r++) {
+                    const float* x = raw + (size_t)r * ldr;
+                    ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] { attention_tc_qk3l(TCQK_ARGS(ol), cnt); }, 8);
+                }
+                bool zero = true;
+                for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
+                bool samel = same_bits("attention_tc_qk3l vs attention_tc_qk + merge", ol, ob, (size_t)R * qw) &&
+                             std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0 &&
+                             zero;
+                std::printf("attention_tc_qk3l = attention_tc_qk + attention_merge_tc (output, K and V cache, counters): %s\n",
+                            samel ? "yes" : "NO");
+                same_qk &= samel;
+            }
         }
 #undef TCQK_ARGS
         // Leave the cache as the reference below read it.

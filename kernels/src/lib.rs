@@ -85,6 +85,7 @@ pub const MODULES: &[KernelModule] = &[
             "attention_tc_fp8",
             "attention_tc_qk",
             "attention_tc_qk3",
+            "attention_tc_qk3l",
             "attention_tc_qk3p",
             "attention_tc_qk_fp8",
             "attention_merge_tc",

@@ -292,6 +292,12 @@ pub struct KernelSet {
     /// `gqa_cl` and session 16's grid-barrier merge slower). The same bits (kernels/emu). Off
     /// until measured on a GPU.
     pub gqa_lm: bool,
+    /// With `tc_nst3`: the full layers' decode attention of a 16-split grid is
+    /// `attention_tc_qk3l`, `gqa_lm`'s ticket for `attention_tc_qk3`: the last split block of a
+    /// (row, KV head) copies the group's partials into its shared memory in one round trip and
+    /// merges them with `attention_merge_tcr`'s arithmetic, so no merge launch follows (10 a
+    /// step). The same bits (kernels/emu). Off until measured on a GPU.
+    pub tc_lm: bool,
 }
 
 impl KernelSet {
@@ -353,6 +359,7 @@ impl KernelSet {
             merge_o: false,
             lm_argmax: false,
             gqa_lm: false,
+            tc_lm: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -413,6 +420,7 @@ impl KernelSet {
             merge_o: false,
             lm_argmax: false,
             gqa_lm: false,
+            tc_lm: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -483,7 +491,8 @@ impl KernelSet {
                 "merge_o" => k.merge_o = on,
                 "lm_argmax" => k.lm_argmax = on,
                 "gqa_lm" => k.gqa_lm = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm)")),
+                "tc_lm" => k.tc_lm = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm)")),
             }
         }
         Ok(k)
@@ -610,6 +619,7 @@ mod tests {
         assert!(!d.merge_o && KernelSet::parse("+merge_o").unwrap().merge_o);
         assert!(!d.lm_argmax && KernelSet::parse("+lm_argmax").unwrap().lm_argmax);
         assert!(!d.gqa_lm && KernelSet::parse("+gqa_lm").unwrap().gqa_lm);
+        assert!(!d.tc_lm && KernelSet::parse("+tc_lm").unwrap().tc_lm);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

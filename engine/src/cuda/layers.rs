@@ -349,10 +349,22 @@ impl CudaModel {
                     && group <= 16
                     && hd <= 128
                     && m <= SPLIT_ROWS;
+                // tc_lm: the same for the full layers' attention_tc_qk3 (16 splits, the group's
+                // partials in 16-byte pieces within its shared memory).
+                let tc_last = tc_qk
+                    && self.kset.tc_lm
+                    && aname == "attention_tc_qk3"
+                    && nsplit == 16
+                    && group <= 16
+                    && (nsplit * (hd + 2)) % 4 == 0
+                    && 4 * group * nsplit * (hd + 2) <= ATC_QK3_SMEM as usize
+                    && m <= SPLIT_ROWS;
                 let (aname, cz) = if cluster {
                     (cl_name, nsplit as u32)
                 } else if last_merge {
                     ("attention_gqa_qkl", 0)
+                } else if tc_last {
+                    ("attention_tc_qk3l", 0)
                 } else {
                     (aname, 0)
                 };
@@ -364,7 +376,7 @@ impl CudaModel {
                         b.u64(kp).u64(vp).i32(ldkv as i32);
                         rope(b);
                         b.f32(1.0 / l.kscale).f32(1.0 / l.vscale);
-                        if last_merge {
+                        if last_merge || tc_last {
                             b.u64(sc.att_cnt);
                         }
                     } else {
@@ -372,7 +384,7 @@ impl CudaModel {
                     }
                 })
                 .map_err(cerr)?;
-                if nsplit > 1 && !cluster && !last_merge {
+                if nsplit > 1 && !cluster && !last_merge && !tc_last {
                     let (k16, k64) = (self.kset.merge16, self.kset.merge64);
                     let mname = match (tc, nsplit > 16, self.kset.merge_r) {
                         (true, true, false) => "attention_merge_tc64",

@@ -477,6 +477,7 @@ const BIG_SMEM: &[(&str, u32)] = &[
     ("attention_tc_qk", ATC_QK_SMEM),
     ("attention_tc_qk_fp8", ATC_QK_SMEM),
     ("attention_tc_qk3", ATC_QK3_SMEM),
+    ("attention_tc_qk3l", ATC_QK3_SMEM),
     ("attention_tc_qk3p", ATC_QK3_SMEM),
 ];
 /// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
