@@ -706,7 +706,7 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
 // outputs from the ns blocks' partials (distributed shared memory), with attention_merge_r<16>'s
 // arithmetic in the same order on the same values (merge_splits), so the same bits. Blocks past
 // the row's split count (z >= ns) stay for the two barriers and their slice of the merge.
-// LM (attention_gqa_qkl, KernelSet gqa_lm, off until measured): the split merge in this launch
+// LM (attention_gqa_qkl, KernelSet gqa_lm, off: slower, PERF.md run 228): the split merge in this launch
 // without clusters or a grid barrier: each split block takes a ticket on its (row, KV head)
 // counter after its partial stores, and the last of the row's ns blocks merges the group's heads
 // (gqa_last_merge), so no attention_merge_16r launch follows and no block waits for another.
@@ -1508,7 +1508,7 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 // q/k norm weights, the rotary frequencies and the new key's page entry, which no launch of the
 // pass writes, are loaded before the PDL wait (as attention_gqa_qk does) instead of with q after
 // it (the step's weight stream evicts them from L2: DRAM round trips beside q's L2 one).
-// LM (attention_tc_qk3l, KernelSet tc_lm, off until measured; with QK): the split merge in the
+// LM (attention_tc_qk3l, KernelSet tc_lm, off: slower, PERF.md run 228; with QK): the split merge in the
 // launch, as attention_gqa_qkl does it: a ticket on the (row, KV head) counter after the partial
 // stores, and the row's last split block merges the group's heads (tc_last_merge), so no
 // attention_merge_tcr launch follows.

@@ -522,12 +522,12 @@ struct MergeO {
     unsigned* bar = nullptr;
     int ch = ATT_CHUNK;
 };
-// AM (linear_tc_bf16_tlnba, KernelSet lm_argmax): _tlnb for the lm_head of a greedy pass, each
-// block also folding its 16 outputs of every row into the row's argmax slot (amax_key: the
-// largest value, among equal ones the lowest index) by one 64-bit atomicMax a row, whose result
-// nobody waits for; argmax_fin then decodes the slots. The same logits (the same arithmetic and
-// stores) and the same token as argmax_rows_p over them, one launch and its read of the logits
-// fewer.
+// AM (linear_tc_bf16_tlnba, KernelSet lm_argmax, on since session 37: PERF.md run 228): _tlnb
+// for the lm_head of a greedy pass, each block also folding its 16 outputs of every row into
+// the row's argmax slot (amax_key: the largest value, among equal ones the lowest index) by one
+// 64-bit atomicMax a row, whose result nobody waits for; argmax_fin then decodes the slots. The
+// same logits (the same arithmetic and stores) and the same token as argmax_rows_p over them,
+// one launch and its read of the logits fewer.
 template <int TL, int NA = 0, int BF = 0, int DB = 0, int AM = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate,

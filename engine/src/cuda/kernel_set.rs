@@ -282,21 +282,24 @@ pub struct KernelSet {
     /// which also folds each block's logits into the rows' argmax slots (one 64-bit atomicMax a
     /// row a block, nothing waits for it), and `argmax_fin` reads the tokens from the slots:
     /// no `argmax_rows_p` launch and no second read of the logits. The same logits and the same
-    /// tokens (kernels/emu, ties, NaN and zero rows included). Off until measured on a GPU.
+    /// tokens (kernels/emu, ties, NaN and zero rows included; on the device the same
+    /// fingerprint, device-test rows and DFlash pair). On since session 37: 2.439 -> 2.435 ms a
+    /// step in both rounds of PERF.md run 228 (H100).
     pub lm_argmax: bool,
     /// With `attn_qk`: the sliding layers' decode attention (BF16 cache, 2-16 splits) is
     /// `attention_gqa_qkl`, whose split blocks take a ticket on their (row, KV head) counter
     /// after writing their partials; the last of a row's splits merges the group's heads with
     /// `attention_merge_16r`'s arithmetic, so no merge launch follows (30 launches and their
     /// gaps a step fewer) and no block waits on another (no cluster, no grid barrier: what made
-    /// `gqa_cl` and session 16's grid-barrier merge slower). The same bits (kernels/emu). Off
-    /// until measured on a GPU.
+    /// `gqa_cl` and session 16's grid-barrier merge slower). The same bits (kernels/emu; on the
+    /// device, PERF.md run 228). Off: 33 us a step slower there (H100), ~1.1 us a sliding layer.
     pub gqa_lm: bool,
     /// With `tc_nst3`: the full layers' decode attention of a 16-split grid is
     /// `attention_tc_qk3l`, `gqa_lm`'s ticket for `attention_tc_qk3`: the last split block of a
     /// (row, KV head) copies the group's partials into its shared memory in one round trip and
     /// merges them with `attention_merge_tcr`'s arithmetic, so no merge launch follows (10 a
-    /// step). The same bits (kernels/emu). Off until measured on a GPU.
+    /// step). The same bits (kernels/emu; on the device, PERF.md run 228). Off: 65 us a step
+    /// slower there (H100), ~6.5 us a full layer.
     pub tc_lm: bool,
 }
 
@@ -418,7 +421,7 @@ impl KernelSet {
             silu_fold: true,
             gqa_cl: false,
             merge_o: false,
-            lm_argmax: false,
+            lm_argmax: true,
             gqa_lm: false,
             tc_lm: false,
         }
@@ -617,7 +620,11 @@ mod tests {
                 && !KernelSet::parse("-silu_fold").unwrap().silu_fold
         );
         assert!(!d.merge_o && KernelSet::parse("+merge_o").unwrap().merge_o);
-        assert!(!d.lm_argmax && KernelSet::parse("+lm_argmax").unwrap().lm_argmax);
+        assert!(
+            d.lm_argmax
+                && !KernelSet::original().lm_argmax
+                && !KernelSet::parse("-lm_argmax").unwrap().lm_argmax
+        );
         assert!(!d.gqa_lm && KernelSet::parse("+gqa_lm").unwrap().gqa_lm);
         assert!(!d.tc_lm && KernelSet::parse("+tc_lm").unwrap().tc_lm);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
