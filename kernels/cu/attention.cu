@@ -603,9 +603,8 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
     cluster_sync();
 }
 // attention_gqa_qkl's merge (see attention_gqa_qk_t, LM): every thread of a split block calls it
-// after its partial stores. The block takes a ticket on its (row, KV head) counter (the stores
-// made visible first: the block barrier, then a fence); the block that draws the
-// last of the row's ns tickets sets the counter back to 0 for the next launch and merges the
+// after its partial stores. The block takes a ticket on its (row, KV head) counter
+// (last_block_ticket); the block that draws the last of the row's ns tickets merges the
 // group's G heads, warp w head kvh * G + w, lane l dims l + 32 j: attention_merge_r<16>'s
 // expressions in the same order on the same values (the maximum over the sink and the split
 // maxima in split order, the split factors, merge_splits' steps), so the same bits as
@@ -616,23 +615,9 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
 __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
                                                int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
                                                const float* g, int ldg, int gate_mode, float vscale, float* scr) {
-    __shared__ unsigned s_last;
-    // (cooperative groups' grid barrier order: the block barrier, then one thread's fence before
-    // its arrival, and after the last arrival a fence before the block barrier.)
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* c = cnt + (size_t)m * nkv + kvh;
-        __threadfence();
-        bool last = atomicAdd(c, 1u) == (unsigned)ns - 1u;
-        if (last) {
-            *c = 0u;
-            __threadfence();
-        }
-        s_last = last ? 1u : 0u;
-    }
-    __syncthreads();
+    if (!last_block_ticket(cnt + (size_t)m * nkv + kvh, ns)) return;
     int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (!s_last || w >= G) return;
+    if (w >= G) return;
     ns = min(ns, 16);  // (the host's bound; known to the compiler, merge_splits' loop form goes)
     int h = kvh * G + w;
     const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
@@ -1398,8 +1383,8 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 }
 
 // attention_tc_qk3l's merge (see attention_tc_t, LM): every thread of a split block calls it after
-// its partial stores. The ticket as gqa_last_merge's; the block that draws the row's last one
-// copies the group's partials (G heads x nsplit splits x (hd + 2) floats, contiguous; the host
+// its partial stores. The ticket (last_block_ticket) as gqa_last_merge's; the block that draws
+// the row's last one copies the group's partials (G heads x nsplit splits x (hd + 2) floats, contiguous; the host
 // keeps nsplit (hd + 2) a multiple of 4, so 16-byte pieces) from L2 into its shared memory at
 // `sp` (the stages, free by then) in one round trip, then merges output e = (head, dim) a thread
 // at a time with attention_merge_r<16, TC_CHUNK>'s expressions in the same order (the maximum
@@ -1408,21 +1393,8 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
                                               int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
                                               const float* g, int ldg, int gate_mode, float vscale, float* sp) {
-    __shared__ unsigned s_last;
     __shared__ float tmx[16], tcz[16 * 16], tsl[16 * 16];
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned* c = cnt + (size_t)m * nkv + kvh;
-        __threadfence();
-        bool last = atomicAdd(c, 1u) == (unsigned)ns - 1u;
-        if (last) {
-            *c = 0u;
-            __threadfence();
-        }
-        s_last = last ? 1u : 0u;
-    }
-    __syncthreads();
-    if (!s_last) return;
+    if (!last_block_ticket(cnt + (size_t)m * nkv + kvh, ns)) return;
     ns = min(ns, 16);
     const int ld = hd + 2;
     const float* src = part + ((size_t)m * nh + (size_t)kvh * G) * nsplit * ld;

@@ -384,6 +384,27 @@ __device__ __forceinline__ int amax_index(unsigned long long sv) {
 }
 __device__ __forceinline__ unsigned long long u64_max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
 
+// Block-wide: whether this block is the last of n to arrive at counter *c (the row's split
+// blocks, in attention_gqa_qkl / attention_tc_qk3l), after its stores; the last one sets *c back
+// to 0 for the next launch. Every thread of the block calls it and gets the answer. The order is
+// cooperative groups' grid barrier's: the block barrier, one thread's fence before its arrival,
+// and after the last arrival a fence before the block barrier.
+__device__ __forceinline__ bool last_block_ticket(unsigned* c, int n) {
+    __shared__ unsigned s_last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        bool last = atomicAdd(c, 1u) == (unsigned)n - 1u;
+        if (last) {
+            *c = 0u;
+            __threadfence();
+        }
+        s_last = last ? 1u : 0u;
+    }
+    __syncthreads();
+    return s_last != 0u;
+}
+
 // ---- split-KV merge helpers (attention.cu's merges, gemm.cu's linear_tc_bf16_tlndm) ----------
 // Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
 // last position kend[m] - 1, limited by the window to keys with |p - key| < window.

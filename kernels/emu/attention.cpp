@@ -204,44 +204,12 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         for (int r = 0; r < R; r++) fused(r, ceil_div(window, 32), oW + (size_t)r * qw);
         same_f &= std::memcmp(oF, oW, 4 * (size_t)R * qw) == 0;
     }
-    // attention_gqa_qkc (KernelSet gqa_cl: the split blocks of a KV head in one cluster merge their
-    // splits themselves, no attention_merge launch): grids of 16 splits (blocks past the row's
-    // split count take part in the barriers and the merge) and, windowed, of window / 32, against
-    // attention_gqa_qk + attention_merge on the same grid: the same output and cache bits.
-    if constexpr (sizeof(KV) == 2) {
-        std::vector<int> grids = {16};
-        if (window > 0) grids.push_back(ceil_div(window, 32));
-        for (int ng : grids) {
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oA = emu_alloc<float>((size_t)R * qw);
-            for (int r = 0; r < R; r++) fused(r, ng, oA + (size_t)r * qw);
-            std::vector<KV> kcA(kc, kc + (size_t)slots * kvw), vcA(vc, vc + (size_t)slots * kvw);
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oC = emu_alloc<float>((size_t)R * qw);
-            for (int r = 0; r < R; r++) {
-                const float* x = raw + (size_t)r * ld;
-                float* out = oC + (size_t)r * qw;
-                EmuDim cg{1, (unsigned)nkv, (unsigned)ng};
-                emu_cluster_begin(cg, 8 * 130 * sizeof(float));
-                ok &= emu_launch(cg, 32 * (G + 1), [&] {
-                    attention_gqa_qkc(x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                      x + qw + 2 * kvw, ld, 1, scale, vscale, ng, part, x + qw, x + qw + kvw, ld, qn_w, kn_w,
-                                      inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale);
-                }, 0);
-            }
-            bool same_c = std::memcmp(oA, oC, 4 * (size_t)R * qw) == 0 && std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
-                          std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0;
-            std::printf("attention_gqa_qkc = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
-                        window ? "window 128" : "full", P, ng, same_c ? "yes" : "NO");
-            same_f &= same_c;
-        }
-    }
-    // attention_gqa_qkl (KernelSet gqa_lm: the last split block of each KV head merges the
-    // group's heads, no attention_merge launch, no barrier): grids of 16 splits and, windowed, of
-    // window / 32, against attention_gqa_qk + attention_merge on the same grid: the same output
-    // and cache bits, and the counters back to zero.
+    // The two kernels that merge their splits in the launch, no attention_merge launch, against
+    // attention_gqa_qk + attention_merge on the same grid (grids of 16 splits and, windowed, of
+    // window / 32): the same output and cache bits. attention_gqa_qkc (KernelSet gqa_cl: the split
+    // blocks of a KV head in one cluster; blocks past the row's split count take part in the
+    // barriers and the merge) and attention_gqa_qkl (KernelSet gqa_lm: the last split block of
+    // each KV head merges the group's heads after a ticket; the counters back to zero).
     if constexpr (sizeof(KV) == 2) {
         std::vector<int> grids = {16};
         if (window > 0) grids.push_back(ceil_div(window, 32));
@@ -252,26 +220,34 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             float* oA = emu_alloc<float>((size_t)R * qw);
             for (int r = 0; r < R; r++) fused(r, ng, oA + (size_t)r * qw);
             std::vector<KV> kcA(kc, kc + (size_t)slots * kvw), vcA(vc, vc + (size_t)slots * kvw);
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oL = emu_alloc<float>((size_t)R * qw);
-            for (int i = 0; i < R * qw; i++) oL[i] = NAN;  // every output written by the merging blocks
-            for (int r = 0; r < R; r++) {
-                const float* x = raw + (size_t)r * ld;
-                float* out = oL + (size_t)r * qw;
-                ok &= emu_launch({1, (unsigned)nkv, (unsigned)ng}, 32 * (G + 1), [&] {
-                    attention_gqa_qkl(x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                      x + qw + 2 * kvw, ld, 1, scale, vscale, ng, part, x + qw, x + qw + kvw, ld, qn_w, kn_w,
-                                      inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale, cnt);
-                }, 8);
+            for (int lm = 0; lm < 2; lm++) {
+                std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
+                std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
+                float* oC = emu_alloc<float>((size_t)R * qw);
+                for (int i = 0; i < R * qw; i++) oC[i] = NAN;  // every output written by the merging blocks
+                for (int r = 0; r < R; r++) {
+                    const float* x = raw + (size_t)r * ld;
+                    float* out = oC + (size_t)r * qw;
+                    EmuDim cg{1, (unsigned)nkv, (unsigned)ng};
+                    if (!lm) emu_cluster_begin(cg, 8 * 130 * sizeof(float));
+                    ok &= emu_launch(cg, 32 * (G + 1), [&] {
+#define QKM_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, \
+    1, scale, vscale, ng, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
+                        if (lm) attention_gqa_qkl(QKM_ARGS, cnt);
+                        else attention_gqa_qkc(QKM_ARGS);
+#undef QKM_ARGS
+                    }, lm ? 8 : 0);
+                }
+                bool zero = true;
+                for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
+                bool same_c = std::memcmp(oA, oC, 4 * (size_t)R * qw) == 0 &&
+                              std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
+                              std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0 && zero;
+                std::printf("%s = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
+                            lm ? "attention_gqa_qkl" : "attention_gqa_qkc", window ? "window 128" : "full", P, ng,
+                            same_c ? "yes" : "NO");
+                same_f &= same_c;
             }
-            bool zero = true;
-            for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
-            bool same_m = std::memcmp(oA, oL, 4 * (size_t)R * qw) == 0 && std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
-                          std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0 && zero;
-            std::printf("attention_gqa_qkl = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
-                        window ? "window 128" : "full", P, ng, same_m ? "yes" : "NO");
-            same_f &= same_m;
         }
     }
     // One split: the standard kernels on each row alone (nsplit 1), then the fused kernel.

@@ -385,14 +385,12 @@ impl CudaModel {
             )?;
         }
         let l = &self.lm_head;
-        let fold = fold
-            && n < self.opts.gemm_min_rows
-            && !l.fp4
-            && l.k % 32 == 0
-            && self.kset.tc_gemv
-            && self.tc_gemv(l, n).0 == "linear_tc_bf16_tlnb";
-        if fold {
-            let (_, w, sw) = self.tc_gemv(l, n);
+        // Where `linear` would launch linear_tc_bf16_tlnb for the lm_head (its tests, in order).
+        let tc =
+            (fold && n < self.opts.gemm_min_rows && !l.fp4 && l.k % 32 == 0 && self.kset.tc_gemv)
+                .then(|| self.tc_gemv(l, n))
+                .filter(|&(name, _, _)| name == "linear_tc_bf16_tlnb");
+        if let Some((_, w, sw)) = tc {
             let v = self.cfg.vocab_size;
             self.dev
                 .launch_p(
