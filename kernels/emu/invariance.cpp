@@ -7,6 +7,7 @@
 //   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
 //     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
+//   * gate | up as one GEMV over the stacked matrix (KernelSet gu_fuse) = the two launches;
 //   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
 //   * linear_tc_bf16_tlnba + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_p;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
@@ -201,6 +202,47 @@ int main() {
             bool es = same_bits("linear_tc_bf16_tlnds vs silu_mul + _tlnd", y1, y0, ND);
             std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
+        }
+        // KernelSet gu_fuse: a dense MLP's gate and up stacked by rows (2 x 32 rows, K 512) and
+        // run as one launch of 2 x 32 outputs with the gate launch's warps a block, against the
+        // two launches on each half writing the same [M, 64] rows (ldy 64, up at column 32): the
+        // same bits, 1 and 7 rows, on tile_bf16's copy of the stack (_tlnb; its second half is
+        // tile_bf16's copy of up alone, byte for byte: the loader's view) and row-major
+        // (linear_tc_bf16: the DFlash draft's Linears, which have no tiled copy).
+        {
+            const int IG = 32, KG = 512, NG = 2 * IG;
+            unsigned short* wg = emu_alloc<unsigned short>((size_t)NG * KG);
+            for (int i = 0; i < NG * KG; i++) wg[i] = f2bf(0.05f * nd(rng));
+            unsigned short* wgt = emu_alloc<unsigned short>((size_t)NG * KG);
+            ok &= emu_launch({(unsigned)(NG / 16), (unsigned)(KG / 32), 1}, 32, [&] { tile_bf16(wg, wgt, NG, KG); });
+            unsigned short* wut = emu_alloc<unsigned short>((size_t)IG * KG);
+            ok &= emu_launch({(unsigned)(IG / 16), (unsigned)(KG / 32), 1}, 32,
+                             [&] { tile_bf16(wg + (size_t)IG * KG, wut, IG, KG); });
+            bool eg = std::memcmp(wut, wgt + (size_t)IG * KG, (size_t)IG * KG * 2) == 0;
+            if (!eg) std::printf("gu_fuse: tile_bf16 of the stack's second half != tile_bf16 of up alone\n");
+            float* xg = emu_alloc<float>((size_t)M * KG);
+            for (int i = 0; i < M * KG; i++) xg[i] = nd(rng);
+            for (int S : {4, 5, 16})
+                for (int rows : {1, M})
+                    for (int tl = 0; tl < 2; tl++) {
+                        auto gemv = [&](const unsigned short* w, float* y, int n) {
+                            unsigned gy = (unsigned)ceil_div(rows, 8);
+                            return emu_launch({(unsigned)ceil_div(n, 16), gy, 1}, 32 * S, [&] {
+                                if (tl) linear_tc_bf16_tlnb(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
+                                else linear_tc_bf16(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
+                            });
+                        };
+                        const unsigned short* w = tl ? wgt : wg;
+                        float* y2 = emu_alloc<float>((size_t)rows * NG);
+                        float* y1 = emu_alloc<float>((size_t)rows * NG);
+                        ok &= gemv(w, y2, IG);
+                        ok &= gemv(w + (size_t)IG * KG, y2 + IG, IG);
+                        ok &= gemv(w, y1, NG);
+                        eg &= same_bits("gu_fuse: one launch vs gate + up", y1, y2, (size_t)rows * NG);
+                    }
+            std::printf("gate | up as one GEMV (linear_tc_bf16 and _tlnb, 4 / 5 / 16 warps, 1 and %d rows) = gate + up: %s\n", M,
+                        eg ? "yes" : "NO");
+            ok &= eg;
         }
         // linear_tc_bf16_tlndm (KernelSet merge_o: the split merge and the o_proj GEMV in one
         // launch, a grid barrier between) against attention_merge_16r / _tcr + _tlnd on the same

@@ -191,14 +191,11 @@ impl CudaDraft {
                 t: 0,
             };
             let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
-            let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
-            let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
-            let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
-            step_bytes += lin_bytes(&qkvg)
-                + lin_bytes(&o)
-                + lin_bytes(&gate)
-                + lin_bytes(&up)
-                + lin_bytes(&down);
+            let mlp = ld.dense_mlp(&p, cfg.intermediate_size, h)?;
+            step_bytes += lin_bytes(&qkvg) + lin_bytes(&o);
+            if let MlpW::Dense { gate, up, down, .. } = &mlp {
+                step_bytes += lin_bytes(gate) + lin_bytes(up) + lin_bytes(down);
+            }
             let inv_freq = cfg.rope.inv_freq();
             let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
             layers.push(LayerW {
@@ -222,7 +219,7 @@ impl CudaDraft {
                 attn_factor: cfg.rope.attention_factor as f32,
                 window: cfg.window.unwrap_or(0),
                 nh,
-                mlp: MlpW::Dense { gate, up, down },
+                mlp,
                 kc: 0,
                 vc: 0,
                 ring: false,

@@ -301,6 +301,12 @@ pub struct KernelSet {
     /// step). The same bits (kernels/emu; on the device, PERF.md run 228). Off: 65 us a step
     /// slower there (H100), ~6.5 us a full layer.
     pub tc_lm: bool,
+    /// With `tc_gemv`: a GEMV pass (fewer rows than `gemm_min_rows`) runs a dense MLP's gate
+    /// and up projections as one launch over their stacked matrix (MlpW::Dense's `gu`: XS-2.1's
+    /// layer 0, every DFlash draft layer) with the gate launch's kernel and warps a block, so
+    /// each output is computed as its half's launch computes it: the same bits (kernels/emu
+    /// invariance), a launch and its boundary fewer.
+    pub gu_fuse: bool,
 }
 
 impl KernelSet {
@@ -363,6 +369,7 @@ impl KernelSet {
             lm_argmax: false,
             gqa_lm: false,
             tc_lm: false,
+            gu_fuse: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -424,6 +431,7 @@ impl KernelSet {
             lm_argmax: true,
             gqa_lm: false,
             tc_lm: false,
+            gu_fuse: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -495,7 +503,8 @@ impl KernelSet {
                 "lm_argmax" => k.lm_argmax = on,
                 "gqa_lm" => k.gqa_lm = on,
                 "tc_lm" => k.tc_lm = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm)")),
+                "gu_fuse" => k.gu_fuse = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse)")),
             }
         }
         Ok(k)
@@ -627,6 +636,7 @@ mod tests {
         );
         assert!(!d.gqa_lm && KernelSet::parse("+gqa_lm").unwrap().gqa_lm);
         assert!(!d.tc_lm && KernelSet::parse("+tc_lm").unwrap().tc_lm);
+        assert!(!d.gu_fuse && KernelSet::parse("+gu_fuse").unwrap().gu_fuse);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -479,8 +479,8 @@ impl CudaModel {
             }
             self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
             match &l.mlp {
-                MlpW::Dense { gate, up, down } => {
-                    self.ffn(prof, gate, up, down, m, sc.x, true)?;
+                MlpW::Dense { gate, up, down, gu } => {
+                    self.ffn(prof, gate, up, down, gu.as_ref(), m, sc.x, true)?;
                 }
                 MlpW::Moe {
                     router,
@@ -802,7 +802,7 @@ impl CudaModel {
                         .map_err(cerr)?;
                     }
                     let sh = if let Some((a, b2, c)) = shared {
-                        self.ffn(prof, a, b2, c, m, sc.shared_out, false)?;
+                        self.ffn(prof, a, b2, c, None, m, sc.shared_out, false)?;
                         sc.shared_out
                     } else {
                         0

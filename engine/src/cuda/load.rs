@@ -108,6 +108,39 @@ impl<'a> Loader<'a> {
             }
         }
     }
+    /// A dense MLP `{p}.mlp.{gate,up,down}_proj` (intermediate width `im`): gate and up stacked
+    /// in one buffer when both are BF16 and `im % 16 == 0` (MlpW::Dense's `gu`, gate and up views
+    /// of its halves), else loaded apart.
+    pub(super) fn dense_mlp(&mut self, p: &str, im: usize, h: usize) -> Result<MlpW> {
+        let gu = if im % 16 == 0 && h % 16 == 0 {
+            self.lin_cat(
+                &[
+                    (format!("{p}.mlp.gate_proj"), im),
+                    (format!("{p}.mlp.up_proj"), im),
+                ],
+                h,
+            )?
+        } else {
+            None
+        };
+        let (gate, up) = match &gu {
+            Some(f) => (
+                Lin { n: im, ..*f },
+                Lin {
+                    n: im,
+                    w: f.w + (im * h * 2) as u64,
+                    ..*f
+                },
+            ),
+            None => (
+                self.lin(&format!("{p}.mlp.gate_proj"), im, h)?,
+                self.lin(&format!("{p}.mlp.up_proj"), im, h)?,
+            ),
+        };
+        let down = self.lin(&format!("{p}.mlp.down_proj"), h, im)?;
+        Ok(MlpW::Dense { gate, up, down, gu })
+    }
+
     /// Several BF16 Linears with the same input width stacked by rows into one matrix; None when
     /// any of them is not dense.
     pub(super) fn lin_cat(&mut self, parts: &[(String, usize)], inp: usize) -> Result<Option<Lin>> {
@@ -331,11 +364,11 @@ impl CudaModel {
             decode_bytes += lin_bytes(&o);
             let mlp = match spec.mlp {
                 MlpKind::Dense => {
-                    let gate = ld.lin(&format!("{p}.mlp.gate_proj"), cfg.intermediate_size, h)?;
-                    let up = ld.lin(&format!("{p}.mlp.up_proj"), cfg.intermediate_size, h)?;
-                    let down = ld.lin(&format!("{p}.mlp.down_proj"), h, cfg.intermediate_size)?;
-                    decode_bytes += lin_bytes(&gate) + lin_bytes(&up) + lin_bytes(&down);
-                    MlpW::Dense { gate, up, down }
+                    let mlp = ld.dense_mlp(&p, cfg.intermediate_size, h)?;
+                    if let MlpW::Dense { gate, up, down, .. } = &mlp {
+                        decode_bytes += lin_bytes(gate) + lin_bytes(up) + lin_bytes(down);
+                    }
+                    mlp
                 }
                 MlpKind::Sparse => {
                     let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
@@ -579,9 +612,23 @@ impl CudaModel {
                     }
                 }
                 tile(&mut l.o)?;
-                if let MlpW::Dense { gate, up, down } = &mut l.mlp {
-                    tile(gate)?;
-                    tile(up)?;
+                if let MlpW::Dense { gate, up, down, gu } = &mut l.mlp {
+                    match gu {
+                        // One copy of the stacked matrix: with n % 16 == 0 its row groups are
+                        // gate's then up's, so the halves' copies are views of it (the same
+                        // bytes tile_bf16 writes for each alone).
+                        Some(f) => {
+                            tile(f)?;
+                            if f.t != 0 {
+                                gate.t = f.t;
+                                up.t = f.t + (gate.n * gate.k * 2) as u64;
+                            }
+                        }
+                        None => {
+                            tile(gate)?;
+                            tile(up)?;
+                        }
+                    }
                     tile(down)?;
                 }
             }

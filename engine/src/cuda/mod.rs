@@ -130,6 +130,11 @@ enum MlpW {
         gate: Lin,
         up: Lin,
         down: Lin,
+        /// gate and up stacked by rows in one buffer (`Loader::dense_mlp`, when both are BF16 and
+        /// the width a multiple of 16): gate and up are views of its halves (their row-major
+        /// matrices and tile-interleaved copies), so a one-row pass can run both as one GEMV
+        /// (KernelSet gu_fuse). None when they are separate buffers.
+        gu: Option<Lin>,
     },
     Moe {
         router: Lin,

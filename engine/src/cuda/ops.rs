@@ -280,7 +280,8 @@ impl CudaModel {
             .map_err(cerr)
     }
 
-    /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`).
+    /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`). `gu`: gate and up stacked
+    /// in one buffer, gate and up views of its halves (MlpW::Dense).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ffn(
         &self,
@@ -288,6 +289,7 @@ impl CudaModel {
         gate: &Lin,
         up: &Lin,
         down: &Lin,
+        gu: Option<&Lin>,
         m: usize,
         out: u64,
         acc: bool,
@@ -295,18 +297,45 @@ impl CudaModel {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
         let i = gate.n;
-        self.linear(prof, "mlp", gate, sc.hn, h, sc.gu, 2 * i, m, false)?;
-        self.linear(
-            prof,
-            "mlp",
-            up,
-            sc.hn,
-            h,
-            sc.gu + (4 * i) as u64,
-            2 * i,
-            m,
-            false,
-        )?;
+        // gu_fuse: a GEMV pass runs gate and up as one launch over the stacked matrix (2i
+        // outputs a row, written where the two launches write them), with gate's kernel and
+        // warps a block: each output's arithmetic is the one its half's launch does (the warps
+        // split K the same way), so the same bits (kernels/emu invariance).
+        let fused = gu.filter(|f| {
+            self.kset.gu_fuse
+                && self.kset.tc_gemv
+                && m < self.opts.gemm_min_rows
+                && !f.fp4
+                && f.k % 32 == 0
+                && f.n == 2 * i
+                && i % 16 == 0
+        });
+        if let Some(f) = fused {
+            let (name, w, sw) = self.tc_gemv(gate, m);
+            self.dev
+                .launch_p(
+                    prof,
+                    name,
+                    (ceil_div(f.n, 16) as u32, ceil_div(m, 8) as u32, 1),
+                    (32 * sw, 1, 1),
+                    0,
+                    |b| lin_args(b, f, w, sc.hn, h, sc.gu, 2 * i, m, false),
+                )
+                .map_err(cerr)?;
+        } else {
+            self.linear(prof, "mlp", gate, sc.hn, h, sc.gu, 2 * i, m, false)?;
+            self.linear(
+                prof,
+                "mlp",
+                up,
+                sc.hn,
+                h,
+                sc.gu + (4 * i) as u64,
+                2 * i,
+                m,
+                false,
+            )?;
+        }
         // silu_fold: one row whose down projection `linear` would launch as
         // `linear_tc_bf16_tlnd` reads the gate | up row itself (`_tlnds`: the same bits as
         // silu_mul + `_tlnd`, with the same grid and arguments but the row).
