@@ -305,7 +305,10 @@ pub struct KernelSet {
     /// and up projections as one launch over their stacked matrix (MlpW::Dense's `gu`: XS-2.1's
     /// layer 0, every DFlash draft layer) with the gate launch's kernel and warps a block, so
     /// each output is computed as its half's launch computes it: the same bits (kernels/emu
-    /// invariance), a launch and its boundary fewer.
+    /// invariance; on an H100, PERF.md runs 230-232: device-test 42 rows, the XS-2.1 DFlash
+    /// pair bit for bit, the same fingerprint), a launch and its boundary fewer. On since
+    /// session 38: graph 2.441 -> 2.439-2.440 ms a step, the draft's propose 0.647-0.649 ->
+    /// 0.634-0.636 ms.
     pub gu_fuse: bool,
 }
 
@@ -431,7 +434,7 @@ impl KernelSet {
             lm_argmax: true,
             gqa_lm: false,
             tc_lm: false,
-            gu_fuse: false,
+            gu_fuse: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -636,7 +639,11 @@ mod tests {
         );
         assert!(!d.gqa_lm && KernelSet::parse("+gqa_lm").unwrap().gqa_lm);
         assert!(!d.tc_lm && KernelSet::parse("+tc_lm").unwrap().tc_lm);
-        assert!(!d.gu_fuse && KernelSet::parse("+gu_fuse").unwrap().gu_fuse);
+        assert!(
+            d.gu_fuse
+                && !KernelSet::original().gu_fuse
+                && !KernelSet::parse("-gu_fuse").unwrap().gu_fuse
+        );
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();
