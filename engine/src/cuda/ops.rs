@@ -108,6 +108,13 @@ impl CudaModel {
             .map_err(cerr)
     }
 
+    /// Whether `linear` runs a non-router Linear `l` of an m-row pass as the tensor-core GEMV
+    /// (`tc_gemv` then names the kernel): the test every launch that stands in for one of its
+    /// GEMVs (the fused gate | up, `_tlnds`, the folded lm_head argmax) must repeat.
+    pub(super) fn tc_takes(&self, l: &Lin, m: usize) -> bool {
+        m < self.opts.gemm_min_rows && !l.fp4 && l.k % 32 == 0 && self.kset.tc_gemv
+    }
+
     /// The tensor-core GEMV `linear` launches for `l` over `m` rows (non-NVFP4, K % 32 == 0,
     /// KernelSet tc_gemv): the kernel, the weights it reads and its warps a block.
     pub(super) fn tc_gemv(&self, l: &Lin, m: usize) -> (&'static str, u64, u32) {
@@ -233,7 +240,7 @@ impl CudaModel {
                 .launch_p(prof, name, grid, (128, 1, 1), 0, |b| args(b, self.sc.xs))
                 .map_err(cerr);
         }
-        if !l.fp4 && l.k % 32 == 0 && tag != "router" && self.kset.tc_gemv {
+        if tag != "router" && self.tc_takes(l, m) {
             let (name, w, sw) = self.tc_gemv(l, m);
             return self
                 .dev
@@ -301,15 +308,9 @@ impl CudaModel {
         // outputs a row, written where the two launches write them), with gate's kernel and
         // warps a block: each output's arithmetic is the one its half's launch does (the warps
         // split K the same way), so the same bits (kernels/emu invariance).
-        let fused = gu.filter(|f| {
-            self.kset.gu_fuse
-                && self.kset.tc_gemv
-                && m < self.opts.gemm_min_rows
-                && !f.fp4
-                && f.k % 32 == 0
-                && f.n == 2 * i
-                && i % 16 == 0
-        });
+        // (dense_mlp builds gu only for BF16 halves of a width i % 16 == 0: no row group of
+        // the stack mixes gate and up rows.)
+        let fused = gu.filter(|_| self.kset.gu_fuse && self.tc_takes(gate, m));
         if let Some(f) = fused {
             let (name, w, sw) = self.tc_gemv(gate, m);
             self.dev
@@ -339,12 +340,7 @@ impl CudaModel {
         // silu_fold: one row whose down projection `linear` would launch as
         // `linear_tc_bf16_tlnd` reads the gate | up row itself (`_tlnds`: the same bits as
         // silu_mul + `_tlnd`, with the same grid and arguments but the row).
-        let tc_down = m == 1
-            && m < self.opts.gemm_min_rows
-            && !down.fp4
-            && down.k % 32 == 0
-            && down.k == i
-            && self.kset.tc_gemv;
+        let tc_down = m == 1 && down.k == i && self.tc_takes(down, m);
         if tc_down && self.kset.silu_fold {
             let (name, w, sw) = self.tc_gemv(down, m);
             if name == "linear_tc_bf16_tlnd" {
@@ -415,10 +411,9 @@ impl CudaModel {
         }
         let l = &self.lm_head;
         // Where `linear` would launch linear_tc_bf16_tlnb for the lm_head (its tests, in order).
-        let tc =
-            (fold && n < self.opts.gemm_min_rows && !l.fp4 && l.k % 32 == 0 && self.kset.tc_gemv)
-                .then(|| self.tc_gemv(l, n))
-                .filter(|&(name, _, _)| name == "linear_tc_bf16_tlnb");
+        let tc = (fold && self.tc_takes(l, n))
+            .then(|| self.tc_gemv(l, n))
+            .filter(|&(name, _, _)| name == "linear_tc_bf16_tlnb");
         if let Some((_, w, sw)) = tc {
             let v = self.cfg.vocab_size;
             self.dev
