@@ -365,6 +365,41 @@ __device__ __forceinline__ float block_sum(float v, float* sh) {
     t = sh[0];
     return t;
 }
+// rmsnorm_t's 1 / rms of x[0..H) as a block of NB threads computes it (NB a multiple of 32, at
+// most 1024, NB >= H / 8): virtual thread v sums x[v + j NB]^2 over j < 8, virtual warps are
+// summed with warp_sum, then their sums with one more warp_sum, as block_sum does. Any blockDim
+// that is a multiple of 32 runs it (each thread plays virtual threads t, t + blockDim, ...).
+// sh: >= 33 floats. Every thread gets the result.
+// L2: read x through L2 (__ldcg), for a row other blocks of this grid wrote.
+template <bool L2>
+__device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh) {
+    int lane = threadIdx.x & 31;
+    for (int v0 = threadIdx.x; v0 - lane < NB; v0 += blockDim.x) {
+        float ss = 0.f;
+        if (v0 < NB) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                int i = v0 + j * NB;
+                float a = i < H ? (L2 ? __ldcg(x + i) : x[i]) : 0.f;
+                ss += a * a;
+            }
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) sh[v0 >> 5] = ss;
+    }
+    __syncthreads();
+    float t = 0.f;
+    int nw = NB >> 5;
+    if (threadIdx.x < 32) {
+        t = lane < nw ? sh[lane] : 0.f;
+        t = warp_sum(t);
+        if (lane == 0) sh[32] = t;
+    }
+    __syncthreads();
+    t = sh[32];
+    __syncthreads();
+    return rsqrtf(t / (float)H + eps);
+}
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 

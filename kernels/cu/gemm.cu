@@ -528,10 +528,17 @@ struct MergeO {
 // 64-bit atomicMax a row, whose result nobody waits for; argmax_fin then decodes the slots. The
 // same logits (the same arithmetic and stores) and the same token as argmax_rows_p over them,
 // one launch and its read of the logits fewer.
-template <int TL, int NA = 0, int BF = 0, int DB = 0, int AM = 0>
+// NR (linear_tc_bf16_tlnbr, KernelSet norm_fold): _tlnb for one row (M == 1, K <= 2048) whose
+// input is the RMSNorm of the residual row x with weights nw (rmsnorm's arithmetic: 1 / rms as
+// rmsnorm's block of NB = norm_block(K) threads sums it, rms_inv_nb; then nw[i] * (x[i] * inv)),
+// so the rmsnorm launch before the GEMV goes. Every block norms the row itself into `red`'s
+// memory (the norm weights stored there before the PDL wait), and its rounds read it from there:
+// the same activations, the same products and sums as rmsnorm + _tlnb, so the same bits.
+template <int TL, int NA = 0, int BF = 0, int DB = 0, int AM = 0, int NR = 0>
 __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                                  float* y, int ldy, int M, int N, int K, int accumulate,
-                                                 MergeO mo = MergeO{}, unsigned long long* amax = nullptr) {
+                                                 MergeO mo = MergeO{}, unsigned long long* amax = nullptr,
+                                                 const float* nw = nullptr, float eps = 0.f, int NB = 0) {
     // DB == 2 (_tlndq): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
     constexpr bool DQ = DB == 2;
     __shared__ __align__(16) float red[DQ ? 5 : 16][32][4];
@@ -557,6 +564,11 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     };
     ldw(A0, A1, warp);
     if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
+    // NR: the normed row (K <= 16 x 32 x 4 floats) lives in red's memory until the sums.
+    float* xn = &red[0][0][0];
+    if constexpr (NR != 0)
+        for (int i = 4 * threadIdx.x; i < K; i += 4 * blockDim.x)
+            *reinterpret_cast<float4*>(xn + i) = ldg_v(reinterpret_cast<const float4*>(nw + i));
     // DM: the head this block merges: its split count and sink before the wait (attention_merge_r).
     bool mh = DB == 5 && (int)blockIdx.x < mo.nh;
     int mns = 0;
@@ -637,6 +649,17 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             }
         }
     } else {
+        if constexpr (NR != 0) {
+            __shared__ float shn[33];
+            float inv = rms_inv_nb<false>(x, K, NB, eps, shn);
+            for (int i = 4 * threadIdx.x; i < K; i += 4 * blockDim.x) {
+                float4 a = *reinterpret_cast<const float4*>(x + i);
+                float4 v = *reinterpret_cast<float4*>(xn + i);
+                v = make_float4(v.x * (a.x * inv), v.y * (a.y * inv), v.z * (a.z * inv), v.w * (a.w * inv));
+                *reinterpret_cast<float4*>(xn + i) = v;
+            }
+            __syncthreads();
+        }
         for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
             if (kt0 != warp) ldw(A0, A1, kt0);
             float4 X0[4], X1[4];
@@ -648,8 +671,10 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
                 X1[u] = X0[u];
                 if (BF) {
                     size_t kc = (size_t)min(kt, nk - 1) * 32;
-                    float4 a = ldg_v(reinterpret_cast<const float4*>(xr + kc));
-                    float4 b = ldg_v(reinterpret_cast<const float4*>(xr + kc + 4));
+                    const float* xa = NR ? xn + 8 * t : xr;
+                    float4 a = NR ? *reinterpret_cast<const float4*>(xa + kc) : ldg_v(reinterpret_cast<const float4*>(xa + kc));
+                    float4 b = NR ? *reinterpret_cast<const float4*>(xa + kc + 4)
+                                  : ldg_v(reinterpret_cast<const float4*>(xa + kc + 4));
                     bool on = kt < nk && xv;
                     X0[u] = on ? a : X0[u];
                     X1[u] = on ? b : X1[u];
@@ -671,6 +696,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             }
         }
     }
+    if constexpr (NR != 0) __syncthreads();  // every warp done with the normed row in red
     *reinterpret_cast<float4*>(red[warp][lane]) = make_float4(c[0], c[1], c[2], c[3]);
     __syncthreads();
     if (warp != 0) return;
@@ -741,6 +767,14 @@ extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnba(const void* wv, 
                                                                 const float* x, int ldx, float* y, int ldy, int M, int N,
                                                                 int K, int accumulate, unsigned long long* amax) {
     linear_tc_bf16_t<1, 1, 1, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, amax);
+}
+// NR: see linear_tc_bf16_t. x: the residual row; nw, eps, NB: the norm's weights, epsilon and
+// rmsnorm's block size for K (norm_block).
+extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnbr(const void* wv, const u8* s_unused, float inv_gs,
+                                                                const float* x, int ldx, float* y, int ldy, int M, int N,
+                                                                int K, int accumulate, const float* nw, float eps, int NB) {
+    linear_tc_bf16_t<1, 1, 1, 0, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, nullptr, nw,
+                                       eps, NB);
 }
 extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const void* wv, const u8* s_unused, float inv_gs,
                                                                         const float* x, int ldx, float* y, int ldy, int M,

@@ -8,6 +8,7 @@
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
 //     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
 //   * gate | up as one GEMV over the stacked matrix (KernelSet gu_fuse) = the two launches;
+//   * linear_tc_bf16_tlnbr (one row's RMSNorm in the GEMV's prologue) = rmsnorm + _tlnb;
 //   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
 //   * linear_tc_bf16_tlnba + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_p;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
@@ -202,6 +203,40 @@ int main() {
             bool es = same_bits("linear_tc_bf16_tlnds vs silu_mul + _tlnd", y1, y0, ND);
             std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
+        }
+        // linear_tc_bf16_tlnbr (KernelSet norm_fold: one row's RMSNorm of the residual in the
+        // GEMV's prologue) against rmsnorm + _tlnb, at the XS-2.1 hidden size (K 2048, rmsnorm's
+        // 256 threads: two virtual threads a thread at 4 warps), 1056 (160 threads: one or two
+        // at 5 warps) and 512 (64: some threads none), 4 / 5 / 16 warps, storing and accumulating.
+        for (int KD : {2048, 1056, 512}) {
+            int NB = std::min(1024, std::max(32, (KD + 7) / 8 + 31) / 32 * 32);
+            float* xres = emu_alloc<float>((size_t)KD);
+            float* nw = emu_alloc<float>((size_t)KD);
+            for (int i = 0; i < KD; i++) {
+                xres[i] = (i % 97 == 0 ? 40.f : 3.f) * nd(rng);
+                nw[i] = 1.f + 0.2f * nd(rng);
+            }
+            const float eps = 1e-6f;
+            float* hn = emu_alloc<float>((size_t)KD);
+            ok &= emu_launch({1, 1, 1}, NB, [&] { rmsnorm(xres, nullptr, nw, hn, KD, eps); });
+            unsigned short *wd, *wdt;
+            tiled(KD, wd, wdt);
+            bool er = true;
+            for (int S : {4, 5, 16})
+                for (int acc = 0; acc < 2; acc++) {
+                    float* y0 = emu_alloc<float>(ND);
+                    float* y1 = emu_alloc<float>(ND);
+                    for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
+                    ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, hn, KD, y0, ND, 1, ND, KD, acc); });
+                    ok &= emu_launch(grid, 32 * S, [&] {
+                        linear_tc_bf16_tlnbr(wdt, nullptr, 1.f, xres, KD, y1, ND, 1, ND, KD, acc, nw, eps, NB);
+                    });
+                    er &= same_bits("linear_tc_bf16_tlnbr vs rmsnorm + _tlnb", y1, y0, ND);
+                }
+            std::printf("linear_tc_bf16_tlnbr (K %d, rmsnorm's %d threads; 4 / 5 / 16 warps, storing and accumulating) = "
+                        "rmsnorm + linear_tc_bf16_tlnb: %s\n",
+                        KD, NB, er ? "yes" : "NO");
+            ok &= er;
         }
         // KernelSet gu_fuse: a dense MLP's gate and up stacked by rows (2 x 32 rows, K 512) and
         // run as one launch of 2 x 32 outputs with the gate launch's warps a block, against the

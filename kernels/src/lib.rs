@@ -165,6 +165,7 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tln",
             "linear_tc_bf16_tlnb",
             "linear_tc_bf16_tlnba",
+            "linear_tc_bf16_tlnbr",
             "linear_tc_bf16_tlnd",
             "linear_tc_bf16_tlndq",
             "linear_tc_bf16_tlnds",

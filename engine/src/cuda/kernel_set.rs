@@ -310,6 +310,14 @@ pub struct KernelSet {
     /// session 38: graph 2.441 -> 2.439-2.440 ms a step, the draft's propose 0.647-0.649 ->
     /// 0.634-0.636 ms.
     pub gu_fuse: bool,
+    /// With `tc_bf`: a one-row pass's RMSNorm of the residual whose only reader is a GEMV that
+    /// `linear` would launch as `linear_tc_bf16_tlnb` with K = the hidden size <= 2048 (XS-2.1's
+    /// layer 0 post-attention norm before the fused gate | up, layer 1's input norm before its
+    /// q|k|v|g: the two norms no moe_block_1 or embed_norm launch already does) runs in that
+    /// GEMV's prologue, `linear_tc_bf16_tlnbr`: every block norms the row itself with rmsnorm's
+    /// reduction order (rms_inv_nb), so no rmsnorm launch precedes it. The same bits
+    /// (kernels/emu invariance).
+    pub norm_fold: bool,
 }
 
 impl KernelSet {
@@ -373,6 +381,7 @@ impl KernelSet {
             gqa_lm: false,
             tc_lm: false,
             gu_fuse: false,
+            norm_fold: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -435,6 +444,7 @@ impl KernelSet {
             gqa_lm: false,
             tc_lm: false,
             gu_fuse: true,
+            norm_fold: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -507,7 +517,8 @@ impl KernelSet {
                 "gqa_lm" => k.gqa_lm = on,
                 "tc_lm" => k.tc_lm = on,
                 "gu_fuse" => k.gu_fuse = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse)")),
+                "norm_fold" => k.norm_fold = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold)")),
             }
         }
         Ok(k)
@@ -644,6 +655,7 @@ mod tests {
                 && !KernelSet::original().gu_fuse
                 && !KernelSet::parse("-gu_fuse").unwrap().gu_fuse
         );
+        assert!(!d.norm_fold && KernelSet::parse("+norm_fold").unwrap().norm_fold);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

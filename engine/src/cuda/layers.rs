@@ -73,13 +73,24 @@ impl CudaModel {
             let nh = l.nh;
             let qw = nh * hd;
             let gemm_pass = m >= self.opts.gemm_min_rows;
-            if !normed {
+            // norm_fold: the input norm in the q|k|v|g GEMV's prologue (XS-2.1's layer 1, after
+            // the dense layer 0: the one input norm no other launch makes).
+            let fold = l
+                .qkvg
+                .as_ref()
+                .filter(|_| !normed)
+                .and_then(|f| self.norm_fold(f, m));
+            if !normed && fold.is_none() {
                 self.norm_rows(prof, l.input_norm, m, eps, gemm_pass)?;
             }
             normed = false;
             let gw = l.g.map_or(0, |g| g.n);
             let (qp, kp, vp, gp, ldq, ldkv, ldg) = if let Some(f) = &l.qkvg {
-                self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
+                if let Some((w, sw)) = fold {
+                    self.launch_tlnbr(prof, f, w, sw, l.input_norm, sc.q, f.n)?;
+                } else {
+                    self.linear(prof, "attn_proj", f, sc.hn, h, sc.q, f.n, m, false)?;
+                }
                 let q = sc.q;
                 (
                     q,
@@ -477,10 +488,14 @@ impl CudaModel {
                 }
                 continue;
             }
-            self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
+            // A dense MLP makes the norm itself (ffn: norm_rows, or norm_fold's GEMV prologue).
+            if !matches!(l.mlp, MlpW::Dense { .. }) {
+                self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
+            }
             match &l.mlp {
                 MlpW::Dense { gate, up, down, gu } => {
-                    self.ffn(prof, gate, up, down, gu.as_ref(), m, sc.x, true)?;
+                    let norm = Some(l.post_norm);
+                    self.ffn(prof, gate, up, down, gu.as_ref(), norm, m, sc.x, true)?;
                 }
                 MlpW::Moe {
                     router,
@@ -802,7 +817,7 @@ impl CudaModel {
                         .map_err(cerr)?;
                     }
                     let sh = if let Some((a, b2, c)) = shared {
-                        self.ffn(prof, a, b2, c, None, m, sc.shared_out, false)?;
+                        self.ffn(prof, a, b2, c, None, None, m, sc.shared_out, false)?;
                         sc.shared_out
                     } else {
                         0

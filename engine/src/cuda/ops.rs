@@ -115,6 +115,51 @@ impl CudaModel {
         m < self.opts.gemm_min_rows && !l.fp4 && l.k % 32 == 0 && self.kset.tc_gemv
     }
 
+    /// norm_fold: where the GEMV `linear` would launch for `l` over an m-row pass is
+    /// `linear_tc_bf16_tlnb` on one row of K = the hidden size <= 2048, the weights and warps a
+    /// block of the `linear_tc_bf16_tlnbr` launch (`launch_tlnbr`) that stands in for the
+    /// RMSNorm of sc.x into sc.hn + that GEMV on hn. None where it does not apply.
+    pub(super) fn norm_fold(&self, l: &Lin, m: usize) -> Option<(u64, u32)> {
+        let h = self.cfg.hidden_size;
+        if !(self.kset.norm_fold && m == 1 && l.k == h && h <= 2048 && self.tc_takes(l, m)) {
+            return None;
+        }
+        let (name, w, sw) = self.tc_gemv(l, m);
+        (name == "linear_tc_bf16_tlnb").then_some((w, sw))
+    }
+
+    /// One `linear_tc_bf16_tlnbr` launch (`norm_fold`'s w and sw): the GEMV of `l`'s shape on
+    /// the RMSNorm (weights `norm_w`) of the residual row sc.x, into y (row stride ldy). sc.hn
+    /// is not written: the GEMV was its only reader.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch_tlnbr(
+        &self,
+        prof: &mut Option<device::Prof>,
+        l: &Lin,
+        w: u64,
+        sw: u32,
+        norm_w: u64,
+        y: u64,
+        ldy: usize,
+    ) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let eps = self.cfg.rms_norm_eps as f32;
+        self.xs_holds.set((0, false));
+        self.dev
+            .launch_p(
+                prof,
+                "linear_tc_bf16_tlnbr",
+                (ceil_div(l.n, 16) as u32, 1, 1),
+                (32 * sw, 1, 1),
+                0,
+                |b| {
+                    lin_args(b, l, w, self.sc.x, h, y, ldy, 1, false);
+                    b.u64(norm_w).f32(eps).i32(norm_block(h) as i32);
+                },
+            )
+            .map_err(cerr)
+    }
+
     /// The tensor-core GEMV `linear` launches for `l` over `m` rows (non-NVFP4, K % 32 == 0,
     /// KernelSet tc_gemv): the kernel, the weights it reads and its warps a block.
     pub(super) fn tc_gemv(&self, l: &Lin, m: usize) -> (&'static str, u64, u32) {
@@ -288,7 +333,9 @@ impl CudaModel {
     }
 
     /// down(silu(gate(hn)) * up(hn)) into `out` (added when `acc`). `gu`: gate and up stacked
-    /// in one buffer, gate and up views of its halves (MlpW::Dense).
+    /// in one buffer, gate and up views of its halves (MlpW::Dense). `norm`: hn is still to be
+    /// made, the RMSNorm of the residual sc.x with these weights (norm_rows, or folded into
+    /// the gate | up launch: `norm_fold`).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn ffn(
         &self,
@@ -297,6 +344,7 @@ impl CudaModel {
         up: &Lin,
         down: &Lin,
         gu: Option<&Lin>,
+        norm: Option<u64>,
         m: usize,
         out: u64,
         acc: bool,
@@ -311,7 +359,17 @@ impl CudaModel {
         // (dense_mlp builds gu only for BF16 halves of a width i % 16 == 0: no row group of
         // the stack mixes gate and up rows.)
         let fused = gu.filter(|_| self.kset.gu_fuse && self.tc_takes(gate, m));
-        if let Some(f) = fused {
+        // norm_fold: the norm in the fused launch's prologue (its kernel and warps the gate's).
+        let fold = fused
+            .zip(norm)
+            .and_then(|(f, nw)| self.norm_fold(gate, m).map(|(w, sw)| (f, nw, w, sw)));
+        if let (Some(nw), None) = (norm, fold) {
+            let split = m >= self.opts.gemm_min_rows;
+            self.norm_rows(prof, nw, m, self.cfg.rms_norm_eps as f32, split)?;
+        }
+        if let Some((f, nw, w, sw)) = fold {
+            self.launch_tlnbr(prof, f, w, sw, nw, sc.gu, 2 * i)?;
+        } else if let Some(f) = fused {
             let (name, w, sw) = self.tc_gemv(gate, m);
             self.dev
                 .launch_p(
