@@ -316,7 +316,9 @@ pub struct KernelSet {
     /// q|k|v|g: the two norms no moe_block_1 or embed_norm launch already does) runs in that
     /// GEMV's prologue, `linear_tc_bf16_tlnbr`: every block norms the row itself with rmsnorm's
     /// reduction order (rms_inv_nb), so no rmsnorm launch precedes it. The same bits
-    /// (kernels/emu invariance).
+    /// (kernels/emu invariance; on an H100, PERF.md run 235: device-test, the XS-2.1 DFlash pair
+    /// bit for bit, the same fingerprint). Off: no gain there (graph 2.439 / 2.440 ms a step
+    /// with and without it).
     pub norm_fold: bool,
 }
 
