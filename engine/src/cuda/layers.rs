@@ -488,12 +488,9 @@ impl CudaModel {
                 }
                 continue;
             }
-            // A dense MLP makes the norm itself (ffn: norm_rows, or norm_fold's GEMV prologue).
-            if !matches!(l.mlp, MlpW::Dense { .. }) {
-                self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
-            }
             match &l.mlp {
                 MlpW::Dense { gate, up, down, gu } => {
+                    // ffn makes the norm (norm_rows, or norm_fold's GEMV prologue).
                     let norm = Some(l.post_norm);
                     self.ffn(prof, gate, up, down, gu.as_ref(), norm, m, sc.x, true)?;
                 }
@@ -504,6 +501,7 @@ impl CudaModel {
                     shared,
                     folded,
                 } => {
+                    self.norm_rows(prof, l.post_norm, m, eps, gemm_pass)?;
                     let e = cfg.num_experts;
                     let k = cfg.top_k;
                     let kk = k + *folded as usize;
