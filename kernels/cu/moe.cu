@@ -1320,8 +1320,19 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // the two lanes' output branch), so every item ends with one more memory round trip (DRAM or L2:
 // the step's weight stream evicts them) before its output store, which the barrier after the
 // phase waits for (SASS of moe_block_1nprt, session 33). The same values, so the same bits.
+// PW (moe_block_1nprtx, KernelSet moe_pwr, on since session 40: PERF.md run 238): the small
+// weights of the prologue (post-attention norm, router bias, next input norm) loaded together into
+// registers and kept there across the PDL wait. Before, each was a load and then a shared store in
+// a loop, so a thread's (up to four) norm weights, its bias and its next-norm weight were six
+// dependent round trips before its wait (the SASS of moe_block_1nprt), which a block that only
+// becomes resident when the o_proj GEMV's last blocks leave runs after that GEMV has ended. Now
+// the norm weights multiply from the registers (the same product as from hn) and the bias and
+// next-norm weight are stored after the residual's loads, so their round trip overlaps the
+// residual's. The same values, the same arithmetic: the same bits (kernels/emu, the XS-2.1 DFlash
+// pair). On an H100 2.406 -> 2.375 ms a step (run 238), its launches' wait spread 1.22 -> 0.28 us
+// (run 239).
 template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false,
-          bool DEP = false, bool GI = false>
+          bool DEP = false, bool GI = false, bool PW = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     static_assert(!TC || LOCAL, "moe_tc: block-local down items only");
     int lane = threadIdx.x & 31;
@@ -1362,17 +1373,31 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     __shared__ float s_nw[1024];
     // GI: E + shared_slot <= 257 (E <= 256: s_bias).
     __shared__ float s_gi[GI ? 260 : 1], s_ui[GI ? 260 : 1];
-    for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i];
-    for (int e = threadIdx.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
+    // PW: a thread's norm weights i = threadIdx.x + j * blockDim.x, j < PWN (the host's 640
+    // threads and H <= 2048 need 4; any further ones, and biases past blockDim.x, by the loops).
+    constexpr int PWN = 4;
+    float pw[PWN], pb = 0.f, pn = 0.f;
+    int pi0 = blockIdx.x * blockDim.x + threadIdx.x;
+    if (PW) {
+#pragma unroll
+        for (int j = 0; j < PWN; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            pw[j] = i < H ? post_w[i] : 0.f;
+        }
+        if ((int)threadIdx.x < E) pb = bias[threadIdx.x];
+        if (next_w && pi0 < H) pn = next_w[pi0];
+        for (int i = threadIdx.x + PWN * blockDim.x; i < H; i += blockDim.x) hn[i] = post_w[i];
+        for (int e = threadIdx.x + blockDim.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
+    } else {
+        for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i];
+        for (int e = threadIdx.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
+    }
     if (GI)
         for (int e = threadIdx.x; e < E + shared_slot; e += blockDim.x) {
             s_gi[e] = ginv[e];
             s_ui[e] = uinv[e];
         }
-    {
-        int i = blockIdx.x * blockDim.x + threadIdx.x;
-        if (next_w && i < H) s_nw[threadIdx.x] = next_w[i];
-    }
+    if (!PW && next_w && pi0 < H) s_nw[threadIdx.x] = next_w[pi0];
     pdl_wait();
     // Every block is resident once all have passed this point (the launch needs all of them to
     // trigger), so a dependent launch cannot take the resources of a block still to start.
@@ -1392,7 +1417,21 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int KK = K + shared_slot;
     // 1. RMSNorm of the residual row (every block), router logits (2 rows a warp, linear_bf16_1).
     float inv = rms_inv_nb<false>(x, H, NB, eps, sh);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    if (PW) {
+        // (s_nw is read by this thread only, s_bias by top-k after the barrier below.)
+        if ((int)threadIdx.x < E) s_bias[threadIdx.x] = pb;
+        if (next_w && pi0 < H) s_nw[threadIdx.x] = pn;
+#pragma unroll
+        for (int j = 0; j < PWN; j++) {
+            int i = threadIdx.x + j * blockDim.x;
+            if (i < H) {
+                float v = pw[j] * (x[i] * inv);
+                hn[i] = v;
+                if (TC) tcg_put(reinterpret_cast<u16*>(sact), i, v);
+            }
+        }
+    }
+    for (int i = threadIdx.x + (PW ? PWN * blockDim.x : 0); i < H; i += blockDim.x) {
         float v = hn[i] * (x[i] * inv);
         hn[i] = v;
         if (TC) tcg_put(reinterpret_cast<u16*>(sact), i, v);
@@ -1659,4 +1698,11 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtdg(MOE_BLOCK
 }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptdg(MOE_BLOCK_PARAMS) {
     moe_block_1_t<true, true, true, true, false, true, true, true>(MOE_BLOCK_ARGS);
+}
+// PW (KernelSet moe_pwr; _1nptx for the emulated test, as _1nptd).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtx(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, true, true, false, false, true>(MOE_BLOCK_ARGS);
+}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptx(MOE_BLOCK_PARAMS) {
+    moe_block_1_t<true, true, true, true, false, true, false, false, true>(MOE_BLOCK_ARGS);
 }

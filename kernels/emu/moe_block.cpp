@@ -100,9 +100,19 @@ static bool run(const Shape& sh, unsigned seed) {
         // 7: moe_block_1nptd (the same without the router rows in registers); 8: moe_block_1nprtdg
         // (moe_dep + moe_gi: the gate/up global inverse scales from shared memory), 9:
         // moe_block_1nptdg, 10: moe_block_1nprtg (moe_gi alone).
-        const char* name = v == 0 ? "moe_block_1" : v == 1 ? "moe_block_1g" : v == 2 ? "moe_block_1n" : v == 3 ? "moe_block_1np" : v == 4 ? "moe_block_1npr" : v == 5 ? "moe_block_1npt" : v == 6 ? "moe_block_1nprtd" : v == 7 ? "moe_block_1nptd" : v == 8 ? "moe_block_1nprtdg" : v == 9 ? "moe_block_1nptdg" : "moe_block_1nprtg";
+        // 11 / 12: moe_block_1nprtx / _1nptx (moe_pwr: the prologue's small weights in registers
+        // across the wait).
+        static const char* const names[] = {"moe_block_1",      "moe_block_1g",      "moe_block_1n",     "moe_block_1np",
+                                            "moe_block_1npr",   "moe_block_1npt",    "moe_block_1nprtd", "moe_block_1nptd",
+                                            "moe_block_1nprtdg", "moe_block_1nptdg", "moe_block_1nprtg", "moe_block_1nprtx",
+                                            "moe_block_1nptx"};
+        static decltype(&moe_block_1) const fns[] = {moe_block_1,      moe_block_1g,      moe_block_1n,     moe_block_1np,
+                                                     moe_block_1npr,   moe_block_1npt,    moe_block_1nprtd, moe_block_1nptd,
+                                                     moe_block_1nprtdg, moe_block_1nptdg, moe_block_1nprtg, moe_block_1nprtx,
+                                                     moe_block_1nptx};
+        const char* name = names[v];
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
-            (v == 0 ? moe_block_1 : v == 1 ? moe_block_1g : v == 2 ? moe_block_1n : v == 3 ? moe_block_1np : v == 4 ? moe_block_1npr : v == 5 ? moe_block_1npt : v == 6 ? moe_block_1nprtd : v == 7 ? moe_block_1nptd : v == 8 ? moe_block_1nprtdg : v == 9 ? moe_block_1nptdg : moe_block_1nprtg)(f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
+            fns[v](f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
               gate.inv, up.w, up.s, up.inv, down.w, down.s, down.inv, H, I, f.act, f.out, f.ids, f.wts, scale, bar, next_w, f.hn2,
               tp, v == 2 ? 120 : 0);
         }, 0));
@@ -263,6 +273,18 @@ static bool run(const Shape& sh, unsigned seed) {
                 std::printf("%s: %s (moe_gi) = moe_block_1npt bit for bit: %s\n", sh.name, gn, gsame ? "yes" : "NO");
                 tsame &= gsame;
             }
+            // moe_pwr (_1nprtx where a warp holds at most one router row pair, else _1nptx).
+            {
+                int pv = rp ? 11 : 12;
+                Fused fw = fused(pv);
+                bool wsame = same_bits("moe_pwr vs _1npt: residual", fw.x, ft.x, H) &&
+                             same_bits("moe_pwr vs _1npt: next input norm", fw.hn2, ft.hn2, H) &&
+                             same_bits("moe_pwr vs _1npt: expert outputs", fw.out, ft.out, KK * H) &&
+                             same_bits("moe_pwr vs _1npt: routing weights", fw.wts, ft.wts, KK) &&
+                             std::memcmp(fw.ids, ft.ids, 4 * KK) == 0;
+                std::printf("%s: %s (moe_pwr) = moe_block_1npt bit for bit: %s\n", sh.name, rp ? "moe_block_1nprtx" : "moe_block_1nptx", wsame ? "yes" : "NO");
+                tsame &= wsame;
+            }
         }
         double terr = 0;
         for (int n = 0; n < H; n++) terr = std::max(terr, std::fabs(xr[n] - ft.x[n]));
@@ -290,8 +312,8 @@ static bool topk_cases() {
     for (int E : Es)
         for (int K : {1, 3, 8})
             for (int levels : {2, 5, 1000})
-                for (int nan : {0, 1}) {
-                    if (K > E || (nan && K == E)) continue;
+                for (int nan : {0, 1, 3}) {
+                    if (K > E || (nan && K == E) || (nan == 3 && E < 3)) continue;
                     float* lg = emu_alloc<float>(E);
                     float* bias = emu_alloc<float>(E);
                     int* ids = emu_alloc<int>(64);
@@ -301,7 +323,10 @@ static bool topk_cases() {
                         lg[e] = (float)lv(rng) * 0.25f - 1.f;
                         bias[e] = levels == 1000 ? 0.01f * (float)lv(rng) / 1000.f : 0.f;
                     }
-                    if (nan) lg[E / 2] = NAN;
+                    if (nan == 1) lg[E / 2] = NAN;
+                    // nan 3: logits whose 1 + exp(-l) is infinite (-100) or past 2^126 (-87.5), where
+                    // the sigmoid's division leaves its fast path.
+                    if (nan == 3) lg[1] = -100.f, lg[E - 1] = -87.5f;
                     int norm = (E + K) & 1, shared = K & 1;
                     bool launched = emu_launch({1, 1, 1}, 32, [&] {
                         router_topk(lg, bias, E, K, 0.f, norm, ids, wts, shared, 0.4f, nullptr, nullptr, nullptr, nullptr,
@@ -328,7 +353,8 @@ static bool topk_cases() {
                     ok &= same;
                     cases++;
                 }
-    std::printf("router_topk vs the host rule (ties, NaN, E 8..1000): %d cases, %s\n", cases, ok ? "all equal" : "SOME DIFFER");
+    std::printf("router_topk vs the host rule (ties, NaN, logits whose sigmoid leaves the division's fast path, E 8..1000): %d cases, %s\n",
+                cases, ok ? "all equal" : "SOME DIFFER");
     return ok;
 }
 

@@ -133,6 +133,7 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1nprtd",
             "moe_block_1nprtg",
             "moe_block_1nprtdg",
+            "moe_block_1nprtx",
         ],
     },
     KernelModule {

@@ -320,6 +320,14 @@ pub struct KernelSet {
     /// bit for bit, the same fingerprint). Off: no gain there (graph 2.439 / 2.440 ms a step
     /// with and without it).
     pub norm_fold: bool,
+    /// With `moe_tc` and `moe_rp`: `moe_block_1nprtx`, whose prologue loads its small weights
+    /// (post-attention norm, router bias, next input norm) together into registers and keeps them
+    /// across the PDL wait, where `moe_block_1nprt` loads and stores them to shared memory one
+    /// after another (up to six dependent round trips before the wait, which a block that only
+    /// becomes resident as the o_proj GEMV's last blocks leave runs after that GEMV has ended).
+    /// The same bits (kernels/emu, the XS-2.1 DFlash pair). On since session 40: 2.406 -> 2.375
+    /// ms a decode step on an H100 (PERF.md runs 238-239).
+    pub moe_pwr: bool,
 }
 
 impl KernelSet {
@@ -384,6 +392,7 @@ impl KernelSet {
             tc_lm: false,
             gu_fuse: false,
             norm_fold: false,
+            moe_pwr: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -447,6 +456,7 @@ impl KernelSet {
             tc_lm: false,
             gu_fuse: true,
             norm_fold: false,
+            moe_pwr: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -520,7 +530,8 @@ impl KernelSet {
                 "tc_lm" => k.tc_lm = on,
                 "gu_fuse" => k.gu_fuse = on,
                 "norm_fold" => k.norm_fold = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold)")),
+                "moe_pwr" => k.moe_pwr = on,
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold, moe_pwr)")),
             }
         }
         Ok(k)
@@ -658,6 +669,7 @@ mod tests {
                 && !KernelSet::parse("-gu_fuse").unwrap().gu_fuse
         );
         assert!(!d.norm_fold && KernelSet::parse("+norm_fold").unwrap().norm_fold);
+        assert!(d.moe_pwr && !KernelSet::parse("-moe_pwr").unwrap().moe_pwr);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

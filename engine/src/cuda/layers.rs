@@ -961,6 +961,7 @@ impl CudaModel {
                     {
                         if self.moe_tc_on(experts) {
                             match (self.kset.moe_dep, self.kset.moe_gi) {
+                                (false, false) if self.kset.moe_pwr => "moe_block_1nprtx",
                                 (true, true) => "moe_block_1nprtdg",
                                 (true, false) => "moe_block_1nprtd",
                                 (false, true) => "moe_block_1nprtg",
