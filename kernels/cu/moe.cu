@@ -1386,12 +1386,10 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         }
         if ((int)threadIdx.x < E) pb = bias[threadIdx.x];
         if (next_w && pi0 < H) pn = next_w[pi0];
-        for (int i = threadIdx.x + PWN * blockDim.x; i < H; i += blockDim.x) hn[i] = post_w[i];
-        for (int e = threadIdx.x + blockDim.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
-    } else {
-        for (int i = threadIdx.x; i < H; i += blockDim.x) hn[i] = post_w[i];
-        for (int e = threadIdx.x; e < E; e += blockDim.x) s_bias[e] = bias[e];
     }
+    // (PW: only the values past those in registers.)
+    for (int i = threadIdx.x + (PW ? PWN * blockDim.x : 0); i < H; i += blockDim.x) hn[i] = post_w[i];
+    for (int e = threadIdx.x + (PW ? blockDim.x : 0); e < E; e += blockDim.x) s_bias[e] = bias[e];
     if (GI)
         for (int e = threadIdx.x; e < E + shared_slot; e += blockDim.x) {
             s_gi[e] = ginv[e];

@@ -5,6 +5,8 @@
 // also checked against a float64 evaluation of the MoE layer written here from the model's math
 // (not from the kernels). Also: router_topk against the host rule, the NVFP4 decode, and
 // embed_norm against embed + rmsnorm. Built and run by kernels/emu/run.sh; exit status 0 = pass.
+#include <string>
+
 #include "cuda_emu.h"
 
 #include "kernels.inc"
@@ -86,6 +88,16 @@ static bool run(const Shape& sh, unsigned seed) {
     // v 0: moe_block_1 (each block combines the rows whose down items it computed), 1:
     // moe_block_1g (down items over the whole grid, a grid barrier, then the combine), 2:
     // moe_block_1n (moe_block_1 with its weight loads skipping L1; here the same loads).
+    // 11 / 12: moe_block_1nprtx / _1nptx (moe_pwr: the prologue's small weights in registers
+    // across the wait).
+    static const char* const names[] = {"moe_block_1",       "moe_block_1g",     "moe_block_1n",     "moe_block_1np",
+                                        "moe_block_1npr",    "moe_block_1npt",   "moe_block_1nprtd", "moe_block_1nptd",
+                                        "moe_block_1nprtdg", "moe_block_1nptdg", "moe_block_1nprtg", "moe_block_1nprtx",
+                                        "moe_block_1nptx"};
+    static decltype(&moe_block_1) const fns[] = {moe_block_1,       moe_block_1g,     moe_block_1n,     moe_block_1np,
+                                                 moe_block_1npr,    moe_block_1npt,   moe_block_1nprtd, moe_block_1nptd,
+                                                 moe_block_1nprtdg, moe_block_1nptdg, moe_block_1nprtg, moe_block_1nprtx,
+                                                 moe_block_1nptx};
     auto fused = [&](int v) {
         Fused f{emu_alloc<float>(H),      emu_alloc<float>(H),           emu_alloc<float>(E),
                 emu_alloc<float>(32),     emu_alloc<float>((size_t)KK * I), emu_alloc<float>((size_t)KK * H),
@@ -100,16 +112,6 @@ static bool run(const Shape& sh, unsigned seed) {
         // 7: moe_block_1nptd (the same without the router rows in registers); 8: moe_block_1nprtdg
         // (moe_dep + moe_gi: the gate/up global inverse scales from shared memory), 9:
         // moe_block_1nptdg, 10: moe_block_1nprtg (moe_gi alone).
-        // 11 / 12: moe_block_1nprtx / _1nptx (moe_pwr: the prologue's small weights in registers
-        // across the wait).
-        static const char* const names[] = {"moe_block_1",      "moe_block_1g",      "moe_block_1n",     "moe_block_1np",
-                                            "moe_block_1npr",   "moe_block_1npt",    "moe_block_1nprtd", "moe_block_1nptd",
-                                            "moe_block_1nprtdg", "moe_block_1nptdg", "moe_block_1nprtg", "moe_block_1nprtx",
-                                            "moe_block_1nptx"};
-        static decltype(&moe_block_1) const fns[] = {moe_block_1,      moe_block_1g,      moe_block_1n,     moe_block_1np,
-                                                     moe_block_1npr,   moe_block_1npt,    moe_block_1nprtd, moe_block_1nptd,
-                                                     moe_block_1nprtdg, moe_block_1nptdg, moe_block_1nprtg, moe_block_1nprtx,
-                                                     moe_block_1nptx};
         const char* name = names[v];
         step(name, emu_launch({sh.grid, 1, 1}, sh.block, [&] {
             fns[v](f.x, post_w, eps, (int)nb, rw, f.rlog, bias, E, K, sh.softcap, sh.norm_topk, sh.shared, 1.f / scale, gate.w, gate.s,
@@ -252,39 +254,32 @@ static bool run(const Shape& sh, unsigned seed) {
         std::printf("%s: moe_gate_up_fp4_tc + moe_down_fp4_tc launches = moe_block_1npt bit for bit: %s\n", sh.name, chain ? "yes" : "NO");
         tsame &= chain;
         {
+            // A variant's launch against moe_block_1npt: residual, next input norm, expert outputs
+            // and routing weights bit for bit.
+            auto same_as_t = [&](const Fused& fv, const char* fam) {
+                std::string f = std::string(fam) + " vs _1npt: ";
+                return same_bits((f + "residual").c_str(), fv.x, ft.x, H) &&
+                       same_bits((f + "next input norm").c_str(), fv.hn2, ft.hn2, H) &&
+                       same_bits((f + "expert outputs").c_str(), fv.out, ft.out, KK * H) &&
+                       same_bits((f + "routing weights").c_str(), fv.wts, ft.wts, KK);
+            };
             // moe_dep: _1nprtd where a warp holds at most one router row pair, else _1nptd.
-            Fused fd = fused(rp ? 6 : 7);
-            bool dsame = same_bits("moe_dep vs _1npt: residual", fd.x, ft.x, H) &&
-                         same_bits("moe_dep vs _1npt: next input norm", fd.hn2, ft.hn2, H) &&
-                         same_bits("moe_dep vs _1npt: expert outputs", fd.out, ft.out, KK * H) &&
-                         same_bits("moe_dep vs _1npt: routing weights", fd.wts, ft.wts, KK);
+            bool dsame = same_as_t(fused(rp ? 6 : 7), "moe_dep");
             std::printf("%s: %s (moe_dep) = moe_block_1npt bit for bit: %s\n", sh.name, rp ? "moe_block_1nprtd" : "moe_block_1nptd",
                         dsame ? "yes" : "NO");
             tsame &= dsame;
             // moe_gi with moe_dep (_1nprtdg, else _1nptdg), and alone (_1nprtg) where it runs.
             for (int gv : {rp ? 8 : 9, rp ? 10 : -1}) {
                 if (gv < 0) continue;
-                Fused fgi = fused(gv);
-                const char* gn = gv == 8 ? "moe_block_1nprtdg" : gv == 9 ? "moe_block_1nptdg" : "moe_block_1nprtg";
-                bool gsame = same_bits("moe_gi vs _1npt: residual", fgi.x, ft.x, H) &&
-                             same_bits("moe_gi vs _1npt: next input norm", fgi.hn2, ft.hn2, H) &&
-                             same_bits("moe_gi vs _1npt: expert outputs", fgi.out, ft.out, KK * H) &&
-                             same_bits("moe_gi vs _1npt: routing weights", fgi.wts, ft.wts, KK);
-                std::printf("%s: %s (moe_gi) = moe_block_1npt bit for bit: %s\n", sh.name, gn, gsame ? "yes" : "NO");
+                bool gsame = same_as_t(fused(gv), "moe_gi");
+                std::printf("%s: %s (moe_gi) = moe_block_1npt bit for bit: %s\n", sh.name, names[gv], gsame ? "yes" : "NO");
                 tsame &= gsame;
             }
             // moe_pwr (_1nprtx where a warp holds at most one router row pair, else _1nptx).
-            {
-                int pv = rp ? 11 : 12;
-                Fused fw = fused(pv);
-                bool wsame = same_bits("moe_pwr vs _1npt: residual", fw.x, ft.x, H) &&
-                             same_bits("moe_pwr vs _1npt: next input norm", fw.hn2, ft.hn2, H) &&
-                             same_bits("moe_pwr vs _1npt: expert outputs", fw.out, ft.out, KK * H) &&
-                             same_bits("moe_pwr vs _1npt: routing weights", fw.wts, ft.wts, KK) &&
-                             std::memcmp(fw.ids, ft.ids, 4 * KK) == 0;
-                std::printf("%s: %s (moe_pwr) = moe_block_1npt bit for bit: %s\n", sh.name, rp ? "moe_block_1nprtx" : "moe_block_1nptx", wsame ? "yes" : "NO");
-                tsame &= wsame;
-            }
+            Fused fw = fused(rp ? 11 : 12);
+            bool wsame = same_as_t(fw, "moe_pwr") && std::memcmp(fw.ids, ft.ids, 4 * KK) == 0;
+            std::printf("%s: %s (moe_pwr) = moe_block_1npt bit for bit: %s\n", sh.name, names[rp ? 11 : 12], wsame ? "yes" : "NO");
+            tsame &= wsame;
         }
         double terr = 0;
         for (int n = 0; n < H; n++) terr = std::max(terr, std::fabs(xr[n] - ft.x[n]));
