@@ -781,20 +781,6 @@ extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const v
                                                                         int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBR (linear_tc_bf16_tlndr, KernelSet tc_dbr, off: prepared in session 40, not yet measured): DB
-// at 104 registers (103 used, no spills; DB takes 114, allocated as 120), so that an o_proj block
-// (512 threads: 53,248 registers instead of 61,440) fits on an SM beside up to two split-merge
-// blocks (attention_merge_16r / _tcr: 128 threads at 40 registers, 5,120 each). The merge's 64
-// blocks are made resident beside the decode attention's on ~50 SMs, and at 120 registers an
-// o_proj block could start on those SMs only after the merge had ended: its first wait 4.1 us
-// after the merge's end in PERF.md run 239's timeline, 0.5-1.0 us where no merge block kept it
-// out (runs 241-243, whose merges were slower for other reasons). The same template, so the same
-// bits.
-extern "C" __global__ __maxnreg__(104) void linear_tc_bf16_tlndr(const void* wv, const u8* s_unused, float inv_gs,
-                                                               const float* x, int ldx, float* y, int ldy, int M, int N,
-                                                               int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
-}
 // DBQ (linear_tc_bf16_tlndq, KernelSet tc_dbq, off): DB for the one-row GEMVs of 4 or 5 warps a
 // block that an SM holds 4-5 of (the q|k|v|g and the MLP gate / up: K <= 2048, 4096 < N <=
 // 16384), at most 96 registers (20 warps an SM, as _tlnb's 88). Its first form (a 10 KB row and

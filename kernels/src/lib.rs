@@ -168,7 +168,6 @@ pub const MODULES: &[KernelModule] = &[
             "linear_tc_bf16_tlnba",
             "linear_tc_bf16_tlnbr",
             "linear_tc_bf16_tlnd",
-            "linear_tc_bf16_tlndr",
             "linear_tc_bf16_tlndq",
             "linear_tc_bf16_tlnds",
             "linear_tc_bf16_tlndm",

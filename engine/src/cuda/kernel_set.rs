@@ -328,13 +328,6 @@ pub struct KernelSet {
     /// The same bits (kernels/emu, the XS-2.1 DFlash pair). On since session 40: 2.406 -> 2.375
     /// ms a decode step on an H100 (PERF.md runs 238-239).
     pub moe_pwr: bool,
-    /// With `tc_db`: the one-row 16-warp GEMVs (every o_proj, a dense MLP's down) as
-    /// `linear_tc_bf16_tlndr`, `_tlnd` at 104 registers (no spills), so that an o_proj block fits
-    /// on an SM beside up to two split-merge blocks (40 registers, 128 threads) instead of
-    /// waiting for the merge to end on the ~50 SMs where the merge's blocks sit beside the
-    /// decode attention's (PERF.md runs 239-243). The same bits (the same template). Off:
-    /// prepared in session 40, not yet measured.
-    pub tc_dbr: bool,
 }
 
 impl KernelSet {
@@ -400,7 +393,6 @@ impl KernelSet {
             gu_fuse: false,
             norm_fold: false,
             moe_pwr: false,
-            tc_dbr: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -465,7 +457,6 @@ impl KernelSet {
             gu_fuse: true,
             norm_fold: false,
             moe_pwr: true,
-            tc_dbr: false,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -540,8 +531,7 @@ impl KernelSet {
                 "gu_fuse" => k.gu_fuse = on,
                 "norm_fold" => k.norm_fold = on,
                 "moe_pwr" => k.moe_pwr = on,
-                "tc_dbr" => k.tc_dbr = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold, moe_pwr, tc_dbr)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold, moe_pwr)")),
             }
         }
         Ok(k)
@@ -680,7 +670,6 @@ mod tests {
         );
         assert!(!d.norm_fold && KernelSet::parse("+norm_fold").unwrap().norm_fold);
         assert!(d.moe_pwr && !KernelSet::parse("-moe_pwr").unwrap().moe_pwr);
-        assert!(!d.tc_dbr && KernelSet::parse("+tc_dbr").unwrap().tc_dbr);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

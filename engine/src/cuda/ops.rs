@@ -185,13 +185,7 @@ impl CudaModel {
             // tc_db / tc_dbq: one row, two rounds of weight loads in flight a warp.
             let one = m == 1;
             if one && self.kset.tc_db && sw == 16 && l.k <= 8192 {
-                // tc_dbr: the same at 104 registers (an SM holds it beside two merge blocks).
-                let db = if self.kset.tc_dbr {
-                    "linear_tc_bf16_tlndr"
-                } else {
-                    "linear_tc_bf16_tlnd"
-                };
-                (db, l.t)
+                ("linear_tc_bf16_tlnd", l.t)
             } else if one
                 && self.kset.tc_dbq
                 && (sw == 4 || sw == 5)
@@ -407,7 +401,7 @@ impl CudaModel {
         let tc_down = m == 1 && down.k == i && self.tc_takes(down, m);
         if tc_down && self.kset.silu_fold {
             let (name, w, sw) = self.tc_gemv(down, m);
-            if name == "linear_tc_bf16_tlnd" || name == "linear_tc_bf16_tlndr" {
+            if name == "linear_tc_bf16_tlnd" {
                 return self
                     .dev
                     .launch_p(
