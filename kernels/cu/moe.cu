@@ -1331,17 +1331,18 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // residual's. The same values, the same arithmetic: the same bits (kernels/emu, the XS-2.1 DFlash
 // pair). On an H100 2.406 -> 2.375 ms a step (run 238), its launches' wait spread 1.22 -> 0.28 us
 // (run 239).
-// SPF (moe_block_1nprtxs / _1nprtxu, KernelSet moe_shpf / moe_shpf2, off: prepared in session 41):
+// SPF (moe_block_1nprtxs, KernelSet moe_shpf, on since session 41: PERF.md run 245):
 // the folded shared expert (expert E, slot K of every row) is the one expert whose weights do not
 // depend on the routing, yet its gate/up and down items are loaded from DRAM in the same phases
 // as the routed ones, where the DRAM is the bound (PERF.md run 237's kbench: the gate/up phase
 // 7.5 us for ~16 MB of gate/up and down weights), while during phase 1 and the logits' poll
 // (~5 us) it carries little more than the residual's round trip. So every block asks L2 for a
 // share of the shared expert's six ranges (gate / up / down codes, their scale bytes: 1.7 MB for
-// XS-2.1), one 128-byte line a thread, the last warps first: SPF 1 right after the PDL wait,
-// SPF 2 after the router's dot products. Its items then read L2, and the DRAM delivers eight
-// slots in the critical phases instead of nine. Timing only: the same loads and arithmetic, so
-// the same bits (prefetch_l2 is no instruction in kernels/emu).
+// XS-2.1), one 128-byte line a thread, the last warps first, right after the PDL wait. Its items
+// then read L2, and the DRAM delivers eight slots in the critical phases instead of nine. Timing
+// only: the same loads and arithmetic, so the same bits (prefetch_l2 is no instruction in
+// kernels/emu). On an H100 2.405-2.409 -> 2.387 ms a step; the same lines asked for after the
+// router's dot products instead, 2.391 (run 245: removed).
 __device__ __forceinline__ void mk_shared_prefetch(const void* gw, const u8* gs, const void* uw, const u8* us,
                                                    const void* dw, const u8* ds, int e, int H, int I) {
     size_t cb = (size_t)I * H / 2, sb = (size_t)I * H / 16;  // one matrix's code and scale bytes
@@ -1363,7 +1364,7 @@ __device__ __forceinline__ void mk_shared_prefetch(const void* gw, const u8* gs,
     }
 }
 template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false,
-          bool DEP = false, bool GI = false, bool PW = false, int SPF = 0>
+          bool DEP = false, bool GI = false, bool PW = false, bool SPF = false>
 __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     static_assert(!TC || LOCAL, "moe_tc: block-local down items only");
     int lane = threadIdx.x & 31;
@@ -1436,7 +1437,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
     // block (globaltimer ns).
     if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
-    if (SPF == 1 && shared_slot) mk_shared_prefetch(gw, gs, uw, us, dw, ds, E, H, I);
+    if (SPF && shared_slot) mk_shared_prefetch(gw, gs, uw, us, dw, ds, E, H, I);
     // The barrier word's phase bit (thread 0's, in shared memory to spare a register; the load
     // overlaps the norm below).
     __shared__ unsigned gphase;
@@ -1500,7 +1501,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b[0]);
         }
     }
-    if (SPF == 2 && shared_slot) mk_shared_prefetch(gw, gs, uw, us, dw, ds, E, H, I);
     // (POLL: kbench's barrier 0 stamps are this block's arrival and its logits complete.)
     if (POLL)
         mk_arrive(tp, 0);
@@ -1734,12 +1734,9 @@ extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptdg(MOE_BLOCK_
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtx(MOE_BLOCK_PARAMS) {
     moe_block_1_t<true, true, true, true, true, true, false, false, true>(MOE_BLOCK_ARGS);
 }
-// SPF 1 / 2 on moe_block_1nprtx (KernelSet moe_shpf / moe_shpf2).
+// SPF on moe_block_1nprtx (KernelSet moe_shpf).
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtxs(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, false, false, true, 1>(MOE_BLOCK_ARGS);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtxu(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, false, false, true, 2>(MOE_BLOCK_ARGS);
+    moe_block_1_t<true, true, true, true, true, true, false, false, true, true>(MOE_BLOCK_ARGS);
 }
 extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptx(MOE_BLOCK_PARAMS) {
     moe_block_1_t<true, true, true, true, false, true, false, false, true>(MOE_BLOCK_ARGS);

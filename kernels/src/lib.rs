@@ -135,7 +135,6 @@ pub const MODULES: &[KernelModule] = &[
             "moe_block_1nprtdg",
             "moe_block_1nprtx",
             "moe_block_1nprtxs",
-            "moe_block_1nprtxu",
         ],
     },
     KernelModule {

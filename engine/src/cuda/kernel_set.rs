@@ -332,11 +332,10 @@ pub struct KernelSet {
     /// weights (gate / up / down codes and scale bytes: the one expert that does not depend on
     /// the routing) right after the PDL wait, one 128-byte line a thread, so that its items read
     /// L2 and the DRAM delivers eight slots instead of nine in the gate/up and down phases, where
-    /// it is the bound. Timing only: the same bits. Off: prepared in session 41.
+    /// it is the bound. Timing only: the same bits (device-test, the XS-2.1 DFlash pair, the
+    /// fingerprint). On since session 41: 2.405-2.409 -> 2.387 ms a decode step on an H100
+    /// (PERF.md run 245).
     pub moe_shpf: bool,
-    /// `moe_shpf` with the lines asked for after the router's dot products instead
-    /// (`moe_block_1nprtxu`). Off: prepared in session 41.
-    pub moe_shpf2: bool,
 }
 
 impl KernelSet {
@@ -403,7 +402,6 @@ impl KernelSet {
             norm_fold: false,
             moe_pwr: false,
             moe_shpf: false,
-            moe_shpf2: false,
         }
     }
     pub fn default_set() -> KernelSet {
@@ -468,8 +466,7 @@ impl KernelSet {
             gu_fuse: true,
             norm_fold: false,
             moe_pwr: true,
-            moe_shpf: false,
-            moe_shpf2: false,
+            moe_shpf: true,
         }
     }
     /// The default set changed by a LAGUNA_KERNELS value: `original`, or a comma list of
@@ -545,8 +542,7 @@ impl KernelSet {
                 "norm_fold" => k.norm_fold = on,
                 "moe_pwr" => k.moe_pwr = on,
                 "moe_shpf" => k.moe_shpf = on,
-                "moe_shpf2" => k.moe_shpf2 = on,
-                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold, moe_pwr, moe_shpf, moe_shpf2)")),
+                _ => return Err(format!("unknown kernel family `{name}` (known: original, default, tc_gemv, small_m, moe_s, attn_gqa, cublas, bf16_dense, bf16_moe, bf16_attn, moe_wide, moe_skip, moe_skip16, attn_ex2, attn_q, moe_sp, comb_norm, moe_silu, cublas_router, moe_mk, gqa_ld, qk_ld, attn_qk, swa_ns, qk_full, merge16, argmax_p, serve_argmax, merge64, tc_tl, attn_tc, attn_tc_swa, moe_dl, moe_x, samp_g, embed_norm, mk_final, tc_na, moe_na, sp_na, moe_poll, merge_r, moe_rp, moe_tc, tc_nst3, tc_s5, tc_bf, moe_dep, moe_gi, tc_pre, gqa_pre, tc_db, tc_dbq, silu_fold, gqa_cl, merge_o, lm_argmax, gqa_lm, tc_lm, gu_fuse, norm_fold, moe_pwr, moe_shpf)")),
             }
         }
         Ok(k)
@@ -685,8 +681,7 @@ mod tests {
         );
         assert!(!d.norm_fold && KernelSet::parse("+norm_fold").unwrap().norm_fold);
         assert!(d.moe_pwr && !KernelSet::parse("-moe_pwr").unwrap().moe_pwr);
-        assert!(!d.moe_shpf && KernelSet::parse("+moe_shpf").unwrap().moe_shpf);
-        assert!(!d.moe_shpf2 && KernelSet::parse("+moe_shpf2").unwrap().moe_shpf2);
+        assert!(d.moe_shpf && !KernelSet::parse("-moe_shpf").unwrap().moe_shpf);
         // attention_tc_qk3's 115 KB: kept on an H200's 228 KB an SM, off on GB10's 99 KB.
         assert!(d.fit(233_472).tc_nst3 && !d.fit(101_376).tc_nst3);
         let k = KernelSet::parse("-merge64,-serve_argmax").unwrap();

@@ -964,8 +964,6 @@ impl CudaModel {
                                 (false, false) if self.kset.moe_pwr => {
                                     if self.kset.moe_shpf {
                                         "moe_block_1nprtxs"
-                                    } else if self.kset.moe_shpf2 {
-                                        "moe_block_1nprtxu"
                                     } else {
                                         "moe_block_1nprtx"
                                     }
