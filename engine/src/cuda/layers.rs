@@ -961,13 +961,10 @@ impl CudaModel {
                     {
                         if self.moe_tc_on(experts) {
                             match (self.kset.moe_dep, self.kset.moe_gi) {
-                                (false, false) if self.kset.moe_pwr => {
-                                    if self.kset.moe_shpf {
-                                        "moe_block_1nprtxs"
-                                    } else {
-                                        "moe_block_1nprtx"
-                                    }
+                                (false, false) if self.kset.moe_pwr && self.kset.moe_shpf => {
+                                    "moe_block_1nprtxs"
                                 }
+                                (false, false) if self.kset.moe_pwr => "moe_block_1nprtx",
                                 (true, true) => "moe_block_1nprtdg",
                                 (true, false) => "moe_block_1nprtd",
                                 (false, true) => "moe_block_1nprtg",
