@@ -38,6 +38,27 @@ pub fn probe() -> std::result::Result<(), String> {
     }
 }
 
+/// What the driver reports for one GPU's memory.
+pub struct MemProbe {
+    pub total: u64,
+    pub free: u64,
+    /// An integrated GPU sharing the host's memory (CU_DEVICE_ATTRIBUTE_INTEGRATED).
+    pub integrated: bool,
+}
+
+/// `cuMemGetInfo` of GPU `ordinal` (through its primary context) and whether it is integrated.
+pub fn mem_probe(ordinal: usize) -> std::result::Result<MemProbe, String> {
+    probe()?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
+    ctx.bind_to_thread().map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
+    let (free, total) = result::mem_get_info().map_err(|e| format!("cuMemGetInfo: {e:?}"))?;
+    let integrated = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+        .unwrap_or(0)
+        != 0;
+    Ok(MemProbe { total: total as u64, free: free as u64, integrated })
+}
+
 /// Kernel argument list built by a launch closure.
 pub struct Args(Vec<Arg>);
 enum Arg {
@@ -460,9 +481,21 @@ impl Dev {
         Ok(())
     }
 
+    /// (free, total) bytes; on an integrated GPU free is capped by the host's MemAvailable
+    /// (see `crate::memory`).
     pub fn mem_info(&self) -> R<(usize, usize)> {
         self.ctx.bind_to_thread()?;
-        Ok(result::mem_get_info()?)
+        let (free, total) = result::mem_get_info()?;
+        let integrated = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .unwrap_or(0)
+            != 0;
+        let free = match crate::memory::host() {
+            Some(h) if integrated => free.min(h.free as usize),
+            _ => free,
+        };
+        Ok((free, total))
     }
 
     /// Host → device on the stream; the host buffer may be dropped on return.

@@ -648,10 +648,22 @@ impl CudaModel {
             f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
                 + lrows * (h + cfg.vocab_size) * 4
                 + DECODE_ROWS * cfg.vocab_size * 8;
-        let pool = opts
-            .kv_pool_bytes
-            .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
         let windows: Vec<usize> = layers.iter().map(|l| l.window).collect();
+        let pool = match opts.kv_pool_bytes {
+            Some(b) => b,
+            None => ring::default_pool_bytes(
+                &windows,
+                opts.rings,
+                opts.spec_k,
+                max_seqs,
+                kvw,
+                elt,
+                page_size,
+                opts.max_model_len.unwrap_or(cfg.max_position_embeddings),
+                (free.saturating_sub(scratch_est) / 2).min(16 << 30),
+            )
+            .map_err(EngineError::Other)?,
+        };
         let lay = ring::kv_layout(
             &windows,
             opts.rings,

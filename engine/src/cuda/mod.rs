@@ -11,7 +11,7 @@
 //! how many rows are in the batch (batch invariance).
 mod blas;
 mod decode;
-mod device;
+pub(crate) mod device;
 pub mod draft;
 mod kernel_set;
 mod layers;
@@ -41,8 +41,11 @@ use std::sync::Arc;
 pub struct CudaOptions {
     /// GPU ordinal.
     pub device: usize,
-    /// Bytes for the paged K/V pool; None: half of the free memory after weights, at most 16 GiB.
+    /// Bytes for the paged K/V pool; None: half of the free memory after weights, at most 16 GiB,
+    /// and never more than `max_seqs` sequences of `max_model_len` positions need.
     pub kv_pool_bytes: Option<usize>,
+    /// Longest sequence the pool must hold (None: the model's max_position_embeddings).
+    pub max_model_len: Option<usize>,
     /// Positions per K/V page.
     pub page_size: usize,
     /// Rows per device pass (prefill chunk); longer batches run in several passes.
@@ -74,6 +77,7 @@ impl Default for CudaOptions {
         CudaOptions {
             device: 0,
             kv_pool_bytes: None,
+            max_model_len: None,
             page_size: 64,
             max_rows: 2048,
             progress: true,

@@ -100,9 +100,11 @@ impl Default for ServeOptions {
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -128,8 +130,12 @@ fn model_loader(
     device: &str,
     o: &ServeOptions,
 ) -> Result<laguna_engine::sched::ModelLoader, ServeError> {
-    let (kv_pool_bytes, kv_fp8, max_seqs) =
-        (o.kv_cache_memory_bytes, o.kv_cache_fp8, o.max_num_seqs);
+    let (kv_pool_bytes, kv_fp8, max_seqs, max_model_len) = (
+        o.kv_cache_memory_bytes,
+        o.kv_cache_fp8,
+        o.max_num_seqs,
+        o.max_model_len,
+    );
     match device {
         "cpu" => Ok(Box::new(move || {
             let t = std::time::Instant::now();
@@ -173,6 +179,7 @@ fn model_loader(
                 let mut opts = laguna_engine::cuda::CudaOptions {
                     device: ordinal,
                     kv_pool_bytes,
+                    max_model_len,
                     progress: false,
                     max_seqs,
                     spec_k: if draft.is_some() { k } else { 0 },
@@ -229,6 +236,12 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
         ),
     };
     if embedded {
+        eprintln!(
+            "note: serving the embedded test model `{}`: random weights, so its answers are noise.\n      \
+             It shows the server works. For Laguna-XS 2.1: laguna fetch --recipe recipes/xs-nvfp4-dflash.toml,\n      \
+             then laguna serve --recipe recipes/xs-nvfp4-dflash.toml (or --model DIR).",
+            embedded::NAME
+        );
         tracing::warn!(
             "no --model given: serving the embedded tiny test model `{}` (random weights, {} KiB; not Laguna). Pass --model DIR or --recipe R for a real model.",
             embedded::NAME,
