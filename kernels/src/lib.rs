@@ -222,7 +222,7 @@ impl std::fmt::Display for KernelError {
 impl std::error::Error for KernelError {}
 
 pub const NO_NVRTC_HELP: &str = "NVRTC (libnvrtc.so.13) was not found on the library path. Install it with\n  \
-    pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cuda-cccl\nand export LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib:$LD_LIBRARY_PATH \
+    pip install nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85\n(13.0 matches the 580 driver) and export LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib:$LD_LIBRARY_PATH \
     (scripts/ci-deps-cuda.sh prints the exact lines), or install the CUDA toolkit (apt install cuda-nvrtc-13-0) \
     and put /usr/local/cuda/lib64 on LD_LIBRARY_PATH.";
 

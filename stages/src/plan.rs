@@ -282,8 +282,8 @@ impl KvPlan {
         }
         if !self.kv_budget_given && self.kv_budget == 0 {
             return Err(PlanError::DoesNotFit(format!(
-                "weights {} + activations {} + reserve {} = {} leave no room for the KV cache under the cap {} ({cap_desc}); raise gpu_memory_utilization or memory_cap_bytes, or lower max_num_batched_tokens",
-                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                "{} = {} leave no room for the KV cache under the cap {} ({cap_desc}); raise gpu_memory_utilization or memory_cap_bytes, or lower max_num_batched_tokens",
+                self.fixed_parts(), human(fixed), human(self.cap)
             )));
         }
         if self.kv_budget <= self.ring_bytes() {
@@ -303,15 +303,15 @@ impl KvPlan {
         }
         if self.total > self.cap && fixed >= self.cap {
             return Err(PlanError::DoesNotFit(format!(
-                "weights {} + activations {} + reserve {} = {} alone exceed the cap {} ({cap_desc}), before any KV cache; raise gpu_memory_utilization or memory_cap_bytes, lower max_num_batched_tokens, or plan for the real device with --device-memory",
-                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                "{} = {} alone exceed the cap {} ({cap_desc}), before any KV cache; raise gpu_memory_utilization or memory_cap_bytes, lower max_num_batched_tokens, or plan for the real device with --device-memory",
+                self.fixed_parts(), human(fixed), human(self.cap)
             )));
         }
         if self.total > self.cap {
             let room = self.cap.saturating_sub(fixed);
             return Err(PlanError::DoesNotFit(format!(
-                "total {} (weights {} + KV {} + activations {} + reserve {}) exceeds the cap {} ({cap_desc}); lower kv_cache_memory_bytes to at most {} or raise gpu_memory_utilization / memory_cap_bytes",
-                human(self.total), human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.kv_budget), human(self.activations), human(self.reserve), human(self.cap), commas(room)
+                "total {} ({} + KV {}) exceeds the cap {} ({cap_desc}); lower kv_cache_memory_bytes to at most {} or raise gpu_memory_utilization / memory_cap_bytes",
+                human(self.total), self.fixed_parts(), human(self.kv_budget), human(self.cap), commas(room)
             )));
         }
         if self.total > self.memory.free {
@@ -321,6 +321,23 @@ impl KvPlan {
             )));
         }
         Ok(())
+    }
+}
+
+impl KvPlan {
+    /// What the plan holds besides the K/V, named part by part for the refusals.
+    fn fixed_parts(&self) -> String {
+        let copies = if self.gemv_copies > 0 {
+            format!(" + GEMV weight copies {}", human(self.gemv_copies))
+        } else {
+            String::new()
+        };
+        format!(
+            "weights {}{copies} + activations {} + reserve {}",
+            human(self.weights.target + self.weights.draft),
+            human(self.activations),
+            human(self.reserve)
+        )
     }
 }
 

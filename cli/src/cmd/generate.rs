@@ -56,6 +56,10 @@ pub fn run(a: Args) -> Result<()> {
     if a.temperature < 0.0 {
         bail!("--temperature must be >= 0, got {}", a.temperature);
     }
+    super::check_model_dir(&a.model, "model")?;
+    if let Some(d) = &a.draft {
+        super::check_model_dir(d, "draft")?;
+    }
     let tok = Tokenizer::from_dir(&a.model)?;
     if a.device == "cuda" {
         if let Err(e) = laguna_engine::cuda::gpu_available() {
