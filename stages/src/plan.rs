@@ -132,6 +132,10 @@ fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
 impl KvPlan {
     /// Every number of the plan. Nothing here reads files or devices: `weights` and `memory` come in.
     pub fn compute(
@@ -187,11 +191,17 @@ impl KvPlan {
             weights::gemv_copy_bytes(cfg, draft)
         };
         let fixed = weights.target + weights.draft + gemv_copies + activations + reserve;
+        let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
+        let max_model_len = recipe.max_model_len.unwrap_or(cfg.max_position_embeddings);
+        // A pool never needs more than max_num_seqs sequences of max_model_len tokens.
+        let kv_needed = rings
+            + recipe.max_num_seqs as u64
+                * round_up(max_model_len as u64, KV_BLOCK)
+                * kv_bytes_per_token;
         let (kv_budget, kv_budget_given) = match recipe.kv_cache_memory_bytes {
             Some(kv) => (kv, true),
-            None => (cap.saturating_sub(fixed), false),
+            None => (cap.saturating_sub(fixed).min(kv_needed), false),
         };
-        let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
         let pool_tokens = (kv_bytes_per_token > 0).then(|| {
             round_down(
                 kv_budget.saturating_sub(rings) / kv_bytes_per_token,
@@ -216,7 +226,7 @@ impl KvPlan {
             kv_budget,
             kv_budget_given,
             pool_tokens,
-            max_model_len: recipe.max_model_len.unwrap_or(cfg.max_position_embeddings),
+            max_model_len,
             max_position_embeddings: cfg.max_position_embeddings,
             draft_block_size: draft.and_then(|d| {
                 d.raw
@@ -286,7 +296,7 @@ impl KvPlan {
                 self.fixed_parts(), human(fixed), human(self.cap)
             )));
         }
-        if self.kv_budget <= self.ring_bytes() {
+        if self.kv_budget < self.ring_bytes() {
             return Err(PlanError::DoesNotFit(format!(
                 "kv_cache_memory_bytes {} does not even hold the sliding-window rings of {} sequences ({}); raise kv_cache_memory_bytes or lower max_num_seqs",
                 commas(self.kv_budget), self.max_num_seqs, commas(self.ring_bytes())
