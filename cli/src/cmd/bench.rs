@@ -568,7 +568,7 @@ fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
         .remove(0);
     let ttft = t0.elapsed().as_secs_f64();
     let mut finite = out.logits.iter().all(|x| x.is_finite());
-    let mut tok = laguna_engine::cpu::ops::argmax(&out.logits) as u32;
+    let mut tok = laguna_engine::sample::argmax(&out.logits) as u32;
     let mut none = None;
     // First steps capture the graph; time the rest.
     let warm = 4.min(a.gen);

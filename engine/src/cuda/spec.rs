@@ -141,7 +141,7 @@ impl CudaSpec {
                 },
             }])?;
             if last {
-                first = crate::cpu::ops::argmax(out[0].row(0)) as u32;
+                first = crate::sample::argmax(out[0].row(0)) as u32;
             }
             draft.m.ensure_pages(dseq, end)?;
             draft.m.upload_tables(&[dseq])?;
