@@ -69,14 +69,14 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         ok &= emu_launch({(unsigned)rows, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
             if constexpr (sizeof(KV) == 1) {
                 if (lat)
-                    qk_norm_rope_kv_fp8_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr,
+                    qk_norm_rope_store_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr,
                                           bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
                 else
                     qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
                                         max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
             } else {
                 if (lat)
-                    qk_norm_rope_kv_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+                    qk_norm_rope_store(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
                                       max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
                 else
                     qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
@@ -86,14 +86,14 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)ns}, 32 * G, [&] {
             if constexpr (sizeof(KV) == 1) {
                 if (lat)
-                    attention_gqa_fp8_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                    attention_decode_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
                                         q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
                 else
                     attention_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
                                       q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
             } else {
                 if (lat)
-                    attention_gqa_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
+                    attention_decode_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
                                     ld, 1, scale, vscale, ns, part, nullptr);
                 else
                     attention_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
@@ -114,14 +114,14 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
                 attention_merge_64(part, ns, o64, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
-            // attention_merge_16r / _64r (KernelSet merge_r: every load in one round trip) likewise.
+            // attention_decode_merge16 / _64r (KernelSet merge_r: every load in one round trip) likewise.
             float* o16r = emu_alloc<float>((size_t)rows * qw);
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_16r(part, ns, o16r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+                attention_decode_merge16(part, ns, o16r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
             float* o64r = emu_alloc<float>((size_t)rows * qw);
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_64r(part, ns, o64r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+                attention_decode_merge64(part, ns, o64r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
             merge16_cases++;
             const size_t nb = 4 * (size_t)rows * qw;
@@ -142,7 +142,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     for (int r = 0; r < R; r++) pass(r, 1, q1 + (size_t)r * ld, o1 + (size_t)r * qw);
     bool same = std::memcmp(o3, o1, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-    // qk_norm_rope_kv_l + attention_gqa_l (KernelSet qk_ld, gqa_ld) on the three rows, fresh cache:
+    // qk_norm_rope_store + attention_decode_gqa (KernelSet qk_ld, gqa_ld) on the three rows, fresh cache:
     // the same normed q, cache and output bits as the standard kernels.
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
@@ -153,7 +153,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
                   std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                   std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
-    // attention_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
+    // attention_decode_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
     // for passes whose rows are each alone in their sequence): each row alone, in order, fresh
     // cache, with 64 splits and with one (the output written directly): the same cache and output
     // bits as qk_norm_rope_kv + attention_gqa (+ attention_merge) on that row.
@@ -163,11 +163,11 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
 #define QK_F_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, 1, \
     scale, vscale, ns, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
             if constexpr (sizeof(KV) == 1) {
-                attention_gqa_qk_fp8(QK_F_ARGS);
+                attention_decode_gqa_qk_fp8(QK_F_ARGS);
             } else if (pre) {
                 attention_gqa_qkp(QK_F_ARGS);
             } else {
-                attention_gqa_qk(QK_F_ARGS);
+                attention_decode_gqa_qk(QK_F_ARGS);
             }
 #undef QK_F_ARGS
         }, 8);
@@ -191,7 +191,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         for (int r = 0; r < R; r++) fused(r, nsplit, oP + (size_t)r * qw, true);
         bool same_p = std::memcmp(oF, oP, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                       std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-        std::printf("attention_gqa_qkp = attention_gqa_qk (output, K and V cache; %s): %s\n", window ? "window 128" : "full",
+        std::printf("attention_gqa_qkp = attention_decode_gqa_qk (output, K and V cache; %s): %s\n", window ? "window 128" : "full",
                     same_p ? "yes" : "NO");
         same_f &= same_p;
     }
@@ -205,7 +205,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         same_f &= std::memcmp(oF, oW, 4 * (size_t)R * qw) == 0;
     }
     // The two kernels that merge their splits in the launch, no attention_merge launch, against
-    // attention_gqa_qk + attention_merge on the same grid (grids of 16 splits and, windowed, of
+    // attention_decode_gqa_qk + attention_merge on the same grid (grids of 16 splits and, windowed, of
     // window / 32): the same output and cache bits. attention_gqa_qkc (KernelSet gqa_cl: the split
     // blocks of a KV head in one cluster; blocks past the row's split count take part in the
     // barriers and the merge) and attention_gqa_qkl (KernelSet gqa_lm: the last split block of
@@ -243,7 +243,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
                 bool same_c = std::memcmp(oA, oC, 4 * (size_t)R * qw) == 0 &&
                               std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
                               std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0 && zero;
-                std::printf("%s = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
+                std::printf("%s = attention_decode_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
                             lm ? "attention_gqa_qkl" : "attention_gqa_qkc", window ? "window 128" : "full", P, ng,
                             same_c ? "yes" : "NO");
                 same_f &= same_c;
@@ -305,7 +305,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     double rel = err / mag;
     bool close = rel < 2e-5 && qerr < 1e-4;
     std::printf("decode attention (%s cache, %s, %d cached keys, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
-                "_l kernels = standard: %s; fused attention_gqa_qk = standard (64 splits, 1 split, window / 32 splits): %s; q after norm + RoPE vs "
+                "_l kernels = standard: %s; fused attention_decode_gqa_qk = standard (64 splits, 1 split, window / 32 splits): %s; q after norm + RoPE vs "
                 "float64 %.1e, output vs float64 %.1e %s\n",
                 fp8 ? "FP8" : "BF16", window ? "window 128" : "full", P, same ? "yes" : "NO", same_l ? "yes" : "NO", same_f ? "yes" : "NO",
                 qerr, rel, close ? "ok" : "TOO LARGE");
@@ -371,12 +371,12 @@ static bool run_prefill(bool fp8, int window, unsigned seed) {
 #define PF_ARGS q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, g, ld, 1, scale, vscale, tiles, nullptr, nullptr, nullptr, nullptr, M
             if constexpr (sizeof(KV) == 1) {
                 if (v == 0) attention_prefill_fp8(PF_ARGS);
-                else if (v == 1) attention_prefill_fp8_x(PF_ARGS);
-                else attention_prefill_fp8_q(PF_ARGS);
+                else if (v == 1) attention_prefill_flash_fp8(PF_ARGS);
+                else attention_prefill_flash_qsmem_fp8(PF_ARGS);
             } else {
                 if (v == 0) attention_prefill(PF_ARGS);
-                else if (v == 1) attention_prefill_x(PF_ARGS);
-                else attention_prefill_q(PF_ARGS);
+                else if (v == 1) attention_prefill_flash(PF_ARGS);
+                else attention_prefill_flash_qsmem(PF_ARGS);
             }
 #undef PF_ARGS
         });

@@ -1,12 +1,12 @@
-// attention_tc (the split-KV decode attention on tensor cores) and its merges in the CPU
+// attention_decode_tc (the split-KV decode attention on tensor cores) and its merges in the CPU
 // emulation (cuda_emu.h): against a float64 evaluation of the attention on the values the cache
 // holds, and rows of one pass against the same rows each alone (bit for bit: a DFlash verify row
 // attends like the decoded row). Cases: BF16 and FP8 (scaled) caches, head dims 16 and 128,
 // groups of 1 to 16 query heads, a paged pool and a sliding-window ring, a sink logit, the
 // per-head and per-element gates, non-causal block ends (kend), one split (the output written by
 // the attention) and grids of 16 and 64 splits (rows of up to 9,003 keys, 18 splits); and
-// attention_tc_qk (the q/k norm, RoPE and K/V write inside the
-// launch) bit for bit against qk_norm_rope_kv_l + attention_tc. Built and run by
+// attention_decode_tc_qk (the q/k norm, RoPE and K/V write inside the
+// launch) bit for bit against qk_norm_rope_store + attention_decode_tc. Built and run by
 // kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
@@ -84,10 +84,10 @@ static bool run(const Case& c) {
         float* o = out + (size_t)r0 * qw;
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
             if constexpr (sizeof(KV) == 1)
-                attention_tc_fp8(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode,
+                attention_decode_tc_fp8(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode,
                                  scale, vscale, nsplit, part, ke);
             else
-                attention_tc(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode, scale,
+                attention_decode_tc(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode, scale,
                              vscale, nsplit, part, ke);
         }, 8);
         if (nsplit > 1) {
@@ -97,13 +97,13 @@ static bool run(const Case& c) {
                 else
                     attention_merge_tc(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
             });
-            // attention_merge_tcr / _tc64r (KernelSet merge_r) on the same partials: the same bits.
+            // attention_decode_tc_merge16 / _tc64r (KernelSet merge_r) on the same partials: the same bits.
             float* orr = emu_alloc<float>((size_t)rows * qw);
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                 if (nsplit > 16)
-                    attention_merge_tc64r(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge64(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
                 else
-                    attention_merge_tcr(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge16(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
             });
             ok &= same_bits("attention_merge_tc(64)r vs attention_merge_tc(64)", o, orr, (size_t)rows * qw);
         }
@@ -138,8 +138,8 @@ static bool run(const Case& c) {
             }
         }
     }
-    // attention_tc_qk (decode steps: every row alone in its sequence, causal): from the raw
-    // q | k | v | gate rows, each row alone in order, against qk_norm_rope_kv_l + attention_tc on
+    // attention_decode_tc_qk (decode steps: every row alone in its sequence, causal): from the raw
+    // q | k | v | gate rows, each row alone in order, against qk_norm_rope_store + attention_decode_tc on
     // the same rows: the same output, normed q and cache bits.
     bool same_qk = true;
     if (!c.kend) {
@@ -160,19 +160,19 @@ static bool run(const Case& c) {
             float* x = qa + (size_t)r * ldr;
             ok &= emu_launch({1, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    qk_norm_rope_kv_fp8_l(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                    qk_norm_rope_store_fp8(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
                                           seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale,
                                           1.f / vscale);
                 else
-                    qk_norm_rope_kv_l(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                    qk_norm_rope_store(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
                                       seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
             });
             ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    attention_tc_fp8(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
+                    attention_decode_tc_fp8(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
                                      c.window, sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, nullptr);
                 else
-                    attention_tc(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window,
+                    attention_decode_tc(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window,
                                  sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, nullptr);
             }, 8);
             if (nsplit > 1)
@@ -192,9 +192,9 @@ static bool run(const Case& c) {
             const float* x = raw + (size_t)r * ldr;
             ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    attention_tc_qk_fp8(TCQK_ARGS(ob));
+                    attention_decode_tc_qk_fp8(TCQK_ARGS(ob));
                 else
-                    attention_tc_qk(TCQK_ARGS(ob));
+                    attention_decode_tc_qk(TCQK_ARGS(ob));
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
@@ -202,14 +202,14 @@ static bool run(const Case& c) {
                                        nullptr, vscale);
                 });
         }
-        same_qk = same_bits("attention_tc_qk vs qk_norm_rope_kv_l + attention_tc", oa, ob, (size_t)R * qw) &&
+        same_qk = same_bits("attention_decode_tc_qk vs qk_norm_rope_store + attention_decode_tc", oa, ob, (size_t)R * qw) &&
                   std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
         if constexpr (sizeof(KV) == 2) {
-            // attention_tc_qk3 (KernelSet tc_nst3: three K/V steps a warp in flight) and
+            // attention_decode_tc_qk_3stage (KernelSet tc_nst3: three K/V steps a warp in flight) and
             // attention_tc_qk3p (tc_pre: the norms' weights, frequencies and page entry read
-            // before the wait): the same bits as attention_tc_qk, output and cache.
+            // before the wait): the same bits as attention_decode_tc_qk, output and cache.
             for (int pv = 0; pv < 2; pv++) {
-            const char* n3 = pv ? "attention_tc_qk3p" : "attention_tc_qk3";
+            const char* n3 = pv ? "attention_tc_qk3p" : "attention_decode_tc_qk_3stage";
             std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
             std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
             float* o3 = emu_alloc<float>((size_t)R * qw);
@@ -220,7 +220,7 @@ static bool run(const Case& c) {
                     if (pv)
                         attention_tc_qk3p(TCQK_ARGS(o3));
                     else
-                        attention_tc_qk3(TCQK_ARGS(o3));
+                        attention_decode_tc_qk_3stage(TCQK_ARGS(o3));
                 }, 8);
                 if (nsplit > 1)
                     ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
@@ -228,9 +228,9 @@ static bool run(const Case& c) {
                                            c.window, nullptr, vscale);
                     });
             }
-            bool same3 = same_bits(pv ? "attention_tc_qk3p vs attention_tc_qk" : "attention_tc_qk3 vs attention_tc_qk", o3, ob, (size_t)R * qw) &&
+            bool same3 = same_bits(pv ? "attention_tc_qk3p vs attention_decode_tc_qk" : "attention_decode_tc_qk_3stage vs attention_decode_tc_qk", o3, ob, (size_t)R * qw) &&
                          std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
-            std::printf("%s = attention_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
+            std::printf("%s = attention_decode_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
             same_qk &= same3;
             }
             // attention_tc_qk3l (KernelSet tc_lm: the row's last split block of each KV head
@@ -249,10 +249,10 @@ static bool run(const Case& c) {
                 }
                 bool zero = true;
                 for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
-                bool samel = same_bits("attention_tc_qk3l vs attention_tc_qk + merge", ol, ob, (size_t)R * qw) &&
+                bool samel = same_bits("attention_tc_qk3l vs attention_decode_tc_qk + merge", ol, ob, (size_t)R * qw) &&
                              std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0 &&
                              zero;
-                std::printf("attention_tc_qk3l = attention_tc_qk + attention_merge_tc (output, K and V cache, counters): %s\n",
+                std::printf("attention_tc_qk3l = attention_decode_tc_qk + attention_merge_tc (output, K and V cache, counters): %s\n",
                             samel ? "yes" : "NO");
                 same_qk &= samel;
             }
@@ -264,8 +264,8 @@ static bool run(const Case& c) {
     }
     double rel = err / mag;
     bool close = rel < 2e-5;
-    std::printf("attention_tc (%s, hd %d, %d heads a KV head, %s%s, %d + 3 keys%s%s, %d splits, gate %d): 3 rows = each alone: %s; "
-                "_qk = qk_norm_rope_kv_l + attention_tc: %s; vs float64 %.1e %s\n",
+    std::printf("attention_decode_tc (%s, hd %d, %d heads a KV head, %s%s, %d + 3 keys%s%s, %d splits, gate %d): 3 rows = each alone: %s; "
+                "_qk = qk_norm_rope_store + attention_decode_tc: %s; vs float64 %.1e %s\n",
                 c.fp8 ? "FP8" : "BF16", hd, c.G, c.window ? "window " : "full", c.window ? std::to_string(c.window).c_str() : "",
                 c.P, c.ring ? ", ring" : "", c.kend ? ", kend" : "", nsplit, c.gate_mode, same ? "yes" : "NO",
                 c.kend ? "-" : same_qk ? "yes" : "NO", rel, close ? "ok" : "TOO LARGE");
@@ -292,6 +292,6 @@ int main() {
     };
     bool ok = true;
     for (const Case& c : cases) ok &= c.fp8 ? run<unsigned char>(c) : run<unsigned short>(c);
-    std::printf(ok ? "attention_tc emulation: PASS\n" : "attention_tc emulation: FAIL\n");
+    std::printf(ok ? "attention_decode_tc emulation: PASS\n" : "attention_decode_tc emulation: FAIL\n");
     return ok ? 0 : 1;
 }

@@ -9,8 +9,8 @@
 //     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
 //   * gate | up as one GEMV over the stacked matrix (KernelSet gu_fuse) = the two launches;
 //   * linear_tc_bf16_tlnbr (one row's RMSNorm in the GEMV's prologue) = rmsnorm + _tlnb;
-//   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
-//   * linear_tc_bf16_tlnba + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_p;
+//   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_decode_merge16 / _tcr + _tlnd;
+//   * linear_tc_bf16_tiled_argmax + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_split;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
 // cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -127,20 +127,20 @@ int main() {
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, yn, N, M, N, K, 0); });
                 et &= same_bits("linear_tc_bf16_tln vs linear_tc_bf16", yn, ym, (size_t)M * N);
-                // linear_tc_bf16_tlnb (KernelSet tc_bf: no branch in a round, slots past K
+                // linear_tc_bf16_tiled (KernelSet tc_bf: no branch in a round, slots past K
                 // multiplying zeros): the same bits, storing and accumulating.
                 float* yb = emu_alloc<float>((size_t)M * N);
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yb, N, M, N, K, 0); });
-                et &= same_bits("linear_tc_bf16_tlnb vs linear_tc_bf16", yb, ym, (size_t)M * N);
+                                 [&] { linear_tc_bf16_tiled(wt, nullptr, 1.f, x, K, yb, N, M, N, K, 0); });
+                et &= same_bits("linear_tc_bf16_tiled vs linear_tc_bf16", yb, ym, (size_t)M * N);
                 float* ya = emu_alloc<float>((size_t)M * N);
                 float* yc = emu_alloc<float>((size_t)M * N);
                 for (int i = 0; i < M * N; i++) ya[i] = yc[i] = nd(rng);
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
                                  [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, ya, N, M, N, K, 1); });
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yc, N, M, N, K, 1); });
-                et &= same_bits("linear_tc_bf16_tlnb vs _tln, accumulating", yc, ya, (size_t)M * N);
+                                 [&] { linear_tc_bf16_tiled(wt, nullptr, 1.f, x, K, yc, N, M, N, K, 1); });
+                et &= same_bits("linear_tc_bf16_tiled vs _tln, accumulating", yc, ya, (size_t)M * N);
                 std::printf("linear_tc_bf16_tl, _tln and _tlnb (storing and accumulating) on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
                             et ? "yes" : "NO");
                 eq &= et;
@@ -174,19 +174,19 @@ int main() {
             float* ya = emu_alloc<float>(ND);
             float* yc = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
-            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tiled(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
             ok &= emu_launch(grid, 32 * S, [&] { kern(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
             ed &= same_bits((std::string(name) + " vs _tlnb, accumulating").c_str(), yc, ya, ND);
             std::printf("%s (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", name, S, KD,
                         ed ? "yes" : "NO");
             ok &= ed;
         };
-        // linear_tc_bf16_tlnd (KernelSet tc_db: one row, 16 warps a block, two rounds of weight
+        // linear_tc_bf16_tiled_row (KernelSet tc_db: one row, 16 warps a block, two rounds of weight
         // loads in flight a warp, the row staged in shared memory), at the K of the XS-2.1 o_proj
         // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
         // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
-        for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tlnd", linear_tc_bf16_tlnd, 16, KD);
-        // linear_tc_bf16_tlnds (KernelSet silu_fold: _tlnd staging SiLU(gate) * up from a gate | up
+        for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tiled_row", linear_tc_bf16_tiled_row, 16, KD);
+        // linear_tc_bf16_tiled_row_silu (KernelSet silu_fold: _tlnd staging SiLU(gate) * up from a gate | up
         // row) against silu_mul + _tlnd, at the XS-2.1 dense MLP's K (8192) and 4256.
         for (int KD : {8192, 4256}) {
             float* gu = emu_alloc<float>((size_t)2 * KD);
@@ -198,10 +198,10 @@ int main() {
             float* y0 = emu_alloc<float>(ND);
             float* y1 = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
-            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnd(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
-            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnds(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
-            bool es = same_bits("linear_tc_bf16_tlnds vs silu_mul + _tlnd", y1, y0, ND);
-            std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row_silu(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
+            bool es = same_bits("linear_tc_bf16_tiled_row_silu vs silu_mul + _tlnd", y1, y0, ND);
+            std::printf("linear_tc_bf16_tiled_row_silu (K %d, accumulating) = silu_mul + linear_tc_bf16_tiled_row: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
         }
         // linear_tc_bf16_tlnbr (KernelSet norm_fold: one row's RMSNorm of the residual in the
@@ -227,14 +227,14 @@ int main() {
                     float* y0 = emu_alloc<float>(ND);
                     float* y1 = emu_alloc<float>(ND);
                     for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
-                    ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, hn, KD, y0, ND, 1, ND, KD, acc); });
+                    ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tiled(wdt, nullptr, 1.f, hn, KD, y0, ND, 1, ND, KD, acc); });
                     ok &= emu_launch(grid, 32 * S, [&] {
                         linear_tc_bf16_tlnbr(wdt, nullptr, 1.f, xres, KD, y1, ND, 1, ND, KD, acc, nw, eps, NB);
                     });
                     er &= same_bits("linear_tc_bf16_tlnbr vs rmsnorm + _tlnb", y1, y0, ND);
                 }
             std::printf("linear_tc_bf16_tlnbr (K %d, rmsnorm's %d threads; 4 / 5 / 16 warps, storing and accumulating) = "
-                        "rmsnorm + linear_tc_bf16_tlnb: %s\n",
+                        "rmsnorm + linear_tc_bf16_tiled: %s\n",
                         KD, NB, er ? "yes" : "NO");
             ok &= er;
         }
@@ -263,7 +263,7 @@ int main() {
                         auto gemv = [&](const unsigned short* w, float* y, int n) {
                             unsigned gy = (unsigned)ceil_div(rows, 8);
                             return emu_launch({(unsigned)ceil_div(n, 16), gy, 1}, 32 * S, [&] {
-                                if (tl) linear_tc_bf16_tlnb(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
+                                if (tl) linear_tc_bf16_tiled(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
                                 else linear_tc_bf16(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
                             });
                         };
@@ -280,7 +280,7 @@ int main() {
             ok &= eg;
         }
         // linear_tc_bf16_tlndm (KernelSet merge_o: the split merge and the o_proj GEMV in one
-        // launch, a grid barrier between) against attention_merge_16r / _tcr + _tlnd on the same
+        // launch, a grid barrier between) against attention_decode_merge16 / _tcr + _tlnd on the same
         // partials: 4 heads of 128 dims (K 512), 4 blocks of 16 rows (block h merges head h), the
         // whole grid at once; 16 splits at position 2047 (sliding: window 512, 16 splits of 32
         // keys; full: 16 of 128) and a short row at position 300 (10 and 5 splits used, empty
@@ -322,8 +322,8 @@ int main() {
                 int gm = c.gate ? 1 : 0;
                 float* xr = emu_alloc<float>(KM);
                 ok &= emu_launch({1, (unsigned)NH, 1}, 128, [&] {
-                    if (c.tc) attention_merge_tcr(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
-                    else attention_merge_16r(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
+                    if (c.tc) attention_decode_tc_merge16(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
+                    else attention_decode_merge16(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
                 });
                 float* y0 = emu_alloc<float>(NM);
                 float* y1 = emu_alloc<float>(NM);
@@ -331,7 +331,7 @@ int main() {
                 for (int i = 0; i < KM; i++) xm[i] = NAN;  // the fused launch writes it before use
                 for (int i = 0; i < NM; i++) y0[i] = y1[i] = nd(rng);
                 ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512,
-                                 [&] { linear_tc_bf16_tlnd(wmt, nullptr, 1.f, xr, KM, y0, NM, 1, NM, KM, 1); });
+                                 [&] { linear_tc_bf16_tiled_row(wmt, nullptr, 1.f, xr, KM, y0, NM, 1, NM, KM, 1); });
                 ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512, [&] {
                     linear_tc_bf16_tlndm(wmt, nullptr, 1.f, xm, KM, y1, NM, 1, NM, KM, 1, part, NS, NH, HD, sk, gg, NH, gm, posv,
                                          c.window, nullptr, c.vscale, bar, c.tc ? 64 : 32);
@@ -340,8 +340,8 @@ int main() {
                           same_bits("linear_tc_bf16_tlndm vs merge + _tlnd", y1, y0, NM);
                 for (int i = 0; i < KM; i++) em &= std::isfinite(xr[i]) && xr[i] != 0.f;  // a real merge
                 std::printf("linear_tc_bf16_tlndm (%s, position %d, %d of %d splits, accumulating) = %s + "
-                            "linear_tc_bf16_tlnd: %s\n",
-                            c.tc ? "full" : "sliding", c.p, used, NS, c.tc ? "attention_merge_tcr" : "attention_merge_16r",
+                            "linear_tc_bf16_tiled_row: %s\n",
+                            c.tc ? "full" : "sliding", c.p, used, NS, c.tc ? "attention_decode_tc_merge16" : "attention_decode_merge16",
                             em ? "yes" : "NO");
                 ok &= em;
             }
@@ -368,8 +368,8 @@ int main() {
         }
     }
 
-    // ---- linear_tc_bf16_tlnba (KernelSet lm_argmax): the lm_head GEMV folding its outputs into
-    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_p and argmax_rows over
+    // ---- linear_tc_bf16_tiled_argmax (KernelSet lm_argmax): the lm_head GEMV folding its outputs into
+    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_split and argmax_rows over
     // the stored logits: the same logits, the same tokens. N = 1000 (the last block's rows past
     // N), rows: 0 plain; 1 with three equal maxima, two in one block and one in another (W rows
     // 70, 71 and 900 the same: the lowest index wins); 2 with a NaN input (every logit NaN: no
@@ -399,20 +399,20 @@ int main() {
         unsigned* cnt = emu_alloc<unsigned>(MR);
         int *t0 = emu_alloc<int>(MR), *t1 = emu_alloc<int>(MR), *t2 = emu_alloc<int>(MR);
         const EmuDim lg{(unsigned)ceil_div(N, 16), 1, 1};
-        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnb(wlt, nullptr, 1.f, xl, K, y0, N, MR, N, K, 0); });
-        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnba(wlt, nullptr, 1.f, xl, K, y1, N, MR, N, K, 0, slot); });
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tiled(wlt, nullptr, 1.f, xl, K, y0, N, MR, N, K, 0); });
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tiled_argmax(wlt, nullptr, 1.f, xl, K, y1, N, MR, N, K, 0, slot); });
         ok &= emu_launch({1, 1, 1}, 32, [&] { argmax_fin(slot, MR, t1); });
-        ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_p(y0, N, t0, slot0, cnt); });
+        ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_split(y0, N, t0, slot0, cnt); });
         ok &= emu_launch({(unsigned)MR, 1, 1}, 1024, [&] { argmax_rows(y0, N, t2); });
-        bool el = same_bits("linear_tc_bf16_tlnba vs _tlnb logits", y1, y0, (size_t)MR * N);
+        bool el = same_bits("linear_tc_bf16_tiled_argmax vs _tlnb logits", y1, y0, (size_t)MR * N);
         bool et = true;
         for (int r = 0; r < MR; r++) {
-            std::printf("  row %d: argmax_fin %d, argmax_rows_p %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
+            std::printf("  row %d: argmax_fin %d, argmax_rows_split %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
             et &= t1[r] == t0[r] && t1[r] == t2[r] && slot[r] == 0ull && slot0[r] == 0ull && cnt[r] == 0u;
         }
         // The cases meant what they say: the ties, the NaN row, the zero row, the last block.
         et &= t2[1] == 70 && t2[2] == 0x7fffffff && t2[3] == 0 && t2[4] == 995;
-        std::printf("linear_tc_bf16_tlnba + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_p / argmax_rows: logits %s, tokens %s\n",
+        std::printf("linear_tc_bf16_tiled_argmax + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_split / argmax_rows: logits %s, tokens %s\n",
                     MR, N, el ? "yes" : "NO", et ? "yes" : "NO");
         ok &= el && et;
     }
@@ -435,18 +435,18 @@ int main() {
             int s = rows * KK, groups = std::min(s, NE);
             if (sp) {
                 ok &= emu_launch({(unsigned)ceil_div(groups * I / 2, 4), 1, 1}, 128, [&] {
-                    (na ? moe_gate_up_fp4_spn : moe_gate_up_fp4_sp)(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
+                    (na ? moe_gate_up_fp4_warp : moe_gate_up_fp4_sp)(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
                 });
                 ok &= emu_launch({(unsigned)ceil_div(groups * H / 8, 4), 1, 1}, 128, [&] {
-                    (na ? moe_down_fp4_spn : moe_down_fp4_sp)(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
+                    (na ? moe_down_fp4_warp : moe_down_fp4_sp)(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
                 });
             } else {
                 unsigned gb = (unsigned)std::min(8, ceil_div(s * I / 2, 8)), db = (unsigned)std::min(8, ceil_div(s * H / 4, 8));
                 ok &= emu_launch({gb, 1, 1}, 256, [&] {
-                    moe_gate_up_fp4_s(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
+                    moe_gate_up_fp4_grouped(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
                 });
                 ok &= emu_launch({db, 1, 1}, 256, [&] {
-                    moe_down_fp4_s(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
+                    moe_down_fp4_grouped(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
                 });
             }
         };
