@@ -93,19 +93,10 @@ static bool run(const Case& c) {
         if (nsplit > 1) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                 if (nsplit > 16)
-                    attention_merge_tc64(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge64(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
                 else
-                    attention_merge_tc(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge16(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
             });
-            // attention_decode_tc_merge16 / _tc64r (KernelSet merge_r) on the same partials: the same bits.
-            float* orr = emu_alloc<float>((size_t)rows * qw);
-            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                if (nsplit > 16)
-                    attention_decode_tc_merge64(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
-                else
-                    attention_decode_tc_merge16(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
-            });
-            ok &= same_bits("attention_merge_tc(64)r vs attention_merge_tc(64)", o, orr, (size_t)rows * qw);
         }
     };
     float* o3 = emu_alloc<float>((size_t)R * qw);
@@ -177,7 +168,7 @@ static bool run(const Case& c) {
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                    attention_merge_tc(part, nsplit, oa + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
+                    attention_decode_tc_merge16(part, nsplit, oa + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
                                        nullptr, vscale);
                 });
         }
@@ -198,64 +189,34 @@ static bool run(const Case& c) {
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                    attention_merge_tc(part, nsplit, ob + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
+                    attention_decode_tc_merge16(part, nsplit, ob + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
                                        nullptr, vscale);
                 });
         }
         same_qk = same_bits("attention_decode_tc_qk vs qk_norm_rope_store + attention_decode_tc", oa, ob, (size_t)R * qw) &&
                   std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
         if constexpr (sizeof(KV) == 2) {
-            // attention_decode_tc_qk_3stage (KernelSet tc_nst3: three K/V steps a warp in flight) and
-            // attention_tc_qk3p (tc_pre: the norms' weights, frequencies and page entry read
-            // before the wait): the same bits as attention_decode_tc_qk, output and cache.
-            for (int pv = 0; pv < 2; pv++) {
-            const char* n3 = pv ? "attention_tc_qk3p" : "attention_decode_tc_qk_3stage";
+            // attention_decode_tc_qk_3stage (three K/V steps a warp in flight): the same bits as
+            // attention_decode_tc_qk, output and cache.
+            const char* n3 = "attention_decode_tc_qk_3stage";
             std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
             std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
             float* o3 = emu_alloc<float>((size_t)R * qw);
             for (size_t i = 0; i < (size_t)R * qw; i++) o3[i] = NAN;
             for (int r = 0; r < R; r++) {
                 const float* x = raw + (size_t)r * ldr;
-                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
-                    if (pv)
-                        attention_tc_qk3p(TCQK_ARGS(o3));
-                    else
-                        attention_decode_tc_qk_3stage(TCQK_ARGS(o3));
-                }, 8);
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128,
+                                 [&] { attention_decode_tc_qk_3stage(TCQK_ARGS(o3)); }, 8);
                 if (nsplit > 1)
                     ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                        attention_merge_tc(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r,
-                                           c.window, nullptr, vscale);
+                        attention_decode_tc_merge16(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1,
+                                                    pos + r, c.window, nullptr, vscale);
                     });
             }
-            bool same3 = same_bits(pv ? "attention_tc_qk3p vs attention_decode_tc_qk" : "attention_decode_tc_qk_3stage vs attention_decode_tc_qk", o3, ob, (size_t)R * qw) &&
+            bool same3 = same_bits("attention_decode_tc_qk_3stage vs attention_decode_tc_qk", o3, ob, (size_t)R * qw) &&
                          std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
             std::printf("%s = attention_decode_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
             same_qk &= same3;
-            }
-            // attention_tc_qk3l (KernelSet tc_lm: the row's last split block of each KV head
-            // merges the group's heads, no merge launch) where the host takes it (16 splits, the
-            // group's partials in 16-byte pieces): the same output and cache bits, the counters
-            // back to zero.
-            if (nsplit == 16 && (nsplit * (hd + 2)) % 4 == 0) {
-                std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
-                std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
-                float* ol = emu_alloc<float>((size_t)R * qw);
-                for (size_t i = 0; i < (size_t)R * qw; i++) ol[i] = NAN;
-                unsigned* cnt = emu_alloc<unsigned>(nkv);
-                for (int r = 0; r < R; r++) {
-                    const float* x = raw + (size_t)r * ldr;
-                    ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] { attention_tc_qk3l(TCQK_ARGS(ol), cnt); }, 8);
-                }
-                bool zero = true;
-                for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
-                bool samel = same_bits("attention_tc_qk3l vs attention_decode_tc_qk + merge", ol, ob, (size_t)R * qw) &&
-                             std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0 &&
-                             zero;
-                std::printf("attention_tc_qk3l = attention_decode_tc_qk + attention_merge_tc (output, K and V cache, counters): %s\n",
-                            samel ? "yes" : "NO");
-                same_qk &= samel;
-            }
         }
 #undef TCQK_ARGS
         // Leave the cache as the reference below read it.
@@ -278,7 +239,7 @@ int main() {
         // fp8, hd, G, window, P, nsplit, sink, kend, ring, gate, seed
         {false, 128, 8, 0, 300, 16, false, false, false, 1, 1},   // XS-2.1 sliding-layer group, full attention
         {false, 128, 6, 0, 700, 16, true, false, false, 1, 2},    // XS-2.1 full-layer group, sink
-        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // a grid of 64 splits (attention_merge_tc64), 16 used
+        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // a grid of 64 splits (attention_decode_tc_merge64), 16 used
         {false, 128, 8, 0, 9000, 64, true, false, false, 1, 13},  // 18 splits of ~500 keys (8 steps a warp)
         {false, 128, 8, 200, 700, 16, true, false, true, 1, 4},   // sliding window on a ring (wraps)
         {true, 128, 8, 0, 300, 16, true, false, false, 1, 5},     // FP8 cache

@@ -524,10 +524,10 @@ mod tests {
     }
 
     /// In the CPU emulation of `emu/cuda_emu.h` (the kernel sources built with g++):
-    /// `moe_block_1` against the launches it replaces (same bits, and a float64 reference within
-    /// 1e-4), and the weight-streaming kernels' batch invariance (7-row passes = each row alone,
-    /// bit for bit; `moe_*_sp` = `moe_*_s`; the tensor-core GEMV and prefill GEMMs against
-    /// float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
+    /// `moe_decode_fused[_tc]` against the launches they stand for (same bits, and a float64
+    /// reference within 1e-4), and the weight-streaming kernels' batch invariance (7-row passes =
+    /// each row alone, bit for bit; `moe_*_warp` = `moe_*_grouped`; the tensor-core GEMV and
+    /// prefill GEMMs against float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
     /// attention and merge; BF16 and FP8 caches, full and sliding window) against float64 and
     /// 3-row passes against each row alone, the prefill flash attention against float64, and
     /// the prefill MoE (grouping, the grouped NVFP4 GEMMs in their three forms) against float64.
@@ -555,7 +555,7 @@ mod tests {
         eprintln!("{text}");
         assert!(
             out.status.success()
-                && text.contains("moe_block_1 emulation: PASS")
+                && text.contains("moe_decode_fused emulation: PASS")
                 && text.contains("weight-streaming invariance emulation: PASS")
                 && text.contains("attention emulation: PASS")
                 && text.contains("prefill MoE emulation: PASS"),

@@ -527,7 +527,10 @@ pub fn run(a: Args) -> Result<()> {
         let dn_bytes = (g.groups * h * (im / 2 + im / 16)) as f64;
         let (sg, sd) = s_grids(g);
         let (pg, pd) = sp_grids(g);
-        for (name, grid) in [("moe_gate_up_fp4_grouped", sg), ("moe_gate_up_fp4_warp", pg)] {
+        for (name, grid) in [
+            ("moe_gate_up_fp4_grouped", sg),
+            ("moe_gate_up_fp4_warp", pg),
+        ] {
             let t = time_graph(&d, reps, &|i| gu(name, grid, i, g))?;
             rows.push((
                 format!("moe gate_up {label}: {name}"),
@@ -1046,19 +1049,31 @@ fn attn_layer(
                     merge("attention_decode_merge16")
                 },
             ),
-            ("attention_decode_gqa_qk + attention_decode_merge16", &|| {
-                fused("attention_decode_gqa_qk")?;
-                merge("attention_decode_merge16")
-            }),
+            (
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
             ("qk_norm_rope_store alone", &qk),
             ("attention_decode_gqa alone", &gqa),
-            ("attention_decode_gqa_qk alone", &|| fused("attention_decode_gqa_qk")),
-            ("attention_decode_merge16 alone", &|| merge("attention_decode_merge16")),
-            ("attention_decode_gqa_qk + attention_decode_merge16", &|| {
-                fused("attention_decode_gqa_qk")?;
+            ("attention_decode_gqa_qk alone", &|| {
+                fused("attention_decode_gqa_qk")
+            }),
+            ("attention_decode_merge16 alone", &|| {
                 merge("attention_decode_merge16")
             }),
-            ("attention_decode_merge16 alone", &|| merge("attention_decode_merge16")),
+            (
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
+            ("attention_decode_merge16 alone", &|| {
+                merge("attention_decode_merge16")
+            }),
             (
                 "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
                 &|| {
@@ -1067,7 +1082,9 @@ fn attn_layer(
                     merge("attention_decode_merge64")
                 },
             ),
-            ("attention_decode_merge64 alone", &|| merge("attention_decode_merge64")),
+            ("attention_decode_merge64 alone", &|| {
+                merge("attention_decode_merge64")
+            }),
             (
                 "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
                 &|| {
@@ -1077,23 +1094,32 @@ fn attn_layer(
                 },
             ),
             ("attention_decode_tc alone", &tc),
-            ("attention_decode_tc_qk + attention_decode_tc_merge16", &|| {
-                tc_qk()?;
-                merge_tc()
-            }),
+            (
+                "attention_decode_tc_qk + attention_decode_tc_merge16",
+                &|| {
+                    tc_qk()?;
+                    merge_tc()
+                },
+            ),
             ("attention_decode_tc_qk alone", &tc_qk),
             ("attention_decode_tc_merge16 alone", &merge_tc),
-            ("attention_decode_gqa_qk + attention_decode_merge16", &|| {
-                fused("attention_decode_gqa_qk")?;
-                merge("attention_decode_merge16")
-            }),
+            (
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
             ("attention_decode_merge16 alone", &|| {
                 merge("attention_decode_merge16")
             }),
-            ("attention_decode_tc_qk + attention_decode_tc_merge16(64)r", &|| {
-                tc_qk()?;
-                merge_tcr()
-            }),
+            (
+                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
+                &|| {
+                    tc_qk()?;
+                    merge_tcr()
+                },
+            ),
             ("attention_decode_tc_merge16(64)r alone", &merge_tcr),
         ];
         for (name, f) in chains {
@@ -1252,9 +1278,16 @@ fn moe_layer(
         let groups = kk;
         let gb = (groups * im / 2).div_ceil(4) as u32;
         if tc {
-            d.launch_p(&mut None, "moe_tc_bfrag_rows", (1, 1, 1), (256, 1, 1), 0, |b| {
-                b.u64(hn).u64(xf);
-            })
+            d.launch_p(
+                &mut None,
+                "moe_tc_bfrag_rows",
+                (1, 1, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(hn).u64(xf);
+                },
+            )
             .map_err(e)?;
         }
         d.launch_p(

@@ -277,8 +277,7 @@ impl CudaModel {
         // Every row greedy: the tokens by the greedy argmax kernels instead of
         // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
         // one block a row). One graph per (n, greedy).
-        let greedy = n <= self.sc.lrows
-            && items.iter().all(|it| it.params.is_greedy());
+        let greedy = n <= self.sc.lrows && items.iter().all(|it| it.params.is_greedy());
         let key = (n, greedy, self.tc_cap.get());
         let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
         if use_graph && !self.step_graphs.contains_key(&key) {

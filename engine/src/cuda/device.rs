@@ -567,7 +567,61 @@ impl Dev {
         shmem: u32,
         f: impl FnOnce(&mut Args),
     ) -> R<()> {
-        self.launch_pc(prof, name, grid, block, shmem, 0, f)
+        let (func, pdl) = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
+        let mut a = Args(Vec::with_capacity(24));
+        f(&mut a);
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
+            return Ok(());
+        }
+        let ev = self.prof_begin(prof)?;
+        // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
+        // the kernel may be scheduled while the previous one drains; every kernel begins with
+        // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
+        // early. Off while profiling (events sit between the launches anyway).
+        let mut params: Vec<*mut std::ffi::c_void> =
+            a.0.iter()
+                .map(|x| match x {
+                    Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+                    Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+                    Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+                })
+                .collect();
+        let mut attrs: [sys::CUlaunchAttribute; 1] = unsafe { std::mem::zeroed() };
+        let mut na = 0usize;
+        let pdl = *pdl && prof.is_none();
+        if pdl {
+            attrs[na].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[na].value.programmaticStreamSerializationAllowed = 1;
+            na += 1;
+        }
+
+        let cfg = self.launch_config(grid, block, shmem, &mut attrs[..na]);
+        self.ctx.bind_to_thread()?;
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+        .map_err(|e| {
+            DevError(format!(
+                "launching {name} grid {grid:?} block {block:?}: {e:?}"
+            ))
+        })?;
+        self.prof_end(prof, name, ev)?;
+        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
+            self.stream
+                .synchronize()
+                .map_err(|e| DevError(format!("{name}: {e:?}")))?;
+        }
+        Ok(())
     }
 
     /// A launch of `grid` x `block` on the stream with `attrs` (none when empty).
@@ -594,78 +648,6 @@ impl Dev {
             },
             numAttrs: attrs.len() as u32,
         }
-    }
-
-    /// `launch_p` in thread block clusters of (1, 1, `cluster_z`) blocks (0: no clusters).
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_pc(
-        &self,
-        prof: &mut Option<Prof>,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shmem: u32,
-        cluster_z: u32,
-        f: impl FnOnce(&mut Args),
-    ) -> R<()> {
-        let (func, pdl) = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
-        let mut a = Args(Vec::with_capacity(24));
-        f(&mut a);
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
-            return Ok(());
-        }
-        let ev = self.prof_begin(prof)?;
-        // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
-        // the kernel may be scheduled while the previous one drains; every kernel begins with
-        // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
-        // early. Off while profiling (events sit between the launches anyway).
-        let mut params: Vec<*mut std::ffi::c_void> =
-            a.0.iter()
-                .map(|x| match x {
-                    Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
-                    Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
-                    Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
-                })
-                .collect();
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut na = 0usize;
-        let pdl = *pdl && prof.is_none();
-        if pdl {
-            attrs[na].id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attrs[na].value.programmaticStreamSerializationAllowed = 1;
-            na += 1;
-        }
-        if cluster_z > 0 {
-            attrs[na] = cluster_attr(cluster_z);
-            na += 1;
-        }
-        let cfg = self.launch_config(grid, block, shmem, &mut attrs[..na]);
-        self.ctx.bind_to_thread()?;
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                func.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(|e| {
-            DevError(format!(
-                "launching {name} grid {grid:?} block {block:?}: {e:?}"
-            ))
-        })?;
-        self.prof_end(prof, name, ev)?;
-        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
-            self.stream
-                .synchronize()
-                .map_err(|e| DevError(format!("{name}: {e:?}")))?;
-        }
-        Ok(())
     }
 
     /// Start and end event of one timed launch when profiling (`launch_p`, cuBLAS calls).

@@ -14,9 +14,9 @@
 //! the cache at those positions, then the length is set back, so the context is unchanged and the
 //! next context write overwrites them). Causal drafts see keys up to their own position, which is
 //! the target's rule; non-causal drafts see the whole block (`kend`, [`CudaModel::noncausal`]).
-use super::load::Loader;
 use super::launch::attention as la;
 use super::launch::Geom;
+use super::load::Loader;
 use super::*;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::spec::config::DraftConfig;

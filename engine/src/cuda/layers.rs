@@ -1,6 +1,7 @@
 //! One forward pass over every layer for the rows whose metadata is on the device: attention
 //! (q/k norm + RoPE + K/V write, split-KV decode or flash prefill), then the dense MLP or the
 //! MoE (router, top-k, grouped experts in the weight-streaming or the GEMM regime, combine).
+use super::attention::Proj;
 use super::*;
 
 impl CudaModel {
@@ -88,7 +89,20 @@ impl CudaModel {
                 }
                 (sc.q, sc.k, sc.v, sc.g, qw, kvw, gw.max(1))
             };
-            self.attention(prof, l, m, &Proj { q: qp, k: kp, v: vp, g: gp, ldq, ldkv, ldg })?;
+            self.attention(
+                prof,
+                l,
+                m,
+                &Proj {
+                    q: qp,
+                    k: kp,
+                    v: vp,
+                    g: gp,
+                    ldq,
+                    ldkv,
+                    ldg,
+                },
+            )?;
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
             match &l.mlp {
                 MlpW::Dense { gate, up, down, gu } => {

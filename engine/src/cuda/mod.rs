@@ -14,13 +14,13 @@ mod blas;
 mod decode;
 mod device;
 pub mod draft;
-mod layers;
 pub mod launch;
+mod layers;
 mod load;
 mod moe;
 mod ops;
-pub mod select;
 pub mod ring;
+pub mod select;
 pub mod spec;
 pub mod stamp;
 

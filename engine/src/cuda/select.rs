@@ -349,7 +349,9 @@ pub mod moe {
         }
         if h % 16 == 0 && im % 16 == 0 {
             // Persistent grouped kernels, two blocks an SM.
-            let gb = (dev.sms * 2).min((slots * im / 2).div_ceil(8) as u32).max(1);
+            let gb = (dev.sms * 2)
+                .min((slots * im / 2).div_ceil(8) as u32)
+                .max(1);
             let db = (dev.sms * 2).min((slots * h / 4).div_ceil(8) as u32).max(1);
             let (gate_up, down) = if s.gate_fp4 {
                 ("moe_gate_up_fp4_grouped", "moe_down_fp4_grouped")
@@ -486,8 +488,14 @@ mod tests {
             decode_kernel(&full, d, 128, &H200).0,
             "attention_decode_tc_qk_3stage"
         );
-        assert_eq!(decode_kernel(&full, d, 128, &GB10).0, "attention_decode_tc_qk");
-        assert_eq!(decode_kernel(&full, d, 512, &H200).0, "attention_decode_tc_qk");
+        assert_eq!(
+            decode_kernel(&full, d, 128, &GB10).0,
+            "attention_decode_tc_qk"
+        );
+        assert_eq!(
+            decode_kernel(&full, d, 512, &H200).0,
+            "attention_decode_tc_qk"
+        );
         // Sliding layers: the GQA form, q/k fused, a warp more than the group.
         let swa = xs_attn(512, true, false);
         let d = select_decode(&swa);
@@ -504,15 +512,15 @@ mod tests {
             "attention_decode_gqa_fp8"
         );
         // head_dim 256 or a group over 16: one block a query head.
-        let big = attention::Shape {
-            hd: 256,
-            ..full
-        };
+        let big = attention::Shape { hd: 256, ..full };
         assert_eq!(select_decode(&big).form, Form::Head);
         assert_eq!(decode_kernel(&big, select_decode(&big), 1, &H200).1, 256);
         assert_eq!(merge_kernel(Form::Tc, 16), "attention_decode_tc_merge16");
         assert_eq!(merge_kernel(Form::Gqa, 64), "attention_decode_merge64");
-        assert_eq!(prefill_kernel(false, &H200), "attention_prefill_flash_qsmem");
+        assert_eq!(
+            prefill_kernel(false, &H200),
+            "attention_prefill_flash_qsmem"
+        );
         assert_eq!(prefill_kernel(true, &GB10), "attention_prefill_flash_fp8");
     }
 
@@ -531,7 +539,10 @@ mod tests {
             k: 8192,
             ..qkvg
         };
-        assert_eq!(linear::tc_kernel(&o, &H200), ("linear_tc_bf16_tiled_row", 16));
+        assert_eq!(
+            linear::tc_kernel(&o, &H200),
+            ("linear_tc_bf16_tiled_row", 16)
+        );
         assert_eq!(
             linear::tc_kernel(&linear::Shape { m: 7, ..o }, &H200),
             ("linear_tc_bf16_tiled", 16)
@@ -575,9 +586,15 @@ mod tests {
             Some("moe_decode_fused")
         );
         assert!(moe::stream(&xs, 7, 63, 40, &H200).tc);
-        assert_eq!(moe::stream(&small, 7, 28, 8, &H200).gate_up, "moe_gate_up_fp4_warp");
+        assert_eq!(
+            moe::stream(&small, 7, 28, 8, &H200).gate_up,
+            "moe_gate_up_fp4_warp"
+        );
         let odd = moe::Shape { h: 72, ..small };
-        assert_eq!(moe::stream(&odd, 1, 4, 4, &H200).gate_up, "moe_gate_up_fp4_1");
+        assert_eq!(
+            moe::stream(&odd, 1, 4, 4, &H200).gate_up,
+            "moe_gate_up_fp4_1"
+        );
         assert_eq!(moe::gemm(&xs).down, "moe_gemm_down_fp4_wide");
         assert_eq!(sample::sampler(1), "sample_rows");
     }

@@ -199,13 +199,7 @@ pub struct Merge {
 }
 
 /// `attention_decode_merge16` / `_merge64` / `attention_decode_tc_merge16` / `_tc_merge64`.
-pub fn merge(
-    d: &Dev,
-    prof: &mut Option<Prof>,
-    name: &'static str,
-    g: Geom,
-    a: &Merge,
-) -> R<()> {
+pub fn merge(d: &Dev, prof: &mut Option<Prof>, name: &'static str, g: Geom, a: &Merge) -> R<()> {
     d.launch_p(prof, name, g.grid, (g.block, 1, 1), g.smem, |b| {
         b.u64(a.part)
             .i32(a.nsplit)

@@ -97,11 +97,18 @@ pub fn moe_group(
     shared_expert: i32,
 ) -> R<()> {
     let block = (slots as u32).div_ceil(32).clamp(1, 32) * 32;
-    d.launch_p(prof, "moe_group", (1, 1, 1), (block, 1, 1), 8 * experts as u32, |b| {
-        b.u64(ids).i32(slots).i32(experts);
-        g.push(b);
-        b.u64(tiles).i32(kk).i32(shared_expert);
-    })
+    d.launch_p(
+        prof,
+        "moe_group",
+        (1, 1, 1),
+        (block, 1, 1),
+        8 * experts as u32,
+        |b| {
+            b.u64(ids).i32(slots).i32(experts);
+            g.push(b);
+            b.u64(tiles).i32(kk).i32(shared_expert);
+        },
+    )
 }
 
 /// The weight-streaming gate/up kernels (`moe_gate_up_*`): SiLU(gate) * up of every slot into
@@ -262,10 +269,17 @@ pub fn combine(
             .f32(a.scale);
     };
     match norm {
-        Some(n) => d.launch_p(prof, "moe_combine_norm", (m, 1, 1), (n.block, 1, 1), 0, |b| {
-            push(b);
-            b.u64(n.w).u64(n.hn).f32(n.eps).u64(n.xs);
-        }),
+        Some(n) => d.launch_p(
+            prof,
+            "moe_combine_norm",
+            (m, 1, 1),
+            (n.block, 1, 1),
+            0,
+            |b| {
+                push(b);
+                b.u64(n.w).u64(n.hn).f32(n.eps).u64(n.xs);
+            },
+        ),
         None => {
             let grid = ((a.h as u32).div_ceil(256), m, 1);
             d.launch_p(prof, "moe_combine", grid, (256, 1, 1), 0, push)

@@ -3,7 +3,14 @@ use super::R;
 use crate::cuda::device::{Dev, Prof};
 
 /// `argmax_rows`: one block of 1024 a row of `vocab` logits; the index into `out`.
-pub fn argmax_rows(d: &Dev, prof: &mut Option<Prof>, n: u32, logits: u64, vocab: i32, out: u64) -> R<()> {
+pub fn argmax_rows(
+    d: &Dev,
+    prof: &mut Option<Prof>,
+    n: u32,
+    logits: u64,
+    vocab: i32,
+    out: u64,
+) -> R<()> {
     d.launch_p(prof, "argmax_rows", (n, 1, 1), (1024, 1, 1), 0, |b| {
         b.u64(logits).i32(vocab).u64(out);
     })
