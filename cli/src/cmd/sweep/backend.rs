@@ -1,0 +1,221 @@
+//! The one place the sweep names backends: loading a target (and draft) on the device under
+//! test, which rows that device promises bit for bit, and its speculative-decoding identity
+//! check. Everything else in the sweep works on `dyn Model` / `dyn DraftModel`.
+use super::config_gen::Rand;
+use anyhow::{Context, Result};
+use laguna_engine::cpu::CpuModel;
+use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::model::Model;
+use laguna_engine::sample::SamplingParams;
+use laguna_engine::sched::{Dflash, Loaded};
+use laguna_engine::spec::{generate_spec, CpuDraft, DraftModel};
+use std::path::Path;
+
+/// The device under test; the CPU engine is always the reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cuda,
+    /// The CPU engine standing in for the device (proves the harness itself).
+    Cpu,
+}
+
+impl Device {
+    pub fn parse(s: &str) -> Result<Device> {
+        match s {
+            "cuda" => Ok(Device::Cuda),
+            "cpu" => Ok(Device::Cpu),
+            o => anyhow::bail!("--device must be cuda or cpu, got {o}"),
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Device::Cuda => "cuda",
+            Device::Cpu => "cpu",
+        }
+    }
+}
+
+/// Backend options varied per case (the CUDA backend's; the CPU engine has none).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceOpts {
+    pub page_size: usize,
+    /// Rows per device pass: small values force chunked prefill inside one forward.
+    pub max_rows: usize,
+    pub spec_k: usize,
+    pub max_seqs: usize,
+    /// None: the backend's default pool sizing (must always load).
+    pub kv_pool_bytes: Option<usize>,
+}
+
+impl DeviceOpts {
+    /// Random options for a case; `block` is the draft's block size when it has one (the rings
+    /// then need spec_k >= block - 1, the largest k checked).
+    pub fn random(r: &mut Rand, block: Option<usize>) -> DeviceOpts {
+        DeviceOpts {
+            page_size: r.pick(&[16, 64]),
+            max_rows: if r.chance(0.5) {
+                r.range(16, 64)
+            } else {
+                r.pick(&[256, 2048])
+            },
+            spec_k: match block {
+                Some(b) => r.range(b - 1, 15.max(b - 1)),
+                None => {
+                    let k = r.range(1, 15);
+                    r.pick(&[0, 0, k])
+                }
+            },
+            max_seqs: r.range(2, 8),
+            kv_pool_bytes: if r.chance(0.5) {
+                None
+            } else {
+                Some(r.pick(&[64usize, 256, 1024]) << 20)
+            },
+        }
+    }
+
+    pub fn summary(&self) -> String {
+        format!(
+            "page {} rows {} spec_k {} seqs {} pool {}",
+            self.page_size,
+            self.max_rows,
+            self.spec_k,
+            self.max_seqs,
+            self.kv_pool_bytes
+                .map_or("default".to_string(), |b| format!("{}MiB", b >> 20))
+        )
+    }
+
+    fn cuda(&self) -> laguna_engine::cuda::CudaOptions {
+        laguna_engine::cuda::CudaOptions {
+            progress: false,
+            page_size: self.page_size,
+            max_rows: self.max_rows,
+            spec_k: self.spec_k,
+            max_seqs: self.max_seqs,
+            kv_pool_bytes: self.kv_pool_bytes,
+            ..Default::default()
+        }
+    }
+}
+
+/// The CPU reference engine.
+pub fn load_reference(dir: &Path) -> Result<Box<dyn Model>> {
+    Ok(Box::new(CpuModel::load(dir).context("CPU reference load")?))
+}
+
+/// Target (and draft with its k) on the device.
+pub fn load(
+    dev: Device,
+    dir: &Path,
+    draft: Option<(&Path, usize)>,
+    o: &DeviceOpts,
+) -> Result<Loaded> {
+    match dev {
+        Device::Cpu => {
+            let m = CpuModel::load(dir).context("cpu load")?;
+            let dflash = match draft {
+                Some((d, k)) => Some(Dflash {
+                    draft: Box::new(CpuDraft::load(d, &m).context("cpu draft load")?),
+                    k,
+                }),
+                None => None,
+            };
+            Ok(Loaded {
+                model: Box::new(m),
+                spec: None,
+                dflash,
+            })
+        }
+        Device::Cuda => {
+            let m = laguna_engine::cuda::CudaModel::load(dir, o.cuda()).context("cuda load")?;
+            let dflash = match draft {
+                Some((d, k)) => Some(Dflash {
+                    draft: Box::new(
+                        laguna_engine::cuda::draft::CudaDraft::load(d, &m)
+                            .context("cuda draft load")?,
+                    ),
+                    k,
+                }),
+                None => None,
+            };
+            Ok(Loaded {
+                model: Box::new(m),
+                spec: None,
+                dflash,
+            })
+        }
+    }
+}
+
+/// Whether the device promises bit-identical rows for the row ranges `(offset, len, total)` of
+/// forwards of `total` rows: the CPU engine always; the CUDA backend when every pass touching
+/// those rows (passes of `max_rows` rows) is in the same kernel regime (at least
+/// `gemm_min_rows` rows: tensor-core GEMMs; fewer: weight-streaming kernels).
+pub fn bitwise_expected(dev: Device, o: &DeviceOpts, ranges: &[(usize, usize, usize)]) -> bool {
+    match dev {
+        Device::Cpu => true,
+        Device::Cuda => {
+            let g = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
+            let r = o.max_rows.max(1);
+            let mut regimes = vec![];
+            for &(off, len, total) in ranges {
+                let mut start = (off / r) * r;
+                while start < off + len {
+                    let pass = r.min(total - start);
+                    regimes.push(pass >= g);
+                    start += r;
+                }
+            }
+            regimes.windows(2).all(|w| w[0] == w[1])
+        }
+    }
+}
+
+/// Greedy generation with the draft at this k is token-identical to greedy generation without
+/// it. CUDA: `device_dflash::check_pair` (the device-resident loop, the driver with fused and
+/// with generic steps, verify rows bitwise). CPU: the driver against plain `generate`.
+pub fn spec_identity(
+    dev: Device,
+    tdir: &Path,
+    ddir: &Path,
+    prompt: &[u32],
+    k: usize,
+    gen: usize,
+    o: &DeviceOpts,
+) -> Result<(bool, String)> {
+    match dev {
+        Device::Cuda => {
+            let r = crate::cmd::device_dflash::check_pair(ddir, tdir, prompt, k, gen, o.cuda(), false)?;
+            Ok((
+                r.ok,
+                format!(
+                    "verify-bitwise {} device-loop {} driver {} accepted {}",
+                    r.verify_bitwise, r.fast_same, r.generic_same, r.accepted
+                ),
+            ))
+        }
+        Device::Cpu => {
+            let req = GenerateRequest {
+                prompt: prompt.to_vec(),
+                max_tokens: gen,
+                sampling: SamplingParams::greedy(),
+                ignore_eos: true,
+                stop_token_ids: vec![],
+            };
+            let mut l = load(dev, tdir, Some((ddir, k)), o)?;
+            let plain = generate(l.model.as_mut(), &req, false)?.completion;
+            let mut d = l.dflash.take().unwrap().draft;
+            let (spec, st) = generate_spec(l.model.as_mut(), d.as_mut() as &mut dyn DraftModel, &req, k, false)?;
+            Ok((
+                spec.completion == plain,
+                format!(
+                    "driver {} accepted {}/{}",
+                    spec.completion == plain,
+                    st.num_accepted_tokens,
+                    st.num_draft_tokens
+                ),
+            ))
+        }
+    }
+}
