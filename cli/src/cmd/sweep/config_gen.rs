@@ -93,13 +93,14 @@ pub fn case(seed: u64) -> Case {
 }
 
 /// A rotary factor whose `int(head_dim * factor)` is `rotary_dim` (how transformers, vLLM and
-/// our parser read it).
+/// our parser read it): the exact ratio when it is a short binary fraction (0.5, 0.75 ...), else
+/// one half-dim above it, in 6 decimals, so the product never lands a rounding error below.
 fn rotary_factor(head_dim: usize, rotary_dim: usize) -> f64 {
-    let mut p = rotary_dim as f64 / head_dim as f64;
-    while ((head_dim as f64 * p) as usize) < rotary_dim {
-        p = f64::from_bits(p.to_bits() + 1);
+    let p = rotary_dim as f64 / head_dim as f64;
+    if (p * 256.0).fract() == 0.0 {
+        return p;
     }
-    p
+    ((rotary_dim as f64 + 0.5) / head_dim as f64 * 1e6).round() / 1e6
 }
 
 fn rope(r: &mut Rand, head_dim: usize, yarn_p: f64, partial_p: f64) -> Value {
@@ -350,8 +351,10 @@ pub fn summary(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> String
     if let Some(w) = t.sliding_window.filter(|_| attn.contains('S')) {
         s += &format!(" w{w}");
     }
-    for r in [rope(AttnKind::Full), rope(AttnKind::Sliding)].into_iter().flatten() {
-        s += &format!(" {r}");
+    for (k, r) in [("F", rope(AttnKind::Full)), ("S", rope(AttnKind::Sliding))] {
+        if let Some(r) = r {
+            s += &format!(" {k}:{r}");
+        }
     }
     s += match t.gating {
         Gating::None => " nogate",
@@ -481,9 +484,11 @@ mod tests {
 
     #[test]
     fn rotary_factor_reads_back() {
-        for hd in (16..=128).step_by(2) {
+        for hd in (8..=128).step_by(2) {
             for rd in (2..=hd).step_by(2) {
                 let p = rotary_factor(hd, rd);
+                // Read back the way config.json is: through JSON text.
+                let p: f64 = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
                 assert_eq!((hd as f64 * p) as usize, rd, "{hd} {rd}");
                 assert!(p > 0.0 && p <= 1.0);
             }
@@ -507,7 +512,8 @@ mod tests {
         let n = 500;
         for seed in 0..n {
             let c = case(seed);
-            let t = LagunaConfig::from_value(c.target.clone())
+            // Through JSON text, as config.json is read.
+            let t = LagunaConfig::from_json_str(&c.target.to_string())
                 .unwrap_or_else(|e| panic!("seed {seed}: {e}\n{}", c.target));
             assert_eq!(t.quantization.is_some(), c.nvfp4);
             assert!((1..=6).contains(&t.num_layers));
@@ -524,9 +530,11 @@ mod tests {
                 }
             }
             let d = c.draft.as_ref().map(|dv| {
-                let d = DraftConfig::from_value(dv.clone())
+                let d = DraftConfig::from_json_str(&dv.to_string())
                     .unwrap_or_else(|e| panic!("seed {seed} draft: {e}\n{dv}"));
                 d.validate_target(&t).unwrap();
+                // synth reads a draft with the target parser for its inventory.
+                LagunaConfig::from_json_str(&dv.to_string()).unwrap();
                 assert!((2..=16).contains(&d.block_size));
                 d
             });

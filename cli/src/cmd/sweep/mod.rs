@@ -203,3 +203,6 @@ fn merge(name: &'static str, cs: Vec<Check>) -> Check {
             .join(" | "),
     }
 }
+
+#[cfg(test)]
+mod tests;
