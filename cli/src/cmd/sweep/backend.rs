@@ -3,6 +3,7 @@
 //! check. Everything else in the sweep works on `dyn Model` / `dyn DraftModel`.
 use super::config_gen::Rand;
 use anyhow::{Context, Result};
+use laguna_engine::config::{AttnKind, LagunaConfig};
 use laguna_engine::cpu::CpuModel;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::Model;
@@ -72,6 +73,23 @@ impl DeviceOpts {
                 Some(r.pick(&[64usize, 256, 1024]) << 20)
             },
         }
+    }
+
+    /// Raises an explicit K/V pool to what the case's sequences need (twice over): `max_seqs`
+    /// sequences of `max_len` positions on the full-attention layers plus a ring of window +
+    /// spec_k slots per sequence and sliding layer, BF16 K and V. A pool too small for the
+    /// prompts is a wrong setting, not a finding; the default sizing is left as it is.
+    pub fn fit_pool(&mut self, t: &LagunaConfig, max_len: usize) {
+        let Some(b) = self.kv_pool_bytes else {
+            return;
+        };
+        let row = 2 * t.num_kv_heads * t.head_dim * 2;
+        let full = t.layers.iter().filter(|l| l.attn == AttnKind::Full).count();
+        let sliding = t.num_layers - full;
+        let pages = max_len.div_ceil(self.page_size) + 1;
+        let ring = t.sliding_window.unwrap_or(0) + self.spec_k + 1;
+        let need = self.max_seqs * (full * pages * self.page_size + sliding * ring) * row;
+        self.kv_pool_bytes = Some(b.max(2 * need + (1 << 20)));
     }
 
     pub fn summary(&self) -> String {

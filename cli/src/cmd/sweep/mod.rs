@@ -104,7 +104,9 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
     };
     rep.summary = config_gen::summary(&t, d.as_ref(), c.nvfp4);
     let mut r = Rand::new(c.seed ^ 0xC0FF_EE00_D15E_A5E5);
-    let o = DeviceOpts::random(&mut r, d.as_ref().map(|d| d.block_size));
+    let mut o = DeviceOpts::random(&mut r, d.as_ref().map(|d| d.block_size));
+    let block = d.as_ref().map_or(0, |d| d.block_size);
+    o.fit_pool(&t, s.limits.max_prompt + 2 * s.limits.gen + block);
     rep.opts = o.summary();
     // Prompts past several windows of the smallest window in play.
     let window = if t.layers.iter().any(|l| l.attn == AttnKind::Sliding) {
