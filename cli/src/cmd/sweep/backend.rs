@@ -166,28 +166,52 @@ pub fn load(
     }
 }
 
-/// Whether the device promises bit-identical rows for the row ranges `(offset, len, total)` of
-/// forwards of `total` rows: the CPU engine always; the CUDA backend when every pass touching
-/// those rows (passes of `max_rows` rows) is in the same kernel regime (at least
-/// `gemm_min_rows` rows: tensor-core GEMMs; fewer: weight-streaming kernels).
-pub fn bitwise_expected(dev: Device, o: &DeviceOpts, ranges: &[(usize, usize, usize)]) -> bool {
-    match dev {
-        Device::Cpu => true,
-        Device::Cuda => {
-            let g = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
-            let r = o.max_rows.max(1);
-            let mut regimes = vec![];
-            for &(off, len, total) in ranges {
-                let mut start = (off / r) * r;
-                while start < off + len {
-                    let pass = r.min(total - start);
-                    regimes.push(pass >= g);
-                    start += r;
-                }
+/// Whether the device promises bit-identical rows for one sequence's rows computed in several
+/// forwards, each given as (the rows of its sequences in batch order, which one is ours). The CPU
+/// engine always does. The CUDA backend does when every pass touching our rows, in every forward,
+/// has the same kernel choice: what `cuda/layers.rs` decides by, per pass of at most `max_rows`
+/// rows: at least `gemm_min_rows` rows (tensor-core GEMMs, flash attention), more than 64 rows
+/// (split-KV attention with one split), and, with sliding-window rings, a sequence with more
+/// rows than the ring's `spec_k` spare slots + 1 (the staged ring path). Keep this in step with
+/// the backend's kernel choice.
+pub fn bitwise_expected(
+    dev: Device,
+    o: &DeviceOpts,
+    rings: bool,
+    forwards: &[(&[usize], usize)],
+) -> bool {
+    if dev == Device::Cpu {
+        return true;
+    }
+    let g = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
+    let r = o.max_rows.max(1);
+    let mut classes = vec![];
+    for &(seqs, ours) in forwards {
+        // Row ranges of the sequences in the forward's row order.
+        let mut spans = vec![];
+        let mut at = 0;
+        for &n in seqs {
+            spans.push((at, at + n));
+            at += n;
+        }
+        let total = at;
+        let (o0, o1) = spans[ours];
+        let mut start = 0;
+        while start < total {
+            let end = (start + r).min(total);
+            if start < o1 && end > o0 {
+                let m = end - start;
+                let longest = spans
+                    .iter()
+                    .map(|&(a, b)| b.min(end).saturating_sub(a.max(start)))
+                    .max()
+                    .unwrap_or(0);
+                classes.push((m >= g, m > 64, rings && longest > o.spec_k + 1));
             }
-            regimes.windows(2).all(|w| w[0] == w[1])
+            start = end;
         }
     }
+    classes.windows(2).all(|w| w[0] == w[1])
 }
 
 /// Greedy generation with the draft at this k is token-identical to greedy generation without

@@ -6,6 +6,7 @@ use super::backend::{self, Device, DeviceOpts};
 use super::config_gen::Rand;
 use crate::cmd::device_test::{argmax, rel_err, top2_gap};
 use anyhow::{Context, Result};
+use laguna_engine::config::AttnKind;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::{LogitRows, Model, SeqId, StepInput};
 use laguna_engine::sample::SamplingParams;
@@ -183,7 +184,9 @@ pub fn batch_check(
     ])?;
     dev.free_seq(s1);
     dev.free_seq(s2);
-    let bitwise = backend::bitwise_expected(devk, o, &[(0, p, p), (q, p, p + q)]);
+    let rings = dev.config().sliding_window.is_some()
+        && dev.config().layers.iter().any(|l| l.attn == AttnKind::Sliding);
+    let bitwise = backend::bitwise_expected(devk, o, rings, &[(&[p], 0), (&[q, p], 1)]);
     let same = outs[1].logits == solo;
     let (em, _) = rel_err(&outs[1].logits, &main.logits[..p * v], v);
     let (eo, _) = rel_err(&outs[0].logits, &other.logits[..q * v], v);

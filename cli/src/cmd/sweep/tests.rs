@@ -218,26 +218,35 @@ fn greedy_verdict_follows_the_gap_rule() {
     assert!(!checks::greedy_verdict(&[1, 0], &r, 0.0).2);
 }
 
-/// Bitwise batch invariance is expected on CUDA only where every pass touching the rows runs the
-/// same kernel regime (gemm_min_rows = 32 by default).
+/// Bitwise batch invariance is expected on CUDA only where every pass touching the rows makes
+/// the same kernel choice (gemm_min_rows = 32 by default, split-KV past 64 rows, staged rings).
 #[test]
-fn bitwise_only_within_one_regime() {
-    let o = |rows| DeviceOpts {
+fn bitwise_only_within_one_kernel_choice() {
+    let o = |rows, spec_k| DeviceOpts {
         page_size: 16,
         max_rows: rows,
-        spec_k: 0,
+        spec_k,
         max_seqs: 2,
         kv_pool_bytes: None,
     };
-    // Passes of 16 rows: all weight-streaming.
-    assert!(backend::bitwise_expected(Device::Cuda, &o(16), &[(0, 40, 40), (10, 40, 50)]));
-    // One pass each, 40 and 50 rows: both GEMM.
-    assert!(backend::bitwise_expected(Device::Cuda, &o(2048), &[(0, 40, 40), (10, 40, 50)]));
+    let cuda = |o: &DeviceOpts, rings: bool, p: usize, q: usize| {
+        backend::bitwise_expected(Device::Cuda, o, rings, &[(&[p], 0), (&[q, p], 1)])
+    };
+    // Passes of 16 rows: all weight-streaming, no ring staging without rings.
+    assert!(cuda(&o(16, 0), false, 40, 10));
+    // With rings and spec_k 0 every multi-row pass is staged: 16-row passes all staged.
+    assert!(cuda(&o(16, 0), true, 40, 10));
+    // One pass each, 40 and 50 rows: both GEMM, both <= 64.
+    assert!(cuda(&o(2048, 0), false, 40, 10));
+    // 60 rows alone (<= 64) vs 60 after 10 (70 rows: one split).
+    assert!(!cuda(&o(2048, 0), false, 60, 10));
     // 48-row passes: solo 40 rows (GEMM); batched rows 10..50 in passes of 48 (GEMM) and 2.
-    assert!(!backend::bitwise_expected(Device::Cuda, &o(48), &[(0, 40, 40), (10, 40, 50)]));
-    // Short prompts: 5 rows alone, 5 + 3 in a batch: both weight-streaming.
-    assert!(backend::bitwise_expected(Device::Cuda, &o(2048), &[(0, 5, 5), (3, 5, 8)]));
+    assert!(!cuda(&o(48, 0), false, 40, 10));
+    // Short prompts: 5 rows alone, 5 after 3: both weight-streaming.
+    assert!(cuda(&o(2048, 15), true, 5, 3));
+    // ... unless the other sequence's rows need the staged ring path and ours do not.
+    assert!(!cuda(&o(2048, 4), true, 5, 8));
     // 20 rows alone (streaming) vs 20 after 20 (one 40-row GEMM pass).
-    assert!(!backend::bitwise_expected(Device::Cuda, &o(2048), &[(0, 20, 20), (20, 20, 40)]));
-    assert!(backend::bitwise_expected(Device::Cpu, &o(48), &[(0, 40, 40), (10, 40, 50)]));
+    assert!(!cuda(&o(2048, 0), false, 20, 20));
+    assert!(backend::bitwise_expected(Device::Cpu, &o(48, 0), true, &[(&[40], 0), (&[10, 40], 1)]));
 }
