@@ -32,6 +32,9 @@ pub struct Args {
     /// plain greedy ones. Exits non-zero on a failure.
     #[arg(long, value_name = "DRAFT,TARGET")]
     pub dflash_pair: Option<String>,
+    /// The random-config sweep (`--random-configs N --seed S ...`).
+    #[command(flatten)]
+    pub sweep: super::device_sweep::SweepArgs,
 }
 
 pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
@@ -75,7 +78,7 @@ pub fn rel_err(a: &[f32], b: &[f32], v: usize) -> (f64, f64) {
     (worst, worst_abs)
 }
 
-fn argmax(x: &[f32]) -> usize {
+pub fn argmax(x: &[f32]) -> usize {
     let mut b = 0;
     for (i, &v) in x.iter().enumerate() {
         if v > x[b] {
@@ -85,7 +88,7 @@ fn argmax(x: &[f32]) -> usize {
     b
 }
 
-fn top2_gap(x: &[f32]) -> f64 {
+pub fn top2_gap(x: &[f32]) -> f64 {
     let b = argmax(x);
     let second = x
         .iter()
@@ -358,6 +361,9 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.sweep.random_configs.is_some() {
+        return super::device_sweep::run(&a.sweep, a.tol, a.json);
+    }
     if let Err(e) = laguna_engine::cuda::gpu_available() {
         println!("SKIP device-test: {e}");
         return Ok(());

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::model::schema::{inventory, Expected};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -122,7 +122,59 @@ fn gen(t: &T, seed: u64, out: &mut Vec<u8>) {
 pub fn run(a: Args) -> Result<()> {
     let text = std::fs::read_to_string(&a.config)
         .with_context(|| format!("reading {}", a.config.display()))?;
-    let cfg = LagunaConfig::from_json_str(&text)?;
+    let t0 = std::time::Instant::now();
+    let w = write_checkpoint(
+        &text,
+        &a.out,
+        &SynthOptions {
+            seed: a.seed,
+            shard_bytes: a.shard_bytes,
+            ..Default::default()
+        },
+    )?;
+    eprintln!(
+        "wrote {} tensors, {:.2} GB in {} shard(s) to {} in {:.1}s",
+        w.tensors,
+        w.bytes as f64 / 1e9,
+        w.shards,
+        a.out.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// How `write_checkpoint` fills a checkpoint.
+#[derive(Debug, Clone)]
+pub struct SynthOptions {
+    pub seed: u64,
+    /// Largest shard in bytes.
+    pub shard_bytes: u64,
+    /// Router correction bias values are uniform in [-a, a].
+    pub correction_bias_amp: f32,
+}
+
+impl Default for SynthOptions {
+    fn default() -> Self {
+        SynthOptions {
+            seed: 0,
+            shard_bytes: 5_000_000_000,
+            correction_bias_amp: 0.01,
+        }
+    }
+}
+
+/// What `write_checkpoint` wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct Written {
+    pub tensors: usize,
+    pub bytes: u64,
+    pub shards: usize,
+}
+
+/// Writes `config_json` (a target or DFlash draft config, as text) and random weights for it
+/// into `out` (created): what `laguna synth` does, callable in-process.
+pub fn write_checkpoint(config_json: &str, out: &Path, o: &SynthOptions) -> Result<Written> {
+    let cfg = LagunaConfig::from_json_str(config_json)?;
     let quant = cfg.quantization.is_some();
     let mut ts: Vec<T> = vec![];
     // A DFlash draft (`DFlashLagunaForCausalLM`): the draft inventory (fc, aux norms, fused
@@ -180,7 +232,7 @@ pub fn run(a: Args) -> Result<()> {
             }
             Expected::Tensor { name, shape } => {
                 let fill = if name.ends_with("e_score_correction_bias") {
-                    Fill::F32(0.01)
+                    Fill::F32(o.correction_bias_amp)
                 } else if name.ends_with("norm.weight")
                     || name.ends_with("layernorm.weight")
                     || name.starts_with("aux_hidden_norms.")
@@ -209,28 +261,27 @@ pub fn run(a: Args) -> Result<()> {
     let mut shards: Vec<Vec<T>> = vec![vec![]];
     let mut cur = 0u64;
     for t in ts {
-        if cur + t.bytes() > a.shard_bytes && !shards.last().unwrap().is_empty() {
+        if cur + t.bytes() > o.shard_bytes && !shards.last().unwrap().is_empty() {
             shards.push(vec![]);
             cur = 0;
         }
         cur += t.bytes();
         shards.last_mut().unwrap().push(t);
     }
-    std::fs::create_dir_all(&a.out)?;
-    std::fs::write(a.out.join("config.json"), &text)?;
+    std::fs::create_dir_all(out)?;
+    std::fs::write(out.join("config.json"), config_json)?;
     let ns = shards.len();
     let names: Vec<String> = (0..ns)
         .map(|i| format!("model-{:05}-of-{:05}.safetensors", i + 1, ns))
         .collect();
     let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
-    let t0 = std::time::Instant::now();
     std::thread::scope(|s| -> Result<()> {
         let hs: Vec<_> = shards
             .iter()
             .zip(&names)
             .map(|(sh, fname)| {
-                let path = a.out.join(fname);
-                let seed = a.seed;
+                let path = out.join(fname);
+                let seed = o.seed;
                 s.spawn(move || -> Result<()> {
                     let mut hdr = serde_json::Map::new();
                     let mut off = 0u64;
@@ -272,19 +323,15 @@ pub fn run(a: Args) -> Result<()> {
         }
         let idx = serde_json::json!({"metadata": {"total_size": total}, "weight_map": wm});
         std::fs::write(
-            a.out.join("model.safetensors.index.json"),
+            out.join("model.safetensors.index.json"),
             serde_json::to_vec_pretty(&idx)?,
         )?;
     } else {
-        std::fs::rename(a.out.join(&names[0]), a.out.join("model.safetensors"))?;
+        std::fs::rename(out.join(&names[0]), out.join("model.safetensors"))?;
     }
-    eprintln!(
-        "wrote {} tensors, {:.2} GB in {} shard(s) to {} in {:.1}s",
-        shards.iter().map(|s| s.len()).sum::<usize>(),
-        total as f64 / 1e9,
-        ns,
-        a.out.display(),
-        t0.elapsed().as_secs_f64()
-    );
-    Ok(())
+    Ok(Written {
+        tensors: shards.iter().map(|s| s.len()).sum(),
+        bytes: total,
+        shards: ns,
+    })
 }
