@@ -60,6 +60,9 @@ pub struct RecipeArgs {
     /// Port to listen on. Env: LAGUNA_PORT.
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
+    /// Prefill every prompt in full: no prefix cache (recipe: enable_prefix_caching = false).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 fn invalid(flag: &str, msg: String) -> RecipeError {
@@ -107,6 +110,9 @@ impl RecipeArgs {
         }
         o.host = self.host.clone();
         o.port = self.port;
+        if self.no_prefix_cache {
+            o.enable_prefix_caching = Some(false);
+        }
         Ok(o)
     }
 
