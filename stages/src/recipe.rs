@@ -206,6 +206,8 @@ pub struct Recipe {
     pub memory_cap_bytes: Option<u64>,
     pub host: String,
     pub port: u16,
+    /// Reuse cached prompt prefixes across requests (vLLM's `enable_prefix_caching`; default on).
+    pub enable_prefix_caching: bool,
 }
 
 pub mod defaults {

@@ -88,7 +88,9 @@ def test_completions_text_list_and_ids(tiny):
     assert [ch.index for ch in r2.choices] == [0, 1]
     assert r2.choices[0].text == r.choices[0].text
     ids = requests.post(tiny.url + "/v1/completions", json={"prompt": [2, 40, 41, 42], "max_tokens": 4, "temperature": 0, "ignore_eos": True}).json()
-    assert ids["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8, "prompt_tokens_details": None}
+    cached = ids["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert 0 <= cached < 4
+    assert ids["usage"] == {"prompt_tokens": 4, "completion_tokens": 4, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": cached}}
     # default max_tokens is 16 as in vLLM
     d = requests.post(tiny.url + "/v1/completions", json={"prompt": "Hello", "temperature": 0, "ignore_eos": True}).json()
     assert d["usage"]["completion_tokens"] == 16

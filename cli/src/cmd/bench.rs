@@ -50,6 +50,25 @@ pub struct Args {
     /// Time several k with --draft: a range `1..15` (inclusive) or a list `1,3,6,15`.
     #[arg(long, requires = "draft")]
     pub sweep_k: Option<String>,
+    /// A synthetic agent session through the scheduler with the prefix cache: per turn, TTFT
+    /// cold and cached (see the `--agent-*` options; `--max-rows` is the step's token budget).
+    #[arg(long)]
+    pub agent_replay: bool,
+    /// --agent-replay: cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cuda")]
+    pub device: String,
+    /// --agent-replay: turns of the session.
+    #[arg(long, default_value_t = 8)]
+    pub agent_turns: usize,
+    /// --agent-replay: prompt tokens of the first turn.
+    #[arg(long, default_value_t = 8192)]
+    pub agent_first: usize,
+    /// --agent-replay: prompt tokens of the last turn (turns grow linearly).
+    #[arg(long, default_value_t = 65536)]
+    pub agent_last: usize,
+    /// --agent-replay: tokens generated each turn.
+    #[arg(long, default_value_t = 300)]
+    pub agent_output: usize,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -58,6 +77,22 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if a.agent_replay {
+        return super::bench_agent::run(&super::bench_agent::Replay {
+            model: a.model.clone(),
+            draft: a.draft.clone(),
+            k: a.num_speculative_tokens,
+            device: a.device.clone(),
+            pool_bytes: a.pool_gib.map(|g| (g * (1u64 << 30) as f64) as usize),
+            kv_fp8: a.kv_cache_dtype == "fp8",
+            max_rows: a.max_rows,
+            turns: a.agent_turns,
+            first: a.agent_first,
+            last: a.agent_last,
+            output: a.agent_output,
+            json: a.json,
+        });
+    }
     if let Err(e) = laguna_engine::cuda::gpu_available() {
         bail!("laguna bench needs a CUDA GPU: {e}");
     }

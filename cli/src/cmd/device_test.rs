@@ -35,6 +35,13 @@ pub struct Args {
     /// The random-config sweep (`--random-configs N --seed S ...`).
     #[command(flatten)]
     pub sweep: super::device_sweep::SweepArgs,
+    /// Skip the prefix-cache checks (a multi-turn session cached vs cold, with and without a draft).
+    #[arg(long)]
+    pub no_prefix: bool,
+    /// Only the prefix-cache checks, on one pair `DRAFT,TARGET` (e.g. the synthetic XS-2.1
+    /// checkpoints), a 2048-token first prompt.
+    #[arg(long, value_name = "DRAFT,TARGET")]
+    pub prefix_pair: Option<String>,
 }
 
 pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
@@ -394,6 +401,19 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::ensure!(r.ok, "DFlash pair check failed");
         return Ok(());
     }
+    if let Some(pair) = &a.prefix_pair {
+        let (dd, td) = pair
+            .split_once(',')
+            .context("--prefix-pair takes DRAFT,TARGET")?;
+        let mut fails = 0;
+        for draft in [None, Some(Path::new(dd))] {
+            let r = super::device_prefix::check(Path::new(td), draft, 2048)?;
+            println!("{} [prefix cache]: cached {:?} {} -> {}", r.name, r.cached, r.note, if r.ok { "OK" } else { "FAIL" });
+            fails += usize::from(!r.ok);
+        }
+        anyhow::ensure!(fails == 0, "prefix-cache check failed");
+        return Ok(());
+    }
     let mut dirs: Vec<PathBuf> = vec![];
     if a.fixtures.join("reference.safetensors").exists() {
         dirs.push(a.fixtures.clone());
@@ -482,8 +502,36 @@ pub fn run(a: Args) -> Result<()> {
             srows.push((name, note, ok));
         }
     }
-    let fails =
-        rows.iter().filter(|r| !r.ok).count() + dfails + srows.iter().filter(|r| !r.2).count();
+    // The prefix cache: cached against cold through the scheduler, on the DFlash fixture pair.
+    let mut prows = vec![];
+    let (pt, pd) = (
+        a.fixtures.join("swa-yarn-perhead"),
+        a.drafts.join("swa-yarn-perhead-causal-w8"),
+    );
+    if !a.no_prefix && !a.only_dflash && pt.join("config.json").exists() {
+        for draft in [None, Some(pd.as_path()).filter(|d| d.join("config.json").exists())] {
+            let r = super::device_prefix::check(&pt, draft, 20).unwrap_or_else(|e| {
+                super::device_prefix::PrefixRow {
+                    name: pt.display().to_string(),
+                    ok: false,
+                    cached: vec![],
+                    note: format!("ERROR {e:#}"),
+                }
+            });
+            println!(
+                "{} [prefix cache]: cached {:?} {} -> {}",
+                r.name,
+                r.cached,
+                r.note,
+                if r.ok { "OK" } else { "FAIL" }
+            );
+            prows.push(r);
+        }
+    }
+    let fails = rows.iter().filter(|r| !r.ok).count()
+        + dfails
+        + srows.iter().filter(|r| !r.2).count()
+        + prows.iter().filter(|r| !r.ok).count();
     if a.json {
         let items: Vec<_> = rows.iter().map(|r| serde_json::json!({"fixture": r.name, "rows": r.rows, "rel_err_pass": r.err_pass, "rel_err_decode": r.err_decode, "batch_invariant": r.batch_inv, "greedy": r.greedy, "ok": r.ok, "note": r.note})).collect();
         println!(

@@ -1,6 +1,8 @@
 pub mod bench;
+pub mod bench_agent;
 pub mod bench_draft;
 pub mod device_dflash;
+pub mod device_prefix;
 pub mod device_sample;
 pub mod device_sweep;
 pub mod device_test;

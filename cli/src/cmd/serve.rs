@@ -67,6 +67,7 @@ pub fn run(a: Args) -> Result<()> {
             api_key: a.api_key.clone(),
             max_waiting: a.max_waiting,
             default_enable_thinking: a.default_enable_thinking,
+            enable_prefix_caching: !r.server.no_prefix_cache,
             ..d
         }
     } else {
@@ -124,6 +125,7 @@ pub fn run(a: Args) -> Result<()> {
             api_key: a.api_key.clone(),
             max_waiting: a.max_waiting,
             default_enable_thinking: a.default_enable_thinking,
+            enable_prefix_caching: recipe.enable_prefix_caching,
         }
     };
     serve::run(opts)?;

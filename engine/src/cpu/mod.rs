@@ -1,5 +1,6 @@
 //! The CPU reference backend.
 pub mod model;
 pub mod ops;
+pub mod prefix;
 
 pub use model::CpuModel;

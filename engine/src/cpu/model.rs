@@ -8,7 +8,8 @@ use crate::model::schema::layer_prefix;
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
 use crate::weights::linear::{fp8_kv_round, kv_scales, to_f32};
 use crate::weights::store::WeightStore;
-use std::collections::HashMap;
+use super::prefix::CpuKv;
+use crate::model::prefix::PrefixStore;
 use std::path::Path;
 
 /// A dense f32 matrix `[out, inp]`.
@@ -118,7 +119,8 @@ pub struct CpuModel {
     pub norm: Vec<f32>,
     /// None when tied to the embedding.
     pub lm_head: Option<Mat>,
-    seqs: HashMap<SeqId, SeqKv>,
+    /// Per-sequence K/V and the prefix cache's blocks and snapshots.
+    kv: CpuKv,
     next_id: SeqId,
     taps: Vec<usize>,
     /// Per layer (k_scale, v_scale) from the checkpoint (1.0 when absent).
@@ -216,18 +218,31 @@ impl CpuModel {
             Some(Mat::load(store, "lm_head", cfg.vocab_size, h)?)
         };
         let kv_scales = kv_scales(store, cfg.num_layers)?;
+        let windows = (0..cfg.num_layers)
+            .map(|i| match (cfg.layers[i].attn, cfg.sliding_window) {
+                (AttnKind::Sliding, Some(w)) => Some(w),
+                _ => None,
+            })
+            .collect();
+        let kv = CpuKv::new(windows, kvw);
         Ok(CpuModel {
             cfg,
             embed,
             layers,
             norm,
             lm_head,
-            seqs: HashMap::new(),
+            kv,
             next_id: 1,
             taps: vec![],
             kv_scales,
             kv_fp8: false,
         })
+    }
+
+    /// The prefix cache's block size and budget (blocks its exports may hold).
+    pub fn set_prefix_cache(&mut self, block: usize, budget: usize) {
+        self.kv.set_block_size(block);
+        self.kv.set_budget(budget);
     }
 
     /// Keep K/V as an FP8 E4M3 cache would (value / scale rounded to E4M3, times scale).
@@ -435,33 +450,37 @@ impl Model for CpuModel {
     fn new_seq(&mut self) -> Result<SeqId> {
         let id = self.next_id;
         self.next_id += 1;
-        self.seqs.insert(id, SeqKv::default());
+        self.kv.seqs.insert(id, SeqKv::default());
         Ok(id)
     }
     fn free_seq(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.kv.seqs.remove(&seq);
     }
     fn seq_len(&self, seq: SeqId) -> usize {
-        self.seqs.get(&seq).map_or(0, |s| s.len)
+        self.kv.seqs.get(&seq).map_or(0, |s| s.len)
     }
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
-        if let Some(s) = self.seqs.get_mut(&seq) {
+        if let Some(s) = self.kv.seqs.get_mut(&seq) {
             s.truncate(len, row);
         }
     }
     fn set_taps(&mut self, layers: &[usize]) {
         self.taps = layers.to_vec();
     }
+    fn prefix_store(&mut self) -> Option<&mut dyn PrefixStore> {
+        Some(&mut self.kv)
+    }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
         let mut outs = Vec::with_capacity(batch.len());
         for item in batch {
             let mut kv = self
+                .kv
                 .seqs
                 .remove(&item.seq)
                 .ok_or_else(|| EngineError::Other(format!("unknown sequence {}", item.seq)))?;
             let res = self.run_seq(&mut kv, item.tokens, item.start_pos);
-            self.seqs.insert(item.seq, kv);
+            self.kv.seqs.insert(item.seq, kv);
             let (xs, taps) = res?;
             let rows: Vec<&Vec<f32>> = match item.logits {
                 LogitRows::None => vec![],

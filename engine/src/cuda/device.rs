@@ -534,6 +534,17 @@ impl Dev {
         Ok(())
     }
 
+    /// Device → device on the stream.
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> R<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        self.uploaded.lock().unwrap().remove(&dst);
+        self.ctx.bind_to_thread()?;
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
     /// Device → host, synchronous.
     pub fn dtoh(&self, dst: &mut [u8], src: u64) -> R<()> {
         self.ctx.bind_to_thread()?;

@@ -429,6 +429,9 @@ impl DraftModel for CudaDraft {
     fn truncate(&mut self, seq: SeqId, len: usize) {
         self.m.truncate(seq, len)
     }
+    fn prefix_store(&mut self) -> Option<&mut dyn crate::model::prefix::PrefixStore> {
+        Some(&mut self.m)
+    }
     fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {
         let width = self.cfg.num_taps() * self.target_hidden;
         for item in batch {

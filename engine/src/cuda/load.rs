@@ -804,6 +804,7 @@ impl CudaModel {
             mk_stag,
             xs_holds: std::cell::Cell::new((0, false)),
             final_normed: std::cell::Cell::new(false),
+            prefix: Default::default(),
         })
     }
 }

@@ -19,6 +19,7 @@ mod layers;
 mod load;
 mod moe;
 mod ops;
+mod prefix;
 pub mod ring;
 pub mod select;
 pub mod spec;
@@ -373,6 +374,8 @@ pub struct CudaModel {
     /// row into `sc.hsel`, so `final_logits` of one row skips its `rmsnorm`.
     /// Reset at the start of every pass.
     final_normed: std::cell::Cell<bool>,
+    /// Prefix cache: shared pages and exported snapshots (`prefix.rs`).
+    prefix: prefix::CudaPrefix,
 }
 
 /// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the
@@ -795,7 +798,9 @@ impl Model for CudaModel {
     }
     fn free_seq(&mut self, seq: SeqId) {
         if let Some(s) = self.seqs.remove(&seq) {
-            self.free_pages.extend(s.pages);
+            for p in s.pages {
+                self.release_page(p);
+            }
             self.free_rings.extend(s.ring);
         }
     }
@@ -807,9 +812,10 @@ impl Model for CudaModel {
         if let Some(s) = self.seqs.get_mut(&seq) {
             if len < s.len {
                 s.len = len;
-                let keep = ceil_div(len, ps);
-                while s.pages.len() > keep {
-                    self.free_pages.push(s.pages.pop().unwrap());
+                let keep = ceil_div(len, ps).min(s.pages.len());
+                let gone = s.pages.split_off(keep);
+                for p in gone {
+                    self.release_page(p);
                 }
             }
         }
@@ -818,6 +824,9 @@ impl Model for CudaModel {
         self.taps = layers.to_vec();
     }
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+    fn prefix_store(&mut self) -> Option<&mut dyn crate::model::prefix::PrefixStore> {
         Some(self)
     }
     fn device_sampling(&self) -> usize {

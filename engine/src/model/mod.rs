@@ -1,5 +1,6 @@
 //! The engine ↔ backend seam: a Laguna target model that runs batches of token rows for
 //! sequences whose KV it owns. The CPU backend is the reference; the CUDA backend must agree.
+pub mod prefix;
 pub mod schema;
 
 use crate::config::LagunaConfig;
@@ -107,6 +108,11 @@ pub trait Model: Send {
     /// The concrete backend, for drafts that fuse whole speculative steps with their own target
     /// type (the CUDA draft); None by default.
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
+    /// The backend's side of the prefix cache (export / restore K/V blocks and snapshots); None
+    /// when this backend does not support it (the scheduler then runs without the cache).
+    fn prefix_store(&mut self) -> Option<&mut dyn prefix::PrefixStore> {
         None
     }
 }

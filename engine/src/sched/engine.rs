@@ -12,11 +12,15 @@ use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use crate::sample::{log_softmax, sample, uniform_for, Rng};
 use crate::spec::{DraftModel, SpecState};
+use super::prefix_cache::PrefixCache;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::mpsc::UnboundedSender;
+
+mod cache;
+use cache::prefill_cut;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedConfig {
@@ -28,6 +32,12 @@ pub struct SchedConfig {
     pub max_model_len: usize,
     /// Most requests queued behind the running ones before `submit` answers `Overloaded` (0: no limit).
     pub max_waiting: usize,
+    /// Reuse the K/V of earlier requests' prefixes (`sched::prefix_cache`; vLLM's
+    /// `enable_prefix_caching`). Off, or a backend without a `PrefixStore`, prefills every prompt.
+    pub prefix_cache: bool,
+    /// With the prefix cache: also snapshot a prompt's prefill every this many tokens (0: only at
+    /// the end of each prompt and each output).
+    pub prefix_snapshot_every: usize,
 }
 
 impl Default for SchedConfig {
@@ -37,6 +47,8 @@ impl Default for SchedConfig {
             max_num_batched_tokens: 2048,
             max_model_len: 4096,
             max_waiting: 0,
+            prefix_cache: true,
+            prefix_snapshot_every: 4096,
         }
     }
 }
@@ -81,6 +93,10 @@ struct Running {
     first_token: Option<Instant>,
     /// DFlash state (owns the target and draft sequences) when a draft is loaded.
     spec: Option<SpecState>,
+    /// Prefix cache: keys of the sequence's blocks 0.. in the cache (restored or exported; pinned).
+    pins: Vec<u64>,
+    /// Prefix cache: the position of the sequence's last snapshot (0: none).
+    saved_at: usize,
 }
 
 impl Running {
@@ -109,6 +125,8 @@ pub(crate) struct Engine {
     running: Vec<Running>,
     /// A pipelined decode step launched and not yet collected: its sequences, in row order.
     inflight: Option<Vec<SeqId>>,
+    /// The prefix cache's index (None: off, or the backend has no `PrefixStore`).
+    cache: Option<PrefixCache>,
 }
 
 impl Engine {
@@ -133,7 +151,9 @@ impl Engine {
             waiting: VecDeque::new(),
             running: vec![],
             inflight: None,
+            cache: None,
         }
+        .with_prefix_cache()
     }
 
     pub fn run(mut self) {
@@ -153,6 +173,7 @@ impl Engine {
             self.publish_gauges();
             if !self.running.is_empty() {
                 self.step();
+                self.cache_checkpoints();
             }
         }
     }
@@ -180,6 +201,9 @@ impl Engine {
     }
 
     fn free(&mut self, r: Running) {
+        if let Some(c) = self.cache.as_mut() {
+            c.unpin(&r.pins);
+        }
         match (&r.spec, self.dflash.as_mut()) {
             (Some(st), Some(d)) => st.free(self.model.as_mut(), d.draft.as_mut()),
             _ => self.model.free_seq(r.seq),
@@ -195,6 +219,7 @@ impl Engine {
         while i < self.running.len() {
             let c = self.running[i].sub.cancel.load(Ordering::Acquire);
             if c == ABORTED || c == STOPPED || self.running[i].sub.tx.is_closed() {
+                self.cache_save(i);
                 let r = self.running.swap_remove(i);
                 let arrival = r.sub.arrival;
                 self.free(r);
@@ -231,18 +256,8 @@ impl Engine {
                 break;
             };
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
-            let started = match self.dflash.as_mut() {
-                Some(d) => SpecState::new(
-                    self.model.as_mut(),
-                    d.draft.as_mut(),
-                    &sub.req.prompt,
-                    d.k,
-                    sub.req.sampling.clone(),
-                )
-                .map(|st| (st.target_seq, Some(st))),
-                None => self.model.new_seq().map(|s| (s, None)),
-            };
-            let (seq, spec) = match started {
+            let started = self.start_cached(&sub.req);
+            let ((seq, spec), (computed, pins)) = match started {
                 Ok(x) => x,
                 Err(e) => {
                     let _ = sub.tx.send(EngineEvent::Error(format!(
@@ -260,16 +275,26 @@ impl Engine {
                 .unwrap_or_else(Rng::from_entropy);
             let tokens = sub.req.prompt.clone();
             let prompt_len = tokens.len();
-            self.shared.metrics.lock().unwrap().prompt_tokens_total += prompt_len as u64;
+            {
+                let mut m = self.shared.metrics.lock().unwrap();
+                m.prompt_tokens_total += prompt_len as u64;
+                if self.cache.is_some() {
+                    m.prefix_cache_queries += prompt_len as u64;
+                    m.prefix_cache_hits += computed as u64;
+                }
+            }
+            let _ = sub.tx.send(EngineEvent::Cached(computed));
             self.running.push(Running {
                 sub,
                 seq,
                 tokens,
                 prompt_len,
-                computed: 0,
+                computed,
                 rng,
                 first_token: None,
                 spec,
+                pins,
+                saved_at: computed,
             });
         }
     }
@@ -316,7 +341,9 @@ impl Engine {
             if r.generated() > 0 || budget == 0 {
                 continue;
             }
-            let n = (r.prompt_len - r.computed).min(budget);
+            let n = self
+                .prefill_cut(r.computed, r.prompt_len)
+                .min(budget);
             budget -= n;
             let end = r.computed + n;
             let logits = if end == r.prompt_len {
@@ -346,6 +373,8 @@ impl Engine {
         if plan.is_empty() {
             return;
         }
+        let rows: Vec<(usize, usize)> = plan.iter().map(|p| (p.idx, p.rows.len())).collect();
+        self.cache_room_for(&rows);
         if self.device_decode(&plan) {
             return;
         }
@@ -481,6 +510,12 @@ impl Engine {
             });
         let mut launch_err = None;
         if ahead {
+            let rows: Vec<(usize, usize)> = seqs
+                .iter()
+                .filter_map(|s| self.running.iter().position(|r| r.seq == *s))
+                .map(|i| (i, 2))
+                .collect();
+            self.cache_room_for(&rows);
             let us: Vec<f64> = seqs
                 .iter()
                 .map(|s| {
@@ -568,8 +603,10 @@ impl Engine {
     }
 
     /// Tell these running sequences' clients that their step failed (they are removed after).
-    fn report_failed(&self, idxs: &[usize], e: &str) {
+    fn report_failed(&mut self, idxs: &[usize], e: &str) {
         for &i in idxs {
+            // Whatever its K/V hold now, they are not cached.
+            self.running[i].saved_at = usize::MAX;
             let r = &self.running[i];
             let _ = r
                 .sub
@@ -579,9 +616,12 @@ impl Engine {
         }
     }
 
+    /// Free finished sequences (saving their prefix in the cache first, unless they failed).
     fn remove(&mut self, mut finished: Vec<usize>) {
         finished.sort_unstable_by(|a, b| b.cmp(a));
+        finished.dedup();
         for i in finished {
+            self.cache_save(i);
             let r = self.running.swap_remove(i);
             self.free(r);
         }
@@ -592,6 +632,8 @@ impl Engine {
     fn step_dflash(&mut self) {
         let k = self.dflash.as_ref().map_or(0, |d| d.k);
         let mut budget = self.cfg.max_num_batched_tokens;
+        let every = self.snapshot_every();
+        let cut = |c: usize, len: usize| prefill_cut(c, len, every);
         let mut chosen: Vec<usize> = vec![];
         for (i, r) in self.running.iter().enumerate() {
             let st = r.spec.as_ref().expect("dflash sequences carry a SpecState");
@@ -603,8 +645,7 @@ impl Engine {
         for (i, r) in self.running.iter_mut().enumerate() {
             let st = r.spec.as_mut().expect("dflash sequences carry a SpecState");
             if !st.is_prefilled() && budget > 0 {
-                let left = r.prompt_len - r.computed;
-                let n = left.min(budget);
+                let n = cut(r.computed, r.prompt_len).min(budget);
                 st.prefill_chunk = n;
                 budget -= n;
                 chosen.push(i);
@@ -615,6 +656,14 @@ impl Engine {
             chosen.push(0);
         }
         chosen.sort_unstable();
+        let rows: Vec<(usize, usize)> = chosen
+            .iter()
+            .map(|&i| match &self.running[i].spec {
+                Some(st) if !st.is_prefilled() => (i, st.prefill_chunk.max(1)),
+                _ => (i, k + 1),
+            })
+            .collect();
+        self.cache_room_for(&rows);
         let result = {
             let mut states: Vec<&mut SpecState> = vec![];
             for (i, r) in self.running.iter_mut().enumerate() {

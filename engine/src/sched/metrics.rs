@@ -72,6 +72,10 @@ pub struct MetricsSnapshot {
     /// Forward steps run and rows they carried (for debugging the batcher).
     pub num_steps: u64,
     pub max_batch_seqs_seen: usize,
+    /// Prompt tokens looked up in the prefix cache, and those found (vLLM's
+    /// `prefix_cache_queries` / `prefix_cache_hits`, in tokens).
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
 }
 
 impl Default for MetricsSnapshot {
@@ -94,6 +98,8 @@ impl Default for MetricsSnapshot {
             spec_accepted_per_pos: vec![],
             num_steps: 0,
             max_batch_seqs_seen: 0,
+            prefix_cache_queries: 0,
+            prefix_cache_hits: 0,
         }
     }
 }

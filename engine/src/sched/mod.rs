@@ -12,6 +12,7 @@
 pub mod detok;
 mod engine;
 pub mod metrics;
+pub mod prefix_cache;
 pub mod spec_hook;
 pub mod stream;
 pub mod types;
@@ -246,3 +247,5 @@ impl Backend for Scheduler {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod prefix_tests;

@@ -68,6 +68,7 @@ impl RequestStream {
             usage: Usage {
                 prompt_tokens,
                 completion_tokens: 0,
+                cached_tokens: 0,
             },
             out: VecDeque::new(),
             done: false,
@@ -108,6 +109,7 @@ impl RequestStream {
 
     fn translate(&mut self, ev: EngineEvent) {
         match ev {
+            EngineEvent::Cached(n) => self.usage.cached_tokens = n,
             EngineEvent::Tokens { ids, logprobs } => {
                 self.usage.completion_tokens += ids.len();
                 let delta = match &self.tokenizer {

@@ -234,6 +234,7 @@ fn cfg(seqs: usize, tokens: usize) -> SchedConfig {
         max_num_batched_tokens: tokens,
         max_model_len: 256,
         max_waiting: 0,
+        ..SchedConfig::default()
     }
 }
 
@@ -576,6 +577,7 @@ async fn dflash_batched_equals_plain_greedy() {
         max_num_batched_tokens: 12,
         max_model_len: 256,
         max_waiting: 0,
+        ..SchedConfig::default()
     };
     let loaded = Loaded {
         model: Box::new(target),

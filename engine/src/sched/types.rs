@@ -66,6 +66,9 @@ pub enum StopReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose K/V came from the prefix cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 /// Log-probabilities of one generated token (natural log of softmax of the raw logits).
@@ -80,6 +83,8 @@ pub struct TokenLogprob {
 /// What the engine thread sends for one sequence.
 #[derive(Debug, Clone)]
 pub(crate) enum EngineEvent {
+    /// Sent once at admission: prompt tokens restored from the prefix cache.
+    Cached(usize),
     /// One or more tokens (several per step with speculative decoding).
     Tokens {
         ids: Vec<u32>,

@@ -18,7 +18,6 @@ use crate::cpu::ops::*;
 use crate::error::{EngineError, Result};
 use crate::model::{SeqId, StepOutput};
 use crate::weights::store::WeightStore;
-use std::collections::HashMap;
 use std::path::Path;
 
 pub struct DraftLayer {
@@ -55,7 +54,8 @@ pub struct CpuDraft {
     pub layers: Vec<DraftLayer>,
     pub inv_freq: Vec<f32>,
     pub attention_factor: f32,
-    seqs: HashMap<SeqId, DraftKv>,
+    /// Per-sequence context K/V and the prefix cache's blocks and snapshots.
+    kv: crate::cpu::prefix::CpuKv,
     next_id: SeqId,
 }
 
@@ -165,7 +165,9 @@ impl CpuDraft {
                 )));
             }
         }
+        let kv = crate::cpu::prefix::CpuKv::new(vec![cfg.window; cfg.num_layers], nkv * hd);
         Ok(CpuDraft {
+            kv,
             inv_freq: cfg.rope.inv_freq(),
             attention_factor: cfg.rope.attention_factor as f32,
             cfg,
@@ -177,7 +179,6 @@ impl CpuDraft {
             hidden_norm,
             norm,
             layers,
-            seqs: HashMap::new(),
             next_id: 1,
         })
     }
@@ -226,9 +227,15 @@ impl CpuDraft {
             .collect()
     }
 
+    /// The prefix cache's block size and budget (blocks its exports may hold).
+    pub fn set_prefix_cache(&mut self, block: usize, budget: usize) {
+        self.kv.set_block_size(block);
+        self.kv.set_budget(budget);
+    }
+
     /// The cached context K/V of a sequence (tests compare incremental against recomputed).
     pub fn context_kv(&self, seq: SeqId) -> Option<&DraftKv> {
-        self.seqs.get(&seq)
+        self.kv.seqs.get(&seq)
     }
 
     fn lm_head_apply(&self, y: &[f32]) -> Vec<f32> {
@@ -370,18 +377,18 @@ impl DraftModel for CpuDraft {
         let id = self.next_id;
         self.next_id += 1;
         let l = self.cfg.num_layers;
-        self.seqs.insert(id, DraftKv::with_layers(l));
+        self.kv.seqs.insert(id, DraftKv::with_layers(l));
         Ok(id)
     }
     fn free_seq(&mut self, seq: SeqId) {
-        self.seqs.remove(&seq);
+        self.kv.seqs.remove(&seq);
     }
     fn context_len(&self, seq: SeqId) -> usize {
-        self.seqs.get(&seq).map_or(0, |s| s.len)
+        self.kv.seqs.get(&seq).map_or(0, |s| s.len)
     }
     fn truncate(&mut self, seq: SeqId, len: usize) {
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
-        if let Some(s) = self.seqs.get_mut(&seq) {
+        if let Some(s) = self.kv.seqs.get_mut(&seq) {
             s.truncate(len, row);
         }
     }
@@ -389,14 +396,14 @@ impl DraftModel for CpuDraft {
         let width = self.cfg.num_taps() * self.target_hidden;
         let row = self.cfg.num_kv_heads * self.cfg.head_dim;
         for item in batch {
-            let n = item.rows(width, self.seqs.get(&item.seq).map(|s| s.len))?;
+            let n = item.rows(width, self.kv.seqs.get(&item.seq).map(|s| s.len))?;
             let rows: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..n)
                 .map(|r| {
                     let c = self.fuse_taps(&item.taps[r * width..(r + 1) * width]);
                     self.context_kv_row(&c, item.start_pos + r)
                 })
                 .collect();
-            let kv = self.seqs.get_mut(&item.seq).expect("checked above");
+            let kv = self.kv.seqs.get_mut(&item.seq).expect("checked above");
             for l in 0..kv.k.len() {
                 kv.k[l].truncate(item.start_pos * row);
                 kv.v[l].truncate(item.start_pos * row);
@@ -409,10 +416,13 @@ impl DraftModel for CpuDraft {
         }
         Ok(())
     }
+    fn prefix_store(&mut self) -> Option<&mut dyn crate::model::prefix::PrefixStore> {
+        Some(&mut self.kv)
+    }
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
         let mut outs = Vec::with_capacity(batch.len());
         for item in batch {
-            let kv = self.seqs.get(&item.seq).ok_or_else(|| {
+            let kv = self.kv.seqs.get(&item.seq).ok_or_else(|| {
                 EngineError::Other(format!("unknown draft sequence {}", item.seq))
             })?;
             let rows = self.block_forward(kv, item.tokens, item.start_pos)?;

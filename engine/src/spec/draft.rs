@@ -76,4 +76,9 @@ pub trait DraftModel: Send {
     ) -> Option<Result<Vec<StepResult>>> {
         None
     }
+    /// The draft's side of the prefix cache: its context K/V as blocks and snapshots, like the
+    /// target's ([`crate::model::Model::prefix_store`]). None: no prefix cache with this draft.
+    fn prefix_store(&mut self) -> Option<&mut dyn crate::model::prefix::PrefixStore> {
+        None
+    }
 }

@@ -126,6 +126,19 @@ impl SpecState {
         self.prefilled
     }
 
+    /// Start the prefill at prompt position `pos` instead of 0: the target sequence and the
+    /// draft context already hold positions `0..pos` (restored from the prefix cache).
+    pub fn resume_at(&mut self, pos: usize) -> Result<()> {
+        if self.prefilled || self.prefill_pos != 0 || pos >= self.prompt_len {
+            return Err(EngineError::Other(format!(
+                "cannot resume a {}-token prompt at {pos}",
+                self.prompt_len
+            )));
+        }
+        self.prefill_pos = pos;
+        Ok(())
+    }
+
     /// Replace the next step's proposals with these tokens (the draft still runs and its context
     /// stays in sync). For tests and external proposers; length must be k.
     pub fn force_next_drafts(&mut self, drafts: Vec<u32>) {

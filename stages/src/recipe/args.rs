@@ -71,6 +71,9 @@ pub struct ServerArgs {
     /// Port to listen on. Env: LAGUNA_PORT.
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
+    /// Prefill every prompt in full: no prefix cache (recipe: enable_prefix_caching = false).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 /// Every recipe flag. Each subcommand flattens only the groups it uses and fills the rest with
@@ -143,6 +146,9 @@ impl RecipeArgs {
         }
         o.host = self.server.host.clone();
         o.port = self.server.port;
+        if self.server.no_prefix_cache {
+            o.enable_prefix_caching = Some(false);
+        }
         Ok(o)
     }
 

@@ -22,6 +22,7 @@ struct RecipeFile {
     memory_cap_bytes: Option<Bytes>,
     host: Option<String>,
     port: Option<u16>,
+    enable_prefix_caching: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,5 +165,6 @@ pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
     }
     o.host = f.host;
     o.port = f.port;
+    o.enable_prefix_caching = f.enable_prefix_caching;
     Ok(o)
 }

@@ -34,6 +34,7 @@ pub struct Overrides {
     pub memory_cap_bytes: Option<u64>,
     pub host: Option<String>,
     pub port: Option<u16>,
+    pub enable_prefix_caching: Option<bool>,
 }
 
 /// Every environment variable a recipe field reads, with the recipe key it overrides.
@@ -219,7 +220,8 @@ impl Overrides {
             num_speculative_tokens,
             memory_cap_bytes,
             host,
-            port
+            port,
+            enable_prefix_caching
         );
     }
 
@@ -343,6 +345,7 @@ impl Overrides {
             memory_cap_bytes: self.memory_cap_bytes,
             host: self.host.unwrap_or_else(|| defaults::HOST.into()),
             port: self.port.unwrap_or(defaults::PORT),
+            enable_prefix_caching: self.enable_prefix_caching.unwrap_or(true),
         })
     }
 }

@@ -378,7 +378,7 @@ async fn complete(state: &AppState, mut p: Prepared) -> Result<Json, ApiError> {
                         "finish_reason": finish_reason(reason, !calls.is_empty()),
                         "stop_reason": stop_reason_json(&stop_reason),
                     }],
-                    "usage": usage_json(usage.prompt_tokens, usage.completion_tokens),
+                    "usage": usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens),
                 }));
             }
         }
@@ -514,7 +514,7 @@ fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Respon
                     }
                     if p.include_usage {
                         let u = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                                       "choices": [], "usage": usage_json(usage.prompt_tokens, usage.completion_tokens)});
+                                       "choices": [], "usage": usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)});
                         if !tx.data(&u).await {
                             return;
                         }

@@ -147,7 +147,7 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
             logprobs.is_some(),
         );
     }
-    let (mut total_p, mut total_c) = (0, 0);
+    let (mut total_p, mut total_c, mut total_cached) = (0, 0, 0);
     let mut out = vec![];
     for (i, mut c) in choices.into_iter().enumerate() {
         let mut text = c.echo.clone();
@@ -169,6 +169,7 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
                 }) => {
                     total_p += usage.prompt_tokens;
                     total_c += usage.completion_tokens;
+                    total_cached += usage.cached_tokens;
                     out.push(json!({"index": i, "text": text, "logprobs": if logprobs.is_some() { lp.take() } else { Json::Null },
                                     "finish_reason": finish_str(reason), "stop_reason": stop_reason_json(&stop_reason)}));
                     break;
@@ -181,7 +182,7 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
         }
     }
     let v = json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": out,
-                   "usage": usage_json(total_p, total_c)});
+                   "usage": usage_json(total_p, total_c, total_cached)});
     warp::reply::json(&v).into_response()
 }
 
@@ -240,7 +241,7 @@ fn stream_response(
             }
         }
         let mut lps: Vec<LegacyLogprobs> = (0..n).map(|_| LegacyLogprobs::default()).collect();
-        let (mut finished, mut total_p, mut total_c) = (0, 0, 0);
+        let (mut finished, mut total_p, mut total_c, mut total_cached) = (0, 0, 0, 0);
         while finished < n {
             let msg = tokio::select! {
                 m = mrx.recv() => m,
@@ -273,6 +274,7 @@ fn stream_response(
                     finished += 1;
                     total_p += usage.prompt_tokens;
                     total_c += usage.completion_tokens;
+                    total_cached += usage.cached_tokens;
                     tx.data(&chunk(
                         i,
                         String::new(),
@@ -294,7 +296,7 @@ fn stream_response(
         }
         if include_usage {
             let u = json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": [],
-                           "usage": usage_json(total_p, total_c)});
+                           "usage": usage_json(total_p, total_c, total_cached)});
             if !tx.data(&u).await {
                 return;
             }

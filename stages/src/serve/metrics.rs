@@ -110,6 +110,18 @@ pub fn render(m: &MetricsSnapshot, model_name: &str) -> String {
     );
     counter(
         &mut out,
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        &[(l.clone(), m.prefix_cache_queries as f64)],
+    );
+    counter(
+        &mut out,
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        &[(l.clone(), m.prefix_cache_hits as f64)],
+    );
+    counter(
+        &mut out,
         "vllm:spec_decode_num_drafts",
         "Number of spec decoding drafts.",
         &[(l.clone(), m.spec_num_drafts as f64)],

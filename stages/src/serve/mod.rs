@@ -70,6 +70,8 @@ pub struct ServeOptions {
     pub max_waiting: usize,
     /// `enable_thinking` when a request does not say.
     pub default_enable_thinking: bool,
+    /// Reuse cached prompt prefixes (`--no-prefix-cache` / recipe `enable_prefix_caching`).
+    pub enable_prefix_caching: bool,
 }
 
 impl Default for ServeOptions {
@@ -90,6 +92,7 @@ impl Default for ServeOptions {
             api_key: None,
             max_waiting: 0,
             default_enable_thinking: false,
+            enable_prefix_caching: true,
         }
     }
 }
@@ -121,7 +124,7 @@ fn sampling_defaults(dir: &Path) -> SamplingDefaults {
 }
 
 /// The model a device name stands for, loaded on the engine's thread (`backend::load`).
-fn model_loader(
+pub fn model_loader(
     dir: PathBuf,
     draft: Option<PathBuf>,
     k: usize,
@@ -225,6 +228,8 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
             .unwrap_or(2048.max(opts.max_num_seqs)),
         max_model_len,
         max_waiting: opts.max_waiting,
+        prefix_cache: opts.enable_prefix_caching,
+        ..SchedConfig::default()
     };
     let served_names = if opts.served_model_name.is_empty() {
         vec![if embedded {

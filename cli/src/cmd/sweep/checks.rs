@@ -336,6 +336,7 @@ pub fn sched_check(
         max_num_batched_tokens: batched_tokens.max(o.max_seqs),
         max_model_len: 4096,
         max_waiting: 0,
+        ..SchedConfig::default()
     };
     let s = Scheduler::start_loading(sc.clone(), loader, None)?;
     let t0 = std::time::Instant::now();
