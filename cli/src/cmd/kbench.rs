@@ -930,7 +930,7 @@ fn attn_layer(
                 tc_ns,
             )
         };
-        // KernelSet merge_r's forms of the same merges.
+        // The same merges again (kept for the timing rows below).
         let merge_tcr = || {
             merge_n(
                 if tc_ns > 16 {

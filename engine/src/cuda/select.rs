@@ -528,12 +528,20 @@ mod tests {
     fn gemv_and_moe_by_shape() {
         let qkvg = linear::Shape {
             m: 1,
-            n: 64 * 128 + 2 * 8 * 128 + 64,
+            n: 48 * 128 + 2 * 8 * 128 + 48,
             k: 2048,
             fp4: false,
             tiled: true,
         };
+        // XS-2.1's 48-head q|k|v|g: 515 row groups, at most 4 an SM of the H200's 132: 5 warps;
+        // a 64-head one (644 groups) and the GB10's 48 SMs: 4.
         assert_eq!(linear::tc_kernel(&qkvg, &H200), ("linear_tc_bf16_tiled", 5));
+        assert_eq!(linear::tc_kernel(&qkvg, &GB10), ("linear_tc_bf16_tiled", 4));
+        let q64 = linear::Shape {
+            n: 64 * 128 + 2 * 8 * 128 + 64,
+            ..qkvg
+        };
+        assert_eq!(linear::tc_kernel(&q64, &H200), ("linear_tc_bf16_tiled", 4));
         let o = linear::Shape {
             n: 2048,
             k: 8192,
