@@ -5,6 +5,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod model;
 pub mod sample;
 pub mod sched;

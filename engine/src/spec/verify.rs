@@ -8,8 +8,16 @@
 //!   (`p > 0` required); on the first rejection emit a token from `p_{i-1}` with `d_i` removed
 //!   (renormalised) and stop; after full acceptance emit a bonus token from `p_k`.
 //!   Every emitted token is therefore distributed exactly as plain sampling would draw it.
+//! * With a grammar ([`verify_constrained`]): row i is masked with the grammar's state after the
+//!   tokens accepted before it, and every emitted token advances the grammar. A draft the grammar
+//!   forbids has probability 0 under the masked row (greedy: is never its argmax), so it is
+//!   rejected like a mismatch, and the output is what constrained decoding without the draft
+//!   gives (greedy: the same tokens).
 use crate::cpu::ops::argmax;
+use crate::error::Result;
+use crate::grammar::Constraint;
 use crate::sample::{draw, probs, Rng, SamplingParams};
+use std::borrow::Cow;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -21,21 +29,60 @@ pub struct Verdict {
 
 /// `rows[i]` are the target logits at verify row i (k+1 rows for k drafts).
 pub fn verify(drafts: &[u32], rows: &[&[f32]], params: &SamplingParams, rng: &mut Rng) -> Verdict {
+    if params.is_greedy() {
+        assert_eq!(
+            rows.len(),
+            drafts.len() + 1,
+            "verify needs k+1 target rows for k drafts"
+        );
+        return verify_greedy(drafts, rows);
+    }
+    verify_with(drafts, rows, params, rng, None).expect("no grammar, no error")
+}
+
+/// `verify` under a grammar, which is advanced by every emitted token. Errors come from the
+/// grammar (a state no token can continue).
+pub fn verify_constrained(
+    drafts: &[u32],
+    rows: &[&[f32]],
+    params: &SamplingParams,
+    rng: &mut Rng,
+    grammar: &mut Constraint,
+) -> Result<Verdict> {
+    verify_with(drafts, rows, params, rng, Some(grammar))
+}
+
+fn verify_with(
+    drafts: &[u32],
+    rows: &[&[f32]],
+    params: &SamplingParams,
+    rng: &mut Rng,
+    mut grammar: Option<&mut Constraint>,
+) -> Result<Verdict> {
     assert_eq!(
         rows.len(),
         drafts.len() + 1,
         "verify needs k+1 target rows for k drafts"
     );
-    if params.is_greedy() {
-        return verify_greedy(drafts, rows);
-    }
     let mut tokens = Vec::with_capacity(drafts.len() + 1);
     for (i, &d) in drafts.iter().enumerate() {
-        let p = probs(rows[i], params);
+        let r = masked(grammar.as_deref_mut(), rows[i])?;
+        if params.is_greedy() {
+            let t = argmax(&r) as u32;
+            emit(grammar.as_deref_mut(), &mut tokens, t)?;
+            if t != d {
+                return Ok(Verdict {
+                    accepted: i,
+                    tokens,
+                });
+            }
+            continue;
+        }
+        let p = probs(&r, params);
         let u = rng.uniform();
         let pd = p.get(d as usize).copied().unwrap_or(0.0);
         if pd > 0.0 && pd >= u {
-            tokens.push(d);
+            emit(grammar.as_deref_mut(), &mut tokens, d)?;
             continue;
         }
         // Recovered token: p with the draft token removed, renormalised.
@@ -49,18 +96,41 @@ pub fn verify(drafts: &[u32], rows: &[&[f32]], params: &SamplingParams, rng: &mu
                 *x /= s;
             }
         }
-        tokens.push(draw(&q, rng) as u32);
-        return Verdict {
+        let t = draw(&q, rng) as u32;
+        emit(grammar.as_deref_mut(), &mut tokens, t)?;
+        return Ok(Verdict {
             accepted: i,
             tokens,
-        };
+        });
     }
-    let p = probs(rows[drafts.len()], params);
-    tokens.push(draw(&p, rng) as u32);
-    Verdict {
+    let r = masked(grammar.as_deref_mut(), rows[drafts.len()])?;
+    let t = if params.is_greedy() {
+        argmax(&r) as u32
+    } else {
+        draw(&probs(&r, params), rng) as u32
+    };
+    emit(grammar.as_deref_mut(), &mut tokens, t)?;
+    Ok(Verdict {
         accepted: drafts.len(),
         tokens,
+    })
+}
+
+/// A row as sampling sees it: masked by the grammar's current state.
+fn masked<'a>(g: Option<&mut Constraint>, row: &'a [f32]) -> Result<Cow<'a, [f32]>> {
+    Ok(match g {
+        Some(c) => Cow::Owned(c.masked(row)?),
+        None => Cow::Borrowed(row),
+    })
+}
+
+/// Append an emitted token, advancing the grammar.
+fn emit(g: Option<&mut Constraint>, tokens: &mut Vec<u32>, t: u32) -> Result<()> {
+    if let Some(c) = g {
+        c.consume(t)?;
     }
+    tokens.push(t);
+    Ok(())
 }
 
 pub fn verify_greedy(drafts: &[u32], rows: &[&[f32]]) -> Verdict {
