@@ -50,6 +50,11 @@ pub struct Args {
     /// Time several k with --draft: a range `1..15` (inclusive) or a list `1,3,6,15`.
     #[arg(long, requires = "draft")]
     pub sweep_k: Option<String>,
+    /// Constrained decoding: decode through the scheduler with and without a JSON-schema grammar
+    /// (this schema file, or a built-in one) and report tok/s and the mask time per token (on
+    /// the CPU when there is no GPU).
+    #[arg(long, num_args = 0..=1, value_name = "SCHEMA_JSON")]
+    pub grammar: Option<Option<PathBuf>>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -58,6 +63,9 @@ fn median(v: &mut [f64]) -> f64 {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    if let Some(schema) = a.grammar.clone() {
+        return super::bench_grammar::run(&a.model, schema, a.prompt_len, a.gen, a.runs, a.json);
+    }
     if let Err(e) = laguna_engine::cuda::gpu_available() {
         bail!("laguna bench needs a CUDA GPU: {e}");
     }

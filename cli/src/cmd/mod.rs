@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod bench_draft;
+pub mod bench_grammar;
 pub mod device_dflash;
 pub mod device_sample;
 pub mod device_test;

@@ -34,11 +34,14 @@ impl TokenizerEnv for LagunaTokEnv {
         &self.trie
     }
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        let n = self.trie.vocab_size() as u32;
         self.trie.tokenize_with_greedy_fallback(s, |s| {
-            self.tokenizer
-                .encode(s, false)
-                .map(|e| e.get_ids().to_vec())
-                .unwrap_or_default()
+            match self.tokenizer.encode(s, false) {
+                // Ids past the model's vocabulary (a tokenizer larger than the model): the
+                // trie's own tokenization instead.
+                Ok(e) if e.get_ids().iter().all(|&t| t < n) => e.get_ids().to_vec(),
+                _ => self.trie.greedy_tokenize(s.as_bytes()),
+            }
         })
     }
 }
