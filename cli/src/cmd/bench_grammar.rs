@@ -71,10 +71,21 @@ async fn decode(s: &Scheduler, req: GenRequest) -> Result<(usize, f64, f64)> {
     Ok((n, ttft, (n.saturating_sub(1)) as f64 / dec.max(1e-9)))
 }
 
-pub fn run(model: &Path, schema: Option<PathBuf>, prompt_len: usize, gen: usize, runs: usize, json: bool) -> Result<()> {
+pub fn run(
+    model: &Path,
+    schema: Option<PathBuf>,
+    prompt_len: usize,
+    gen: usize,
+    runs: usize,
+    json: bool,
+) -> Result<()> {
     let cfg = LagunaConfig::from_file(&model.join("config.json"))?;
-    let tok = Tokenizer::from_dir(model)?
-        .ok_or_else(|| anyhow!("{} has no tokenizer.json (a grammar needs one)", model.display()))?;
+    let tok = Tokenizer::from_dir(model)?.ok_or_else(|| {
+        anyhow!(
+            "{} has no tokenizer.json (a grammar needs one)",
+            model.display()
+        )
+    })?;
     let schema = match schema {
         Some(p) => serde_json::from_str(
             &std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?,
@@ -85,7 +96,11 @@ pub fn run(model: &Path, schema: Option<PathBuf>, prompt_len: usize, gen: usize,
     let t = Instant::now();
     let env = GrammarEnv::new(&tok, cfg.vocab_size, &cfg.eos_token_ids)?;
     let env_ms = t.elapsed().as_secs_f64() * 1e3;
-    let device = if laguna_engine::cuda::gpu_available().is_ok() { "cuda" } else { "cpu" };
+    let device = if laguna_engine::cuda::gpu_available().is_ok() {
+        "cuda"
+    } else {
+        "cpu"
+    };
     let opts = laguna_stages::serve::ServeOptions {
         device: device.into(),
         max_num_seqs: 1,
@@ -109,7 +124,9 @@ pub fn run(model: &Path, schema: Option<PathBuf>, prompt_len: usize, gen: usize,
             (x % (v - 16)) as u32 + 16
         })
         .collect();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let mut rows = vec![];
     for mode in ["plain", "plain+logprobs", "grammar"] {
         let (mut toks, mut ttfts, mut tps, mut masks) = (vec![], vec![], vec![], vec![]);
@@ -168,7 +185,10 @@ pub fn run(model: &Path, schema: Option<PathBuf>, prompt_len: usize, gen: usize,
             .iter()
             .map(|r| serde_json::json!({"mode": r.mode, "tokens": r.tokens, "ttft_ms": r.ttft_ms, "tok_s": r.tok_s, "mask_us_per_token": r.mask_us}))
             .collect();
-        println!("{}", serde_json::json!({"device": device, "prompt_len": prompt_len, "gen": gen, "grammar_env_ms": env_ms, "rows": out}));
+        println!(
+            "{}",
+            serde_json::json!({"device": device, "prompt_len": prompt_len, "gen": gen, "grammar_env_ms": env_ms, "rows": out})
+        );
     }
     Ok(())
 }

@@ -82,7 +82,9 @@ fn token_bytes(tok: &Tokenizer, vocab_size: usize) -> Result<Vec<Vec<u8>>> {
         let Some(b) = bytes.get_mut(id as usize) else {
             continue;
         };
-        if c.starts_with('<') && c.ends_with('>') && b.first() != Some(&TokTrie::SPECIAL_TOKEN_MARKER)
+        if c.starts_with('<')
+            && c.ends_with('>')
+            && b.first() != Some(&TokTrie::SPECIAL_TOKEN_MARKER)
         {
             b.insert(0, TokTrie::SPECIAL_TOKEN_MARKER);
         }

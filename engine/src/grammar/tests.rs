@@ -24,9 +24,7 @@ fn random_walk(c: &mut Constraint, rng: &mut Rng, limit: usize) -> Vec<u32> {
     for _ in 0..limit {
         let mut logits = vec![0.0f32; 512];
         c.apply(&mut logits).unwrap();
-        let allowed: Vec<u32> = (0..512u32)
-            .filter(|&t| logits[t as usize] == 0.0)
-            .collect();
+        let allowed: Vec<u32> = (0..512u32).filter(|&t| logits[t as usize] == 0.0).collect();
         assert!(!allowed.is_empty());
         let t = allowed[(rng.next_u64() % allowed.len() as u64) as usize];
         c.consume(t).unwrap();
@@ -45,7 +43,13 @@ fn random_walk(c: &mut Constraint, rng: &mut Rng, limit: usize) -> Vec<u32> {
 #[test]
 fn chat_tags_are_special_tokens() {
     let Some((g, _)) = env() else { return };
-    for t in ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_value>", "</think>"] {
+    for t in [
+        "<tool_call>",
+        "</tool_call>",
+        "<arg_key>",
+        "</arg_value>",
+        "</think>",
+    ] {
         assert!(g.is_special(t), "{t}");
     }
     assert!(!g.is_special("get_weather"));
@@ -62,7 +66,10 @@ fn special_tokens_are_forced_as_one_token() {
     assert_eq!(allowed, vec![25], "only <tool_call> (25) may start");
     c.consume(25).unwrap();
     assert!(!c.allows(26).unwrap(), "the name comes first");
-    assert!(c.consume(26).is_err(), "a token the grammar forbids is an error");
+    assert!(
+        c.consume(26).is_err(),
+        "a token the grammar forbids is an error"
+    );
 }
 
 #[test]
@@ -150,7 +157,9 @@ fn random_walks_through_a_json_schema_validate() {
 #[test]
 fn invalid_grammars_and_schemas_are_errors() {
     let Some((g, _)) = env() else { return };
-    let e = g.compile("start: %json {\"type\": \"frobnicate\"}").unwrap_err();
+    let e = g
+        .compile("start: %json {\"type\": \"frobnicate\"}")
+        .unwrap_err();
     assert!(!e.is_empty());
     assert!(g.compile("start: (").is_err());
     assert!(g.compile("start: <no_such_tag>").is_err());

@@ -375,7 +375,10 @@ impl Engine {
             .running
             .iter_mut()
             .enumerate()
-            .filter(|(i, _)| plan.iter().any(|p| p.idx == *i && p.logits != LogitRows::None))
+            .filter(|(i, _)| {
+                plan.iter()
+                    .any(|p| p.idx == *i && p.logits != LogitRows::None)
+            })
             .filter_map(|(_, r)| r.grammar.as_mut())
             .collect();
         let outs = crate::grammar::prepare_beside(masks, || model.forward(&inputs));

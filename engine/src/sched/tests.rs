@@ -708,7 +708,9 @@ async fn dflash_constrained_equals_plain() {
     .unwrap();
     let vocab = c.vocab_size as u32;
     for i in 0..4u32 {
-        let p: Vec<u32> = (0..(5 + 3 * i)).map(|j| (i * 31 + j * 7 + 3) % vocab).collect();
+        let p: Vec<u32> = (0..(5 + 3 * i))
+            .map(|j| (i * 31 + j * 7 + 3) % vocab)
+            .collect();
         let mut outs = vec![];
         for s in [&with, &without] {
             let mut req = GenRequest::greedy(p.clone(), 120);
@@ -719,7 +721,8 @@ async fn dflash_constrained_equals_plain() {
         let (ids, reason, _, _) = &outs[0];
         assert_eq!(*reason, FinishReason::Stop, "{ids:?}");
         let text = tok.decode(ids, true).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
         assert!((0..=999).contains(&v["a"].as_i64().unwrap()), "{text}");
         let b = v["b"].as_array().unwrap();
         assert!(b.len() <= 4 && b.iter().all(|x| x.is_boolean()), "{text}");

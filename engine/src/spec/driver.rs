@@ -21,10 +21,10 @@
 use super::draft::{BlockInput, ContextInput, DraftModel};
 use super::stats::{SpecStats, StepStats};
 use super::verify::{verify, verify_constrained};
-use crate::grammar::{prepare_beside, Constraint};
 use crate::cpu::ops::argmax;
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt, is_stop, FinishReason, GenerateRequest, GenerateResult};
+use crate::grammar::{prepare_beside, Constraint};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::sample::{sample, Rng, SamplingParams};
 

@@ -215,4 +215,90 @@ mod tests {
             }
         }
     }
+
+    /// A grammar over the tiny-chat tokenizer allowing "a" or "b" then EOS (2, 24).
+    fn ab() -> Option<(Constraint, u32, u32)> {
+        let dir = std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/models/tiny-chat"
+        ));
+        let tok = crate::tokenizer::Tokenizer::from_dir(dir).ok().flatten()?;
+        let env = crate::grammar::GrammarEnv::new(&tok, 512, &[2, 24]).unwrap();
+        let c = env.compile("start: \"a\" | \"b\"").unwrap();
+        Some((c, tok.token_to_id("a")?, tok.token_to_id("b")?))
+    }
+
+    #[test]
+    fn constrained_greedy_rejects_forbidden_drafts() {
+        let Some((g, a, b)) = ab() else { return };
+        let x = 7u32; // forbidden, and the raw argmax of row 0
+        let mut r0 = vec![0.0f32; 512];
+        r0[x as usize] = 9.0;
+        r0[a as usize] = 2.0;
+        r0[b as usize] = 1.0;
+        let mut r1 = vec![0.0f32; 512];
+        r1[x as usize] = 9.0;
+        r1[24] = 1.0;
+        let rows: Vec<&[f32]> = vec![&r0, &r1];
+        let p = SamplingParams::greedy();
+        let mut rng = Rng::new(1);
+        let v = verify_constrained(&[x], &rows, &p, &mut rng, &mut g.clone()).unwrap();
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 0,
+                tokens: vec![a]
+            }
+        );
+        let v = verify_constrained(&[a], &rows, &p, &mut rng, &mut g.clone()).unwrap();
+        assert_eq!(
+            v,
+            Verdict {
+                accepted: 1,
+                tokens: vec![a, 24]
+            },
+            "after \"a\" only EOS"
+        );
+        // Unconstrained, the forbidden draft is the argmax and accepted.
+        assert_eq!(verify(&[x], &rows, &p, &mut rng).accepted, 1);
+    }
+
+    #[test]
+    fn constrained_rejection_samples_the_masked_distribution() {
+        let Some((g, a, b)) = ab() else { return };
+        let mut row = vec![0.0f32; 512];
+        row[a as usize] = 0.5;
+        row[b as usize] = -0.2;
+        row[7] = 3.0; // forbidden: must never come out
+        let params = SamplingParams {
+            temperature: 0.9,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        };
+        let masked = g.clone().masked(&row).unwrap();
+        let p = probs(&masked, &params);
+        let eos = vec![0.0f32; 512];
+        let rows: Vec<&[f32]> = vec![&row, &eos];
+        let mut rng = Rng::new(5);
+        let n = 20_000;
+        for d in [a, b, 7] {
+            let (mut ca, mut cb) = (0usize, 0usize);
+            for _ in 0..n {
+                let v = verify_constrained(&[d], &rows, &params, &mut rng, &mut g.clone()).unwrap();
+                match v.tokens[0] {
+                    t if t == a => ca += 1,
+                    t if t == b => cb += 1,
+                    t => panic!("draft {d}: emitted {t}, which the grammar forbids"),
+                }
+            }
+            let fa = ca as f64 / n as f64;
+            assert!(
+                (fa - p[a as usize]).abs() < 0.015,
+                "draft {d}: a {fa} vs {}",
+                p[a as usize]
+            );
+            assert_eq!(ca + cb, n);
+        }
+    }
 }

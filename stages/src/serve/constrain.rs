@@ -105,10 +105,9 @@ pub fn compile(state: &AppState, d: &Demand, thinking: bool) -> Result<Constrain
 
 pub fn compile_with(env: &GrammarEnv, d: &Demand, thinking: bool) -> Result<Constraint, ApiError> {
     let (lark, param) = match d {
-        Demand::ToolCalls { tools, parallel } => (
-            tool_calls_lark(env, tools, *parallel, thinking)?,
-            "tools",
-        ),
+        Demand::ToolCalls { tools, parallel } => {
+            (tool_calls_lark(env, tools, *parallel, thinking)?, "tools")
+        }
         Demand::Json(schema) => (json_lark(env, schema, thinking), "response_format"),
     };
     env.compile(&lark).map_err(|e| {
@@ -234,12 +233,19 @@ fn tool_calls_lark(
 }
 
 /// `call_i` and its arguments' rules.
-fn tool_rules(env: &GrammarEnv, i: usize, f: &Json, rules: &mut Vec<String>) -> Result<(), ApiError> {
+fn tool_rules(
+    env: &GrammarEnv,
+    i: usize,
+    f: &Json,
+    rules: &mut Vec<String>,
+) -> Result<(), ApiError> {
     let name = f.get("name").and_then(Json::as_str).unwrap_or_default();
     let params = f.get("parameters").cloned().unwrap_or(json!({}));
     let bad = |m: String| Err(ApiError::bad_request(m).with_param("tools"));
     if !params.is_object() {
-        return bad(format!("tools: the parameters of `{name}` must be a JSON Schema object."));
+        return bad(format!(
+            "tools: the parameters of `{name}` must be a JSON Schema object."
+        ));
     }
     let props = params
         .get("properties")
@@ -249,7 +255,12 @@ fn tool_rules(env: &GrammarEnv, i: usize, f: &Json, rules: &mut Vec<String>) -> 
     let required: Vec<String> = params
         .get("required")
         .and_then(Json::as_array)
-        .map(|a| a.iter().filter_map(Json::as_str).map(str::to_string).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Json::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
     // Declared properties in order, then required names the schema does not declare.
     let extra = match params.get("additionalProperties") {
@@ -352,7 +363,10 @@ fn arg_value(
     // Terminals match at least one character: the empty value is the terminal left out.
     let may_be_empty = min.unwrap_or(0) == 0 && schema.get("pattern").is_none();
     rules.push(format!("{term}: {}", parts.join(" & ")));
-    rules.push(format!("{rule}: {term}{}", if may_be_empty { "?" } else { "" }));
+    rules.push(format!(
+        "{rule}: {term}{}",
+        if may_be_empty { "?" } else { "" }
+    ));
     Ok(rule.to_string())
 }
 

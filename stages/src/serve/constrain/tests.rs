@@ -55,7 +55,9 @@ fn search() -> Json {
 
 fn check_weather(a: &Json) {
     let o = a.as_object().unwrap();
-    assert!(o.keys().all(|k| ["city", "days", "unit", "code"].contains(&k.as_str())));
+    assert!(o
+        .keys()
+        .all(|k| ["city", "days", "unit", "code"].contains(&k.as_str())));
     assert!(o["city"].as_str().unwrap().chars().count() <= 6);
     assert!((1..=9).contains(&o["days"].as_i64().unwrap()), "{a}");
     if let Some(u) = o.get("unit") {
@@ -63,7 +65,10 @@ fn check_weather(a: &Json) {
     }
     if let Some(c) = o.get("code") {
         let c = c.as_str().unwrap();
-        assert!(c.len() == 2 && c.bytes().all(|b| b.is_ascii_lowercase()), "{a}");
+        assert!(
+            c.len() == 2 && c.bytes().all(|b| b.is_ascii_lowercase()),
+            "{a}"
+        );
     }
 }
 
@@ -95,7 +100,10 @@ fn forced_tool_calls_parse_and_validate() {
                 };
                 let (content, calls) = parse_complete(&body, &tools);
                 assert_eq!(content, "", "nothing but calls: {text:?}");
-                assert!(!calls.is_empty() && (parallel || calls.len() == 1), "{text:?}");
+                assert!(
+                    !calls.is_empty() && (parallel || calls.len() == 1),
+                    "{text:?}"
+                );
                 for call in calls {
                     let a: Json = serde_json::from_str(&call.arguments).unwrap();
                     match call.name.as_str() {
@@ -114,7 +122,9 @@ fn named_tool_choice_calls_that_tool() {
     let Some((g, tok)) = env() else { return };
     let tools = vec![weather(), search()];
     let tc = json!({"type": "function", "function": {"name": "search"}});
-    let d = demand(Some(&tools), Some(&tc), None, None).unwrap().unwrap();
+    let d = demand(Some(&tools), Some(&tc), None, None)
+        .unwrap()
+        .unwrap();
     for seed in 0..4 {
         let mut c = compile_with(&g, &d, false).unwrap();
         let text = tok.decode(&walk(&mut c, seed), false).unwrap();
@@ -137,7 +147,10 @@ fn json_response_format_gives_json() {
         let mut c = compile_with(&g, &d, false).unwrap();
         let text = tok.decode(&walk(&mut c, seed), false).unwrap();
         let v: Json = serde_json::from_str(&text).unwrap();
-        assert!(v["ok"].is_boolean() && (0..=99).contains(&v["n"].as_i64().unwrap()), "{text}");
+        assert!(
+            v["ok"].is_boolean() && (0..=99).contains(&v["n"].as_i64().unwrap()),
+            "{text}"
+        );
         assert_eq!(v.as_object().unwrap().len(), 2);
     }
     let d = demand(None, None, Some(&json!({"type": "json_object"})), None)
@@ -145,14 +158,23 @@ fn json_response_format_gives_json() {
         .unwrap();
     let mut c = compile_with(&g, &d, false).unwrap();
     let text = tok.decode(&walk(&mut c, 1), false).unwrap();
-    assert!(serde_json::from_str::<Json>(&text).unwrap().is_object(), "{text}");
+    assert!(
+        serde_json::from_str::<Json>(&text).unwrap().is_object(),
+        "{text}"
+    );
 }
 
 #[test]
 fn demands_and_their_errors() {
     let tools = vec![weather()];
-    assert_eq!(demand(Some(&tools), Some(&json!("auto")), None, None).unwrap(), None);
-    assert_eq!(demand(Some(&tools), None, Some(&json!({"type": "text"})), None).unwrap(), None);
+    assert_eq!(
+        demand(Some(&tools), Some(&json!("auto")), None, None).unwrap(),
+        None
+    );
+    assert_eq!(
+        demand(Some(&tools), None, Some(&json!({"type": "text"})), None).unwrap(),
+        None
+    );
     let e = demand(
         Some(&tools),
         Some(&json!({"type": "function", "function": {"name": "nope"}})),
@@ -161,13 +183,22 @@ fn demands_and_their_errors() {
     )
     .unwrap_err();
     assert_eq!(e.status.as_u16(), 400);
-    assert!(e.message.contains("`nope`") && e.message.contains("get_weather"), "{}", e.message);
+    assert!(
+        e.message.contains("`nope`") && e.message.contains("get_weather"),
+        "{}",
+        e.message
+    );
     assert!(demand(None, None, Some(&json!({"type": "yaml"})), None).is_err());
     assert!(demand(None, None, Some(&json!({"type": "json_schema"})), None).is_err());
     // A forced call wins over the response format.
-    let d = demand(Some(&tools), Some(&json!("required")), Some(&json!({"type": "json_object"})), None)
-        .unwrap()
-        .unwrap();
+    let d = demand(
+        Some(&tools),
+        Some(&json!("required")),
+        Some(&json!({"type": "json_object"})),
+        None,
+    )
+    .unwrap()
+    .unwrap();
     assert!(matches!(d, Demand::ToolCalls { .. }));
     let Some((g, _)) = env() else { return };
     let bad = Demand::Json(json!({"type": "object", "properties": {"a": {"type": "wat"}}}));
