@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod generate;
+pub mod grammar;
 pub mod memory;
 pub mod model;
 pub mod sample;

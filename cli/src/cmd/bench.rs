@@ -69,6 +69,11 @@ pub struct Args {
     /// --agent-replay: tokens generated each turn.
     #[arg(long, default_value_t = 300)]
     pub agent_output: usize,
+    /// Constrained decoding: decode through the scheduler with and without a JSON-schema grammar
+    /// (this schema file, or a built-in one) and report tok/s and the mask time per token (on
+    /// the CPU when there is no GPU).
+    #[arg(long, num_args = 0..=1, value_name = "SCHEMA_JSON")]
+    pub grammar: Option<Option<PathBuf>>,
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -92,6 +97,9 @@ pub fn run(a: Args) -> Result<()> {
             output: a.agent_output,
             json: a.json,
         });
+    }
+    if let Some(schema) = a.grammar.clone() {
+        return super::bench_grammar::run(&a.model, schema, a.prompt_len, a.gen, a.runs, a.json);
     }
     if let Err(e) = laguna_engine::cuda::gpu_available() {
         bail!("laguna bench needs a CUDA GPU: {e}");

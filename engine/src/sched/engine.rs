@@ -9,6 +9,7 @@ use super::metrics::MetricsSnapshot;
 use super::spec_hook::{verify, SpecDriver};
 use super::stream::{ABORTED, LIVE, STOPPED};
 use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
+use crate::grammar::Constraint;
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use crate::sample::{log_softmax, sample, uniform_for, Rng};
 use crate::spec::{DraftModel, SpecState};
@@ -97,11 +98,16 @@ struct Running {
     pins: Vec<u64>,
     /// Prefix cache: the position of the sequence's last snapshot (0: none).
     saved_at: usize,
+    /// The request's grammar (without DFlash; with it, `spec` holds it).
+    grammar: Option<Constraint>,
 }
 
 impl Running {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+    fn constrained(&self) -> bool {
+        self.grammar.is_some() || self.spec.as_ref().is_some_and(|s| s.constraint.is_some())
     }
 }
 
@@ -252,12 +258,13 @@ impl Engine {
 
     fn admit(&mut self) {
         while self.running.len() < self.cfg.max_num_seqs {
-            let Some(sub) = self.waiting.pop_front() else {
+            let Some(mut sub) = self.waiting.pop_front() else {
                 break;
             };
+            let mut grammar = sub.req.constraint.take();
             self.shared.queued.fetch_sub(1, Ordering::AcqRel);
             let started = self.start_cached(&sub.req);
-            let ((seq, spec), (computed, pins)) = match started {
+            let ((seq, mut spec), (computed, pins)) = match started {
                 Ok(x) => x,
                 Err(e) => {
                     let _ = sub.tx.send(EngineEvent::Error(format!(
@@ -273,6 +280,9 @@ impl Engine {
                 .seed
                 .map(Rng::new)
                 .unwrap_or_else(Rng::from_entropy);
+            if let Some(st) = spec.as_mut() {
+                st.constraint = grammar.take();
+            }
             let tokens = sub.req.prompt.clone();
             let prompt_len = tokens.len();
             {
@@ -295,6 +305,7 @@ impl Engine {
                 spec,
                 pins,
                 saved_at: computed,
+                grammar,
             });
         }
     }
@@ -387,7 +398,19 @@ impl Engine {
                 logits: p.logits,
             })
             .collect();
-        let outs = self.model.forward(&inputs);
+        // The grammar masks of the rows this step samples are computed while the forward runs.
+        let model = &mut self.model;
+        let masks: Vec<&mut Constraint> = self
+            .running
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| {
+                plan.iter()
+                    .any(|p| p.idx == *i && p.logits != LogitRows::None)
+            })
+            .filter_map(|(_, r)| r.grammar.as_mut())
+            .collect();
+        let outs = crate::grammar::prepare_beside(masks, || model.forward(&inputs));
         {
             let mut m = self.shared.metrics.lock().unwrap();
             m.num_steps += 1;
@@ -430,6 +453,7 @@ impl Engine {
                 && p.logits == LogitRows::Last
                 && r.generated() > 0
                 && r.sub.req.logprobs.is_none()
+                && r.grammar.is_none()
         });
         if !ok {
             return false;
@@ -729,9 +753,27 @@ impl Engine {
         let mut lps: Vec<TokenLogprob> = vec![];
         let sampling = r.sub.req.sampling.clone();
         let rng = &mut r.rng;
+        let grammar = &mut r.grammar;
+        let mut gerr: Option<String> = None;
         let mut sample_row = |i: usize| -> u32 {
             let row = out.row(i);
-            let t = sample(row, &sampling, rng);
+            let t = match grammar.as_mut() {
+                None => sample(row, &sampling, rng),
+                // Sampled from the masked row and fed to the grammar (a draft that the grammar
+                // forbids never equals the sampled token, so it is rejected like a mismatch).
+                Some(g) => match g
+                    .masked(row)
+                    .map(|m| sample(&m, &sampling, rng))
+                    .and_then(|t| g.consume(t).map(|_| t))
+                {
+                    Ok(t) => t,
+                    Err(e) => {
+                        gerr.get_or_insert(e.to_string());
+                        0
+                    }
+                },
+            };
+            // Logprobs are those of the model's raw distribution.
             if let Some(n) = want_lp {
                 lps.push(logprob_of(row, t, n));
             }
@@ -765,6 +807,14 @@ impl Engine {
             };
             s.observe(r.seq, p.start, &out.taps, kept);
         }
+        if let Some(e) = gerr {
+            let r = &self.running[p.idx];
+            let _ = r.sub.tx.send(EngineEvent::Error(format!(
+                "constrained decoding failed: {e}"
+            )));
+            self.record_finish(FinishReason::Error, r.sub.arrival);
+            return true;
+        }
         self.deliver(p.idx, emitted, lps)
     }
 
@@ -775,9 +825,11 @@ impl Engine {
         let req = &r.sub.req;
         let mut finish: Option<(FinishReason, Option<u32>)> = None;
         let mut n_keep = emitted.len();
+        // A grammar allows EOS only once it is complete: then it ends the output, ignore_eos or not.
+        let constrained = r.constrained();
         for (i, &t) in emitted.iter().enumerate() {
             r.tokens.push(t);
-            let is_eos = !req.ignore_eos && self.model.config().is_eos(t);
+            let is_eos = (!req.ignore_eos || constrained) && self.model.config().is_eos(t);
             if req.stop_token_ids.contains(&t) {
                 finish = Some((FinishReason::Stop, Some(t)));
             } else if is_eos {

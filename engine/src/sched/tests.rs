@@ -654,3 +654,87 @@ async fn engine_panic_fails_requests_and_health() {
     ));
     let _ = s.metrics(); // not poisoned
 }
+
+/// Constrained decoding with a DFlash draft (CPU fixtures, the tiny-chat tokenizer over the
+/// target's 384 ids): the greedy tokens are those of the same requests without the draft, and
+/// they are JSON that satisfies the schema (drafts the grammar forbids are rejected).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dflash_constrained_equals_plain() {
+    use crate::cpu::CpuModel;
+    use crate::grammar::GrammarEnv;
+    use crate::spec::CpuDraft;
+    use crate::tokenizer::Tokenizer;
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"));
+    let (tdir, ddir, kdir) = (
+        root.join("models/swa-yarn-perhead"),
+        root.join("drafts/swa-yarn-perhead-causal-w8"),
+        root.join("models/tiny-chat"),
+    );
+    let Ok(Some(tok)) = Tokenizer::from_dir(&kdir) else {
+        eprintln!("skipping: tokenizer fixture missing");
+        return;
+    };
+    if !tdir.join("config.json").exists() || !ddir.join("config.json").exists() {
+        eprintln!("skipping: DFlash fixtures missing");
+        return;
+    }
+    let target = CpuModel::load(&tdir).unwrap();
+    let c = target.cfg.clone();
+    let env = GrammarEnv::new(&tok, c.vocab_size, &c.eos_token_ids).unwrap();
+    let draft = CpuDraft::load(&ddir, &target).unwrap();
+    let lark = r#"start: %json {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999}, "b": {"type": "array", "items": {"type": "boolean"}, "maxItems": 4}}, "required": ["a", "b"], "additionalProperties": false, "x-guidance": {"whitespace_pattern": "[ ]{1,2}"}}"#;
+    let sc = SchedConfig {
+        max_num_seqs: 3,
+        max_num_batched_tokens: 12,
+        max_model_len: 256,
+        max_waiting: 0,
+        ..SchedConfig::default()
+    };
+    let with = Scheduler::start(
+        sc.clone(),
+        Loaded {
+            model: Box::new(target),
+            spec: None,
+            dflash: Some(Dflash {
+                draft: Box::new(draft),
+                k: 3,
+            }),
+        },
+        None,
+    )
+    .unwrap();
+    let without = Scheduler::start(
+        sc,
+        Loaded::plain(Box::new(CpuModel::load(&tdir).unwrap())),
+        None,
+    )
+    .unwrap();
+    let vocab = c.vocab_size as u32;
+    for i in 0..4u32 {
+        let p: Vec<u32> = (0..(5 + 3 * i))
+            .map(|j| (i * 31 + j * 7 + 3) % vocab)
+            .collect();
+        let mut outs = vec![];
+        for s in [&with, &without] {
+            let mut req = GenRequest::greedy(p.clone(), 120);
+            req.constraint = Some(env.compile(lark).unwrap());
+            outs.push(collect(s.submit(req).unwrap()).await);
+        }
+        assert_eq!(outs[0].0, outs[1].0, "prompt {p:?}");
+        let (ids, reason, _, _) = &outs[0];
+        assert_eq!(*reason, FinishReason::Stop, "{ids:?}");
+        let text = tok.decode(ids, true).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!((0..=999).contains(&v["a"].as_i64().unwrap()), "{text}");
+        let b = v["b"].as_array().unwrap();
+        assert!(b.len() <= 4 && b.iter().all(|x| x.is_boolean()), "{text}");
+        assert_eq!(v.as_object().unwrap().len(), 2, "{text}");
+    }
+    let m = with.metrics();
+    assert!(m.spec_num_drafts > 0, "{m:?}");
+    eprintln!(
+        "constrained dflash: accepted {}/{} drafts",
+        m.spec_num_accepted_tokens, m.spec_num_draft_tokens
+    );
+}

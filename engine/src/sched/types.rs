@@ -15,6 +15,9 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// Drop special tokens (e.g. `</assistant>`) from text deltas.
     pub skip_special_tokens: bool,
+    /// Constrained decoding: only tokens this grammar allows are sampled, and EOS only once it is
+    /// complete (`crate::grammar`).
+    pub constraint: Option<crate::grammar::Constraint>,
 }
 
 impl GenRequest {
@@ -28,6 +31,7 @@ impl GenRequest {
             stop: vec![],
             logprobs: None,
             skip_special_tokens: true,
+            constraint: None,
         }
     }
 }

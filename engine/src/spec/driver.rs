@@ -20,10 +20,11 @@
 //! the plain sampler and writes the whole prompt as draft context.
 use super::draft::{BlockInput, ContextInput, DraftModel};
 use super::stats::{SpecStats, StepStats};
-use super::verify::verify;
+use super::verify::{verify, verify_constrained};
 use crate::sample::argmax;
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt, is_stop, FinishReason, GenerateRequest, GenerateResult};
+use crate::grammar::{prepare_beside, Constraint};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::sample::{sample, Rng, SamplingParams};
 
@@ -57,6 +58,8 @@ pub struct SpecState {
     pub stats: SpecStats,
     /// Keep per-step `acceptance_lengths` / `proposals` in `stats`.
     pub keep_history: bool,
+    /// Constrained decoding: every row is sampled under this grammar (`super::verify`).
+    pub constraint: Option<Constraint>,
 }
 
 /// What [`step`] produced for one sequence.
@@ -109,6 +112,7 @@ impl SpecState {
             forced: None,
             stats: SpecStats::with_k(k),
             keep_history: false,
+            constraint: None,
         })
     }
 
@@ -176,6 +180,7 @@ pub fn step(
         && states.iter().all(|s| {
             s.prefilled
                 && s.forced.is_none()
+                && s.constraint.is_none()
                 && s.sampling.is_greedy()
                 && s.k == states[0].k
                 && s.k_eff(max_pos) == s.k
@@ -263,7 +268,13 @@ pub fn step(
             },
         })
         .collect();
-    let outs = target.forward(&batch)?;
+    // The grammar masks of each sequence's first row are computed while the target runs.
+    let masks: Vec<&mut Constraint> = states
+        .iter_mut()
+        .filter(|s| s.prefilled || s.prefill_end() == s.tokens.len())
+        .filter_map(|s| s.constraint.as_mut())
+        .collect();
+    let outs = prepare_beside(masks, || target.forward(&batch))?;
 
     // 3. Verify, roll back, and collect context rows.
     let ntaps_w = draft.config().num_taps() * target.config().hidden_size;
@@ -285,7 +296,14 @@ pub fn step(
                 results.push(StepResult::default());
                 continue;
             }
-            let tok = sample(out.row(0), &s.sampling, &mut s.rng);
+            let tok = match s.constraint.as_mut() {
+                Some(c) => {
+                    let t = sample(&c.masked(out.row(0))?, &s.sampling, &mut s.rng);
+                    c.consume(t)?;
+                    t
+                }
+                None => sample(out.row(0), &s.sampling, &mut s.rng),
+            };
             s.tokens.push(tok);
             s.prefilled = true;
             s.stats.num_emitted_tokens += 1;
@@ -297,7 +315,10 @@ pub fn step(
             continue;
         }
         let rows: Vec<&[f32]> = (0..=d.len()).map(|i| out.row(i)).collect();
-        let v = verify(&d, &rows, &s.sampling, &mut s.rng);
+        let v = match s.constraint.as_mut() {
+            Some(c) => verify_constrained(&d, &rows, &s.sampling, &mut s.rng, c)?,
+            None => verify(&d, &rows, &s.sampling, &mut s.rng),
+        };
         let t_len = s.tokens.len();
         // Positions T-1 ..= T-1+a are now committed with K/V; drop the rejected rows.
         target.truncate(s.target_seq, t_len + v.accepted);

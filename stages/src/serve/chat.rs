@@ -249,6 +249,14 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let prompt = state.encode(&rendered, false)?;
     let max_tokens = state.resolve_max_tokens(v.max_tokens, prompt.len())?;
+    let constraint = super::constrain::for_chat(
+        state,
+        tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.response_format.as_ref(),
+        req.parallel_tool_calls,
+        thinking,
+    )?;
     let gen = GenRequest {
         prompt,
         max_tokens,
@@ -258,6 +266,7 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
         stop: v.stop,
         logprobs: if want_logprobs { Some(top) } else { None },
         skip_special_tokens: req.common.skip_special_tokens.unwrap_or(true),
+        constraint,
     };
     let stream = state.submit(gen)?;
     let assembler = Assembler {

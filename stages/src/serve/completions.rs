@@ -92,6 +92,7 @@ fn prepare(
         )
         .with_param("prompt"));
     }
+    let demand = super::constrain::demand(None, None, req.response_format.as_ref(), None)?;
     let vocab = state.tokenizer.vocab_size() as u32;
     let mut choices = vec![];
     for (ids, text) in prompts {
@@ -119,6 +120,10 @@ fn prepare(
             stop: v.stop.clone(),
             logprobs,
             skip_special_tokens: req.common.skip_special_tokens.unwrap_or(true),
+            constraint: match &demand {
+                Some(d) => Some(super::constrain::compile(state, d, false)?),
+                None => None,
+            },
         };
         choices.push(Choice {
             stream: state.submit(gen)?,

@@ -7,6 +7,7 @@
 pub mod chat;
 pub mod chat_template;
 pub mod completions;
+pub mod constrain;
 pub mod embedded;
 pub mod errors;
 pub mod metrics;
@@ -160,6 +161,27 @@ pub fn model_loader(
     }))
 }
 
+/// The grammar compiler of constrained requests (tool_choice required / named, response_format).
+fn grammar_env(
+    tok: &Tokenizer,
+    cfg: &LagunaConfig,
+) -> Option<Arc<laguna_engine::grammar::GrammarEnv>> {
+    let t = std::time::Instant::now();
+    match laguna_engine::grammar::GrammarEnv::new(tok, cfg.vocab_size, &cfg.eos_token_ids) {
+        Ok(g) => {
+            tracing::info!(
+                "grammar engine ready in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            Some(Arc::new(g))
+        }
+        Err(e) => {
+            tracing::warn!("constrained decoding is off (requests that need it get a 400): {e}");
+            None
+        }
+    }
+}
+
 /// Load everything but the weights, bind the port, then load the weights on the engine thread
 /// (`/health` answers 503 meanwhile) and serve until Ctrl-C.
 pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
@@ -221,6 +243,7 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
             ));
         }
     }
+    let grammar = grammar_env(&tokenizer, &cfg);
     let sched_cfg = SchedConfig {
         max_num_seqs: opts.max_num_seqs,
         max_num_batched_tokens: opts
@@ -275,6 +298,7 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
             created: openai::now_secs(),
             defaults: sampling_defaults(&dir),
             default_enable_thinking: opts.default_enable_thinking,
+            grammar,
         });
         tracing::info!(
             "serving `{}` on http://{local} (device {}, max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, chat template: {})",

@@ -94,6 +94,10 @@ pub struct ChatRequest {
     pub top_logprobs: Option<i64>,
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Json>,
+    /// `false`: a forced tool choice makes exactly one call.
+    pub parallel_tool_calls: Option<bool>,
+    /// `{"type": "text" | "json_object" | "json_schema", ...}`: enforced by a grammar.
+    pub response_format: Option<Json>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     pub reasoning_effort: Option<String>,
     pub include_reasoning: Option<bool>,
@@ -117,6 +121,8 @@ pub struct CompletionRequest {
     /// Number of top alternatives per token (legacy completions logprobs).
     pub logprobs: Option<i64>,
     pub echo: Option<bool>,
+    /// JSON output enforced by a grammar, as on chat completions (vLLM takes it here too).
+    pub response_format: Option<Json>,
 }
 
 /// Parse a JSON body: malformed JSON and wrong types are 400s with serde's message.

@@ -188,6 +188,7 @@ mod tests {
             created: 0,
             defaults: SamplingDefaults::default(),
             default_enable_thinking: false,
+            grammar: None,
         }))
     }
 

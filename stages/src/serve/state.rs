@@ -20,6 +20,9 @@ pub struct AppState {
     pub defaults: SamplingDefaults,
     /// Thinking on unless the request says otherwise (a recipe may flip it).
     pub default_enable_thinking: bool,
+    /// Compiles the grammars of constrained requests (`constrain`); None when the tokenizer
+    /// could not be read for it (such requests then get a 400).
+    pub grammar: Option<Arc<laguna_engine::grammar::GrammarEnv>>,
 }
 
 impl AppState {

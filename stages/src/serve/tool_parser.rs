@@ -48,7 +48,7 @@ pub fn arg_type<'a>(tools: &'a [Json], tool: &str, arg: &str) -> Option<&'a Json
         .and_then(|a| a.get("type"))
 }
 
-fn is_string_type(t: Option<&Json>) -> bool {
+pub(crate) fn is_string_type(t: Option<&Json>) -> bool {
     match t {
         Some(Json::String(s)) => s == "string",
         // ["string", "null"]: a string unless the model wrote null.
