@@ -98,7 +98,11 @@ pub fn check(target: &Path, draft: Option<&Path>, first: usize) -> Result<Prefix
     let note = if same {
         String::new()
     } else {
-        let i = warm.iter().zip(&cold).position(|(a, b)| a.0 != b.0).unwrap_or(0);
+        let i = warm
+            .iter()
+            .zip(&cold)
+            .position(|(a, b)| a.0 != b.0)
+            .unwrap_or(0);
         format!("turn {} differs: {:?} vs {:?}", i + 1, warm[i].0, cold[i].0)
     };
     Ok(PrefixRow {

@@ -6,13 +6,13 @@
 //! step's token total stays within `max_num_batched_tokens`. After the forward, each sequence
 //! samples with its own RNG and emits 1..=k+1 tokens.
 use super::metrics::MetricsSnapshot;
+use super::prefix_cache::PrefixCache;
 use super::spec_hook::{verify, SpecDriver};
 use super::stream::{ABORTED, LIVE, STOPPED};
 use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use crate::sample::{log_softmax, sample, uniform_for, Rng};
 use crate::spec::{DraftModel, SpecState};
-use super::prefix_cache::PrefixCache;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -341,9 +341,7 @@ impl Engine {
             if r.generated() > 0 || budget == 0 {
                 continue;
             }
-            let n = self
-                .prefill_cut(r.computed, r.prompt_len)
-                .min(budget);
+            let n = self.prefill_cut(r.computed, r.prompt_len).min(budget);
             budget -= n;
             let end = r.computed + n;
             let logits = if end == r.prompt_len {
