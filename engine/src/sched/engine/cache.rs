@@ -33,6 +33,11 @@ impl Engine {
             tracing::info!("prefix cache: off");
             return self;
         }
+        if self.spec.as_ref().is_some_and(|s| !s.taps().is_empty()) {
+            // A proposer fed the taps of every prompt row would miss the restored ones.
+            tracing::info!("prefix cache: off (the speculative proposer reads prompt taps)");
+            return self;
+        }
         let Some(t) = self.model.prefix_store() else {
             tracing::info!("prefix cache: off (the backend has no prefix store)");
             return self;
