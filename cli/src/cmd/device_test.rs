@@ -408,7 +408,7 @@ pub fn run(a: Args) -> Result<()> {
             .context("--prefix-pair takes DRAFT,TARGET")?;
         let mut fails = 0;
         for draft in [None, Some(Path::new(dd))] {
-            let r = super::device_prefix::check(Path::new(td), draft, 2048)?;
+            let r = super::device_prefix::check("cuda", Path::new(td), draft, 2048)?;
             println!(
                 "{} [prefix cache]: cached {:?} {} -> {}",
                 r.name,
@@ -520,7 +520,7 @@ pub fn run(a: Args) -> Result<()> {
             None,
             Some(pd.as_path()).filter(|d| d.join("config.json").exists()),
         ] {
-            let r = super::device_prefix::check(&pt, draft, 20).unwrap_or_else(|e| {
+            let r = super::device_prefix::check("cuda", &pt, draft, 20).unwrap_or_else(|e| {
                 super::device_prefix::PrefixRow {
                     name: pt.display().to_string(),
                     ok: false,
