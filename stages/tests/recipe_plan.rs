@@ -491,39 +491,3 @@ fn cuda_kv_layout_matches_the_plan() {
         );
     }
 }
-
-#[test]
-fn prefix_caching_key_and_flag() {
-    // On unless the recipe says otherwise; --no-prefix-cache beats the recipe.
-    assert!(xs_recipe().enable_prefix_caching);
-    let dir = std::env::temp_dir().join(format!("laguna-prefix-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join("r.toml");
-    std::fs::write(
-        &p,
-        "enable_prefix_caching = false\n[model]\nrepo = \"org/name\"\n",
-    )
-    .unwrap();
-    let r = Recipe::resolve(Some(&p), &no_env, &Overrides::default()).unwrap();
-    assert!(!r.enable_prefix_caching);
-    std::fs::write(
-        &p,
-        "enable_prefix_caching = true\n[model]\nrepo = \"org/name\"\n",
-    )
-    .unwrap();
-    let flags = laguna_stages::recipe::RecipeArgs {
-        no_prefix_cache: true,
-        ..Default::default()
-    }
-    .overrides()
-    .unwrap();
-    let r = Recipe::resolve(Some(&p), &no_env, &flags).unwrap();
-    assert!(!r.enable_prefix_caching);
-    std::fs::write(
-        &p,
-        "enable_prefix_caching = \"yes\"\n[model]\nrepo = \"org/name\"\n",
-    )
-    .unwrap();
-    assert!(Recipe::resolve(Some(&p), &no_env, &Overrides::default()).is_err());
-    let _ = std::fs::remove_dir_all(&dir);
-}
