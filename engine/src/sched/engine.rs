@@ -48,7 +48,7 @@ impl Default for SchedConfig {
             max_model_len: 4096,
             max_waiting: 0,
             prefix_cache: true,
-            prefix_snapshot_every: 4096,
+            prefix_snapshot_every: 8192,
         }
     }
 }
