@@ -76,7 +76,8 @@ def test_agent_replay_equals_no_prefix_cache(scripted_dir):
     results = {}
     for mode, extra in (("cache", []), ("nocache", ["--no-prefix-cache"])):
         s = Server(["--model", str(scripted_dir), "--device", "cpu", "--served-model-name", "m",
-                    "--max-num-batched-tokens", "64", *extra], f"prefix-{mode}")
+                    "--max-num-batched-tokens", "64", "--max-model-len", "1024",
+                    "--kv-cache-memory-bytes", "256MiB", *extra], f"prefix-{mode}")
         try:
             turns, stream_usage = replay(s)
             m = requests.get(s.url + "/metrics").text
@@ -121,7 +122,7 @@ def target_dir(tmp_path_factory):
 def test_dflash_turns_equal_no_prefix_cache(target_dir):
     outs = {}
     for mode, extra in (("cache", []), ("nocache", ["--no-prefix-cache"])):
-        s = Server(["--model", str(target_dir), "--device", "cpu", "--served-model-name", "t", "--max-num-batched-tokens", "16",
+        s = Server(["--model", str(target_dir), "--device", "cpu", "--served-model-name", "t", "--max-num-batched-tokens", "16", "--kv-cache-memory-bytes", "256MiB",
                     "--draft", str(DRAFT), "--num-speculative-tokens", "3", *extra], f"prefix-dflash-{mode}")
         try:
             prompt = [(j * 7 + 3) % 384 for j in range(17)]

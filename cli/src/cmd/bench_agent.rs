@@ -34,11 +34,13 @@ struct Turn {
 }
 
 /// Submit and wait for the first token; returns (TTFT in s, cached tokens, generated ids).
-fn timed(s: &Scheduler, rt: &tokio::runtime::Runtime, req: GenRequest) -> Result<(f64, usize, Vec<u32>)> {
+fn timed(
+    s: &Scheduler,
+    rt: &tokio::runtime::Runtime,
+    req: GenRequest,
+) -> Result<(f64, usize, Vec<u32>)> {
     let t0 = Instant::now();
-    let mut st = s
-        .submit(req)
-        .map_err(|e| anyhow::anyhow!("submit: {e}"))?;
+    let mut st = s.submit(req).map_err(|e| anyhow::anyhow!("submit: {e}"))?;
     rt.block_on(async {
         let mut ttft = None;
         let mut ids = vec![];
@@ -128,12 +130,19 @@ pub fn run(r: &Replay) -> Result<()> {
         let mut req = GenRequest::greedy(prompt.clone(), r.output);
         req.ignore_eos = true;
         let (ttft_cached, cached, ids) = timed(&s, &rt, req)?;
-        // Cold: the same length, nothing in common with the cache (first token changed).
+        // Cold: the same length, nothing in common with the cache (first token changed, to a
+        // different one each turn, so no cold prompt extends an earlier one).
         let mut cold = prompt.clone();
-        cold[0] = ((cold[0] as u64 + 1) % v) as u32;
+        cold[0] = ((cold[0] as u64 + 1 + t as u64) % v) as u32;
         let mut req = GenRequest::greedy(cold, 1);
         req.ignore_eos = true;
-        let (ttft_cold, _, _) = timed(&s, &rt, req)?;
+        let (ttft_cold, cold_cached, _) = timed(&s, &rt, req)?;
+        if cold_cached > 0 {
+            bail!(
+                "the cold prompt of turn {} found {cold_cached} cached tokens",
+                t + 1
+            );
+        }
         rows.push(Turn {
             prompt: prompt.len(),
             cached,
@@ -189,7 +198,7 @@ fn report(rows: &[Turn], r: &Replay, s: &Scheduler) -> Result<()> {
     );
     let m = s.metrics();
     eprintln!(
-        "prefix cache: {} of {} queried prompt tokens hit",
+        "prefix cache: {} of {} queried prompt tokens hit (cold prompts included)",
         m.prefix_cache_hits, m.prefix_cache_queries
     );
     if r.json {

@@ -13,17 +13,23 @@ pub struct PrefixRow {
     pub note: String,
 }
 
-fn start(target: &Path, draft: Option<&Path>, cache: bool, max_len: usize) -> Result<Scheduler> {
+fn start(
+    device: &str,
+    target: &Path,
+    draft: Option<&Path>,
+    cache: bool,
+    max_len: usize,
+) -> Result<Scheduler> {
     let opts = ServeOptions {
         model: Some(target.to_path_buf()),
         draft: draft.map(|d| d.to_path_buf()),
         num_speculative_tokens: 3,
-        device: "cuda".into(),
+        device: device.into(),
         kv_cache_memory_bytes: Some(2 << 30),
         max_num_seqs: 2,
         ..ServeOptions::default()
     };
-    let loader = model_loader(target.to_path_buf(), opts.draft.clone(), 3, "cuda", &opts)?;
+    let loader = model_loader(target.to_path_buf(), opts.draft.clone(), 3, device, &opts)?;
     let cfg = SchedConfig {
         max_num_seqs: 2,
         max_num_batched_tokens: 64,
@@ -71,8 +77,9 @@ fn session(s: &Scheduler, vocab: u32, first: usize) -> Result<Vec<(Vec<u32>, usi
     Ok(out)
 }
 
-/// Cached against cold on one target (and draft): equal greedy tokens, turns 2 and 3 resumed.
-pub fn check(target: &Path, draft: Option<&Path>, first: usize) -> Result<PrefixRow> {
+/// Cached against cold on one target (and draft) on `device` (cuda for device-test; cpu runs the
+/// same harness): equal greedy tokens, turns 2 and 3 resumed.
+pub fn check(device: &str, target: &Path, draft: Option<&Path>, first: usize) -> Result<PrefixRow> {
     let cfg = laguna_engine::LagunaConfig::from_file(&target.join("config.json"))?;
     let vocab = cfg.vocab_size as u32;
     let max_len = cfg.max_position_embeddings;
@@ -85,11 +92,11 @@ pub fn check(target: &Path, draft: Option<&Path>, first: usize) -> Result<Prefix
         ))
     );
     let warm = {
-        let s = start(target, draft, true, max_len)?;
+        let s = start(device, target, draft, true, max_len)?;
         session(&s, vocab, first)?
     };
     let cold = {
-        let s = start(target, draft, false, max_len)?;
+        let s = start(device, target, draft, false, max_len)?;
         session(&s, vocab, first)?
     };
     let same = warm.iter().zip(&cold).all(|(a, b)| a.0 == b.0);
@@ -98,7 +105,11 @@ pub fn check(target: &Path, draft: Option<&Path>, first: usize) -> Result<Prefix
     let note = if same {
         String::new()
     } else {
-        let i = warm.iter().zip(&cold).position(|(a, b)| a.0 != b.0).unwrap_or(0);
+        let i = warm
+            .iter()
+            .zip(&cold)
+            .position(|(a, b)| a.0 != b.0)
+            .unwrap_or(0);
         format!("turn {} differs: {:?} vs {:?}", i + 1, warm[i].0, cold[i].0)
     };
     Ok(PrefixRow {
@@ -107,4 +118,25 @@ pub fn check(target: &Path, draft: Option<&Path>, first: usize) -> Result<Prefix
         cached,
         note,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The device-test harness itself, on the CPU reference (what device-test runs on cuda).
+    #[test]
+    fn harness_passes_on_cpu() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"));
+        let (t, d) = (
+            root.join("models/swa-yarn-perhead"),
+            root.join("drafts/swa-yarn-perhead-causal-w8"),
+        );
+        if !t.join("config.json").exists() || !d.join("config.json").exists() {
+            eprintln!("skipping: fixtures missing");
+            return;
+        }
+        for draft in [None, Some(d.as_path())] {
+            let r = super::check("cpu", &t, draft, 20).unwrap();
+            assert!(r.ok, "{} cached {:?} {}", r.name, r.cached, r.note);
+        }
+    }
 }

@@ -407,8 +407,14 @@ pub fn run(a: Args) -> Result<()> {
             .context("--prefix-pair takes DRAFT,TARGET")?;
         let mut fails = 0;
         for draft in [None, Some(Path::new(dd))] {
-            let r = super::device_prefix::check(Path::new(td), draft, 2048)?;
-            println!("{} [prefix cache]: cached {:?} {} -> {}", r.name, r.cached, r.note, if r.ok { "OK" } else { "FAIL" });
+            let r = super::device_prefix::check("cuda", Path::new(td), draft, 2048)?;
+            println!(
+                "{} [prefix cache]: cached {:?} {} -> {}",
+                r.name,
+                r.cached,
+                r.note,
+                if r.ok { "OK" } else { "FAIL" }
+            );
             fails += usize::from(!r.ok);
         }
         anyhow::ensure!(fails == 0, "prefix-cache check failed");
@@ -509,8 +515,11 @@ pub fn run(a: Args) -> Result<()> {
         a.drafts.join("swa-yarn-perhead-causal-w8"),
     );
     if !a.no_prefix && !a.only_dflash && pt.join("config.json").exists() {
-        for draft in [None, Some(pd.as_path()).filter(|d| d.join("config.json").exists())] {
-            let r = super::device_prefix::check(&pt, draft, 20).unwrap_or_else(|e| {
+        for draft in [
+            None,
+            Some(pd.as_path()).filter(|d| d.join("config.json").exists()),
+        ] {
+            let r = super::device_prefix::check("cuda", &pt, draft, 20).unwrap_or_else(|e| {
                 super::device_prefix::PrefixRow {
                     name: pt.display().to_string(),
                     ok: false,

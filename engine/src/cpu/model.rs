@@ -2,14 +2,14 @@
 //! arithmetic, one row at a time. Slow and simple on purpose: it is the definition the CUDA
 //! backend is tested against.
 use super::ops::*;
+use super::prefix::CpuKv;
 use crate::config::{AttnKind, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
+use crate::model::prefix::PrefixStore;
 use crate::model::schema::layer_prefix;
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
 use crate::weights::linear::{fp8_kv_round, kv_scales, to_f32};
 use crate::weights::store::WeightStore;
-use super::prefix::CpuKv;
-use crate::model::prefix::PrefixStore;
 use std::path::Path;
 
 /// A dense f32 matrix `[out, inp]`.

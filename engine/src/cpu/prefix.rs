@@ -141,7 +141,8 @@ impl PrefixStore for CpuKv {
         pos: usize,
     ) -> Result<()> {
         let (b, row, nl) = (self.block, self.row, self.windows.len());
-        if blocks.len() != pos / b || (snapshot.is_none() && (pos % b != 0 || self.needs_snapshot()))
+        if blocks.len() != pos / b
+            || (snapshot.is_none() && (!pos.is_multiple_of(b) || self.needs_snapshot()))
         {
             return Err(EngineError::Other(format!(
                 "restore at {pos}: {} blocks of {b} and {} snapshot do not rebuild it",
@@ -168,7 +169,13 @@ impl PrefixStore for CpuKv {
             }
         }
         if let Some(h) = snapshot {
-            let Some(Held::Snap { pos: at, from, k, v }) = self.held.get(&h) else {
+            let Some(Held::Snap {
+                pos: at,
+                from,
+                k,
+                v,
+            }) = self.held.get(&h)
+            else {
                 return Err(EngineError::Other(format!("no cached snapshot {h}")));
             };
             if *at != pos {

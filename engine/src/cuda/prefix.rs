@@ -113,7 +113,11 @@ impl CudaModel {
         for l in self.layers.iter().filter(|l| !l.ring) {
             for base in [l.kc, l.vc] {
                 self.dev
-                    .dtod(base + to as u64 * piece, base + from as u64 * piece, piece as usize)
+                    .dtod(
+                        base + to as u64 * piece,
+                        base + from as u64 * piece,
+                        piece as usize,
+                    )
                     .map_err(cerr)?;
             }
         }
@@ -135,7 +139,9 @@ impl CudaModel {
         let src = self.ring_pieces(slot);
         if self.full_layers == 0 {
             if self.prefix.bufs >= SNAPS_PER_SEQ * self.opts.max_seqs.max(1) {
-                return Err(EngineError::Request("no room for another ring snapshot".into()));
+                return Err(EngineError::Request(
+                    "no room for another ring snapshot".into(),
+                ));
             }
             let bytes: usize = src.iter().map(|p| p.1).sum();
             let buf = self.dev.alloc(bytes.max(16)).map_err(cerr)?;
@@ -264,7 +270,9 @@ impl PrefixStore for CudaModel {
                 _ => return Err(EngineError::Other(format!("no cached block {h}"))),
             }
         }
-        if blocks.len() != pos / ps || (snapshot.is_none() && (pos % ps != 0 || self.ring > 0)) {
+        if blocks.len() != pos / ps
+            || (snapshot.is_none() && (!pos.is_multiple_of(ps) || self.ring > 0))
+        {
             return Err(EngineError::Other(format!(
                 "restore at {pos}: {} blocks of {ps} do not rebuild it",
                 blocks.len()
@@ -289,7 +297,9 @@ impl PrefixStore for CudaModel {
         };
         if self.full_layers > 0 {
             if pages.len() > self.max_pages {
-                return Err(EngineError::Request("the prefix exceeds the K/V plan".into()));
+                return Err(EngineError::Request(
+                    "the prefix exceeds the K/V plan".into(),
+                ));
             }
             let own = match tail {
                 Some(t) => {

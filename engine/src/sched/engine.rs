@@ -6,6 +6,7 @@
 //! step's token total stays within `max_num_batched_tokens`. After the forward, each sequence
 //! samples with its own RNG and emits 1..=k+1 tokens.
 use super::metrics::MetricsSnapshot;
+use super::prefix_cache::PrefixCache;
 use super::spec_hook::{verify, SpecDriver};
 use super::stream::{ABORTED, LIVE, STOPPED};
 use super::types::{EngineEvent, FinishReason, GenRequest, Health, TokenLogprob};
@@ -13,7 +14,6 @@ use crate::grammar::Constraint;
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use crate::sample::{log_softmax, sample, uniform_for, Rng};
 use crate::spec::{DraftModel, SpecState};
-use super::prefix_cache::PrefixCache;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -49,7 +49,7 @@ impl Default for SchedConfig {
             max_model_len: 4096,
             max_waiting: 0,
             prefix_cache: true,
-            prefix_snapshot_every: 4096,
+            prefix_snapshot_every: 8192,
         }
     }
 }
@@ -352,9 +352,7 @@ impl Engine {
             if r.generated() > 0 || budget == 0 {
                 continue;
             }
-            let n = self
-                .prefill_cut(r.computed, r.prompt_len)
-                .min(budget);
+            let n = self.prefill_cut(r.computed, r.prompt_len).min(budget);
             budget -= n;
             let end = r.computed + n;
             let logits = if end == r.prompt_len {

@@ -246,6 +246,6 @@ impl Backend for Scheduler {
 }
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod prefix_tests;
+#[cfg(test)]
+mod tests;

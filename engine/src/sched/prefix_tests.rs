@@ -156,7 +156,10 @@ async fn ask_all(s: &Scheduler, prompts: Vec<Vec<u32>>, max: usize, seeded: bool
     let streams: Vec<_> = prompts
         .iter()
         .enumerate()
-        .map(|(i, p)| s.submit(request(p, max, sampling(seeded, i as u64))).unwrap())
+        .map(|(i, p)| {
+            s.submit(request(p, max, sampling(seeded, i as u64)))
+                .unwrap()
+        })
         .collect();
     let mut outs = vec![];
     for (p, st) in prompts.into_iter().zip(streams) {
@@ -167,7 +170,9 @@ async fn ask_all(s: &Scheduler, prompts: Vec<Vec<u32>>, max: usize, seeded: bool
 
 /// Token ids in the fixtures' vocabularies (>= 320), away from the mask id 12 and EOS.
 fn toks(seed: usize, n: usize) -> Vec<u32> {
-    (0..n).map(|j| ((seed * 37 + j * 11) % 290 + 20) as u32).collect()
+    (0..n)
+        .map(|j| ((seed * 37 + j * 11) % 290 + 20) as u32)
+        .collect()
 }
 
 fn assert_same(cached: &[Out], cold: &[Out], what: &str) {
@@ -178,7 +183,10 @@ fn assert_same(cached: &[Out], cold: &[Out], what: &str) {
         assert_eq!(a.lps.len(), b.lps.len(), "{what}: request {i} logprobs");
         for (x, y) in a.lps.iter().zip(&b.lps) {
             assert_eq!(x.id, y.id);
-            assert!((x.logprob - y.logprob).abs() <= 1e-5, "{what}: {x:?} vs {y:?}");
+            assert!(
+                (x.logprob - y.logprob).abs() <= 1e-5,
+                "{what}: {x:?} vs {y:?}"
+            );
             assert_eq!(x.top.len(), y.top.len());
             for (p, q) in x.top.iter().zip(&y.top) {
                 assert_eq!(p.0, q.0, "{what}: top ids");
@@ -268,7 +276,11 @@ async fn multi_turn_equals_cold_and_reuses_each_turn() {
                 // prompt end (the re-rendered tokens come after it).
                 let t1 = warm[0].prompt.len() + warm[0].ids.len() - 1;
                 assert_eq!(warm[1].cached, t1, "{pair:?} draft {draft}");
-                assert_eq!(warm[2].cached, warm[1].prompt.len(), "{pair:?} draft {draft}");
+                assert_eq!(
+                    warm[2].cached,
+                    warm[1].prompt.len(),
+                    "{pair:?} draft {draft}"
+                );
             }
         }
     }
@@ -304,7 +316,11 @@ async fn branches_of_one_prefix_equal_cold() {
                 let end = warm[0].prompt.len() + warm[0].ids.len() - 1;
                 assert_eq!(warm[1].cached, end, "branch after the whole output");
                 // The other branch leaves the first output after 3 tokens: the prompt's end.
-                assert_eq!(warm[2].cached, warm[0].prompt.len(), "branch inside the output");
+                assert_eq!(
+                    warm[2].cached,
+                    warm[0].prompt.len(),
+                    "branch inside the output"
+                );
             }
         }
     }
@@ -325,10 +341,7 @@ async fn eviction_under_a_small_pool_stays_exact() {
                 compare(setup, scenario, false).await;
             }
             // No room at all: nothing is cached, nothing breaks.
-            let none = Setup {
-                budget: 0,
-                ..setup
-            };
+            let none = Setup { budget: 0, ..setup };
             let warm = compare(none, "multi_turn", true).await;
             assert!(warm.iter().all(|o| o.cached == 0));
         }

@@ -14,8 +14,8 @@ use crate::spec::SpecState;
 /// snapshotted there).
 pub(super) fn prefill_cut(computed: usize, prompt_len: usize, every: usize) -> usize {
     let left = prompt_len - computed;
-    if every > 0 {
-        let next = (computed / every + 1) * every;
+    if let Some(k) = computed.checked_div(every) {
+        let next = (k + 1) * every;
         if next < prompt_len {
             return left.min(next - computed);
         }
@@ -31,6 +31,11 @@ impl Engine {
     pub(super) fn with_prefix_cache(mut self) -> Engine {
         if !self.cfg.prefix_cache {
             tracing::info!("prefix cache: off");
+            return self;
+        }
+        if self.spec.as_ref().is_some_and(|s| !s.taps().is_empty()) {
+            // A proposer fed the taps of every prompt row would miss the restored ones.
+            tracing::info!("prefix cache: off (the speculative proposer reads prompt taps)");
             return self;
         }
         let Some(t) = self.model.prefix_store() else {
@@ -56,7 +61,12 @@ impl Engine {
         }
         tracing::info!(
             "prefix cache: on (blocks of {block} positions{}, snapshots at each prompt's and output's end{})",
-            if snaps { ", sliding-window and draft state in snapshots" } else { "" },
+            match (snaps, self.dflash.is_some()) {
+                (true, true) => ", sliding-window rings and the draft's context in snapshots",
+                (true, false) => ", sliding-window rings in snapshots",
+                (false, true) => ", the draft's context in blocks",
+                (false, false) => "",
+            },
             match self.cfg.prefix_snapshot_every {
                 0 => String::new(),
                 n => format!(" and every {n} prompt tokens"),
@@ -102,7 +112,10 @@ impl Engine {
 
     /// Start a sequence for `req`, resumed from the longest cached prefix of its prompt: the
     /// sequence, and the positions restored with the keys of the blocks it pins.
-    pub(super) fn start_cached(&mut self, req: &GenRequest) -> Result<(Started, (usize, Vec<u64>))> {
+    pub(super) fn start_cached(
+        &mut self,
+        req: &GenRequest,
+    ) -> Result<(Started, (usize, Vec<u64>))> {
         let mut started = self.start_seq(req)?;
         let Some(hit) = self.cache.as_mut().and_then(|c| c.lookup(&req.prompt)) else {
             return Ok((started, (0, vec![])));
@@ -135,12 +148,13 @@ impl Engine {
             let ds = d.draft.prefix_store().ok_or_else(none)?;
             let db: Option<Vec<u64>> = hit.block_handles.iter().map(|h| h.draft).collect();
             let db = db.ok_or_else(|| EngineError::Other("a block without draft K/V".into()))?;
-            let dsnap = match hit.snap {
-                Some(h) => Some(h.draft.ok_or_else(|| {
-                    EngineError::Other("a snapshot without draft state".into())
-                })?),
-                None => None,
-            };
+            let dsnap =
+                match hit.snap {
+                    Some(h) => Some(h.draft.ok_or_else(|| {
+                        EngineError::Other("a snapshot without draft state".into())
+                    })?),
+                    None => None,
+                };
             ds.restore(st.draft_seq, &db, dsnap, hit.pos)?;
             st.resume_at(hit.pos)?;
         }
@@ -195,7 +209,10 @@ impl Engine {
             let (seq, dseq) = (self.running[i].seq, self.running[i].spec.as_ref());
             let dseq = dseq.map(|s| s.draft_seq);
             let upto = self.model.seq_len(seq) + n;
-            nt += self.model.prefix_store().map_or(0, |s| s.blocks_for(seq, upto));
+            nt += self
+                .model
+                .prefix_store()
+                .map_or(0, |s| s.blocks_for(seq, upto));
             if let (Some(ds), Some(d)) = (dseq, self.dflash.as_mut()) {
                 nd += d.draft.prefix_store().map_or(0, |s| s.blocks_for(ds, upto));
             }
@@ -309,7 +326,10 @@ impl Engine {
                 )));
             }
         }
-        let pos = len.min(toks.len().saturating_sub(if r.generated() > 0 { 1 } else { 0 }));
+        let pos = len.min(
+            toks.len()
+                .saturating_sub(if r.generated() > 0 { 1 } else { 0 }),
+        );
         let saved_at = self.running[idx].saved_at;
         if pos == 0 || pos <= saved_at {
             return Ok(());
@@ -378,7 +398,7 @@ impl Engine {
                 continue;
             }
             let c = r.computed;
-            let mark = r.generated() == 0 && every > 0 && c % every == 0 && c > r.saved_at;
+            let mark = r.generated() == 0 && every > 0 && c.is_multiple_of(every) && c > r.saved_at;
             let end = r.generated() > 0 && r.saved_at < r.prompt_len && c >= r.prompt_len;
             if mark || end {
                 self.cache_save(i);
