@@ -5,6 +5,9 @@
 # (openai SDK against the real binary).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Python packages go into the repository's own virtual environment (scripts/venv.sh).
+venv_bin="$(bash scripts/venv.sh)"
+export PATH="$venv_bin:$PATH" VIRTUAL_ENV="$(dirname "$venv_bin")"
 bash scripts/ci-deps-stages.sh
 bash scripts/ci-deps-serve.sh
 eval "$(bash scripts/ci-deps-cuda.sh)"

@@ -40,8 +40,26 @@ enum Command {
     Kbench(cmd::kbench::Args),
 }
 
-fn main() -> anyhow::Result<()> {
+/// User errors print one line (the error and its causes), no backtrace; `RUST_LOG=debug` (or
+/// trace) prints the full report with its backtrace when `RUST_BACKTRACE=1`.
+fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let verbose = std::env::var("RUST_LOG")
+                .is_ok_and(|v| v.contains("debug") || v.contains("trace"));
+            if verbose {
+                eprintln!("error: {e:?}");
+            } else {
+                eprintln!("error: {e:#}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),

@@ -1,10 +1,12 @@
 //! laguna-engine: what computes. Config, weights, the Laguna forward pass (CPU reference backend),
 //! KV cache, sampling, tokenizer, scheduler and DFlash speculative decoding. Nothing here knows HTTP.
+pub mod backend;
 pub mod config;
 pub mod cpu;
 pub mod cuda;
 pub mod error;
 pub mod generate;
+pub mod memory;
 pub mod model;
 pub mod sample;
 pub mod sched;

@@ -1,5 +1,16 @@
 //! Sampling: greedy, temperature, top-k, top-p (vLLM semantics), seeded.
 
+/// Index of the largest value; the lowest index wins ties (torch.argmax, vLLM).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] {
+            best = i;
+        }
+    }
+    best
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
@@ -83,7 +94,7 @@ pub fn probs(logits: &[f32], p: &SamplingParams) -> Vec<f64> {
     let n = logits.len();
     if p.is_greedy() {
         let mut out = vec![0.0; n];
-        out[crate::cpu::ops::argmax(logits)] = 1.0;
+        out[argmax(logits)] = 1.0;
         return out;
     }
     let t = p.temperature as f64;
@@ -179,7 +190,7 @@ pub fn uniform_for(p: &SamplingParams, rng: &mut Rng) -> f64 {
 /// params ignore it).
 pub fn sample_u(logits: &[f32], p: &SamplingParams, u: f64) -> u32 {
     if p.is_greedy() {
-        return crate::cpu::ops::argmax(logits) as u32;
+        return argmax(logits) as u32;
     }
     draw_u(&probs(logits, p), u) as u32
 }

@@ -65,7 +65,7 @@ template <> struct Kv<u8> {
 // K/V go to the cache, or with `ks` set to the pass's stage ([rows, nkv, hd], for a ring layer
 // whose pass is longer than the ring's spare slots; ring_commit copies them after the attention).
 // kinv / vinv = 1 / scale (1 for BF16).
-// LAT (qk_norm_rope_kv_l, KernelSet qk_ld): the head's values, its norm weights, the V row and the
+// LAT (qk_norm_rope_store, KernelSet qk_ld): the head's values, its norm weights, the V row and the
 // row's sequence index are loaded before the rotary table is built, and the page-table entry as
 // soon as the position is known, instead of each after the step before it; the same arithmetic
 // on the same values, so the same bits.
@@ -168,10 +168,8 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         const int *bt, int max_pages, int page_size, KV *kc, KV *vc, int nh, int nkv, int hd, KV *ks, KV *vs,     \
         float kinv, float vinv
 #define QK_ARGS q, ldq, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos, seqrow, bt, max_pages, page_size, kc, vc, nh, nkv, hd, ks, vs, kinv, vinv
-extern "C" __global__ void qk_norm_rope_kv(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t>(QK_ARGS); }
-extern "C" __global__ void qk_norm_rope_kv_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8>(QK_ARGS); }
-extern "C" __global__ void qk_norm_rope_kv_l(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t, 1>(QK_ARGS); }
-extern "C" __global__ void qk_norm_rope_kv_fp8_l(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8, 1>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_store(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t, 1>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_store_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8, 1>(QK_ARGS); }
 
 // grid (M), block 64. After a staged pass: rows among the last R positions of their sequence in
 // the pass go from the stage into their ring slots (older rows would share a slot with a newer
@@ -310,10 +308,10 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-extern "C" __global__ void attention(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+extern "C" __global__ void attention_decode_head(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
-extern "C" __global__ void attention_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+extern "C" __global__ void attention_decode_head_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
@@ -427,7 +425,7 @@ __device__ __forceinline__ void gqa_store(float* out, int ldo, const float* g, i
         out[(size_t)m * ldo + h * hd + d + i] = o[i];
     }
 }
-// LAT (attention_gqa_l, KernelSet gqa_ld): a thread's share of q, and of a key tile three items
+// LAT (attention_decode_gqa, KernelSet gqa_ld): a thread's share of q, and of a key tile three items
 // at a time (page-table entries first, then their K/V rows; one batch for groups of 6+ heads), is
 // loaded before any of it is used, instead of one round trip per loop iteration; the same values
 // land in the same shared arrays, so the same bits.
@@ -529,16 +527,10 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     }
     gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, run_sum, a0, a1, a2, a3);
 }
-extern "C" __global__ void attention_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_gqa_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
-}
-extern "C" __global__ void attention_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
-}
-extern "C" __global__ void attention_gqa_l(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+extern "C" __global__ void attention_decode_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<bf16_t, 1>(ATT_ARGS, nsplit, part, kend);
 }
-extern "C" __global__ void attention_gqa_fp8_l(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
+extern "C" __global__ void attention_decode_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
     attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
 }
 
@@ -608,7 +600,7 @@ __device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, in
 // group's G heads, warp w head kvh * G + w, lane l dims l + 32 j: attention_merge_r<16>'s
 // expressions in the same order on the same values (the maximum over the sink and the split
 // maxima in split order, the split factors, merge_splits' steps), so the same bits as
-// attention_merge_16r after the launch. The partials come through L2 (__ldcg: other blocks wrote
+// attention_decode_merge16 after the launch. The partials come through L2 (__ldcg: other blocks wrote
 // them in this launch), all 64 of a lane's split values (4 dims) in flight at once, one round
 // trip. ns <= 16 (the host uses it with 16 splits at most). scr: 128 floats a warp of this
 // block's shared memory, free by then.
@@ -670,7 +662,7 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
         if (dd < hd) out[(size_t)m * ldo + h * hd + dd] = o;
     }
 }
-// attention_gqa_qk (KernelSet attn_qk): qk_norm_rope_kv_l and attention_gqa_l as one launch, for
+// attention_decode_gqa_qk (KernelSet attn_qk): qk_norm_rope_store and attention_decode_gqa as one launch, for
 // passes in which every row is the only row of its sequence (decode steps; not DFlash, whose rows
 // see each other's keys). Block (m, kvh, z) norms and rotates its G query heads itself, into
 // shared memory (the same expressions as qk_norm_rope_kv_t, so the same values the two-kernel path
@@ -681,12 +673,12 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
 // before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
 // PRE (attention_gqa_qkp, KernelSet gqa_pre, off: within the noise in PERF.md run 219): the exit test also
 // reads the sequence row (never negative), so ptxas issues its load with the position's instead
-// of after the exit that needs the position (the SASS of attention_gqa_qk: position, exit,
+// of after the exit that needs the position (the SASS of attention_decode_gqa_qk: position, exit,
 // sequence row, page entries, K/V rows, four dependent round trips before the wait; three with
 // it). The same values, so the same bits.
 // CL (attention_gqa_qkc, KernelSet gqa_cl, off: slower in PERF.md runs 222 and 223): launched in clusters
 // of the row's nsplit (<= 16) split blocks of a KV head (cluster dims (1, 1, nsplit)), which merge
-// their splits themselves instead of an attention_merge_16r launch: each block keeps its G
+// their splits themselves instead of an attention_decode_merge16 launch: each block keeps its G
 // partials in shared memory, and after a cluster barrier block z merges its slice of the G x hd
 // outputs from the ns blocks' partials (distributed shared memory), with attention_merge_r<16>'s
 // arithmetic in the same order on the same values (merge_splits), so the same bits. Blocks past
@@ -694,7 +686,7 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
 // LM (attention_gqa_qkl, KernelSet gqa_lm, off: slower, PERF.md run 228): the split merge in this launch
 // without clusters or a grid barrier: each split block takes a ticket on its (row, KV head)
 // counter after its partial stores, and the last of the row's ns blocks merges the group's heads
-// (gqa_last_merge), so no attention_merge_16r launch follows and no block waits for another.
+// (gqa_last_merge), so no attention_decode_merge16 launch follows and no block waits for another.
 template <typename KV, bool PRE = false, bool CL = false, bool LM = false>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
@@ -902,21 +894,8 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
 #define GQK_ARGS q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, \
     gate_mode, scale, vscale, nsplit, part, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
 // (PDL_ENTRY inside, after the loads that do not depend on the previous launch.)
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
-// attention_gqa_qk merging its splits in the cluster of a KV head's split blocks (KernelSet gqa_cl;
-// launched with cluster dims (1, 1, nsplit), nsplit <= 16; no attention_merge launch after it).
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkc(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, false, true>(GQK_ARGS); }
-// attention_gqa_qk merging its splits in the launch's last split block of each (row, KV head)
-// (KernelSet gqa_lm; nsplit <= 16; cnt: a zeroed counter a (row, KV head), left zeroed; no
-// attention_merge launch after it). At most 2 blocks an SM (112 registers): the merge holds 64
-// split values a lane, and at 72 registers (3 an SM) even half of them made ptxas spill in the
-// main path; the decode step's grid (128 blocks) runs one block an SM anyway (device.rs SPREAD).
-extern "C" __global__ __launch_bounds__(288, 2) void attention_gqa_qkl(GQK_PARAMS(bf16_t), unsigned* cnt) {
-    attention_gqa_qk_t<bf16_t, false, false, true>(GQK_ARGS, cnt);
-}
-// attention_gqa_qk with the sequence row's load beside the position's (KernelSet gqa_pre).
-extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t, true>(GQK_ARGS); }
+extern "C" __global__ __launch_bounds__(288, 3) void attention_decode_gqa_qk(GQK_PARAMS(bf16_t)) { attention_gqa_qk_t<bf16_t>(GQK_ARGS); }
+extern "C" __global__ __launch_bounds__(288, 3) void attention_decode_gqa_qk_fp8(GQK_PARAMS(u8)) { attention_gqa_qk_t<u8>(GQK_ARGS); }
 
 // grid (M, nh), block >= hd (and >= 32). Merges the row's splits (in split order) with the sink.
 // U = 0 (attention_merge): one loop over the splits, unrolled by 8. U > 0 (attention_merge_16,
@@ -925,7 +904,7 @@ extern "C" __global__ __launch_bounds__(288, 3) void attention_gqa_qkp(GQK_PARAM
 // in one with U = 64), then the same arithmetic in the same order, so the same bits; their
 // split factors exp(m_z - max) are computed once a split into shared memory (the same values).
 // CH: which attention kernel wrote `part`, so the same split count: ATT_CHUNK (attention /
-// attention_gqa*: splits of at least 32 keys) or TC_CHUNK (attention_tc: tc_splits).
+// attention_gqa*: splits of at least 32 keys) or TC_CHUNK (attention_decode_tc: tc_splits).
 template <int U, int CH = ATT_CHUNK>
 __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
                                                   const float* sink, const float* g, int ldg, int gate_mode,
@@ -965,7 +944,7 @@ __device__ __forceinline__ void attention_merge_t(const float* part, int nsplit,
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-// R (attention_merge_16r / _64r / _tcr / _tc64r, KernelSet merge_r): attention_merge_t<U, CH>'s
+// R (attention_decode_merge16 / _64r / _tcr / _tc64r, KernelSet merge_r): attention_merge_t<U, CH>'s
 // arithmetic in the same order, its loads in one round trip. The row's position, its split count
 // and the sink come before the PDL wait (nothing in the pass writes them); after it a thread asks
 // for its first U split values and its gate together with the block's split maxima and sums
@@ -984,13 +963,9 @@ __device__ __forceinline__ void attention_merge_r(const float* part, int nsplit,
 #define MERGE_PARAMS const float *part, int nsplit, float *out, int ldo, int nh, int hd, const float *sink, const float *g, \
     int ldg, int gate_mode, const int *pos, int window, const int *kend, float vscale
 #define MERGE_ARGS part, nsplit, out, ldo, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale
-extern "C" __global__ void attention_merge(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<0>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_16(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16>(MERGE_ARGS); }
-// KernelSet merge64: a full layer's 64 splits in one L2 round trip (the same arithmetic).
-extern "C" __global__ void attention_merge_64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64>(MERGE_ARGS); }
 // KernelSet merge_r: the same merges in one round trip after the wait (PDL_ENTRY inside).
-extern "C" __global__ void attention_merge_16r(MERGE_PARAMS) { attention_merge_r<16>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_64r(MERGE_PARAMS) { attention_merge_r<64>(MERGE_ARGS); }
+extern "C" __global__ void attention_decode_merge16(MERGE_PARAMS) { attention_merge_r<16>(MERGE_ARGS); }
+extern "C" __global__ void attention_decode_merge64(MERGE_PARAMS) { attention_merge_r<64>(MERGE_ARGS); }
 
 // Prefill attention on tensor cores (flash-attention style, BF16 mma.sync, f32 softmax state).
 // One block (4 warps, 16 query rows each) per (query tile, head); a tile is up to 64 consecutive
@@ -1345,41 +1320,24 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         }
     }
 }
-extern "C" __global__ __launch_bounds__(128) void attention_prefill(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
-                                                                    const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
-}
-extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
-                                                                        const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
-}
 // _x: base-2 exponentials (EX2 above; KernelSet attn_ex2).
-extern "C" __global__ __launch_bounds__(128) void attention_prefill_x(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_flash(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
                                                                       const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<bf16_t, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
-extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_x(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+extern "C" __global__ __launch_bounds__(128) void attention_prefill_flash_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                           const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<u8, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 // _q: _x with Q in shared memory at 3 blocks / SM (QS above; KernelSet attn_q; dynamic shared
 // memory FA_QS_SMEM).
-extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_q(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
+extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_flash_qsmem(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
                                                                          const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<bf16_t, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
-extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_fp8_q(ATT_PARAMS(u8), const int* tiles, const u8* ks,
+extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_flash_qsmem_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                              const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
     attention_prefill_t<u8, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
-}
-// _h: Q and P rounded to BF16 alone (FlashAttention's and vLLM's numerics; one mma per fragment).
-extern "C" __global__ __launch_bounds__(128) void attention_prefill_h(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
-                                                                      const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<bf16_t, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
-}
-extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PARAMS(u8), const int* tiles, const u8* ks,
-                                                                          const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<u8, 0>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 
 // attention_tc_qk3l's merge (see attention_tc_t, LM): every thread of a split block calls it after
@@ -1389,7 +1347,7 @@ extern "C" __global__ __launch_bounds__(128) void attention_prefill_fp8_h(ATT_PA
 // `sp` (the stages, free by then) in one round trip, then merges output e = (head, dim) a thread
 // at a time with attention_merge_r<16, TC_CHUNK>'s expressions in the same order (the maximum
 // over the sink and the split maxima in split order, the split factors, merge_splits), so the
-// same bits as attention_merge_tcr after the launch. ns <= 16, G <= 16.
+// same bits as attention_decode_tc_merge16 after the launch. ns <= 16, G <= 16.
 __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
                                               int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
                                               const float* g, int ldg, int gate_mode, float vscale, float* sp) {
@@ -1430,7 +1388,7 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
     }
 }
 
-// ---- attention_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
+// ---- attention_decode_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
 // The weight-streaming regime's decode attention (decode steps, DFlash propose / verify) for GQA
 // groups of G <= 16 query heads, hd % 16 == 0, hd <= 128. One block of 4 warps per (row, KV
 // head, split); a row's splits follow tc_splits (at least 64 keys each, 16 splits for a 2K row,
@@ -1449,14 +1407,14 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 // gate). A row's arithmetic depends only on its own keys and length, never on the pass, so a
 // DFlash verify row is bit-identical to the same row decoded alone. K and V come from the cache
 // for every key (the row's own key included): the q/k norm + K/V write runs before it.
-// QK (attention_tc_qk, KernelSet attn_tc with attn_qk, for passes whose rows are each alone in
+// QK (attention_decode_tc_qk, KernelSet attn_tc with attn_qk, for passes whose rows are each alone in
 // their sequence): the q/k norm + RoPE + K/V write of qk_norm_rope_kv_t inside the launch, as
-// attention_gqa_qk does for attention_gqa: every block norms and rotates its G query heads (the
+// attention_decode_gqa_qk does for attention_gqa: every block norms and rotates its G query heads (the
 // same expressions, so the same q bits), the block whose split holds the row's own key p (its last
 // key) also the new key, writes K and V to the cache and stages key p from the stored values it
 // keeps in shared memory (nothing reads that slot from memory in this launch). Every other key
 // was written by an earlier pass, so the first steps' K/V loads are issued before the PDL wait.
-// Same bits as qk_norm_rope_kv_l + attention_tc.
+// Same bits as qk_norm_rope_store + attention_decode_tc.
 // grid (M, nkv, nsplit), block 128, dynamic shared memory ATC_SMEM bytes (ATC_QK_SMEM for _qk).
 #define TC_NST 2
 #define TC_LD 136                                // staged row stride in BF16 (272 bytes)
@@ -1469,7 +1427,7 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 // Every fragment loop runs over 128 dims (8 steps of 16) whatever hd is, so it unrolls into
 // independent mma chains: with hd < 128 the staged rows' dims past hd are zero (the block clears
 // its shared memory first), and so are Q's.
-// NST: K/V steps a warp has in flight (TC_NST; attention_tc_qk3: 3, so a 2K row's 9-step split
+// NST: K/V steps a warp has in flight (TC_NST; attention_decode_tc_qk_3stage: 3, so a 2K row's 9-step split
 // has every step of warp 0 asked for before the PDL wait too; 115 KB of shared memory).
 // PRE (attention_tc_qk3p, KernelSet tc_pre, off: within the noise in PERF.md run 219; QK, half <= 64): the
 // chain before the wait shortened, the same values, so the same bits. Without it the SASS has
@@ -1478,12 +1436,12 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 // blocks of this launch only get an SM as the q|k|v|g GEMV before it ends. With it the sequence
 // row is loaded with the position and every stage's page entry before any copy: two. Also the
 // q/k norm weights, the rotary frequencies and the new key's page entry, which no launch of the
-// pass writes, are loaded before the PDL wait (as attention_gqa_qk does) instead of with q after
+// pass writes, are loaded before the PDL wait (as attention_decode_gqa_qk does) instead of with q after
 // it (the step's weight stream evicts them from L2: DRAM round trips beside q's L2 one).
 // LM (attention_tc_qk3l, KernelSet tc_lm, off: slower, PERF.md run 228; with QK): the split merge in the
 // launch, as attention_gqa_qkl does it: a ticket on the (row, KV head) counter after the partial
 // stores, and the row's last split block merges the group's heads (tc_last_merge), so no
-// attention_merge_tcr launch follows.
+// attention_decode_tc_merge16 launch follows.
 template <typename KV, bool QK = false, int NST = TC_NST, bool PRE = false, bool LM = false>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
@@ -1926,31 +1884,19 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
                           reinterpret_cast<float*>(atc_s));
     }
 }
-extern "C" __global__ __launch_bounds__(128) void attention_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
+extern "C" __global__ __launch_bounds__(128) void attention_decode_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
     attention_tc_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
-extern "C" __global__ __launch_bounds__(128) void attention_tc_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
+extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) {
     attention_tc_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
-// attention_tc_qk's PDL wait comes after its first K/V loads (inside attention_tc_t).
+// attention_decode_tc_qk's PDL wait comes after its first K/V loads (inside attention_tc_t).
 #define TC_QK_ARGS                                                                                                      \
     q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, gate_mode, scale, \
         vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true>(TC_QK_ARGS); }
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true>(TC_QK_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
 // The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
-// attention_tc_qk3 merging its splits in the row's last split block of each KV head (KernelSet
-// tc_lm; nsplit <= 16, the group's partials within ATC_QK3_SMEM; cnt as attention_gqa_qkl's; no
-// attention_merge_tcr launch after it).
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3l(GQK_PARAMS(bf16_t), unsigned* cnt) {
-    attention_tc_t<bf16_t, true, 3, false, true>(TC_QK_ARGS, cnt);
-}
-// attention_tc_qk3 with the shorter chain before the wait (PRE above; KernelSet tc_pre).
-extern "C" __global__ __launch_bounds__(128) void attention_tc_qk3p(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3, true>(TC_QK_ARGS); }
-// The merges of attention_tc's partials (its splits: TC_CHUNK keys at least): attention_merge_16's
-// and _64's arithmetic.
-extern "C" __global__ void attention_merge_tc(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_tc64(MERGE_PARAMS) { PDL_ENTRY(); attention_merge_t<64, TC_CHUNK>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_tcr(MERGE_PARAMS) { attention_merge_r<16, TC_CHUNK>(MERGE_ARGS); }
-extern "C" __global__ void attention_merge_tc64r(MERGE_PARAMS) { attention_merge_r<64, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk_3stage(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
+extern "C" __global__ void attention_decode_tc_merge16(MERGE_PARAMS) { attention_merge_r<16, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_decode_tc_merge64(MERGE_PARAMS) { attention_merge_r<64, TC_CHUNK>(MERGE_ARGS); }

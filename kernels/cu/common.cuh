@@ -403,7 +403,7 @@ __device__ float rms_inv_nb(const float* x, int H, int NB, float eps, float* sh)
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float softplus_f(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// Greedy argmax folded by a 64-bit atomicMax (argmax_rows_p, linear_tc_bf16_tlnba): logit v at
+// Greedy argmax folded by a 64-bit atomicMax (argmax_rows_split, linear_tc_bf16_tiled_argmax): logit v at
 // index idx as (order-preserving key of v) << 32 | ~idx, so the largest key is the largest value
 // and, among equal values, the lowest index, whatever the order the folds arrive in (+0 and -0
 // get one key, as they compare equal). A value that never wins (NaN; -inf, which no scan's
@@ -450,7 +450,7 @@ __device__ __forceinline__ int key_last(int p, const int* kend, int m, int windo
 }
 // Decode attention splits of at least ATT_CHUNK keys (attention, attention_gqa*).
 #define ATT_CHUNK 32
-// attention_tc's splits of a row with `len` keys (its merges use the same): at least TC_SPLITS
+// attention_decode_tc's splits of a row with `len` keys (its merges use the same): at least TC_SPLITS
 // (16) where the row has TC_CHUNK (64) keys a split for them, more as the row grows so that no
 // split has more than TC_SPAN (512) keys, at most nsplit (the grid's).
 #define TC_CHUNK 64

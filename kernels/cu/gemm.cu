@@ -315,13 +315,6 @@ extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, con
 extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-// _h: activations rounded to BF16 alone (one mma per fragment; the lo half is not read).
-extern "C" __global__ __launch_bounds__(128) void gemm_bf16_h(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<0, 0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
-extern "C" __global__ __launch_bounds__(128) void gemm_fp4_h(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<1, 0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
 
 // Grouped experts. tiles[2*i] = group, tiles[2*i+1] = first slot of the tile inside the group;
 // meta[1] = number of tiles (written by moe_group). grid (ceil(N/64), upper bound of tiles).
@@ -381,21 +374,10 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const vo
                                                  const int* tiles, float* gu) { PDL_ENTRY();
     moe_gemm_gate_up<0>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
 }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
-                                                const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
-                                                const int* gst, const int* gc, const int* perm, const int* meta,
-                                                const int* tiles, float* gu) { PDL_ENTRY();
-    moe_gemm_gate_up<1>(gw, gs, ginv, uw, us, uinv, x, xlo, H, I, KK, ge, gst, gc, perm, meta, tiles, gu);
-}
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                                               const int* ge, const int* gst, const int* gc, const int* perm,
                                               const int* meta, const int* tiles, float* out) { PDL_ENTRY();
     moe_gemm_down<0>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
-}
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
-                                             const int* ge, const int* gst, const int* gc, const int* perm,
-                                             const int* meta, const int* tiles, float* out) { PDL_ENTRY();
-    moe_gemm_down<1>(dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out);
 }
 #define MOE_GU_PARAMS const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us, const float* uinv, \
     const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge, const int* gst, const int* gc, const int* perm, \
@@ -404,26 +386,11 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4(const void* 
 #define MOE_DN_PARAMS const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I, \
     const int* ge, const int* gst, const int* gc, const int* perm, const int* meta, const int* tiles, float* out
 #define MOE_DN_ARGS dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out
-// _h: activations rounded to BF16 alone (the lo half is not read).
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16_h(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<0, 0>(MOE_GU_ARGS); }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_h(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 0>(MOE_GU_ARGS); }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<0, 0>(MOE_DN_ARGS); }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_h(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 0>(MOE_DN_ARGS); }
-// _w: 128 outputs per tile (grid x = ceil(N / 128)); the same arithmetic per output element.
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_w(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128>(MOE_DN_ARGS); }
-// _k: padding warps skip their mma (KernelSet moe_skip).
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_k(MOE_GU_PARAMS) { PDL_ENTRY(); moe_gemm_gate_up<1, 1, 64, 1>(MOE_GU_ARGS); }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 1>(MOE_DN_ARGS); }
-// _ks: + SiLU(gate) * up in the epilogue: `gu` receives the down GEMM's BF16 input split
-// (bf16 [slots, I], lo at + olo elements) instead of f32 gate | up (KernelSet moe_silu).
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_fp4_ks(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
-    moe_gemm_gate_up<1, 1, 64, 1, 1>(MOE_GU_ARGS, olo);
-}
 // _ks16 / _wk16: padding skipped at 16-row granularity (KernelSet moe_skip16).
-extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_ks16(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
+extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_silu(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
     moe_gemm_gate_up<1, 1, 64, 2, 1>(MOE_GU_ARGS, olo);
 }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wk16(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wide(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
@@ -465,7 +432,7 @@ struct TcTile {
 // NA (linear_tc_bf16_tln, KernelSet tc_na, on): TL with the weight loads not allocating in L1
 // (ldg_na): the weights are read once, the activations by every block of an SM, so the L1 is
 // theirs (PERF.md runs 181-182). The same bits.
-// BF (linear_tc_bf16_tlnb, KernelSet tc_bf, on): TL + NA with no branch inside a round: every
+// BF (linear_tc_bf16_tiled, KernelSet tc_bf, on): TL + NA with no branch inside a round: every
 // slot's activations are loaded (a clamped K tile) by volatile loads, zeroed where the slot is
 // past K or the row past M, and a slot past K multiplies zero weights (adds +0). The compiler
 // had issued slots 1-3's activation loads after slot 0's mma, which waits on the round's weights
@@ -489,7 +456,7 @@ __device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4
     mma_bf16(c, a0.z, a1.z, a0.w, a1.w, hi[2], hi[3]);
     mma_bf16(c, a0.z, a1.z, a0.w, a1.w, lo[2], lo[3]);
 }
-// DB (linear_tc_bf16_tlnd, KernelSet tc_db, on since session 34): TL + NA + BF for one
+// DB (linear_tc_bf16_tiled_row, KernelSet tc_db, on since session 34): TL + NA + BF for one
 // activation row (M == 1, K <= 16 x blockDim) at 16 warps a block (N <= 2048: o_proj and the MLP down,
 // one block an SM, so up to 128 registers a thread cost no occupancy), with two rounds of weight
 // loads in flight a warp: round r + 2's loads go out as soon as round r's mma have read its
@@ -498,7 +465,7 @@ __device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4
 // in shared memory once, while the first two rounds' weights (asked for before the PDL wait)
 // arrive. The same tiles in the same order, the same products and sums: the same bits.
 // DM (linear_tc_bf16_tlndm, KernelSet merge_o): DB for an o_proj GEMV whose input row is the
-// split-KV decode attention's output, with the split merge (attention_merge_16r / _tcr) done in
+// split-KV decode attention's output, with the split merge (attention_decode_merge16 / _tcr) done in
 // the same launch: block b < nh merges head b with attention_merge_r's code (merge_head_r) into
 // x, every block meets the others at a grid barrier (all blocks resident: one an SM, grid <= SMs,
 // and no dependent launch takes an SM before every block has passed its PDL wait), then stages
@@ -522,11 +489,11 @@ struct MergeO {
     unsigned* bar = nullptr;
     int ch = ATT_CHUNK;
 };
-// AM (linear_tc_bf16_tlnba, KernelSet lm_argmax, on since session 37: PERF.md run 228): _tlnb
+// AM (linear_tc_bf16_tiled_argmax, KernelSet lm_argmax, on since session 37: PERF.md run 228): _tlnb
 // for the lm_head of a greedy pass, each block also folding its 16 outputs of every row into
 // the row's argmax slot (amax_key: the largest value, among equal ones the lowest index) by one
 // 64-bit atomicMax a row, whose result nobody waits for; argmax_fin then decodes the slots. The
-// same logits (the same arithmetic and stores) and the same token as argmax_rows_p over them,
+// same logits (the same arithmetic and stores) and the same token as argmax_rows_split over them,
 // one launch and its read of the logits fewer.
 // NR (linear_tc_bf16_tlnbr, KernelSet norm_fold): _tlnb for one row (M == 1, K <= 2048) whose
 // input is the RMSNorm of the residual row x with weights nw (rmsnorm's arithmetic: 1 / rms as
@@ -750,68 +717,29 @@ extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, fl
                                           float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<0>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-extern "C" __global__ void linear_tc_bf16_tl(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
-                                             float* y, int ldy, int M, int N, int K, int accumulate) {
-    linear_tc_bf16_t<1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
-}
-extern "C" __global__ void linear_tc_bf16_tln(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
-                                              float* y, int ldy, int M, int N, int K, int accumulate) {
-    linear_tc_bf16_t<1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
-}
-extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnb(const void* wv, const u8* s_unused, float inv_gs, const float* x,
+extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tiled(const void* wv, const u8* s_unused, float inv_gs, const float* x,
                                                                int ldx, float* y, int ldy, int M, int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
 // AM: see linear_tc_bf16_t. amax: a zeroed slot a row (argmax_fin zeroes them again).
-extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnba(const void* wv, const u8* s_unused, float inv_gs,
+extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tiled_argmax(const void* wv, const u8* s_unused, float inv_gs,
                                                                 const float* x, int ldx, float* y, int ldy, int M, int N,
                                                                 int K, int accumulate, unsigned long long* amax) {
     linear_tc_bf16_t<1, 1, 1, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, amax);
 }
-// NR: see linear_tc_bf16_t. x: the residual row; nw, eps, NB: the norm's weights, epsilon and
-// rmsnorm's block size for K (norm_block).
-extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tlnbr(const void* wv, const u8* s_unused, float inv_gs,
-                                                                const float* x, int ldx, float* y, int ldy, int M, int N,
-                                                                int K, int accumulate, const float* nw, float eps, int NB) {
-    linear_tc_bf16_t<1, 1, 1, 0, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, nullptr, nw,
-                                       eps, NB);
-}
-extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnd(const void* wv, const u8* s_unused, float inv_gs,
+extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tiled_row(const void* wv, const u8* s_unused, float inv_gs,
                                                                         const float* x, int ldx, float* y, int ldy, int M,
                                                                         int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBQ (linear_tc_bf16_tlndq, KernelSet tc_dbq, off): DB for the one-row GEMVs of 4 or 5 warps a
-// block that an SM holds 4-5 of (the q|k|v|g and the MLP gate / up: K <= 2048, 4096 < N <=
-// 16384), at most 96 registers (20 warps an SM, as _tlnb's 88). Its first form (a 10 KB row and
-// the 8 KB cross-warp buffer a block, 18 KB against _tlnb's 8) ran faster alone but slower in the
-// graph (PERF.md run 222: eager 0.654 vs 0.721 ms a step, graph 2.167-2.172 vs 2.131-2.133),
-// as if fewer of its blocks joined an SM beside the draining MoE launch's before the PDL wait;
-// now 10.5 KB a block (an 8 KB row, the buffer for 5 warps), which on an H100 (run 223) ran its
-// launches 4.9 us faster each but lengthened the MoE launch before it by 1-2 us and the gap
-// before its own wait by 3-4 us (its 26 MB of early loads): the graph no faster. Off.
-extern "C" __global__ __maxnreg__(96) void linear_tc_bf16_tlndq(const void* wv, const u8* s_unused, float inv_gs,
-                                                              const float* x, int ldx, float* y, int ldy, int M, int N,
-                                                              int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1, 2>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
-}
-// DBS (linear_tc_bf16_tlnds, KernelSet silu_fold, on since session 36: PERF.md run 223): _tlnd for a
+// DBS (linear_tc_bf16_tiled_row_silu, KernelSet silu_fold, on since session 36: PERF.md run 223): _tlnd for a
 // dense MLP's one-row down projection reading the gate | up row (x: gate at [0, K), up at
 // [K, 2K)) and staging silu_mul's SiLU(gate) * up (the same expression) as its row, so no
 // silu_mul launch precedes it. The same bits as silu_mul + _tlnd.
-extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlnds(const void* wv, const u8* s_unused, float inv_gs,
+extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tiled_row_silu(const void* wv, const u8* s_unused, float inv_gs,
                                                                          const float* x, int ldx, float* y, int ldy, int M,
                                                                          int N, int K, int accumulate) {
     linear_tc_bf16_t<1, 1, 1, 4>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
-}
-// DM: see MergeO. ch: ATT_CHUNK (the sliding layers' attention_gqa_qk partials) or TC_CHUNK
-// (attention_tc's); bar: a zeroed word no other launch of the pass uses.
-extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tlndm(
-    const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K,
-    int accumulate, const float* part, int nsplit, int nh, int hd, const float* sink, const float* g, int ldg,
-    int gate_mode, const int* pos, int window, const int* kend, float vscale, unsigned* bar, int ch) {
-    MergeO mo{part, nsplit, nh, hd, sink, g, ldg, gate_mode, pos, window, kend, vscale, bar, ch};
-    linear_tc_bf16_t<1, 1, 1, 5>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, mo);
 }
 // W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,

@@ -23,12 +23,6 @@ __device__ void linear_impl(const void* w, const u8* s, float inv_gs, const floa
         }
     }
 }
-extern "C" __global__ void linear_bf16(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    linear_impl<0, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
-extern "C" __global__ void linear_fp4(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    linear_impl<1, 8>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
 // Single-row forms (M == 1): x is staged once per block in shared memory (dynamic, K floats) and
 // each warp computes rows 2w, 2w+1 with both weight streams in flight. Per-row arithmetic is the
 // same as the batched form (same lane split, same order), so results are identical.

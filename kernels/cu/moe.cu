@@ -151,44 +151,6 @@ extern "C" __global__ void router_topk(const float* logits, const float* bias, i
     router_topk_row(blockIdx.x, logits, bias, E, K, softcap, norm_topk, ids, wts, shared_slot, inv_scale, grp_expert,
                     grp_start, grp_count, perm, meta);
 }
-// Single-row router: the BF16 router GEMV (same arithmetic as linear_bf16_1: x staged in shared
-// memory, 2 rows per warp) and, in the last block to finish, router_topk with the direct grouping
-// (one launch instead of two). `counter` is 0 on entry and left 0. grid ceil(E/16), block 256,
-// dynamic shared H floats.
-extern "C" __global__ void router_fused_1(const void* w, const float* x, float* logits, int H, int E,
-                                          unsigned* counter, const float* bias, int K, float softcap, int norm_topk,
-                                          int* ids, float* wts, int shared_slot, float inv_scale, int* grp_expert,
-                                          int* grp_start, int* grp_count, int* perm, int* meta) { PDL_ENTRY();
-    extern __shared__ float xs[];
-    __shared__ bool last;
-    for (int i = threadIdx.x; i < H; i += blockDim.x) xs[i] = x[i];
-    __syncthreads();
-    int n = 2 * (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5));
-    int lane = threadIdx.x & 31;
-    if (n < E) {
-        const float* xr[1] = {xs};
-        float a[1], b[1];
-        if (n + 1 < E) {
-            const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(w) + H);  // row n + 1
-            row_dot2<0, 1>(w, nullptr, 1.f, w2, nullptr, 1.f, n, H, xr, 1, a, b);
-        } else {
-            row_dot<0, 1>(w, nullptr, 1.f, n, H, xr, 1, a);
-        }
-        if (lane == 0) logits[n] = a[0];
-        if (lane == 1 && n + 1 < E) logits[n + 1] = b[0];
-    }
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    if (threadIdx.x < 32) {
-        router_topk_row(0, logits, bias, E, K, softcap, norm_topk, ids, wts, shared_slot, inv_scale, grp_expert,
-                        grp_start, grp_count, perm, meta);
-        if (threadIdx.x == 0) *counter = 0u;
-    }
-}
 
 // One block (1024 threads). Groups the S = M*K slots by expert: groups are the experts that got at
 // least one slot, in expert order; perm lists the slots of group g at grp_start[g]..+grp_count[g].
@@ -897,44 +859,34 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         }
     }
 }
-extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_sp(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
-                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
-                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
-    moe_gu_sp_impl(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
-}
-extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_sp(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
-                                           const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
-                                           float* out) { PDL_ENTRY();
-    moe_dn_sp_impl(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
-}
 // _spn (KernelSet sp_na, on since session 26): the expert weight and scale loads skip L1, as moe_block_1n's do,
 // leaving it to the activation rows every item of a slot reads. The same bits.
-extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_spn(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_warp(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const float* x, int H, int I, int K, const int* ge,
                                               const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
     moe_gu_sp_impl<true>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
 }
-extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_spn(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_warp(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                            const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                            float* out) { PDL_ENTRY();
     moe_dn_sp_impl<true>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
-extern "C" __global__ void moe_gate_up_fp4_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+extern "C" __global__ void moe_gate_up_fp4_grouped(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,
                                              const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
     moe_gu_s_impl<1>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
 }
-extern "C" __global__ void moe_gate_up_bf16_s(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
+extern "C" __global__ void moe_gate_up_bf16_grouped(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const float* x, int H, int I, int K, const int* ge,
                                               const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
     moe_gu_s_impl<0>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
 }
-extern "C" __global__ void moe_down_fp4_s(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+extern "C" __global__ void moe_down_fp4_grouped(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                           const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                           float* out) { PDL_ENTRY();
     moe_dn_s_impl<1>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
-extern "C" __global__ void moe_down_bf16_s(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
+extern "C" __global__ void moe_down_bf16_grouped(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                            const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                            float* out) { PDL_ENTRY();
     moe_dn_s_impl<0>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
@@ -1176,13 +1128,13 @@ __device__ __forceinline__ float tcd_sum(const float* c, int lane) {
 }
 
 // moe_tc for the multi-row passes (DFlash verify, decode of several sequences): the rows' B
-// fragments first (tc_bfrag_rows: row r of x -> tcg_put's layout at xf + 4096 r halves), then
+// fragments first (moe_tc_bfrag_rows: row r of x -> tcg_put's layout at xf + 4096 r halves), then
 // moe_*_fp4_sp's items (a warp a gate/up item of 2 intermediate rows, a down item of 8 output
 // rows, every slot of the group in turn) with moe_block_1nprt's per-slot arithmetic (tcg_dot /
 // tcd_dot against the slot's own fragments, the same sums and scales), so a row verified with k
 // others is bit-identical to the row decoded alone. The gate/up items leave SiLU(gate) * up as
 // the down's B fragments in `act` (the f32 rows' bytes). H 2048, I 512.
-extern "C" __global__ void tc_bfrag_rows(const float* x, u16* xf) {
+extern "C" __global__ void moe_tc_bfrag_rows(const float* x, u16* xf) {
     PDL_ENTRY();
     const float* xr = x + (size_t)blockIdx.x * 2048;
     u16* fr = xf + (size_t)blockIdx.x * 4096;
@@ -1236,7 +1188,7 @@ __device__ void moe_dn_tc_impl(const void* dw, const u8* ds, const float* dinv, 
         }
     }
 }
-// moe_*_fp4_spn's arguments, x being tc_bfrag_rows' fragments of the rows (H 2048, I 512).
+// moe_*_fp4_spn's arguments, x being moe_tc_bfrag_rows' fragments of the rows (H 2048, I 512).
 extern "C" __global__ __launch_bounds__(128) void moe_gate_up_fp4_tc(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const void* xf, int H, int I, int K, const int* ge,
                                               const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
@@ -1296,7 +1248,7 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // read is the wait. `rlog` is then moe_block_1's own buffer, MK_UNSET everywhere before the launch
 // (the host sets it once): block 0 puts MK_UNSET back after the gate/up barrier, which every block
 // reaches after its top-k, so the next launch finds it unset.
-// RP (moe_block_1npr, KernelSet moe_rp; with POLL): a router warp's two rows are loaded into
+// RP (moe_decode_fused, KernelSet moe_rp; with POLL): a router warp's two rows are loaded into
 // registers before the wait (not only asked into L2), so phase 1 is the residual's round trip
 // and the norm, then the dot products on registers: one L2 round trip fewer in the chain. The
 // same products and sums in the same order as row_dot2 / row_dot (the host launches it only
@@ -1305,7 +1257,7 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // dot products on tensor cores (tcg_* / tcd_*): phase 1 also writes the normed row's B fragments
 // into sact (free until phase 3), the gate/up items write SiLU(gate) * up as the down's B
 // fragments into `act` (the same bytes as its f32 rows), which phase 3 stages as before. The
-// same per-row arithmetic as tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
+// same per-row arithmetic as moe_tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
 // bits as those launches (kernels/emu, laguna kbench).
 // DEP (moe_block_1nprtd, KernelSet moe_dep, off: within the noise in PERF.md run 219): a gate/up item's
 // first code word is XORed with (a zero the compilers cannot see: E >> 16, E <= 256) AND
@@ -1331,7 +1283,7 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // residual's. The same values, the same arithmetic: the same bits (kernels/emu, the XS-2.1 DFlash
 // pair). On an H100 2.406 -> 2.375 ms a step (run 238), its launches' wait spread 1.22 -> 0.28 us
 // (run 239).
-// SPF (moe_block_1nprtxs, KernelSet moe_shpf, on since session 41: PERF.md run 245):
+// SPF (moe_decode_fused_tc, KernelSet moe_shpf, on since session 41: PERF.md run 245):
 // the folded shared expert (expert E, slot K of every row) is the one expert whose weights do not
 // depend on the routing, yet its gate/up and down items are loaded from DRAM in the same phases
 // as the routed ones, where the DRAM is the bound (PERF.md run 237's kbench: the gate/up phase
@@ -1700,44 +1652,9 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1(MOE_BLOCK_PARAMS) { moe_block_1_t<true>(MOE_BLOCK_ARGS); }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1g(MOE_BLOCK_PARAMS) { moe_block_1_t<false>(MOE_BLOCK_ARGS); }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1w(MOE_BLOCK_PARAMS) { moe_block_1_t<true, false>(MOE_BLOCK_ARGS); }
-// moe_block_1 with the expert weights' loads skipping L1 (KernelSet moe_na).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1n(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true>(MOE_BLOCK_ARGS); }
-// moe_block_1n without the grid barrier before the top-k (KernelSet moe_poll, on).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1np(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true>(MOE_BLOCK_ARGS); }
 // moe_block_1np with the router rows loaded into registers before the wait (KernelSet moe_rp).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1npr(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true>(MOE_BLOCK_ARGS); }
-// moe_block_1np / _1npr with the expert dot products on tensor cores (KernelSet moe_tc; H 2048,
-// I 512; _1npt for the emulated test, whose grid is too small for the router rows in registers).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1npt(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, false, true>(MOE_BLOCK_ARGS); }
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprt(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true, true>(MOE_BLOCK_ARGS); }
-// moe_block_1npt with DEP (kernels/emu checks DEP on it where a grid has too few warps for RP).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptd(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, false, true, true>(MOE_BLOCK_ARGS);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtd(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, true>(MOE_BLOCK_ARGS);
-}
-// GI, without and with DEP (KernelSet moe_gi; _1nptdg for the emulated test, as _1nptd).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtg(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, false, true>(MOE_BLOCK_ARGS);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtdg(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, true, true>(MOE_BLOCK_ARGS);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptdg(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, false, true, true, true>(MOE_BLOCK_ARGS);
-}
-// PW (KernelSet moe_pwr; _1nptx for the emulated test, as _1nptd).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtx(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, false, false, true>(MOE_BLOCK_ARGS);
-}
+extern "C" __global__ __launch_bounds__(640, 1) void moe_decode_fused(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true>(MOE_BLOCK_ARGS); }
 // SPF on moe_block_1nprtx (KernelSet moe_shpf).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nprtxs(MOE_BLOCK_PARAMS) {
+extern "C" __global__ __launch_bounds__(640, 1) void moe_decode_fused_tc(MOE_BLOCK_PARAMS) {
     moe_block_1_t<true, true, true, true, true, true, false, false, true, true>(MOE_BLOCK_ARGS);
-}
-extern "C" __global__ __launch_bounds__(640, 1) void moe_block_1nptx(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, false, true, false, false, true>(MOE_BLOCK_ARGS);
 }

@@ -35,14 +35,14 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { P
     int idx = range_argmax(logits + (size_t)blockIdx.x * V, 0, V, best, bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
-// argmax_rows_p (KernelSet argmax_p): the same argmax with gridDim.y blocks a row. Each block
+// argmax_rows_split (KernelSet argmax_p): the same argmax with gridDim.y blocks a row. Each block
 // reduces its chunk as argmax_rows does, then folds (value, index) into the row's 64-bit slot by
 // atomicMax on (order-preserving key of the value << 32 | ~index): the largest value, among equal
 // ones the lowest index, whatever the order of arrival (+0 and -0 fold to the same key, as they
 // compare equal). The row's last block (counter) writes the index and zeroes slot and counter for
 // the next launch (both zero at allocation). A chunk of NaN alone adds nothing; a row of NaN
 // alone gives 0x7fffffff, as argmax_rows.
-extern "C" __global__ void argmax_rows_p(const float* logits, int V, int* out, unsigned long long* slot,
+extern "C" __global__ void argmax_rows_split(const float* logits, int V, int* out, unsigned long long* slot,
                                          unsigned* cnt) { PDL_ENTRY();
     __shared__ float bv[32];
     __shared__ int bi[32];
@@ -64,9 +64,9 @@ extern "C" __global__ void argmax_rows_p(const float* logits, int V, int* out, u
     }
 }
 // argmax_fin (KernelSet lm_argmax): the greedy tokens of rows 0..M-1 from the slots that
-// linear_tc_bf16_tlnba (the lm_head GEMV) folded every logit into, decoded as argmax_rows_p
+// linear_tc_bf16_tiled_argmax (the lm_head GEMV) folded every logit into, decoded as argmax_rows_split
 // decodes its own, and the slots back to zero for the next launch (zero at allocation). The
-// same index as argmax_rows_p over the stored logits: the largest key over the same values.
+// same index as argmax_rows_split over the stored logits: the largest key over the same values.
 // grid 1, block >= M.
 extern "C" __global__ void argmax_fin(unsigned long long* slot, int M, int* out) { PDL_ENTRY();
     int r = threadIdx.x;
@@ -177,7 +177,7 @@ __device__ __forceinline__ void hist_add(unsigned long long* hm, unsigned* hc, u
 __device__ __forceinline__ unsigned long long tkey(const float* l, int i, int V) {
     return ((unsigned long long)fkey(l[i]) << 32) | (unsigned)(V - 1 - i);
 }
-// Thread 0's decisions of sample_rows and sample_rows_g, from one radix pass's buckets (the
+// Thread 0's decisions of sample_rows and sample_rows_split, from one radix pass's buckets (the
 // block's own, or the row's summed over its blocks). top-k: from bucket 255 down, the one where
 // the count reaches `want`; s_pre gets the prefix with that digit, s_all what is left to take.
 __device__ __forceinline__ void topk_digit(const unsigned* hc, u32 pre, int want, int shift,
@@ -399,7 +399,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
 }
 
-// ---- sample_rows_g (KernelSet samp_g): sample_rows with gridDim.x blocks a row ----
+// ---- sample_rows_split (KernelSet samp_g): sample_rows with gridDim.x blocks a row ----
 // The same choice as sample_rows (the same fixed-point masses, the same integer sums, the same
 // comparisons in f64), by B = gridDim.x blocks per row (grid (B, rows), every block resident),
 // block b owning the contiguous chunk [b c, (b + 1) c) of the row (c = ceil(V / B)), the blocks
@@ -442,7 +442,7 @@ __device__ __forceinline__ float fkey_inv(u32 k) {
     return (k & 0x80000000u) ? __uint_as_float(k & 0x7fffffffu) : __uint_as_float(~k);
 }
 #define SG_FOR(i) for (int i = lo + threadIdx.x; i < hi; i += blockDim.x)
-extern "C" __global__ __launch_bounds__(512) void sample_rows_g(const float* logits, int V, const double* params,
+extern "C" __global__ __launch_bounds__(512) void sample_rows_split(const float* logits, int V, const double* params,
                                                                 unsigned long long* scratch, int* out,
                                                                 unsigned long long* st) {
     PDL_ENTRY();

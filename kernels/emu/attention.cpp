@@ -1,6 +1,6 @@
-// The attention kernels in the CPU emulation (cuda_emu.h). Decode: qk_norm_rope_kv (q/k RMSNorm,
-// partial NeoX RoPE, K/V into a paged cache), attention_gqa over 64 key splits and
-// attention_merge, with BF16 and FP8 (scaled) caches, full and sliding-window layers, a sink
+// The attention kernels in the CPU emulation (cuda_emu.h). Decode: qk_norm_rope_store (q/k
+// RMSNorm, partial NeoX RoPE, K/V into a paged cache), attention_decode_gqa over 64 key splits and
+// attention_decode_merge16 / 64, and the fused attention_decode_gqa_qk, with BF16 and FP8 (scaled) caches, full and sliding-window layers, a sink
 // logit and the per-head softplus gate; against a float64 evaluation of the same attention (from
 // the model's formulas, on the values the cache holds), and a 3-row pass against each row alone
 // (bit for bit: a DFlash verify row attends like the decoded row). Prefill: the flash attention
@@ -61,73 +61,39 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     bool ok = true;
     // One pass of `rows` rows starting at row r0 (rows of `raw` copied, so q is normed in place).
     // ns: key splits (0: nsplit; 1: the attention writes the output itself, no merge).
-    auto pass = [&](int r0, int rows, float* q, float* out, bool lat = false, int ns = 0) {
+    auto pass = [&](int r0, int rows, float* q, float* out, int ns = 0) {
         if (ns == 0) ns = nsplit;
         std::memcpy(q, raw + (size_t)r0 * ld, 4 * (size_t)rows * ld);
         const int* pp = pos + r0;
         const int* sr = seqrow + r0;
         ok &= emu_launch({(unsigned)rows, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
-            if constexpr (sizeof(KV) == 1) {
-                if (lat)
-                    qk_norm_rope_kv_fp8_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr,
-                                          bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-                else
-                    qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
-                                        max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-            } else {
-                if (lat)
-                    qk_norm_rope_kv_l(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
-                                      max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-                else
-                    qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
-                                    max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
-            }
+            if constexpr (sizeof(KV) == 1)
+                qk_norm_rope_store_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+                                       max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
+            else
+                qk_norm_rope_store(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, pp, sr, bt,
+                                   max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
         });
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)ns}, 32 * G, [&] {
-            if constexpr (sizeof(KV) == 1) {
-                if (lat)
-                    attention_gqa_fp8_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                        q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
-                else
-                    attention_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
-                                      q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
-            } else {
-                if (lat)
-                    attention_gqa_l(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
-                                    ld, 1, scale, vscale, ns, part, nullptr);
-                else
-                    attention_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
-                                  ld, 1, scale, vscale, ns, part, nullptr);
-            }
+            if constexpr (sizeof(KV) == 1)
+                attention_decode_gqa_fp8(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink,
+                                         q + qw + 2 * kvw, ld, 1, scale, vscale, ns, part, nullptr);
+            else
+                attention_decode_gqa(q, ld, out, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw + 2 * kvw,
+                                     ld, 1, scale, vscale, ns, part, nullptr);
         }, 8);
         if (ns > 1) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge(part, ns, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+                attention_decode_merge16(part, ns, out, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
-            // attention_merge_16 (KernelSet merge16) on the same partials: the same bits.
-            float* o16 = emu_alloc<float>((size_t)rows * qw);
-            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_16(part, ns, o16, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
-            });
-            // attention_merge_64 (KernelSet merge64) likewise.
+            // attention_decode_merge64 (64 split values a thread at once) on the same partials:
+            // the same bits.
             float* o64 = emu_alloc<float>((size_t)rows * qw);
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_64(part, ns, o64, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
-            });
-            // attention_merge_16r / _64r (KernelSet merge_r: every load in one round trip) likewise.
-            float* o16r = emu_alloc<float>((size_t)rows * qw);
-            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_16r(part, ns, o16r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
-            });
-            float* o64r = emu_alloc<float>((size_t)rows * qw);
-            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, 128, [&] {
-                attention_merge_64r(part, ns, o64r, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
+                attention_decode_merge64(part, ns, o64, qw, nh, hd, sink, q + qw + 2 * kvw, ld, 1, pp, window, nullptr, vscale);
             });
             merge16_cases++;
-            const size_t nb = 4 * (size_t)rows * qw;
-            if (std::memcmp(o16, out, nb) != 0 || std::memcmp(o64, out, nb) != 0 || std::memcmp(o16r, out, nb) != 0 ||
-                std::memcmp(o64r, out, nb) != 0)
-                merge16_bad++;
+            if (std::memcmp(o64, out, 4 * (size_t)rows * qw) != 0) merge16_bad++;
         }
     };
     // The three rows in one pass, then (fresh cache) each row alone, in order.
@@ -142,38 +108,25 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     for (int r = 0; r < R; r++) pass(r, 1, q1 + (size_t)r * ld, o1 + (size_t)r * qw);
     bool same = std::memcmp(o3, o1, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-    // qk_norm_rope_kv_l + attention_gqa_l (KernelSet qk_ld, gqa_ld) on the three rows, fresh cache:
-    // the same normed q, cache and output bits as the standard kernels.
-    std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-    std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-    float* qL = emu_alloc<float>((size_t)R * ld);
-    float* oL = emu_alloc<float>((size_t)R * qw);
-    pass(0, R, qL, oL, true);
-    bool same_l = std::memcmp(o3, oL, 4 * (size_t)R * qw) == 0 && std::memcmp(q3, qL, 4 * (size_t)R * ld) == 0 &&
-                  std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
-                  std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
-    // attention_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
+    // attention_decode_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
     // for passes whose rows are each alone in their sequence): each row alone, in order, fresh
     // cache, with 64 splits and with one (the output written directly): the same cache and output
     // bits as qk_norm_rope_kv + attention_gqa (+ attention_merge) on that row.
-    auto fused = [&](int r, int ns, float* out, bool pre = false) {
+    auto fused = [&](int r, int ns, float* out) {
         const float* x = raw + (size_t)r * ld;
         ok &= emu_launch({1, (unsigned)nkv, (unsigned)ns}, 32 * (G + 1), [&] {
 #define QK_F_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, 1, \
     scale, vscale, ns, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
-            if constexpr (sizeof(KV) == 1) {
-                attention_gqa_qk_fp8(QK_F_ARGS);
-            } else if (pre) {
-                attention_gqa_qkp(QK_F_ARGS);
-            } else {
-                attention_gqa_qk(QK_F_ARGS);
-            }
+            if constexpr (sizeof(KV) == 1)
+                attention_decode_gqa_qk_fp8(QK_F_ARGS);
+            else
+                attention_decode_gqa_qk(QK_F_ARGS);
 #undef QK_F_ARGS
         }, 8);
         if (ns > 1)
             ok &= emu_launch({1, (unsigned)nh, 1}, 128, [&] {
-                attention_merge(part, ns, out, qw, nh, hd, sink, x + qw + 2 * kvw, ld, 1, pos + r, window, nullptr, vscale);
+                attention_decode_merge16(part, ns, out, qw, nh, hd, sink, x + qw + 2 * kvw, ld, 1, pos + r, window, nullptr, vscale);
             });
     };
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
@@ -182,20 +135,7 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     for (int r = 0; r < R; r++) fused(r, nsplit, oF + (size_t)r * qw);
     bool same_f = std::memcmp(o1, oF, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                   std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-    // attention_gqa_qkp (KernelSet gqa_pre: the sequence row loaded with the position): the
-    // same output and cache bits (BF16 cache only).
-    if constexpr (sizeof(KV) == 2) {
-        std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-        std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-        float* oP = emu_alloc<float>((size_t)R * qw);
-        for (int r = 0; r < R; r++) fused(r, nsplit, oP + (size_t)r * qw, true);
-        bool same_p = std::memcmp(oF, oP, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
-                      std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
-        std::printf("attention_gqa_qkp = attention_gqa_qk (output, K and V cache; %s): %s\n", window ? "window 128" : "full",
-                    same_p ? "yes" : "NO");
-        same_f &= same_p;
-    }
-    // KernelSet swa_ns: a sliding layer's grid of ceil(window / 32) splits (4 here) instead of 64,
+    // A sliding layer's grid of ceil(window / 32) splits (4 here) instead of 64,
     // the same splits, so the same bits.
     if (window > 0) {
         std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
@@ -204,58 +144,12 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
         for (int r = 0; r < R; r++) fused(r, ceil_div(window, 32), oW + (size_t)r * qw);
         same_f &= std::memcmp(oF, oW, 4 * (size_t)R * qw) == 0;
     }
-    // The two kernels that merge their splits in the launch, no attention_merge launch, against
-    // attention_gqa_qk + attention_merge on the same grid (grids of 16 splits and, windowed, of
-    // window / 32): the same output and cache bits. attention_gqa_qkc (KernelSet gqa_cl: the split
-    // blocks of a KV head in one cluster; blocks past the row's split count take part in the
-    // barriers and the merge) and attention_gqa_qkl (KernelSet gqa_lm: the last split block of
-    // each KV head merges the group's heads after a ticket; the counters back to zero).
-    if constexpr (sizeof(KV) == 2) {
-        std::vector<int> grids = {16};
-        if (window > 0) grids.push_back(ceil_div(window, 32));
-        unsigned* cnt = emu_alloc<unsigned>(nkv);
-        for (int ng : grids) {
-            std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-            std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-            float* oA = emu_alloc<float>((size_t)R * qw);
-            for (int r = 0; r < R; r++) fused(r, ng, oA + (size_t)r * qw);
-            std::vector<KV> kcA(kc, kc + (size_t)slots * kvw), vcA(vc, vc + (size_t)slots * kvw);
-            for (int lm = 0; lm < 2; lm++) {
-                std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
-                std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
-                float* oC = emu_alloc<float>((size_t)R * qw);
-                for (int i = 0; i < R * qw; i++) oC[i] = NAN;  // every output written by the merging blocks
-                for (int r = 0; r < R; r++) {
-                    const float* x = raw + (size_t)r * ld;
-                    float* out = oC + (size_t)r * qw;
-                    EmuDim cg{1, (unsigned)nkv, (unsigned)ng};
-                    if (!lm) emu_cluster_begin(cg, 8 * 130 * sizeof(float));
-                    ok &= emu_launch(cg, 32 * (G + 1), [&] {
-#define QKM_ARGS x, ld, out, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, window, sink, x + qw + 2 * kvw, ld, \
-    1, scale, vscale, ng, part, x + qw, x + qw + kvw, ld, qn_w, kn_w, inv_freq, half, attn_factor, eps, 1.f / kscale, 1.f / vscale
-                        if (lm) attention_gqa_qkl(QKM_ARGS, cnt);
-                        else attention_gqa_qkc(QKM_ARGS);
-#undef QKM_ARGS
-                    }, lm ? 8 : 0);
-                }
-                bool zero = true;
-                for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
-                bool same_c = std::memcmp(oA, oC, 4 * (size_t)R * qw) == 0 &&
-                              std::memcmp(kcA.data(), kc, sizeof(KV) * kcA.size()) == 0 &&
-                              std::memcmp(vcA.data(), vc, sizeof(KV) * vcA.size()) == 0 && zero;
-                std::printf("%s = attention_gqa_qk + attention_merge (%s, %d keys, a grid of %d splits): %s\n",
-                            lm ? "attention_gqa_qkl" : "attention_gqa_qkc", window ? "window 128" : "full", P, ng,
-                            same_c ? "yes" : "NO");
-                same_f &= same_c;
-            }
-        }
-    }
     // One split: the standard kernels on each row alone (nsplit 1), then the fused kernel.
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
     float* oS = emu_alloc<float>((size_t)R * qw);
     float* qS = emu_alloc<float>((size_t)R * ld);
-    for (int r = 0; r < R; r++) pass(r, 1, qS + (size_t)r * ld, oS + (size_t)r * qw, false, 1);
+    for (int r = 0; r < R; r++) pass(r, 1, qS + (size_t)r * ld, oS + (size_t)r * qw, 1);
     std::vector<KV> kcS(kc, kc + (size_t)slots * kvw), vcS(vc, vc + (size_t)slots * kvw);
     std::memcpy((void*)kc, (void*)kc0, sizeof(KV) * (size_t)slots * kvw);
     std::memcpy((void*)vc, (void*)vc0, sizeof(KV) * (size_t)slots * kvw);
@@ -305,11 +199,11 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     double rel = err / mag;
     bool close = rel < 2e-5 && qerr < 1e-4;
     std::printf("decode attention (%s cache, %s, %d cached keys, 8 heads on 2 KV heads, 64 splits): 3 rows = each row alone: %s; "
-                "_l kernels = standard: %s; fused attention_gqa_qk = standard (64 splits, 1 split, window / 32 splits): %s; q after norm + RoPE vs "
+                "fused attention_decode_gqa_qk = standard (64 splits, 1 split, window / 32 splits): %s; q after norm + RoPE vs "
                 "float64 %.1e, output vs float64 %.1e %s\n",
-                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", P, same ? "yes" : "NO", same_l ? "yes" : "NO", same_f ? "yes" : "NO",
+                fp8 ? "FP8" : "BF16", window ? "window 128" : "full", P, same ? "yes" : "NO", same_f ? "yes" : "NO",
                 qerr, rel, close ? "ok" : "TOO LARGE");
-    return ok && same && same_l && same_f && close;
+    return ok && same && same_f && close;
 }
 
 // The prefill flash attention (tensor-core tiles of 64 queries x 64 keys, Q and P split into
@@ -345,10 +239,10 @@ static bool run_prefill(bool fp8, int window, unsigned seed) {
     const float scale = (float)((1.0 / std::sqrt((double)hd)) * kscale);
     bool ok = emu_launch({(unsigned)M, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
         if constexpr (sizeof(KV) == 1)
-            qk_norm_rope_kv_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages,
+            qk_norm_rope_store_fp8(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages,
                                 ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
         else
-            qk_norm_rope_kv(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages, ps,
+            qk_norm_rope_store(q, ld, q + qw, q + qw + kvw, ld, qn_w, kn_w, inv_freq, half, 1.f, eps, pos, seqrow, bt, max_pages, ps,
                             kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
     });
     const float* g = q + qw + 2 * kvw;
@@ -364,19 +258,17 @@ static bool run_prefill(bool fp8, int window, unsigned seed) {
             for (int d = 0; d < hd; d++) mag = std::max(mag, std::fabs(o[d]));
         }
     std::vector<std::vector<float>> outs;
-    const char* names[3] = {"attention_prefill", "_x (base-2 exponentials)", "_q (Q in shared memory)"};
-    for (int v = 0; v < 3; v++) {
+    const char* names[2] = {"attention_prefill_flash", "attention_prefill_flash_qsmem (Q in shared memory)"};
+    for (int v = 0; v < 2; v++) {
         float* out = emu_alloc<float>((size_t)M * qw);
         ok &= emu_launch({2, (unsigned)nh, 1}, 128, [&] {
 #define PF_ARGS q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, g, ld, 1, scale, vscale, tiles, nullptr, nullptr, nullptr, nullptr, M
             if constexpr (sizeof(KV) == 1) {
-                if (v == 0) attention_prefill_fp8(PF_ARGS);
-                else if (v == 1) attention_prefill_fp8_x(PF_ARGS);
-                else attention_prefill_fp8_q(PF_ARGS);
+                if (v == 0) attention_prefill_flash_fp8(PF_ARGS);
+                else attention_prefill_flash_qsmem_fp8(PF_ARGS);
             } else {
-                if (v == 0) attention_prefill(PF_ARGS);
-                else if (v == 1) attention_prefill_x(PF_ARGS);
-                else attention_prefill_q(PF_ARGS);
+                if (v == 0) attention_prefill_flash(PF_ARGS);
+                else attention_prefill_flash_qsmem(PF_ARGS);
             }
 #undef PF_ARGS
         });
@@ -388,8 +280,8 @@ static bool run_prefill(bool fp8, int window, unsigned seed) {
         ok &= close;
         outs.emplace_back(out, out + (size_t)M * qw);
     }
-    bool same = std::memcmp(outs[1].data(), outs[2].data(), 4 * outs[1].size()) == 0;
-    std::printf("prefill _q = _x bit for bit: %s\n", same ? "yes" : "NO");
+    bool same = std::memcmp(outs[0].data(), outs[1].data(), 4 * outs[0].size()) == 0;
+    std::printf("prefill _qsmem = registers' form bit for bit: %s\n", same ? "yes" : "NO");
     return ok && same;
 }
 
@@ -400,7 +292,7 @@ int main() {
     ok &= run<unsigned char>(true, 0, 13);
     ok &= run<unsigned char>(true, 128, 14);
     ok &= run<unsigned short>(false, 0, 15, 2050);
-    std::printf("attention_merge_16, _64, _16r and _64r vs attention_merge on the same partials: %d passes, %s\n", merge16_cases,
+    std::printf("attention_decode_merge64 vs attention_decode_merge16 on the same partials: %d passes, %s\n", merge16_cases,
                 merge16_bad ? "SOME DIFFER" : "the same bits");
     ok &= merge16_bad == 0 && merge16_cases > 0;
     ok &= run_prefill<unsigned short>(false, 0, 21);

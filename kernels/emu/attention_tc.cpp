@@ -1,12 +1,12 @@
-// attention_tc (the split-KV decode attention on tensor cores) and its merges in the CPU
+// attention_decode_tc (the split-KV decode attention on tensor cores) and its merges in the CPU
 // emulation (cuda_emu.h): against a float64 evaluation of the attention on the values the cache
 // holds, and rows of one pass against the same rows each alone (bit for bit: a DFlash verify row
 // attends like the decoded row). Cases: BF16 and FP8 (scaled) caches, head dims 16 and 128,
 // groups of 1 to 16 query heads, a paged pool and a sliding-window ring, a sink logit, the
 // per-head and per-element gates, non-causal block ends (kend), one split (the output written by
 // the attention) and grids of 16 and 64 splits (rows of up to 9,003 keys, 18 splits); and
-// attention_tc_qk (the q/k norm, RoPE and K/V write inside the
-// launch) bit for bit against qk_norm_rope_kv_l + attention_tc. Built and run by
+// attention_decode_tc_qk (the q/k norm, RoPE and K/V write inside the
+// launch) bit for bit against qk_norm_rope_store + attention_decode_tc. Built and run by
 // kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
@@ -84,28 +84,19 @@ static bool run(const Case& c) {
         float* o = out + (size_t)r0 * qw;
         ok &= emu_launch({(unsigned)rows, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
             if constexpr (sizeof(KV) == 1)
-                attention_tc_fp8(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode,
+                attention_decode_tc_fp8(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode,
                                  scale, vscale, nsplit, part, ke);
             else
-                attention_tc(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode, scale,
+                attention_decode_tc(qq, ldq, o, qw, kc, vc, pp, sr, bt, max_pages, ps, nh, nkv, hd, c.window, sink, gg, ldg, c.gate_mode, scale,
                              vscale, nsplit, part, ke);
         }, 8);
         if (nsplit > 1) {
             ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
                 if (nsplit > 16)
-                    attention_merge_tc64(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge64(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
                 else
-                    attention_merge_tc(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
+                    attention_decode_tc_merge16(part, nsplit, o, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
             });
-            // attention_merge_tcr / _tc64r (KernelSet merge_r) on the same partials: the same bits.
-            float* orr = emu_alloc<float>((size_t)rows * qw);
-            ok &= emu_launch({(unsigned)rows, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                if (nsplit > 16)
-                    attention_merge_tc64r(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
-                else
-                    attention_merge_tcr(part, nsplit, orr, qw, nh, hd, sink, gg, ldg, c.gate_mode, pp, c.window, ke, vscale);
-            });
-            ok &= same_bits("attention_merge_tc(64)r vs attention_merge_tc(64)", o, orr, (size_t)rows * qw);
         }
     };
     float* o3 = emu_alloc<float>((size_t)R * qw);
@@ -138,8 +129,8 @@ static bool run(const Case& c) {
             }
         }
     }
-    // attention_tc_qk (decode steps: every row alone in its sequence, causal): from the raw
-    // q | k | v | gate rows, each row alone in order, against qk_norm_rope_kv_l + attention_tc on
+    // attention_decode_tc_qk (decode steps: every row alone in its sequence, causal): from the raw
+    // q | k | v | gate rows, each row alone in order, against qk_norm_rope_store + attention_decode_tc on
     // the same rows: the same output, normed q and cache bits.
     bool same_qk = true;
     if (!c.kend) {
@@ -160,24 +151,24 @@ static bool run(const Case& c) {
             float* x = qa + (size_t)r * ldr;
             ok &= emu_launch({1, (unsigned)ceil_div(nh + nkv, 4), 1}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    qk_norm_rope_kv_fp8_l(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                    qk_norm_rope_store_fp8(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
                                           seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale,
                                           1.f / vscale);
                 else
-                    qk_norm_rope_kv_l(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
+                    qk_norm_rope_store(x, ldr, x + qw, x + qw + kvw, ldr, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos + r,
                                       seqrow + r, bt, max_pages, ps, kc, vc, nh, nkv, hd, nullptr, nullptr, 1.f / kscale, 1.f / vscale);
             });
             ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    attention_tc_fp8(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
+                    attention_decode_tc_fp8(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd,
                                      c.window, sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, nullptr);
                 else
-                    attention_tc(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window,
+                    attention_decode_tc(x, ldr, oa + (size_t)r * qw, qw, kc, vc, pos + r, seqrow + r, bt, max_pages, ps, nh, nkv, hd, c.window,
                                  sink, x + qw + 2 * kvw, ldr, 1, scale, vscale, nsplit, part, nullptr);
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                    attention_merge_tc(part, nsplit, oa + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
+                    attention_decode_tc_merge16(part, nsplit, oa + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
                                        nullptr, vscale);
                 });
         }
@@ -192,70 +183,40 @@ static bool run(const Case& c) {
             const float* x = raw + (size_t)r * ldr;
             ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
                 if constexpr (sizeof(KV) == 1)
-                    attention_tc_qk_fp8(TCQK_ARGS(ob));
+                    attention_decode_tc_qk_fp8(TCQK_ARGS(ob));
                 else
-                    attention_tc_qk(TCQK_ARGS(ob));
+                    attention_decode_tc_qk(TCQK_ARGS(ob));
             }, 8);
             if (nsplit > 1)
                 ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                    attention_merge_tc(part, nsplit, ob + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
+                    attention_decode_tc_merge16(part, nsplit, ob + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r, c.window,
                                        nullptr, vscale);
                 });
         }
-        same_qk = same_bits("attention_tc_qk vs qk_norm_rope_kv_l + attention_tc", oa, ob, (size_t)R * qw) &&
+        same_qk = same_bits("attention_decode_tc_qk vs qk_norm_rope_store + attention_decode_tc", oa, ob, (size_t)R * qw) &&
                   std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
         if constexpr (sizeof(KV) == 2) {
-            // attention_tc_qk3 (KernelSet tc_nst3: three K/V steps a warp in flight) and
-            // attention_tc_qk3p (tc_pre: the norms' weights, frequencies and page entry read
-            // before the wait): the same bits as attention_tc_qk, output and cache.
-            for (int pv = 0; pv < 2; pv++) {
-            const char* n3 = pv ? "attention_tc_qk3p" : "attention_tc_qk3";
+            // attention_decode_tc_qk_3stage (three K/V steps a warp in flight): the same bits as
+            // attention_decode_tc_qk, output and cache.
+            const char* n3 = "attention_decode_tc_qk_3stage";
             std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
             std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
             float* o3 = emu_alloc<float>((size_t)R * qw);
             for (size_t i = 0; i < (size_t)R * qw; i++) o3[i] = NAN;
             for (int r = 0; r < R; r++) {
                 const float* x = raw + (size_t)r * ldr;
-                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] {
-                    if (pv)
-                        attention_tc_qk3p(TCQK_ARGS(o3));
-                    else
-                        attention_tc_qk3(TCQK_ARGS(o3));
-                }, 8);
+                ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128,
+                                 [&] { attention_decode_tc_qk_3stage(TCQK_ARGS(o3)); }, 8);
                 if (nsplit > 1)
                     ok &= emu_launch({1, (unsigned)nh, 1}, (unsigned)std::max(32, hd), [&] {
-                        attention_merge_tc(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1, pos + r,
-                                           c.window, nullptr, vscale);
+                        attention_decode_tc_merge16(part, nsplit, o3 + (size_t)r * qw, qw, nh, hd, sink, x + qw + 2 * kvw, ldr, 1,
+                                                    pos + r, c.window, nullptr, vscale);
                     });
             }
-            bool same3 = same_bits(pv ? "attention_tc_qk3p vs attention_tc_qk" : "attention_tc_qk3 vs attention_tc_qk", o3, ob, (size_t)R * qw) &&
+            bool same3 = same_bits("attention_decode_tc_qk_3stage vs attention_decode_tc_qk", o3, ob, (size_t)R * qw) &&
                          std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0;
-            std::printf("%s = attention_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
+            std::printf("%s = attention_decode_tc_qk (output, K and V cache): %s\n", n3, same3 ? "yes" : "NO");
             same_qk &= same3;
-            }
-            // attention_tc_qk3l (KernelSet tc_lm: the row's last split block of each KV head
-            // merges the group's heads, no merge launch) where the host takes it (16 splits, the
-            // group's partials in 16-byte pieces): the same output and cache bits, the counters
-            // back to zero.
-            if (nsplit == 16 && (nsplit * (hd + 2)) % 4 == 0) {
-                std::memcpy((void*)kc, k0.data(), sizeof(KV) * cn);
-                std::memcpy((void*)vc, v0.data(), sizeof(KV) * cn);
-                float* ol = emu_alloc<float>((size_t)R * qw);
-                for (size_t i = 0; i < (size_t)R * qw; i++) ol[i] = NAN;
-                unsigned* cnt = emu_alloc<unsigned>(nkv);
-                for (int r = 0; r < R; r++) {
-                    const float* x = raw + (size_t)r * ldr;
-                    ok &= emu_launch({1, (unsigned)nkv, (unsigned)nsplit}, 128, [&] { attention_tc_qk3l(TCQK_ARGS(ol), cnt); }, 8);
-                }
-                bool zero = true;
-                for (int i = 0; i < nkv; i++) zero &= cnt[i] == 0u;
-                bool samel = same_bits("attention_tc_qk3l vs attention_tc_qk + merge", ol, ob, (size_t)R * qw) &&
-                             std::memcmp(ka.data(), kc, sizeof(KV) * cn) == 0 && std::memcmp(va.data(), vc, sizeof(KV) * cn) == 0 &&
-                             zero;
-                std::printf("attention_tc_qk3l = attention_tc_qk + attention_merge_tc (output, K and V cache, counters): %s\n",
-                            samel ? "yes" : "NO");
-                same_qk &= samel;
-            }
         }
 #undef TCQK_ARGS
         // Leave the cache as the reference below read it.
@@ -264,8 +225,8 @@ static bool run(const Case& c) {
     }
     double rel = err / mag;
     bool close = rel < 2e-5;
-    std::printf("attention_tc (%s, hd %d, %d heads a KV head, %s%s, %d + 3 keys%s%s, %d splits, gate %d): 3 rows = each alone: %s; "
-                "_qk = qk_norm_rope_kv_l + attention_tc: %s; vs float64 %.1e %s\n",
+    std::printf("attention_decode_tc (%s, hd %d, %d heads a KV head, %s%s, %d + 3 keys%s%s, %d splits, gate %d): 3 rows = each alone: %s; "
+                "_qk = qk_norm_rope_store + attention_decode_tc: %s; vs float64 %.1e %s\n",
                 c.fp8 ? "FP8" : "BF16", hd, c.G, c.window ? "window " : "full", c.window ? std::to_string(c.window).c_str() : "",
                 c.P, c.ring ? ", ring" : "", c.kend ? ", kend" : "", nsplit, c.gate_mode, same ? "yes" : "NO",
                 c.kend ? "-" : same_qk ? "yes" : "NO", rel, close ? "ok" : "TOO LARGE");
@@ -278,7 +239,7 @@ int main() {
         // fp8, hd, G, window, P, nsplit, sink, kend, ring, gate, seed
         {false, 128, 8, 0, 300, 16, false, false, false, 1, 1},   // XS-2.1 sliding-layer group, full attention
         {false, 128, 6, 0, 700, 16, true, false, false, 1, 2},    // XS-2.1 full-layer group, sink
-        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // a grid of 64 splits (attention_merge_tc64), 16 used
+        {false, 128, 8, 0, 2050, 64, false, false, false, 1, 3},  // a grid of 64 splits (attention_decode_tc_merge64), 16 used
         {false, 128, 8, 0, 9000, 64, true, false, false, 1, 13},  // 18 splits of ~500 keys (8 steps a warp)
         {false, 128, 8, 200, 700, 16, true, false, true, 1, 4},   // sliding window on a ring (wraps)
         {true, 128, 8, 0, 300, 16, true, false, false, 1, 5},     // FP8 cache
@@ -292,6 +253,6 @@ int main() {
     };
     bool ok = true;
     for (const Case& c : cases) ok &= c.fp8 ? run<unsigned char>(c) : run<unsigned short>(c);
-    std::printf(ok ? "attention_tc emulation: PASS\n" : "attention_tc emulation: FAIL\n");
+    std::printf(ok ? "attention_decode_tc emulation: PASS\n" : "attention_decode_tc emulation: FAIL\n");
     return ok ? 0 : 1;
 }

@@ -2,17 +2,18 @@
 // a DFlash verify pass (k + 1 rows) give the same bits as decoding each row alone, so greedy
 // output with the draft is token-identical to greedy output without it. For random inputs:
 //   * linear_{bf16,fp4}_m8 over 7 rows = linear_{bf16,fp4}_1 on each row alone;
-//   * moe_{gate_up,down}_fp4_sp over 7 rows (57-ish experts, grouped, an expert shared by
+//   * moe_{gate_up,down}_fp4_warp over 7 rows (57-ish experts, grouped, an expert shared by
 //     several rows read once) = the same kernels on each row alone (direct grouping);
-//   * moe_*_fp4_sp = moe_*_fp4_s (the family they replaced) on the same 7 rows;
+//   * moe_*_fp4_warp = moe_*_fp4_grouped on the same 7 rows;
 //   * linear_tc_bf16 (4, 5 and 16 warps a block) over 7 rows = each row alone (and =
-//     linear_tc_bf16_tl, _tln, _tlnb, _tlnd and _tlndq on tile_bf16's tile-interleaved copy);
-//   * gate | up as one GEMV over the stacked matrix (KernelSet gu_fuse) = the two launches;
-//   * linear_tc_bf16_tlnbr (one row's RMSNorm in the GEMV's prologue) = rmsnorm + _tlnb;
-//   * linear_tc_bf16_tlndm (split merge + o_proj in one launch) = attention_merge_16r / _tcr + _tlnd;
-//   * linear_tc_bf16_tlnba + argmax_fin (lm_head with the argmax folded in) = _tlnb + argmax_rows_p;
+//     linear_tc_bf16_tiled and _tiled_row on tile_bf16's tile-interleaved copy);
+//   * gate | up as one GEMV over the stacked matrix = the two launches;
+//   * linear_tc_bf16_tiled_row_silu = silu_mul + linear_tc_bf16_tiled_row;
+//   * linear_tc_bf16_tiled_argmax + argmax_fin (lm_head with the argmax folded in) = _tiled +
+//     argmax_rows_split;
 // each bit for bit; and the tensor-core GEMV and the prefill GEMMs (gemm_bf16, gemm_fp4: ldmatrix,
-// cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by kernels/emu/run.sh; exit status 0 = pass.
+// cp.async, NVFP4 decode) against float64 within 1e-4 of the largest output. Built and run by
+// kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
 
 
@@ -114,34 +115,24 @@ int main() {
                                  [&] { linear_tc_bf16(wb, nullptr, 1.f, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0); });
             bool eq = same_bits("linear_tc_bf16 7 rows vs 1", ym, y1, (size_t)M * N);
             {
-                // linear_tc_bf16_tl (KernelSet tc_tl) on tile_bf16's copy: the same bits, 7 rows.
+                // linear_tc_bf16_tiled on tile_bf16's copy: the same bits, 7 rows, storing and
+                // accumulating.
                 unsigned short* wt = emu_alloc<unsigned short>((size_t)ceil_div(N, 16) * 16 * K);
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), (unsigned)(K / 32), 1}, 32,
                                  [&] { tile_bf16(wb, wt, N, K); });
-                float* yt = emu_alloc<float>((size_t)M * N);
-                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tl(wt, nullptr, 1.f, x, K, yt, N, M, N, K, 0); });
-                bool et = same_bits("linear_tc_bf16_tl vs linear_tc_bf16", yt, ym, (size_t)M * N);
-                // linear_tc_bf16_tln (KernelSet tc_na: weight loads not allocating in L1): the same.
-                float* yn = emu_alloc<float>((size_t)M * N);
-                ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, yn, N, M, N, K, 0); });
-                et &= same_bits("linear_tc_bf16_tln vs linear_tc_bf16", yn, ym, (size_t)M * N);
-                // linear_tc_bf16_tlnb (KernelSet tc_bf: no branch in a round, slots past K
-                // multiplying zeros): the same bits, storing and accumulating.
                 float* yb = emu_alloc<float>((size_t)M * N);
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yb, N, M, N, K, 0); });
-                et &= same_bits("linear_tc_bf16_tlnb vs linear_tc_bf16", yb, ym, (size_t)M * N);
+                                 [&] { linear_tc_bf16_tiled(wt, nullptr, 1.f, x, K, yb, N, M, N, K, 0); });
+                bool et = same_bits("linear_tc_bf16_tiled vs linear_tc_bf16", yb, ym, (size_t)M * N);
                 float* ya = emu_alloc<float>((size_t)M * N);
                 float* yc = emu_alloc<float>((size_t)M * N);
                 for (int i = 0; i < M * N; i++) ya[i] = yc[i] = nd(rng);
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tln(wt, nullptr, 1.f, x, K, ya, N, M, N, K, 1); });
+                                 [&] { linear_tc_bf16(wb, nullptr, 1.f, x, K, ya, N, M, N, K, 1); });
                 ok &= emu_launch({(unsigned)ceil_div(N, 16), 1, 1}, 32 * S,
-                                 [&] { linear_tc_bf16_tlnb(wt, nullptr, 1.f, x, K, yc, N, M, N, K, 1); });
-                et &= same_bits("linear_tc_bf16_tlnb vs _tln, accumulating", yc, ya, (size_t)M * N);
-                std::printf("linear_tc_bf16_tl, _tln and _tlnb (storing and accumulating) on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
+                                 [&] { linear_tc_bf16_tiled(wt, nullptr, 1.f, x, K, yc, N, M, N, K, 1); });
+                et &= same_bits("linear_tc_bf16_tiled vs linear_tc_bf16, accumulating", yc, ya, (size_t)M * N);
+                std::printf("linear_tc_bf16_tiled (storing and accumulating) on tile_bf16's copy (%d warps a block) = linear_tc_bf16: %s\n", S,
                             et ? "yes" : "NO");
                 eq &= et;
             }
@@ -174,19 +165,19 @@ int main() {
             float* ya = emu_alloc<float>(ND);
             float* yc = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
-            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tiled(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
             ok &= emu_launch(grid, 32 * S, [&] { kern(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
             ed &= same_bits((std::string(name) + " vs _tlnb, accumulating").c_str(), yc, ya, ND);
             std::printf("%s (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", name, S, KD,
                         ed ? "yes" : "NO");
             ok &= ed;
         };
-        // linear_tc_bf16_tlnd (KernelSet tc_db: one row, 16 warps a block, two rounds of weight
+        // linear_tc_bf16_tiled_row (one row, 16 warps a block, two rounds of weight
         // loads in flight a warp, the row staged in shared memory), at the K of the XS-2.1 o_proj
         // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
         // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
-        for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tlnd", linear_tc_bf16_tlnd, 16, KD);
-        // linear_tc_bf16_tlnds (KernelSet silu_fold: _tlnd staging SiLU(gate) * up from a gate | up
+        for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tiled_row", linear_tc_bf16_tiled_row, 16, KD);
+        // linear_tc_bf16_tiled_row_silu (_tlnd staging SiLU(gate) * up from a gate | up
         // row) against silu_mul + _tlnd, at the XS-2.1 dense MLP's K (8192) and 4256.
         for (int KD : {8192, 4256}) {
             float* gu = emu_alloc<float>((size_t)2 * KD);
@@ -198,47 +189,13 @@ int main() {
             float* y0 = emu_alloc<float>(ND);
             float* y1 = emu_alloc<float>(ND);
             for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
-            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnd(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
-            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tlnds(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
-            bool es = same_bits("linear_tc_bf16_tlnds vs silu_mul + _tlnd", y1, y0, ND);
-            std::printf("linear_tc_bf16_tlnds (K %d, accumulating) = silu_mul + linear_tc_bf16_tlnd: %s\n", KD, es ? "yes" : "NO");
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
+            ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row_silu(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
+            bool es = same_bits("linear_tc_bf16_tiled_row_silu vs silu_mul + _tlnd", y1, y0, ND);
+            std::printf("linear_tc_bf16_tiled_row_silu (K %d, accumulating) = silu_mul + linear_tc_bf16_tiled_row: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
         }
-        // linear_tc_bf16_tlnbr (KernelSet norm_fold: one row's RMSNorm of the residual in the
-        // GEMV's prologue) against rmsnorm + _tlnb, at the XS-2.1 hidden size (K 2048, rmsnorm's
-        // 256 threads: two virtual threads a thread at 4 warps), 1056 (160 threads: one or two
-        // at 5 warps) and 512 (64: some threads none), 4 / 5 / 16 warps, storing and accumulating.
-        for (int KD : {2048, 1056, 512}) {
-            int NB = std::min(1024, std::max(32, (KD + 7) / 8 + 31) / 32 * 32);
-            float* xres = emu_alloc<float>((size_t)KD);
-            float* nw = emu_alloc<float>((size_t)KD);
-            for (int i = 0; i < KD; i++) {
-                xres[i] = (i % 97 == 0 ? 40.f : 3.f) * nd(rng);
-                nw[i] = 1.f + 0.2f * nd(rng);
-            }
-            const float eps = 1e-6f;
-            float* hn = emu_alloc<float>((size_t)KD);
-            ok &= emu_launch({1, 1, 1}, NB, [&] { rmsnorm(xres, nullptr, nw, hn, KD, eps); });
-            unsigned short *wd, *wdt;
-            tiled(KD, wd, wdt);
-            bool er = true;
-            for (int S : {4, 5, 16})
-                for (int acc = 0; acc < 2; acc++) {
-                    float* y0 = emu_alloc<float>(ND);
-                    float* y1 = emu_alloc<float>(ND);
-                    for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
-                    ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tlnb(wdt, nullptr, 1.f, hn, KD, y0, ND, 1, ND, KD, acc); });
-                    ok &= emu_launch(grid, 32 * S, [&] {
-                        linear_tc_bf16_tlnbr(wdt, nullptr, 1.f, xres, KD, y1, ND, 1, ND, KD, acc, nw, eps, NB);
-                    });
-                    er &= same_bits("linear_tc_bf16_tlnbr vs rmsnorm + _tlnb", y1, y0, ND);
-                }
-            std::printf("linear_tc_bf16_tlnbr (K %d, rmsnorm's %d threads; 4 / 5 / 16 warps, storing and accumulating) = "
-                        "rmsnorm + linear_tc_bf16_tlnb: %s\n",
-                        KD, NB, er ? "yes" : "NO");
-            ok &= er;
-        }
-        // KernelSet gu_fuse: a dense MLP's gate and up stacked by rows (2 x 32 rows, K 512) and
+        // a dense MLP's gate and up stacked by rows (2 x 32 rows, K 512) and
         // run as one launch of 2 x 32 outputs with the gate launch's warps a block, against the
         // two launches on each half writing the same [M, 64] rows (ldy 64, up at column 32): the
         // same bits, 1 and 7 rows, on tile_bf16's copy of the stack (_tlnb; its second half is
@@ -263,7 +220,7 @@ int main() {
                         auto gemv = [&](const unsigned short* w, float* y, int n) {
                             unsigned gy = (unsigned)ceil_div(rows, 8);
                             return emu_launch({(unsigned)ceil_div(n, 16), gy, 1}, 32 * S, [&] {
-                                if (tl) linear_tc_bf16_tlnb(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
+                                if (tl) linear_tc_bf16_tiled(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
                                 else linear_tc_bf16(w, nullptr, 1.f, xg, KG, y, NG, rows, n, KG, 0);
                             });
                         };
@@ -279,78 +236,6 @@ int main() {
                         eg ? "yes" : "NO");
             ok &= eg;
         }
-        // linear_tc_bf16_tlndm (KernelSet merge_o: the split merge and the o_proj GEMV in one
-        // launch, a grid barrier between) against attention_merge_16r / _tcr + _tlnd on the same
-        // partials: 4 heads of 128 dims (K 512), 4 blocks of 16 rows (block h merges head h), the
-        // whole grid at once; 16 splits at position 2047 (sliding: window 512, 16 splits of 32
-        // keys; full: 16 of 128) and a short row at position 300 (10 and 5 splits used, empty
-        // splits past them), a sink and per-head gates in one case, FP8's V scale in another.
-        {
-            const int NH = 4, HD = 128, KM = NH * HD, NM = 16 * NH, NS = 16;
-            unsigned short* wm = emu_alloc<unsigned short>((size_t)NM * KM);
-            for (int i = 0; i < NM * KM; i++) wm[i] = f2bf(0.05f * nd(rng));
-            unsigned short* wmt = emu_alloc<unsigned short>((size_t)NM * KM);
-            ok &= emu_launch({(unsigned)(NM / 16), (unsigned)(KM / 32), 1}, 32, [&] { tile_bf16(wm, wmt, NM, KM); });
-            float* part = emu_alloc<float>((size_t)NH * NS * (HD + 2));
-            float* sinkv = emu_alloc<float>(NH);
-            float* gv = emu_alloc<float>(NH);
-            int* posv = emu_alloc<int>(1);
-            unsigned* bar = emu_alloc<unsigned>(4);
-            for (int h = 0; h < NH; h++) {
-                sinkv[h] = nd(rng);
-                gv[h] = nd(rng);
-            }
-            struct Case {
-                int tc, p, window, sink, gate;
-                float vscale;
-            };
-            for (Case c : {Case{0, 2047, 512, 1, 1, 1.f}, Case{0, 300, 512, 0, 0, 0.75f}, Case{1, 2047, 0, 0, 1, 1.f},
-                           Case{1, 300, 0, 1, 1, 1.f}}) {
-                posv[0] = c.p;
-                int len = c.window > 0 ? std::min(c.p + 1, c.window) : c.p + 1;
-                int used = c.tc ? std::min(NS, (len + 63) / 64) : std::min(NS, (len + 31) / 32);
-                for (int h = 0; h < NH; h++)
-                    for (int z = 0; z < NS; z++) {
-                        float* q = part + ((size_t)h * NS + z) * (HD + 2);
-                        bool live = z < used && (z + h) % 7 != 3;  // some empty splits among the used
-                        q[0] = live ? 3.f * nd(rng) : -INFINITY;
-                        q[1] = live ? 1.f + std::fabs(nd(rng)) : 0.f;
-                        for (int d = 0; d < HD; d++) q[2 + d] = z < used ? nd(rng) : NAN;
-                    }
-                const float* sk = c.sink ? sinkv : nullptr;
-                const float* gg = c.gate ? gv : nullptr;
-                int gm = c.gate ? 1 : 0;
-                float* xr = emu_alloc<float>(KM);
-                ok &= emu_launch({1, (unsigned)NH, 1}, 128, [&] {
-                    if (c.tc) attention_merge_tcr(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
-                    else attention_merge_16r(part, NS, xr, KM, NH, HD, sk, gg, NH, gm, posv, c.window, nullptr, c.vscale);
-                });
-                float* y0 = emu_alloc<float>(NM);
-                float* y1 = emu_alloc<float>(NM);
-                float* xm = emu_alloc<float>(KM);
-                for (int i = 0; i < KM; i++) xm[i] = NAN;  // the fused launch writes it before use
-                for (int i = 0; i < NM; i++) y0[i] = y1[i] = nd(rng);
-                ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512,
-                                 [&] { linear_tc_bf16_tlnd(wmt, nullptr, 1.f, xr, KM, y0, NM, 1, NM, KM, 1); });
-                ok &= emu_launch({(unsigned)(NM / 16), 1, 1}, 512, [&] {
-                    linear_tc_bf16_tlndm(wmt, nullptr, 1.f, xm, KM, y1, NM, 1, NM, KM, 1, part, NS, NH, HD, sk, gg, NH, gm, posv,
-                                         c.window, nullptr, c.vscale, bar, c.tc ? 64 : 32);
-                }, 0);
-                bool em = same_bits("linear_tc_bf16_tlndm's merged row", xm, xr, KM) &
-                          same_bits("linear_tc_bf16_tlndm vs merge + _tlnd", y1, y0, NM);
-                for (int i = 0; i < KM; i++) em &= std::isfinite(xr[i]) && xr[i] != 0.f;  // a real merge
-                std::printf("linear_tc_bf16_tlndm (%s, position %d, %d of %d splits, accumulating) = %s + "
-                            "linear_tc_bf16_tlnd: %s\n",
-                            c.tc ? "full" : "sliding", c.p, used, NS, c.tc ? "attention_merge_tcr" : "attention_merge_16r",
-                            em ? "yes" : "NO");
-                ok &= em;
-            }
-        }
-        // linear_tc_bf16_tlndq (KernelSet tc_dbq: tc_db's rounds at 4 and 5 warps a block, K <=
-        // 2048), at the XS-2.1 q|k|v|g's K (2048: 4 rounds at 4 warps, 13 tiles a warp at 5) and
-        // K 1056.
-        for (int S : {4, 5})
-            for (int KD : {2048, 1056}) one_row("linear_tc_bf16_tlndq", linear_tc_bf16_tlndq, S, KD);
         // Prefill GEMMs (64 x 64 tiles, ldmatrix, cp.async double buffering, NVFP4 decoded by byte
         // permutes) on activations split into BF16 hi + lo, against float64.
         unsigned short* xs2 = emu_alloc<unsigned short>((size_t)2 * MG * K);
@@ -368,8 +253,8 @@ int main() {
         }
     }
 
-    // ---- linear_tc_bf16_tlnba (KernelSet lm_argmax): the lm_head GEMV folding its outputs into
-    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_p and argmax_rows over
+    // ---- linear_tc_bf16_tiled_argmax: the lm_head GEMV folding its outputs into
+    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_split and argmax_rows over
     // the stored logits: the same logits, the same tokens. N = 1000 (the last block's rows past
     // N), rows: 0 plain; 1 with three equal maxima, two in one block and one in another (W rows
     // 70, 71 and 900 the same: the lowest index wins); 2 with a NaN input (every logit NaN: no
@@ -399,20 +284,20 @@ int main() {
         unsigned* cnt = emu_alloc<unsigned>(MR);
         int *t0 = emu_alloc<int>(MR), *t1 = emu_alloc<int>(MR), *t2 = emu_alloc<int>(MR);
         const EmuDim lg{(unsigned)ceil_div(N, 16), 1, 1};
-        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnb(wlt, nullptr, 1.f, xl, K, y0, N, MR, N, K, 0); });
-        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tlnba(wlt, nullptr, 1.f, xl, K, y1, N, MR, N, K, 0, slot); });
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tiled(wlt, nullptr, 1.f, xl, K, y0, N, MR, N, K, 0); });
+        ok &= emu_launch(lg, 32 * S, [&] { linear_tc_bf16_tiled_argmax(wlt, nullptr, 1.f, xl, K, y1, N, MR, N, K, 0, slot); });
         ok &= emu_launch({1, 1, 1}, 32, [&] { argmax_fin(slot, MR, t1); });
-        ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_p(y0, N, t0, slot0, cnt); });
+        ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_split(y0, N, t0, slot0, cnt); });
         ok &= emu_launch({(unsigned)MR, 1, 1}, 1024, [&] { argmax_rows(y0, N, t2); });
-        bool el = same_bits("linear_tc_bf16_tlnba vs _tlnb logits", y1, y0, (size_t)MR * N);
+        bool el = same_bits("linear_tc_bf16_tiled_argmax vs _tlnb logits", y1, y0, (size_t)MR * N);
         bool et = true;
         for (int r = 0; r < MR; r++) {
-            std::printf("  row %d: argmax_fin %d, argmax_rows_p %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
+            std::printf("  row %d: argmax_fin %d, argmax_rows_split %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
             et &= t1[r] == t0[r] && t1[r] == t2[r] && slot[r] == 0ull && slot0[r] == 0ull && cnt[r] == 0u;
         }
         // The cases meant what they say: the ties, the NaN row, the zero row, the last block.
         et &= t2[1] == 70 && t2[2] == 0x7fffffff && t2[3] == 0 && t2[4] == 995;
-        std::printf("linear_tc_bf16_tlnba + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_p / argmax_rows: logits %s, tokens %s\n",
+        std::printf("linear_tc_bf16_tiled_argmax + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_split / argmax_rows: logits %s, tokens %s\n",
                     MR, N, el ? "yes" : "NO", et ? "yes" : "NO");
         ok &= el && et;
     }
@@ -430,23 +315,22 @@ int main() {
             ids[r * KK + K] = E;
         }
         Groups all = group(ids);
-        // na: moe_*_fp4_spn (KernelSet sp_na: the weight loads skip L1; here the same loads).
-        auto run = [&](bool sp, const Groups& g, const float* xr, int rows, float* act, float* out, bool na = false) {
+        auto run = [&](bool sp, const Groups& g, const float* xr, int rows, float* act, float* out) {
             int s = rows * KK, groups = std::min(s, NE);
             if (sp) {
                 ok &= emu_launch({(unsigned)ceil_div(groups * I / 2, 4), 1, 1}, 128, [&] {
-                    (na ? moe_gate_up_fp4_spn : moe_gate_up_fp4_sp)(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
+                    moe_gate_up_fp4_warp(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
                 });
                 ok &= emu_launch({(unsigned)ceil_div(groups * H / 8, 4), 1, 1}, 128, [&] {
-                    (na ? moe_down_fp4_spn : moe_down_fp4_sp)(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
+                    moe_down_fp4_warp(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
                 });
             } else {
                 unsigned gb = (unsigned)std::min(8, ceil_div(s * I / 2, 8)), db = (unsigned)std::min(8, ceil_div(s * H / 4, 8));
                 ok &= emu_launch({gb, 1, 1}, 256, [&] {
-                    moe_gate_up_fp4_s(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
+                    moe_gate_up_fp4_grouped(gate.w, gate.s, gate.inv, up.w, up.s, up.inv, xr, H, I, KK, g.ge, g.gs, g.gc, g.perm, g.meta, act);
                 });
                 ok &= emu_launch({db, 1, 1}, 256, [&] {
-                    moe_down_fp4_s(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
+                    moe_down_fp4_grouped(down.w, down.s, down.inv, act, H, I, g.ge, g.gs, g.gc, g.perm, g.meta, out);
                 });
             }
         };
@@ -460,24 +344,17 @@ int main() {
             // A one-row pass's slots are 0..KK-1; its outputs land in row r's slots here.
             run(true, one, x + (size_t)r * H, 1, act1 + (size_t)r * KK * I, out1 + (size_t)r * KK * H);
         }
-        bool eq = same_bits("moe_*_sp activations, 7 rows vs 1", act7, act1, (size_t)M * KK * I) &&
-                  same_bits("moe_*_sp outputs, 7 rows vs 1", out7, out1, (size_t)M * KK * H);
-        std::printf("moe_*_fp4_sp over %d rows (%d groups) = each row alone: %s\n", M, all.meta[0], eq ? "yes" : "NO");
+        bool eq = same_bits("moe_*_warp activations, 7 rows vs 1", act7, act1, (size_t)M * KK * I) &&
+                  same_bits("moe_*_warp outputs, 7 rows vs 1", out7, out1, (size_t)M * KK * H);
+        std::printf("moe_*_fp4_warp over %d rows (%d groups) = each row alone: %s\n", M, all.meta[0], eq ? "yes" : "NO");
         ok &= eq;
         float* acts = emu_alloc<float>((size_t)M * KK * I);
         float* outs = emu_alloc<float>((size_t)M * KK * H);
         run(false, all, x, M, acts, outs);
-        bool eq2 = same_bits("moe_*_s vs _sp activations", acts, act7, (size_t)M * KK * I) &&
-                   same_bits("moe_*_s vs _sp outputs", outs, out7, (size_t)M * KK * H);
-        std::printf("moe_*_fp4_sp = moe_*_fp4_s over %d rows: %s\n", M, eq2 ? "yes" : "NO");
+        bool eq2 = same_bits("moe_*_grouped vs _warp activations", acts, act7, (size_t)M * KK * I) &&
+                   same_bits("moe_*_grouped vs _warp outputs", outs, out7, (size_t)M * KK * H);
+        std::printf("moe_*_fp4_warp = moe_*_fp4_grouped over %d rows: %s\n", M, eq2 ? "yes" : "NO");
         ok &= eq2;
-        float* actn = emu_alloc<float>((size_t)M * KK * I);
-        float* outn = emu_alloc<float>((size_t)M * KK * H);
-        run(true, all, x, M, actn, outn, true);
-        bool eq3 = same_bits("moe_*_spn vs _sp activations", actn, act7, (size_t)M * KK * I) &&
-                   same_bits("moe_*_spn vs _sp outputs", outn, out7, (size_t)M * KK * H);
-        std::printf("moe_*_fp4_spn = moe_*_fp4_sp over %d rows: %s\n", M, eq3 ? "yes" : "NO");
-        ok &= eq3;
     }
     std::printf(ok ? "weight-streaming invariance emulation: PASS\n" : "weight-streaming invariance emulation: FAIL\n");
     return ok ? 0 : 1;

@@ -23,7 +23,6 @@ pub const MODULES: &[KernelModule] = &[
         name: "norm",
         source: include_str!("../cu/norm.cu"),
         entries: &[
-            "embed",
             "embed_norm",
             "decode_advance",
             "rmsnorm",
@@ -36,8 +35,6 @@ pub const MODULES: &[KernelModule] = &[
         name: "linear",
         source: include_str!("../cu/linear.cu"),
         entries: &[
-            "linear_bf16",
-            "linear_fp4",
             "linear_bf16_1",
             "linear_fp4_1",
             "linear_bf16_m8",
@@ -52,46 +49,28 @@ pub const MODULES: &[KernelModule] = &[
         name: "attention",
         source: include_str!("../cu/attention.cu"),
         entries: &[
-            "qk_norm_rope_kv",
-            "qk_norm_rope_kv_fp8",
-            "qk_norm_rope_kv_l",
-            "qk_norm_rope_kv_fp8_l",
+            "qk_norm_rope_store",
+            "qk_norm_rope_store_fp8",
             "ring_commit",
-            "attention",
-            "attention_fp8",
-            "attention_gqa",
-            "attention_gqa_fp8",
-            "attention_gqa_l",
-            "attention_gqa_fp8_l",
-            "attention_gqa_qk",
-            "attention_gqa_qkp",
-            "attention_gqa_qkc",
-            "attention_gqa_qkl",
-            "attention_gqa_qk_fp8",
-            "attention_merge",
-            "attention_merge_16",
-            "attention_merge_64",
-            "attention_merge_16r",
-            "attention_merge_64r",
-            "attention_prefill",
-            "attention_prefill_fp8",
-            "attention_prefill_h",
-            "attention_prefill_fp8_h",
-            "attention_prefill_x",
-            "attention_prefill_q",
-            "attention_prefill_fp8_q",
-            "attention_prefill_fp8_x",
-            "attention_tc",
-            "attention_tc_fp8",
-            "attention_tc_qk",
-            "attention_tc_qk3",
-            "attention_tc_qk3l",
-            "attention_tc_qk3p",
-            "attention_tc_qk_fp8",
-            "attention_merge_tc",
-            "attention_merge_tc64",
-            "attention_merge_tcr",
-            "attention_merge_tc64r",
+            "attention_decode_head",
+            "attention_decode_head_fp8",
+            "attention_decode_gqa",
+            "attention_decode_gqa_fp8",
+            "attention_decode_gqa_qk",
+            "attention_decode_gqa_qk_fp8",
+            "attention_decode_merge16",
+            "attention_decode_merge64",
+            "attention_prefill_flash",
+            "attention_prefill_flash_qsmem",
+            "attention_prefill_flash_qsmem_fp8",
+            "attention_prefill_flash_fp8",
+            "attention_decode_tc",
+            "attention_decode_tc_fp8",
+            "attention_decode_tc_qk",
+            "attention_decode_tc_qk_3stage",
+            "attention_decode_tc_qk_fp8",
+            "attention_decode_tc_merge16",
+            "attention_decode_tc_merge64",
         ],
     },
     KernelModule {
@@ -99,7 +78,6 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/moe.cu"),
         entries: &[
             "router_topk",
-            "router_fused_1",
             "moe_group",
             "moe_gate_up_bf16",
             "moe_gate_up_fp4",
@@ -111,30 +89,17 @@ pub const MODULES: &[KernelModule] = &[
             "moe_down_fp4_1",
             "moe_combine",
             "moe_combine_norm",
-            "moe_gate_up_fp4_sp",
-            "moe_down_fp4_sp",
-            "moe_gate_up_fp4_spn",
-            "moe_down_fp4_spn",
-            "moe_gate_up_fp4_s",
-            "moe_gate_up_bf16_s",
-            "moe_down_fp4_s",
-            "moe_down_bf16_s",
-            "moe_block_1",
-            "moe_block_1g",
-            "moe_block_1w",
-            "moe_block_1n",
-            "moe_block_1np",
-            "moe_block_1npr",
-            "tc_bfrag_rows",
+            "moe_gate_up_fp4_warp",
+            "moe_down_fp4_warp",
+            "moe_gate_up_fp4_grouped",
+            "moe_gate_up_bf16_grouped",
+            "moe_down_fp4_grouped",
+            "moe_down_bf16_grouped",
+            "moe_decode_fused",
+            "moe_tc_bfrag_rows",
             "moe_gate_up_fp4_tc",
             "moe_down_fp4_tc",
-            "moe_block_1npt",
-            "moe_block_1nprt",
-            "moe_block_1nprtd",
-            "moe_block_1nprtg",
-            "moe_block_1nprtdg",
-            "moe_block_1nprtx",
-            "moe_block_1nprtxs",
+            "moe_decode_fused_tc",
         ],
     },
     KernelModule {
@@ -147,31 +112,14 @@ pub const MODULES: &[KernelModule] = &[
             "gemm_bf16_x2",
             "gemm_fp4_x2",
             "moe_gemm_gate_up_bf16",
-            "moe_gemm_gate_up_fp4",
             "moe_gemm_down_bf16",
-            "moe_gemm_down_fp4",
-            "gemm_bf16_h",
-            "gemm_fp4_h",
-            "moe_gemm_gate_up_bf16_h",
-            "moe_gemm_gate_up_fp4_h",
-            "moe_gemm_down_bf16_h",
-            "moe_gemm_down_fp4_h",
-            "moe_gemm_down_fp4_w",
-            "moe_gemm_gate_up_fp4_k",
-            "moe_gemm_down_fp4_wk",
-            "moe_gemm_gate_up_fp4_ks",
-            "moe_gemm_gate_up_fp4_ks16",
-            "moe_gemm_down_fp4_wk16",
+            "moe_gemm_gate_up_fp4_silu",
+            "moe_gemm_down_fp4_wide",
             "linear_tc_bf16",
-            "linear_tc_bf16_tl",
-            "linear_tc_bf16_tln",
-            "linear_tc_bf16_tlnb",
-            "linear_tc_bf16_tlnba",
-            "linear_tc_bf16_tlnbr",
-            "linear_tc_bf16_tlnd",
-            "linear_tc_bf16_tlndq",
-            "linear_tc_bf16_tlnds",
-            "linear_tc_bf16_tlndm",
+            "linear_tc_bf16_tiled",
+            "linear_tc_bf16_tiled_argmax",
+            "linear_tc_bf16_tiled_row",
+            "linear_tc_bf16_tiled_row_silu",
             "tile_bf16",
             "read_u4",
             "read_tc_pattern",
@@ -182,13 +130,13 @@ pub const MODULES: &[KernelModule] = &[
         source: include_str!("../cu/sample.cu"),
         entries: &[
             "argmax_rows",
-            "argmax_rows_p",
+            "argmax_rows_split",
             "argmax_fin",
             "copy_u4",
             "spec_accept",
             "scatter_drafts",
             "sample_rows",
-            "sample_rows_g",
+            "sample_rows_split",
         ],
     },
 ];
@@ -222,7 +170,7 @@ impl std::fmt::Display for KernelError {
 impl std::error::Error for KernelError {}
 
 pub const NO_NVRTC_HELP: &str = "NVRTC (libnvrtc.so.13) was not found on the library path. Install it with\n  \
-    pip install nvidia-cuda-nvrtc nvidia-cuda-runtime nvidia-cuda-cccl\nand export LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib:$LD_LIBRARY_PATH \
+    pip install nvidia-cuda-nvrtc==13.0.88 nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85\n(13.0 matches the 580 driver) and export LD_LIBRARY_PATH=<site-packages>/nvidia/cu13/lib:$LD_LIBRARY_PATH \
     (scripts/ci-deps-cuda.sh prints the exact lines), or install the CUDA toolkit (apt install cuda-nvrtc-13-0) \
     and put /usr/local/cuda/lib64 on LD_LIBRARY_PATH.";
 
@@ -244,7 +192,7 @@ pub fn full_source(m: &KernelModule) -> String {
     )
 }
 
-/// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_tc` gives a row
+/// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_decode_tc` gives a row
 /// (`TC_SPLITS` in common.cuh, 16) set to N in the attention and gemm modules (their own cubins, another
 /// cache key); the engine's `tc_grid` reads the same value (once a process: it runs every pass).
 pub fn tc_splits_override() -> Option<usize> {
@@ -576,10 +524,10 @@ mod tests {
     }
 
     /// In the CPU emulation of `emu/cuda_emu.h` (the kernel sources built with g++):
-    /// `moe_block_1` against the launches it replaces (same bits, and a float64 reference within
-    /// 1e-4), and the weight-streaming kernels' batch invariance (7-row passes = each row alone,
-    /// bit for bit; `moe_*_sp` = `moe_*_s`; the tensor-core GEMV and prefill GEMMs against
-    /// float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
+    /// `moe_decode_fused[_tc]` against the launches they stand for (same bits, and a float64
+    /// reference within 1e-4), and the weight-streaming kernels' batch invariance (7-row passes =
+    /// each row alone, bit for bit; `moe_*_warp` = `moe_*_grouped`; the tensor-core GEMV and
+    /// prefill GEMMs against float64), and the decode attention (q/k norm + RoPE + paged K/V write, GQA split-KV
     /// attention and merge; BF16 and FP8 caches, full and sliding window) against float64 and
     /// 3-row passes against each row alone, the prefill flash attention against float64, and
     /// the prefill MoE (grouping, the grouped NVFP4 GEMMs in their three forms) against float64.
@@ -607,7 +555,7 @@ mod tests {
         eprintln!("{text}");
         assert!(
             out.status.success()
-                && text.contains("moe_block_1 emulation: PASS")
+                && text.contains("moe_decode_fused emulation: PASS")
                 && text.contains("weight-streaming invariance emulation: PASS")
                 && text.contains("attention emulation: PASS")
                 && text.contains("prefill MoE emulation: PASS"),

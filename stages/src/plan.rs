@@ -132,6 +132,10 @@ fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}
+
 impl KvPlan {
     /// Every number of the plan. Nothing here reads files or devices: `weights` and `memory` come in.
     pub fn compute(
@@ -187,11 +191,17 @@ impl KvPlan {
             weights::gemv_copy_bytes(cfg, draft)
         };
         let fixed = weights.target + weights.draft + gemv_copies + activations + reserve;
+        let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
+        let max_model_len = recipe.max_model_len.unwrap_or(cfg.max_position_embeddings);
+        // A pool never needs more than max_num_seqs sequences of max_model_len tokens.
+        let kv_needed = rings
+            + recipe.max_num_seqs as u64
+                * round_up(max_model_len as u64, KV_BLOCK)
+                * kv_bytes_per_token;
         let (kv_budget, kv_budget_given) = match recipe.kv_cache_memory_bytes {
             Some(kv) => (kv, true),
-            None => (cap.saturating_sub(fixed), false),
+            None => (cap.saturating_sub(fixed).min(kv_needed), false),
         };
-        let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
         let pool_tokens = (kv_bytes_per_token > 0).then(|| {
             round_down(
                 kv_budget.saturating_sub(rings) / kv_bytes_per_token,
@@ -216,7 +226,7 @@ impl KvPlan {
             kv_budget,
             kv_budget_given,
             pool_tokens,
-            max_model_len: recipe.max_model_len.unwrap_or(cfg.max_position_embeddings),
+            max_model_len,
             max_position_embeddings: cfg.max_position_embeddings,
             draft_block_size: draft.and_then(|d| {
                 d.raw
@@ -282,11 +292,11 @@ impl KvPlan {
         }
         if !self.kv_budget_given && self.kv_budget == 0 {
             return Err(PlanError::DoesNotFit(format!(
-                "weights {} + activations {} + reserve {} = {} leave no room for the KV cache under the cap {} ({cap_desc}); raise gpu_memory_utilization or memory_cap_bytes, or lower max_num_batched_tokens",
-                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                "{} = {} leave no room for the KV cache under the cap {} ({cap_desc}); raise gpu_memory_utilization or memory_cap_bytes, or lower max_num_batched_tokens",
+                self.fixed_parts(), human(fixed), human(self.cap)
             )));
         }
-        if self.kv_budget <= self.ring_bytes() {
+        if self.kv_budget < self.ring_bytes() {
             return Err(PlanError::DoesNotFit(format!(
                 "kv_cache_memory_bytes {} does not even hold the sliding-window rings of {} sequences ({}); raise kv_cache_memory_bytes or lower max_num_seqs",
                 commas(self.kv_budget), self.max_num_seqs, commas(self.ring_bytes())
@@ -303,15 +313,15 @@ impl KvPlan {
         }
         if self.total > self.cap && fixed >= self.cap {
             return Err(PlanError::DoesNotFit(format!(
-                "weights {} + activations {} + reserve {} = {} alone exceed the cap {} ({cap_desc}), before any KV cache; raise gpu_memory_utilization or memory_cap_bytes, lower max_num_batched_tokens, or plan for the real device with --device-memory",
-                human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.activations), human(self.reserve), human(fixed), human(self.cap)
+                "{} = {} alone exceed the cap {} ({cap_desc}), before any KV cache; raise gpu_memory_utilization or memory_cap_bytes, lower max_num_batched_tokens, or plan for the real device with --device-memory",
+                self.fixed_parts(), human(fixed), human(self.cap)
             )));
         }
         if self.total > self.cap {
             let room = self.cap.saturating_sub(fixed);
             return Err(PlanError::DoesNotFit(format!(
-                "total {} (weights {} + KV {} + activations {} + reserve {}) exceeds the cap {} ({cap_desc}); lower kv_cache_memory_bytes to at most {} or raise gpu_memory_utilization / memory_cap_bytes",
-                human(self.total), human(self.weights.target + self.weights.draft + self.gemv_copies), human(self.kv_budget), human(self.activations), human(self.reserve), human(self.cap), commas(room)
+                "total {} ({} + KV {}) exceeds the cap {} ({cap_desc}); lower kv_cache_memory_bytes to at most {} or raise gpu_memory_utilization / memory_cap_bytes",
+                human(self.total), self.fixed_parts(), human(self.kv_budget), human(self.cap), commas(room)
             )));
         }
         if self.total > self.memory.free {
@@ -321,6 +331,23 @@ impl KvPlan {
             )));
         }
         Ok(())
+    }
+}
+
+impl KvPlan {
+    /// What the plan holds besides the K/V, named part by part for the refusals.
+    fn fixed_parts(&self) -> String {
+        let copies = if self.gemv_copies > 0 {
+            format!(" + GEMV weight copies {}", human(self.gemv_copies))
+        } else {
+            String::new()
+        };
+        format!(
+            "weights {}{copies} + activations {} + reserve {}",
+            human(self.weights.target + self.weights.draft),
+            human(self.activations),
+            human(self.reserve)
+        )
     }
 }
 

@@ -6,7 +6,7 @@ mod args;
 mod file;
 pub mod overrides;
 
-pub use args::RecipeArgs;
+pub use args::{EngineArgs, RecipeArgs, ServerArgs, SourceArgs};
 pub use overrides::{Overrides, ENV_VARS};
 
 use std::fmt;

@@ -362,3 +362,25 @@ fn unauthorized_and_missing_files_say_what_to_do() {
         "{err}"
     );
 }
+
+/// A mirror that accepts connections and never answers: fetch fails within seconds (the response
+/// timeout), naming the endpoint, instead of hanging for a minute.
+#[test]
+fn silent_mirror_fails_fast_naming_it() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    // Accept and hold every connection without writing a byte.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in listener.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let t0 = std::time::Instant::now();
+    let err = fetch(&env(port, tmp.path())).expect_err("a silent mirror cannot succeed");
+    let took = t0.elapsed();
+    let msg = err.to_string();
+    assert!(msg.contains(&format!("127.0.0.1:{port}")), "{msg}");
+    assert!(took < Duration::from_secs(30), "took {took:?}: {msg}");
+}

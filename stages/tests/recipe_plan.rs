@@ -491,3 +491,26 @@ fn cuda_kv_layout_matches_the_plan() {
         );
     }
 }
+
+/// Without kv_cache_memory_bytes the plan's K/V budget is what max_num_seqs sequences of
+/// max_model_len tokens need (plus rings), not every byte under the cap: a tiny model on a big
+/// machine plans megabytes, and a real model still gets the cap's share when that is smaller.
+#[test]
+fn default_kv_budget_never_exceeds_what_sequences_need() {
+    let mut r = xs_recipe();
+    r.kv_cache_memory_bytes = None;
+    r.max_model_len = Some(4096);
+    r.max_num_seqs = 3;
+    let cfg = reference("laguna-xs-2.1-nvfp4.config.json");
+    let w = WeightBytes { target: GIB, draft: 0, source: WeightsSource::Config };
+    let p = KvPlan::compute(&cfg, None, &r, w, mem(128 * GIB));
+    // 3 sequences x 4096 tokens x 40,960 B/token (10 full layers, BF16), plus 3 rings.
+    assert_eq!(p.pool_tokens, Some(3 * 4096));
+    assert_eq!(p.kv_budget, p.ring_bytes() + 3 * 4096 * 40_960);
+    p.check().unwrap();
+    // At full context the cap's share is the smaller one.
+    r.max_model_len = None;
+    r.max_num_seqs = 64;
+    let p = KvPlan::compute(&cfg, None, &r, w, mem(128 * GIB));
+    assert!(p.kv_budget < p.ring_bytes() + 64 * 262_144 * 40_960);
+}

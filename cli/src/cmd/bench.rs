@@ -253,91 +253,6 @@ pub fn run(a: Args) -> Result<()> {
         rows
     };
     let grid = super::device_sample::logits_grid(&m, 11)?;
-    // Each weight-streaming kernel family of the default set against the original f32 kernels
-    // (which device-test checks against the CPU on every fixture) at this model's real shapes:
-    // 16 rows at positions 2048.. after a 2048-token prefill, compared on the residual stream
-    // after layer 0 (attention over the full 2K context + the dense MLP, before any router; the
-    // pass/fail check) and after layer 1 (the first MoE layer: one router decision per row, so a
-    // flip there is unlikely but possible; reported). The
-    // logits are compared too but only reported: on random weights near-tied router top-k picks
-    // turn tiny rounding differences into different experts, so they diverge for any kernel
-    // whose rounding differs even slightly.
-    let (tc_err, ab_rows) = {
-        use laguna_engine::cuda::KernelSet;
-        let h = cfg.hidden_size;
-        let s = m.new_seq()?;
-        m.forward(&[StepInput {
-            seq: s,
-            tokens: &prompt,
-            start_pos: 0,
-            logits: LogitRows::None,
-        }])?;
-        let p0 = prompt.len();
-        let rows: Vec<u32> = prompt[..16].to_vec();
-        let run = |m: &mut CudaModel, k: KernelSet| -> Result<(Vec<f32>, Vec<f32>)> {
-            m.set_kernels(k);
-            m.truncate(s, p0);
-            m.set_taps(&[0, 1]);
-            let o = m
-                .forward(&[StepInput {
-                    seq: s,
-                    tokens: &rows,
-                    start_pos: p0,
-                    logits: LogitRows::All,
-                }])?
-                .remove(0);
-            m.set_taps(&[]);
-            Ok((o.taps, o.logits))
-        };
-        // Worst row of max|a - b| / max|b| (non-finite values count as infinite error).
-        let cmp = |a: &[f32], b: &[f32], w: usize| super::device_test::rel_err(a, b, w).0;
-        let default = m.kernels();
-        let orig = KernelSet::original();
-        let (bt, bl) = run(&mut m, orig)?;
-        let mut rows_out = vec![];
-        let fams: [(&str, fn(&mut KernelSet)); 4] = [
-            ("tc_gemv", |k| k.tc_gemv = true),
-            ("small_m", |k| k.small_m = true),
-            ("moe_s", |k| k.moe_s = true),
-            ("attn_gqa", |k| k.attn_gqa = true),
-        ];
-        let mut worst_default = 0f64;
-        for (name, f) in fams
-            .iter()
-            .map(|(n, f)| (Some(*n), Some(*f)))
-            .chain(std::iter::once((None, None)))
-        {
-            let k = match f {
-                Some(f) => {
-                    let mut k = orig;
-                    f(&mut k);
-                    k
-                }
-                None => default,
-            };
-            let (t, l) = run(&mut m, k)?;
-            // taps rows are [layer 0 | layer 1] per token.
-            let pick = |x: &[f32], li: usize| -> Vec<f32> {
-                x.chunks(2 * h)
-                    .flat_map(|r| r[li * h..(li + 1) * h].to_vec())
-                    .collect()
-            };
-            let (e0, e1, el) = (
-                cmp(&pick(&t, 0), &pick(&bt, 0), h),
-                cmp(&pick(&t, 1), &pick(&bt, 1), h),
-                cmp(&l, &bl, v),
-            );
-            let name = name.unwrap_or("default set");
-            eprintln!("kernels {name} vs original, 16 rows at 2048: residual after layer 0 {e0:.2e}, after layer 1 (first MoE) {e1:.2e}; logits {el:.2e} (routing-chaotic, informative)");
-            if f.is_none() {
-                worst_default = e0;
-            }
-            rows_out.push((name, e0, e1, el));
-        }
-        m.set_kernels(default);
-        m.free_seq(s);
-        (worst_default, rows_out)
-    };
     let tok_s_plain = median(&mut tps.clone());
     let spec_rows = match &a.draft {
         Some(dir) => {
@@ -439,7 +354,6 @@ pub fn run(a: Args) -> Result<()> {
                 "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "roofline_fraction_serving": roofline_serving, "finite": finite, "greedy_tokens": tokens_out.len(), "greedy_fnv64": format!("{greedy_fnv:016x}"), "graphs": !a.no_graph, "kernels": ks,
                 "kernel_ms_per_step_eager": kernel_total / steps as f64, "decode_graph_replay_ms": replay_ms,
                 "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>(),
-                "kernels_vs_original": ab_rows.iter().map(|(n, e0, e1, el)| serde_json::json!({"kernels": n, "layer0_rel_err": e0, "layer1_rel_err": e1, "logits_rel_err": el})).collect::<Vec<_>>(),
                 "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r))})
         );
     } else {
@@ -527,9 +441,6 @@ pub fn run(a: Args) -> Result<()> {
         for d in &grid.detail {
             println!("|   differs | {d} |");
         }
-        for (n, e0, e1, el) in &ab_rows {
-            println!("| kernels {n} vs original (residual after layer 0 / layer 1 / logits) | {e0:.2e} / {e1:.2e} / {el:.2e} |");
-        }
         if let Some(r) = &spec_rows {
             super::bench_draft::print_table(r, 1e3 / tok_s);
         }
@@ -543,9 +454,6 @@ pub fn run(a: Args) -> Result<()> {
             grid.mismatches,
             grid.cases
         );
-    }
-    if tc_err > 1e-3 {
-        bail!("the default weight-streaming kernels disagree with the original ones after layer 0: max rel err {tc_err:.2e} > 1e-3");
     }
     Ok(())
 }
@@ -568,7 +476,7 @@ fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
         .remove(0);
     let ttft = t0.elapsed().as_secs_f64();
     let mut finite = out.logits.iter().all(|x| x.is_finite());
-    let mut tok = laguna_engine::cpu::ops::argmax(&out.logits) as u32;
+    let mut tok = laguna_engine::sample::argmax(&out.logits) as u32;
     let mut none = None;
     // First steps capture the graph; time the rest.
     let warm = 4.min(a.gen);

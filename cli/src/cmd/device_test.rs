@@ -2,7 +2,7 @@
 //! fixture model. For device machines without cargo. Prints one line per check and a table last.
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
-use laguna_engine::cuda::{CudaModel, CudaOptions, KernelSet};
+use laguna_engine::cuda::{CudaModel, CudaOptions};
 use laguna_engine::model::{LogitRows, Model, SeqId, StepInput};
 use std::path::{Path, PathBuf};
 
@@ -120,13 +120,6 @@ const MODES: &[(&str, usize, bool, bool)] = &[
     ("fp8", 32, true, true),
 ];
 
-/// The kernel set of a mode: LAGUNA_KERNELS (default set) with cuBLAS off unless the mode allows it.
-fn mode_kernels(mode: (&str, usize, bool, bool)) -> KernelSet {
-    let mut k = KernelSet::from_env();
-    k.cublas &= mode.3;
-    k
-}
-
 /// All logits of `tokens` at `start` of `seq` in one forward.
 fn pass_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
     Ok(m.forward(&[StepInput {
@@ -188,7 +181,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
         ..super::device_dflash::opts()
     };
     let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
-    cu.set_kernels(mode_kernels(mode));
+    cu.set_cublas(mode.3);
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
     let a = pass_logits(&mut cu, s1, &all, 0)?;
@@ -217,7 +210,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
             },
         )
         .context("cuda load (no rings)")?;
-        nr.set_kernels(mode_kernels(mode));
+        nr.set_cublas(mode.3);
         let t1 = nr.new_seq()?;
         let a2 = pass_logits(&mut nr, t1, &all, 0)?;
         let t2 = nr.new_seq()?;

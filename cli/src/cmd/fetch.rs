@@ -1,7 +1,7 @@
 use anyhow::Result;
 use laguna_stages::fetch::{fetch_recipe, FetchOptions};
 use laguna_stages::hub::HubEnv;
-use laguna_stages::recipe::RecipeArgs;
+use laguna_stages::recipe::{RecipeArgs, SourceArgs};
 use std::path::PathBuf;
 
 /// Download the recipe's model and draft at their pinned revisions into the Hugging Face cache
@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub recipe: RecipeArgs,
+    pub source: SourceArgs,
     /// Download into this folder instead of the HF cache (with both a model and a draft, each goes
     /// into a sub-folder named after its repo).
     #[arg(long, value_name = "DIR")]
@@ -26,7 +26,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let recipe = a.recipe.resolve()?;
+    let recipe = RecipeArgs::from(a.source).resolve()?;
     let mut env = HubEnv::from_process_env();
     if let Some(c) = a.cache_dir {
         env.cache_dir = c;

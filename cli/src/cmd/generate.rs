@@ -1,10 +1,7 @@
 use anyhow::{bail, Context, Result};
-use laguna_engine::cpu::CpuModel;
-use laguna_engine::generate::{generate, GenerateRequest, GenerateResult};
-use laguna_engine::model::Model;
+use laguna_engine::backend::{self, Device, LoadOptions};
+use laguna_engine::generate::GenerateRequest;
 use laguna_engine::sample::SamplingParams;
-use laguna_engine::spec::DraftModel;
-use laguna_engine::spec::{generate_spec, CpuDraft};
 use laguna_engine::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
@@ -56,20 +53,11 @@ pub fn run(a: Args) -> Result<()> {
     if a.temperature < 0.0 {
         bail!("--temperature must be >= 0, got {}", a.temperature);
     }
-    let tok = Tokenizer::from_dir(&a.model)?;
-    if a.device == "cuda" {
-        if let Err(e) = laguna_engine::cuda::gpu_available() {
-            bail!("--device cuda: {e}; use --device cpu");
-        }
+    super::check_model_dir(&a.model, "model")?;
+    if let Some(d) = &a.draft {
+        super::check_model_dir(d, "draft")?;
     }
-    let load_cpu = || {
-        CpuModel::load(&a.model)
-            .with_context(|| format!("loading model from {}", a.model.display()))
-    };
-    let load_cuda = || {
-        laguna_engine::cuda::CudaModel::load(&a.model, laguna_engine::cuda::CudaOptions::default())
-            .with_context(|| format!("loading model from {} onto the GPU", a.model.display()))
-    };
+    let tok = Tokenizer::from_dir(&a.model)?;
     let prompt = match (&a.prompt_ids, &a.prompt) {
         (Some(ids), None) => ids.clone(),
         (None, Some(text)) => match &tok {
@@ -93,52 +81,16 @@ pub fn run(a: Args) -> Result<()> {
         ignore_eos: a.ignore_eos,
         stop_token_ids: vec![],
     };
-    let (res, spec) = match &a.draft {
-        None => {
-            let mut model: Box<dyn Model> = if a.device == "cuda" {
-                Box::new(load_cuda()?)
-            } else {
-                Box::new(load_cpu()?)
-            };
-            (generate(model.as_mut(), &req, false)?, None)
-        }
-        Some(dir) if a.device == "cuda" => {
-            let mut model = load_cuda()?;
-            let mut draft =
-                laguna_engine::cuda::draft::CudaDraft::load(dir, &model).with_context(|| {
-                    format!("loading DFlash draft from {} onto the GPU", dir.display())
-                })?;
-            let k = a
-                .num_speculative_tokens
-                .unwrap_or(draft.config().block_size - 1);
-            if a.temperature == 0.0 {
-                // Greedy: the device-resident loop (proposals, taps and verification stay on the GPU).
-                let r = laguna_engine::cuda::spec::CudaSpec::default()
-                    .generate(&mut model, &mut draft, &req, k, true)?;
-                (
-                    GenerateResult {
-                        completion: r.completion,
-                        finish_reason: r.finish,
-                        step_logits: vec![],
-                    },
-                    Some((k, r.stats)),
-                )
-            } else {
-                let (res, stats) =
-                    generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
-                (res, Some((k, stats)))
-            }
-        }
-        Some(dir) => {
-            let mut model = load_cpu()?;
-            let mut draft = CpuDraft::load(dir, &model)
-                .with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
-            let k = a.num_speculative_tokens.unwrap_or(draft.cfg.block_size - 1);
-            let (res, stats) =
-                generate_spec(&mut model as &mut dyn Model, &mut draft, &req, k, true)?;
-            (res, Some((k, stats)))
-        }
+    let device = Device::parse(&a.device).map_err(anyhow::Error::msg)?;
+    let opts = LoadOptions {
+        num_speculative_tokens: a.num_speculative_tokens,
+        progress: true,
+        ..Default::default()
     };
+    let mut loaded = backend::load(device, &opts, &a.model, a.draft.as_deref())
+        .with_context(|| format!("loading {} on {device}", a.model.display()))?;
+    let (res, stats) = loaded.generate(&req, false)?;
+    let spec = stats.map(|s| (loaded.spec_k().unwrap_or(0), s));
     let text = match &tok {
         Some(t) => t.decode(&res.completion, true)?,
         None => String::new(),

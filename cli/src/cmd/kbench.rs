@@ -4,7 +4,7 @@
 //! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
 //! stream of the same bytes) as the practical roofline for a kernel of that size. The NVFP4
 //! expert kernels are also checked against a float64 host reference at these shapes, and the
-//! fused kernels (`moe_block_1`, `attention_gqa_qk`) bit for bit against the launches they replace.
+//! fused kernels (`moe_decode_fused`, `attention_decode_gqa_qk`) bit for bit against the launches they replace.
 use super::synth::Rng;
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -18,7 +18,7 @@ pub struct Args {
     /// Only the decode attention section (skips the GEMV and MoE sections).
     #[arg(long)]
     attn_only: bool,
-    /// Only the MoE half of a decode layer (`moe_block_1` against the seven launches it
+    /// Only the MoE half of a decode layer (`moe_decode_fused` against the seven launches it
     /// replaces, and its phases; skips every other section).
     #[arg(long)]
     moe_only: bool,
@@ -151,7 +151,7 @@ pub fn run(a: Args) -> Result<()> {
         print_rows(rows);
         return Ok(());
     }
-    // ---- the greedy argmax: argmax_rows_p against argmax_rows, bit for bit on the index -------
+    // ---- the greedy argmax: argmax_rows_split against argmax_rows, bit for bit on the index -------
     argmax_check(&d, &mut rng, reps, &mut rows)?;
 
     // ---- the attention of a decode layer: default launches against attn_qk's ------------------
@@ -222,7 +222,7 @@ pub fn run(a: Args) -> Result<()> {
                 bytes as f64 / t / 1e6,
             ));
         }
-        // One launch of linear_tc_bf16 (or `name`: linear_tc_bf16_tl reads the same bytes as a
+        // One launch of linear_tc_bf16 (or `name`: linear_tc_bf16_tiled reads the same bytes as a
         // tile-interleaved layout, a timing of that layout only) on the matrix at w, S warps.
         let tcn = |name: &'static str, w: u64, sw: u32| {
             d.launch_p(
@@ -248,7 +248,7 @@ pub fn run(a: Args) -> Result<()> {
             .map_err(e)
         };
         let tc = |w: u64, sw: u32| tcn("linear_tc_bf16", w, sw);
-        // linear_tc_bf16_tl (KernelSet tc_tl) on tile_bf16's copy of a random matrix against
+        // linear_tc_bf16_tiled on tile_bf16's copy of a random matrix against
         // linear_tc_bf16 on the matrix: the same bits (1 row; S = 4 and 16).
         if n <= 10304 {
             let wr = d.alloc(bytes).map_err(e)?;
@@ -271,13 +271,13 @@ pub fn run(a: Args) -> Result<()> {
                 d.sync().map_err(e)?;
                 let a = dtoh_f32(&d, y, n)?;
                 d.memset_d32(y, 0, n).map_err(e)?;
-                tcn("linear_tc_bf16_tl", wt, sw)?;
+                tcn("linear_tc_bf16_tiled", wt, sw)?;
                 d.sync().map_err(e)?;
                 let b = dtoh_f32(&d, y, n)?;
                 same &= a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
             }
             println!(
-                "linear_tc_bf16_tl on tile_bf16's copy vs linear_tc_bf16, {label} N={n} K={k}, S=4 and 16: {}",
+                "linear_tc_bf16_tiled on tile_bf16's copy vs linear_tc_bf16, {label} N={n} K={k}, S=4 and 16: {}",
                 if same { "bit-identical" } else { "DIFFER" }
             );
             d.free(wr);
@@ -303,9 +303,9 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         for sw in [4u32, 16] {
-            let t = time_graph(&d, reps, &|i| tcn("linear_tc_bf16_tl", off(i), sw))?;
+            let t = time_graph(&d, reps, &|i| tcn("linear_tc_bf16_tiled", off(i), sw))?;
             rows.push((
-                format!("{label} N={n} K={k}: linear_tc_bf16_tl S={sw} (tiled layout)"),
+                format!("{label} N={n} K={k}: linear_tc_bf16_tiled S={sw} (tiled layout)"),
                 t,
                 bytes as f64 / t / 1e6,
             ));
@@ -389,8 +389,8 @@ pub fn run(a: Args) -> Result<()> {
     let one = grouping(1)?;
     let hn = one.x;
     let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
-    // The `_sp` kernels (KernelSet moe_sp) run in blocks of 128 threads, the `_s` ones of 256.
-    let blk = |name: &str| if name.ends_with("_sp") { 128 } else { 256 };
+    // The `_warp` kernels run in blocks of 128 threads, the `_grouped` ones of 256.
+    let blk = |name: &str| if name.ends_with("_warp") { 128 } else { 256 };
     let gu = |name: &'static str, grid: u32, i: usize, g: &Grp| {
         d.launch_p(&mut None, name, (grid, 1, 1), (blk(name), 1, 1), 0, |b| {
             b.u64(gate.0)
@@ -448,9 +448,9 @@ pub fn run(a: Args) -> Result<()> {
     let (act, out) = (one.act, one.out);
     // Correctness at the real shapes: launch 0 against a float64 host reference (exact NVFP4
     // dequantisation: E2M1 code x E4M3 block scale / global scale).
-    gu("moe_gate_up_fp4_s", s_gu_grid, 0, &one)?;
+    gu("moe_gate_up_fp4_grouped", s_gu_grid, 0, &one)?;
     let act_d = dtoh_f32(&d, act, kk * im)?;
-    dn("moe_down_fp4_s", s_dn_grid, 0, &one)?;
+    dn("moe_down_fp4_grouped", s_dn_grid, 0, &one)?;
     let out_d = dtoh_f32(&d, out, kk * h)?;
     let xh: Vec<f64> = dtoh_f32(&d, hn, h)?.into_iter().map(|v| v as f64).collect();
     let ex: Vec<usize> = (0..kk)
@@ -505,19 +505,19 @@ pub fn run(a: Args) -> Result<()> {
     for (label, g) in [("1 row", &one), ("7 rows", &ver)] {
         let (sg, sd) = s_grids(g);
         let (pg, pd) = sp_grids(g);
-        gu("moe_gate_up_fp4_s", sg, 0, g)?;
+        gu("moe_gate_up_fp4_grouped", sg, 0, g)?;
         let a_s = dtoh_f32(&d, g.act, g.slots * im)?;
-        dn("moe_down_fp4_s", sd, 0, g)?;
+        dn("moe_down_fp4_grouped", sd, 0, g)?;
         let o_s = dtoh_f32(&d, g.out, g.slots * h)?;
-        gu("moe_gate_up_fp4_sp", pg, 0, g)?;
+        gu("moe_gate_up_fp4_warp", pg, 0, g)?;
         let a_sp = dtoh_f32(&d, g.act, g.slots * im)?;
         // down from the `_s` activations, so its check does not depend on gate/up's.
         let bytes: Vec<u8> = a_s.iter().flat_map(|v| v.to_le_bytes()).collect();
         d.htod(g.act, &bytes).map_err(e)?;
-        dn("moe_down_fp4_sp", pd, 0, g)?;
+        dn("moe_down_fp4_warp", pd, 0, g)?;
         let o_sp = dtoh_f32(&d, g.out, g.slots * h)?;
         println!(
-            "moe_*_fp4_sp vs moe_*_fp4_s, {label}: gate_up+SiLU {}, down {}",
+            "moe_*_fp4_warp vs moe_*_fp4_grouped, {label}: gate_up+SiLU {}, down {}",
             word(same(&a_sp, &a_s)),
             word(same(&o_sp, &o_s))
         );
@@ -527,7 +527,10 @@ pub fn run(a: Args) -> Result<()> {
         let dn_bytes = (g.groups * h * (im / 2 + im / 16)) as f64;
         let (sg, sd) = s_grids(g);
         let (pg, pd) = sp_grids(g);
-        for (name, grid) in [("moe_gate_up_fp4_s", sg), ("moe_gate_up_fp4_sp", pg)] {
+        for (name, grid) in [
+            ("moe_gate_up_fp4_grouped", sg),
+            ("moe_gate_up_fp4_warp", pg),
+        ] {
             let t = time_graph(&d, reps, &|i| gu(name, grid, i, g))?;
             rows.push((
                 format!("moe gate_up {label}: {name}"),
@@ -535,12 +538,12 @@ pub fn run(a: Args) -> Result<()> {
                 gu_bytes / t / 1e6,
             ));
         }
-        for (name, grid) in [("moe_down_fp4_s", sd), ("moe_down_fp4_sp", pd)] {
+        for (name, grid) in [("moe_down_fp4_grouped", sd), ("moe_down_fp4_warp", pd)] {
             let t = time_graph(&d, reps, &|i| dn(name, grid, i, g))?;
             rows.push((format!("moe down {label}: {name}"), t, dn_bytes / t / 1e6));
         }
     }
-    // ---- the MoE half of a decode layer: moe_block_1 against the seven launches it replaces ----
+    // ---- the MoE half of a decode layer: moe_decode_fused against the seven launches it replaces ----
     moe_layer(&d, &mut rng, reps, &mut rows, (gate, up, down))?;
 
     // ---- a tiny kernel: the floor of one graph node ------------------------------------------
@@ -571,7 +574,7 @@ fn print_rows(rows: Vec<(String, f64, f64)>) {
     }
 }
 
-/// `argmax_rows_p` (KernelSet argmax_p: 64 blocks a row, folded by a 64-bit atomicMax) against
+/// `argmax_rows_split` (64 blocks a row, folded by a 64-bit atomicMax) against
 /// `argmax_rows` (one block a row) on XS-sized rows (vocabulary 100,352): random rows, rows whose
 /// maximum repeats at a later and an earlier index, one at the last index, rows of -inf, +0 / -0
 /// maxima, NaN sprinkled in, and a row of NaN alone; the same index every time, over 3 launches
@@ -644,7 +647,7 @@ fn argmax_check(
     let par = |rows_: usize, out: u64| {
         d.launch_p(
             &mut None,
-            "argmax_rows_p",
+            "argmax_rows_split",
             (rows_ as u32, 64, 1),
             (256, 1, 1),
             0,
@@ -671,7 +674,7 @@ fn argmax_check(
         same &= ints(o2)? == a;
     }
     println!(
-        "argmax_rows_p vs argmax_rows, {n} rows of {v} (ties, -inf, +-0, NaN), 3 launches: {} (indices {:?})",
+        "argmax_rows_split vs argmax_rows, {n} rows of {v} (ties, -inf, +-0, NaN), 3 launches: {} (indices {:?})",
         if same { "the same indices" } else { "DIFFER" },
         a
     );
@@ -683,7 +686,7 @@ fn argmax_check(
         (4 * v) as f64 / t1 / 1e6,
     ));
     rows.push((
-        "argmax of one 100,352-logit row: argmax_rows_p".into(),
+        "argmax of one 100,352-logit row: argmax_rows_split".into(),
         t2,
         (4 * v) as f64 / t2 / 1e6,
     ));
@@ -695,11 +698,11 @@ fn argmax_check(
 
 /// The attention of a decode layer at the XS-2.1 shape (64 query heads on 8 KV heads, head dim
 /// 128, gate per head, no sink), one row at position 2,112: the unfused three launches
-/// (`qk_norm_rope_kv_l`, `attention_gqa_l`, `attention_merge`) against `attn_qk`'s two
-/// (`attention_gqa_qk`, `attention_merge`), for a full-attention layer (paged pool, pages of 64)
+/// (`qk_norm_rope_store`, `attention_decode_gqa`, `attention_decode_merge16`) against `attn_qk`'s two
+/// (`attention_decode_gqa_qk`, `attention_decode_merge16`), for a full-attention layer (paged pool, pages of 64)
 /// and a sliding-window one (ring of 527 one-slot pages, window 512): the same bits (output row,
 /// new K and V rows) from the same inputs, and the time of each chain and launch in a graph; and
-/// the tensor-core chains (`attention_tc` / `_qk` + `attention_merge_tc*`, KernelSet attn_tc):
+/// the tensor-core chains (`attention_decode_tc` / `_qk` + `attention_decode_tc_merge16*`):
 /// their largest difference from the default chain, `_qk` against the three launches bit for bit.
 fn attn_layer(
     d: &Dev,
@@ -730,7 +733,7 @@ fn attn_layer(
             "full", 0usize, 64usize, 64usize, 32usize, 500000f32, 1.3466f32, 64usize,
         ),
         ("sliding 512", 512, 1, 527, 64, 10000.0, 1.0, 64),
-        // KernelSet swa_ns: the grid of a sliding layer sized by its window (the same splits).
+        // the grid of a sliding layer sized by its window (the same splits).
         (
             "sliding 512, grid of 16 splits",
             512,
@@ -801,7 +804,7 @@ fn attn_layer(
         let qk = || {
             d.launch_p(
                 &mut None,
-                "qk_norm_rope_kv_l",
+                "qk_norm_rope_store",
                 (1, (nh + nkv).div_ceil(4) as u32, 1),
                 (128, 1, 1),
                 0,
@@ -829,7 +832,7 @@ fn attn_layer(
         let gqa = || {
             d.launch_p(
                 &mut None,
-                "attention_gqa_l",
+                "attention_decode_gqa",
                 (1, nkv as u32, nsplit as u32),
                 (32 * g as u32, 1, 1),
                 0,
@@ -856,18 +859,18 @@ fn attn_layer(
             )
             .map_err(e)
         };
-        // attention_tc (KernelSet attn_tc): the engine's grid of splits for it (LAGUNA_TC_NSPLIT,
+        // attention_decode_tc: the engine's grid of splits for it (LAGUNA_TC_NSPLIT,
         // default 64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
             use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
-            split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false, true)
+            split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false)
         };
-        // attention_tc (qk false: after qk_norm_rope_kv_l) or attention_tc_qk (the norms inside).
+        // attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
         let tc_launch = |qk: bool| {
             let name = if qk {
-                "attention_tc_qk"
+                "attention_decode_tc_qk"
             } else {
-                "attention_tc"
+                "attention_decode_tc"
             };
             d.launch_p(
                 &mut None,
@@ -920,9 +923,9 @@ fn attn_layer(
         let merge_tc = || {
             merge_n(
                 if tc_ns > 16 {
-                    "attention_merge_tc64"
+                    "attention_decode_tc_merge64"
                 } else {
-                    "attention_merge_tc"
+                    "attention_decode_tc_merge16"
                 },
                 tc_ns,
             )
@@ -931,9 +934,9 @@ fn attn_layer(
         let merge_tcr = || {
             merge_n(
                 if tc_ns > 16 {
-                    "attention_merge_tc64r"
+                    "attention_decode_tc_merge64"
                 } else {
-                    "attention_merge_tcr"
+                    "attention_decode_tc_merge16"
                 },
                 tc_ns,
             )
@@ -946,13 +949,10 @@ fn attn_layer(
             Ok(b)
         };
         let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 6] = [
-            (None, "attention_merge"),
-            (Some("attention_gqa_qk"), "attention_merge"),
-            (Some("attention_gqa_qk"), "attention_merge_16"),
-            (None, "attention_merge_64"),
-            (Some("attention_gqa_qk"), "attention_merge_16r"),
-            (None, "attention_merge_64r"),
+        let variants: [(Option<&'static str>, &'static str); 3] = [
+            (None, "attention_decode_merge16"),
+            (Some("attention_decode_gqa_qk"), "attention_decode_merge16"),
+            (None, "attention_decode_merge64"),
         ];
         for (f, mname) in variants {
             d.htod(q, &q0).map_err(e)?;
@@ -972,22 +972,19 @@ fn attn_layer(
         }
         let a = &got[0];
         for (b, name) in got[1..].iter().zip([
-            "attention_gqa_qk + attention_merge",
-            "attention_gqa_qk + attention_merge_16",
-            "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
-            "attention_gqa_qk + attention_merge_16r",
-            "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64r",
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
         ]) {
             println!(
-                "{name} vs qk_norm_rope_kv_l + attention_gqa_l + attention_merge, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+                "{name} vs qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
                 if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
                 if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
                 if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
             );
         }
-        // attention_tc + attention_merge_tc: other arithmetic (tensor cores, its own splits), so
+        // attention_decode_tc + attention_decode_tc_merge16: other arithmetic (tensor cores, its own splits), so
         // its output against the default chain's as the largest difference relative to the
-        // largest output; K / V rows are written by the same qk_norm_rope_kv_l.
+        // largest output; K / V rows are written by the same qk_norm_rope_store.
         {
             d.htod(q, &q0).map_err(e)?;
             qk()?;
@@ -1006,13 +1003,13 @@ fn attn_layer(
                 mag = mag.max(y.abs());
             }
             println!(
-                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
+                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16 (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
                 dmax / mag,
                 if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
                 if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
                 if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
             );
-            // attention_tc_qk (the norms inside the launch) against the three launches: the same bits.
+            // attention_decode_tc_qk (the norms inside the launch) against the three launches: the same bits.
             let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
             d.htod(q, &q0).map_err(e)?;
             tc_qk()?;
@@ -1023,7 +1020,7 @@ fn attn_layer(
                 .map(f32::to_bits)
                 .collect();
             println!(
-                "attention_tc_qk + attention_merge_tc vs qk_norm_rope_kv_l + attention_tc + attention_merge_tc, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+                "attention_decode_tc_qk + attention_decode_tc_merge16 vs qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
                 if o2 == t3 { "bit-identical" } else { "DIFFERS" },
                 if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
                 if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
@@ -1036,7 +1033,7 @@ fn attn_layer(
                 .map(f32::to_bits)
                 .collect();
             println!(
-                "attention_tc_qk + attention_merge_tc(64)r vs attention_tc_qk + attention_merge_tc(64), {label}, XS-2.1 shape at {p}: output {}",
+                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r vs attention_decode_tc_qk + attention_decode_tc_merge16(64), {label}, XS-2.1 shape at {p}: output {}",
                 if o3 == t3 { "bit-identical" } else { "DIFFERS" }
             );
         }
@@ -1045,62 +1042,85 @@ fn attn_layer(
         let bytes = (keys * kvw * 2 * 2) as f64;
         let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
             (
-                "qk_norm_rope_kv_l + attention_gqa_l + attention_merge",
+                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16",
                 &|| {
                     qk()?;
                     gqa()?;
-                    merge("attention_merge")
+                    merge("attention_decode_merge16")
                 },
             ),
-            ("attention_gqa_qk + attention_merge", &|| {
-                fused("attention_gqa_qk")?;
-                merge("attention_merge")
-            }),
-            ("qk_norm_rope_kv_l alone", &qk),
-            ("attention_gqa_l alone", &gqa),
-            ("attention_gqa_qk alone", &|| fused("attention_gqa_qk")),
-            ("attention_merge alone", &|| merge("attention_merge")),
-            ("attention_gqa_qk + attention_merge_16", &|| {
-                fused("attention_gqa_qk")?;
-                merge("attention_merge_16")
-            }),
-            ("attention_merge_16 alone", &|| merge("attention_merge_16")),
             (
-                "qk_norm_rope_kv_l + attention_gqa_l + attention_merge_64",
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
+            ("qk_norm_rope_store alone", &qk),
+            ("attention_decode_gqa alone", &gqa),
+            ("attention_decode_gqa_qk alone", &|| {
+                fused("attention_decode_gqa_qk")
+            }),
+            ("attention_decode_merge16 alone", &|| {
+                merge("attention_decode_merge16")
+            }),
+            (
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
+            ("attention_decode_merge16 alone", &|| {
+                merge("attention_decode_merge16")
+            }),
+            (
+                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
                 &|| {
                     qk()?;
                     gqa()?;
-                    merge("attention_merge_64")
+                    merge("attention_decode_merge64")
                 },
             ),
-            ("attention_merge_64 alone", &|| merge("attention_merge_64")),
+            ("attention_decode_merge64 alone", &|| {
+                merge("attention_decode_merge64")
+            }),
             (
-                "qk_norm_rope_kv_l + attention_tc + attention_merge_tc",
+                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
                 &|| {
                     qk()?;
                     tc()?;
                     merge_tc()
                 },
             ),
-            ("attention_tc alone", &tc),
-            ("attention_tc_qk + attention_merge_tc", &|| {
-                tc_qk()?;
-                merge_tc()
+            ("attention_decode_tc alone", &tc),
+            (
+                "attention_decode_tc_qk + attention_decode_tc_merge16",
+                &|| {
+                    tc_qk()?;
+                    merge_tc()
+                },
+            ),
+            ("attention_decode_tc_qk alone", &tc_qk),
+            ("attention_decode_tc_merge16 alone", &merge_tc),
+            (
+                "attention_decode_gqa_qk + attention_decode_merge16",
+                &|| {
+                    fused("attention_decode_gqa_qk")?;
+                    merge("attention_decode_merge16")
+                },
+            ),
+            ("attention_decode_merge16 alone", &|| {
+                merge("attention_decode_merge16")
             }),
-            ("attention_tc_qk alone", &tc_qk),
-            ("attention_merge_tc alone", &merge_tc),
-            ("attention_gqa_qk + attention_merge_16r", &|| {
-                fused("attention_gqa_qk")?;
-                merge("attention_merge_16r")
-            }),
-            ("attention_merge_16r alone", &|| {
-                merge("attention_merge_16r")
-            }),
-            ("attention_tc_qk + attention_merge_tc(64)r", &|| {
-                tc_qk()?;
-                merge_tcr()
-            }),
-            ("attention_merge_tc(64)r alone", &merge_tcr),
+            (
+                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
+                &|| {
+                    tc_qk()?;
+                    merge_tcr()
+                },
+            ),
+            ("attention_decode_tc_merge16(64)r alone", &merge_tcr),
         ];
         for (name, f) in chains {
             let t = time_graph(d, reps, &|_| f())?;
@@ -1117,11 +1137,11 @@ fn attn_layer(
     Ok(())
 }
 
-/// `moe_block_1` (KernelSet moe_mk) at the XS-2.1 shape against the seven launches it replaces
+/// `moe_decode_fused` at the XS-2.1 shape against the seven launches it replaces
 /// (rmsnorm, router GEMV, top-k, gate/up, down, combine, the next layer's rmsnorm): the same bits
 /// (residual, next layer's normed row, routing) from the same inputs, time per layer in a graph
 /// (each launch its own router matrix, so the picks and the expert bytes read change as in a
-/// decode step), and moe_block_1's phases and barriers from its globaltimer stamps.
+/// decode step), and moe_decode_fused's phases and barriers from its globaltimer stamps.
 fn moe_layer(
     d: &Dev,
     rng: &mut Rng,
@@ -1158,13 +1178,12 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    // LAGUNA_MOE_STAG: moe_block_1's gate/up issue stagger (ns a warp index), as the engine's.
+    // LAGUNA_MOE_STAG: moe_decode_fused's gate/up issue stagger (ns a warp index), as the engine's.
     let stag: i32 = std::env::var("LAGUNA_MOE_STAG")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0);
-    // moe_block_1 (moe_dl: each block combines its own rows) or moe_block_1g (-moe_dl).
-    // The polling forms' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
+    // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
     let rlog_mk = z(4 * e_n)?;
     d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
     let block_r = |name: &'static str, i: usize, tpp: u64, rl: u64| {
@@ -1206,9 +1225,6 @@ fn moe_layer(
         })
         .map_err(e)
     };
-    let block_n = |name: &'static str, i: usize, tpp: u64| block_r(name, i, tpp, rlog);
-    let block_1 = |i: usize, tpp: u64| block_n("moe_block_1", i, tpp);
-    let block_g = |i: usize, tpp: u64| block_n("moe_block_1g", i, tpp);
     // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
     // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
     let xf = z(4 * h)?;
@@ -1262,9 +1278,16 @@ fn moe_layer(
         let groups = kk;
         let gb = (groups * im / 2).div_ceil(4) as u32;
         if tc {
-            d.launch_p(&mut None, "tc_bfrag_rows", (1, 1, 1), (256, 1, 1), 0, |b| {
-                b.u64(hn).u64(xf);
-            })
+            d.launch_p(
+                &mut None,
+                "moe_tc_bfrag_rows",
+                (1, 1, 1),
+                (256, 1, 1),
+                0,
+                |b| {
+                    b.u64(hn).u64(xf);
+                },
+            )
             .map_err(e)?;
         }
         d.launch_p(
@@ -1272,7 +1295,7 @@ fn moe_layer(
             if tc {
                 "moe_gate_up_fp4_tc"
             } else {
-                "moe_gate_up_fp4_sp"
+                "moe_gate_up_fp4_warp"
             },
             (gb, 1, 1),
             (128, 1, 1),
@@ -1303,7 +1326,7 @@ fn moe_layer(
             if tc {
                 "moe_down_fp4_tc"
             } else {
-                "moe_down_fp4_sp"
+                "moe_down_fp4_warp"
             },
             (db, 1, 1),
             (128, 1, 1),
@@ -1353,27 +1376,21 @@ fn moe_layer(
     };
     let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<u32>>();
     let mut differ = vec![];
-    // moe_block_1nprt (moe_tc): other bits by design; its routing must be the same bits and its
+    // moe_decode_fused_tc (moe_tc): other bits by design; its routing must be the same bits and its
     // layer update within float64-agreement distance of the seven launches'.
     let (mut tc_upd, mut tc_norm, mut tc_act, mut tc_out) = (0f64, 0f64, 0f64, 0f64);
-    // (LAGUNA_KB_TC=moe_block_1npt: the form without the router rows in registers.)
-    let tc_name: &'static str = match std::env::var("LAGUNA_KB_TC").as_deref() {
-        Ok("moe_block_1npt") => "moe_block_1npt",
-        _ => "moe_block_1nprt",
-    };
+    let tc_name: &'static str = "moe_decode_fused_tc";
     for i in 0..4 {
-        let mut got = vec![];
+        // 0: the seven launches, 5: moe_decode_fused, 6: moe_decode_fused_tc, 7: the
+        // multi-row tensor-core launches.
+        let mut got: Vec<(Vec<u32>, Vec<u32>, Vec<i32>, Vec<u32>)> = vec![Default::default(); 8];
         let (mut acts, mut outs) = (vec![], vec![]);
-        for variant in 0..8 {
+        for variant in [0usize, 5, 6, 7] {
             d.htod(x, &x0).map_err(e)?;
             match variant {
                 0 => seven(i, false)?,
                 7 => seven(i, true)?,
-                1 => block_1(i, 0)?,
-                2 => block_g(i, 0)?,
-                3 => block_n("moe_block_1n", i, 0)?,
-                4 => block_r("moe_block_1np", i, 0, rlog_mk)?,
-                5 => block_r("moe_block_1npr", i, 0, rlog_mk)?,
+                5 => block_r("moe_decode_fused", i, 0, rlog_mk)?,
                 _ => block_r(tc_name, i, 0, rlog_mk)?,
             }
             d.sync().map_err(e)?;
@@ -1383,22 +1400,22 @@ fn moe_layer(
                 acts.push(ab);
                 outs.push(dtoh_f32(d, out, kk * h)?);
             }
-            got.push((
+            got[variant] = (
                 bits(dtoh_f32(d, x, h)?),
                 bits(dtoh_f32(d, hn2, h)?),
                 ints(ids, kk)?,
                 bits(dtoh_f32(d, wts, kk)?),
-            ));
+            );
         }
         let a = &got[0];
-        // The multi-row tensor-core launches give moe_block_1nprt's bits.
+        // The multi-row tensor-core launches give moe_decode_fused_tc's bits.
         if got[7] != got[6] {
             differ.push(format!("moe_*_fp4_tc launches vs {tc_name}, router {i}"));
         }
         {
             let t = &got[6];
             if a.2 != t.2 || a.3 != t.3 {
-                differ.push(format!("moe_block_1nprt, router {i}: routing"));
+                differ.push(format!("moe_decode_fused_tc, router {i}: routing"));
             }
             let f = |u: &u32| f32::from_bits(*u) as f64;
             let (mut err, mut mag, mut nerr, mut nmag) = (0f64, 0f64, 0f64, 0f64);
@@ -1438,13 +1455,7 @@ fn moe_layer(
             tc_out = tc_out.max(oe / om.max(1e-30));
             tc_norm = tc_norm.max(nerr / nmag.max(1e-30));
         }
-        for (v, b) in [
-            ("moe_block_1", &got[1]),
-            ("moe_block_1g", &got[2]),
-            ("moe_block_1n", &got[3]),
-            ("moe_block_1np", &got[4]),
-            ("moe_block_1npr", &got[5]),
-        ] {
+        for (v, b) in [("moe_decode_fused", &got[5])] {
             for (name, same) in [
                 ("residual", a.0 == b.0),
                 ("next normed row", a.1 == b.1),
@@ -1462,19 +1473,19 @@ fn moe_layer(
         .iter()
         .any(|v| v.to_bits() != 0xFFFF_FFFF)
     {
-        differ.push("moe_block_1np / 1npr: logits not unset after the launch".into());
+        differ.push("moe_decode_fused: logits not unset after the launch".into());
     }
     if differ.is_empty() {
-        println!("moe_block_1 = moe_block_1g = moe_block_1n = moe_block_1np = moe_block_1npr = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
+        println!("moe_decode_fused = the seven launches, XS-2.1 shape, 4 routers: bit-identical (residual, next normed row, ids, weights)");
     } else {
         println!(
-            "moe_block_1 / _1g vs the seven launches DIFFER: {}",
+            "moe_decode_fused / _1g vs the seven launches DIFFER: {}",
             differ.join(", ")
         );
     }
     println!(
-        "moe_block_1nprt (moe_tc, tensor-core expert dots) vs the seven launches, 4 routers: routing {}, = the moe_*_fp4_tc launches bit for bit: {}; largest difference {tc_upd:.2e} of the largest layer update, next normed row {tc_norm:.2e} of its largest value, gate/up outputs {tc_act:.2e}, per-slot down rows {tc_out:.2e} (of the largest)",
-        if differ.iter().any(|d| d.starts_with("moe_block_1nprt")) { "DIFFERS" } else { "the same bits" },
+        "moe_decode_fused_tc (moe_tc, tensor-core expert dots) vs the seven launches, 4 routers: routing {}, = the moe_*_fp4_tc launches bit for bit: {}; largest difference {tc_upd:.2e} of the largest layer update, next normed row {tc_norm:.2e} of its largest value, gate/up outputs {tc_act:.2e}, per-slot down rows {tc_out:.2e} (of the largest)",
+        if differ.iter().any(|d| d.starts_with("moe_decode_fused_tc")) { "DIFFERS" } else { "the same bits" },
         if differ.iter().any(|d| d.starts_with("moe_*_fp4_tc")) { "NO" } else { "yes" }
     );
     d.htod(x, &x0).map_err(e)?;
@@ -1486,24 +1497,11 @@ fn moe_layer(
         t7,
         bytes / t7 / 1e6,
     ));
-    let t1 = time_graph(d, reps, &|i| block_1(i, 0))?;
-    rows.push(("moe layer, 1 row: moe_block_1".into(), t1, bytes / t1 / 1e6));
-    for name in ["moe_block_1npr", "moe_block_1nprt"] {
+    for name in ["moe_decode_fused", "moe_decode_fused_tc"] {
         let t = time_graph(d, reps, &|i| block_r(name, i, 0, rlog_mk))?;
         rows.push((format!("moe layer, 1 row: {name}"), t, bytes / t / 1e6));
     }
-    let tg = time_graph(d, reps, &|i| block_g(i, 0))?;
-    rows.push((
-        "moe layer, 1 row: moe_block_1g".into(),
-        tg,
-        bytes / tg / 1e6,
-    ));
-    for (vname, v) in [
-        ("moe_block_1", 0),
-        ("moe_block_1g", 1),
-        ("moe_block_1npr", 2),
-        ("moe_block_1nprt", 3),
-    ] {
+    for vname in ["moe_decode_fused", "moe_decode_fused_tc"] {
         // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
         // up, then once more from fresh stamps.
         let mut init = vec![0u8; 8 * 16 * reps];
@@ -1513,12 +1511,7 @@ fn moe_layer(
         d.begin_capture().map_err(e)?;
         for i in 0..reps {
             let t = tp + (128 * i) as u64;
-            match v {
-                0 => block_1(i, t)?,
-                1 => block_g(i, t)?,
-                2 => block_r("moe_block_1npr", i, t, rlog_mk)?,
-                _ => block_r("moe_block_1nprt", i, t, rlog_mk)?,
-            }
+            block_r(vname, i, t, rlog_mk)?;
         }
         let g = d.end_capture().map_err(e)?;
         g.launch().map_err(e)?;
@@ -1536,7 +1529,7 @@ fn moe_layer(
             .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
             .collect();
         // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
-        // out, end (moe_block_1: "barrier 3" in / out both at the last block's down items done, no
+        // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
         // grid barrier there).
         let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
         let names = [

@@ -1,7 +1,7 @@
 use anyhow::Result;
 use laguna_stages::hub::HubEnv;
 use laguna_stages::plan::{plan_recipe, PlanOptions};
-use laguna_stages::recipe::{overrides::parse_bytes, RecipeArgs};
+use laguna_stages::recipe::{overrides::parse_bytes, EngineArgs, RecipeArgs, SourceArgs};
 use std::path::PathBuf;
 
 /// Print the memory plan (weights, KV pool, sliding rings, activations, total vs cap and free
@@ -9,7 +9,9 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub recipe: RecipeArgs,
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// Use this config.json for the model (e.g. before `laguna fetch`).
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
@@ -25,7 +27,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let recipe = a.recipe.resolve()?;
+    let recipe = RecipeArgs::engine(a.source, a.engine).resolve()?;
     let mut env = HubEnv::from_process_env();
     if let Some(c) = a.cache_dir {
         env.cache_dir = c;

@@ -9,7 +9,7 @@ use laguna_stages::serve::{self, ServeOptions};
 pub struct Args {
     #[command(flatten)]
     pub recipe: RecipeArgs,
-    /// Require `Authorization: Bearer KEY` on /v1 routes (like vLLM's --api-key). Env: LAGUNA_API_KEY.
+    /// Require `Authorization: Bearer KEY` on /v1 routes (like vLLM's --api-key).
     #[arg(
         long,
         env = "LAGUNA_API_KEY",
@@ -32,26 +32,27 @@ fn env(k: &str) -> Option<String> {
 pub fn run(a: Args) -> Result<()> {
     let r = &a.recipe;
     let no_model =
-        r.recipe_path(&env).is_none() && r.model.is_none() && env("LAGUNA_MODEL").is_none();
+        r.recipe_path(&env).is_none() && r.source.model.is_none() && env("LAGUNA_MODEL").is_none();
     let opts = if no_model {
         // No recipe and no model: the embedded tiny test model, on CPU.
-        if let Some(d) = &r.device {
+        if let Some(d) = &r.engine.device {
             if Device::parse(d).map_err(anyhow::Error::msg)? != Device::Cpu {
                 bail!("the embedded test model runs on CPU only; pass --model DIR or --recipe R to use --device {d}");
             }
         }
-        if r.draft.is_some() {
+        if r.source.draft.is_some() {
             bail!("--draft needs --model DIR or --recipe R");
         }
         let d = ServeOptions::default();
         ServeOptions {
             model: None,
             host: r
+                .server
                 .host
                 .clone()
                 .or_else(|| env("LAGUNA_HOST"))
                 .unwrap_or(d.host),
-            port: match r.port {
+            port: match r.server.port {
                 Some(p) => p,
                 None => env("LAGUNA_PORT")
                     .map(|p| p.parse())
@@ -59,10 +60,10 @@ pub fn run(a: Args) -> Result<()> {
                     .context("LAGUNA_PORT")?
                     .unwrap_or(d.port),
             },
-            served_model_name: r.served_model_name.clone().into_iter().collect(),
-            max_model_len: r.max_model_len,
-            max_num_seqs: r.max_num_seqs.unwrap_or(d.max_num_seqs),
-            max_num_batched_tokens: r.max_num_batched_tokens,
+            served_model_name: r.server.served_model_name.clone().into_iter().collect(),
+            max_model_len: r.engine.max_model_len,
+            max_num_seqs: r.engine.max_num_seqs.unwrap_or(d.max_num_seqs),
+            max_num_batched_tokens: r.engine.max_num_batched_tokens,
             api_key: a.api_key.clone(),
             max_waiting: a.max_waiting,
             default_enable_thinking: a.default_enable_thinking,
@@ -83,7 +84,11 @@ pub fn run(a: Args) -> Result<()> {
             })?),
             None => None,
         };
-        let explicit_device = r.device.is_some() || env("LAGUNA_DEVICE").is_some();
+        super::check_model_dir(&model, "model")?;
+        if let Some(d) = &draft {
+            super::check_model_dir(d, "draft")?;
+        }
+        let explicit_device = r.engine.device.is_some() || env("LAGUNA_DEVICE").is_some();
         let device = match recipe.device {
             Device::Cpu => "cpu".to_string(),
             Device::Cuda(_) if explicit_device => recipe.device.to_string(),

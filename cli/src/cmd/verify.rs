@@ -1,6 +1,6 @@
 use anyhow::{bail, Result};
 use laguna_stages::hub::HubEnv;
-use laguna_stages::recipe::RecipeArgs;
+use laguna_stages::recipe::{RecipeArgs, SourceArgs};
 use laguna_stages::verify::{verify_recipe, VerifyOptions};
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(clap::Args)]
 pub struct Args {
     #[command(flatten)]
-    pub recipe: RecipeArgs,
+    pub source: SourceArgs,
     /// Skip SHA-256 hashing (sizes, headers and the inventory are still checked).
     #[arg(long)]
     pub fast: bool,
@@ -33,7 +33,7 @@ pub fn run(a: Args) -> Result<()> {
         progress: !a.quiet,
         ..Default::default()
     };
-    let recipe = a.recipe.resolve()?;
+    let recipe = RecipeArgs::from(a.source).resolve()?;
     let report = verify_recipe(&recipe, &env, &opts)?;
     println!("{report}");
     if !report.ok() {

@@ -81,16 +81,6 @@ pub fn rope_heads(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-/// Index of the largest value; the lowest index wins ties (torch.argmax, vLLM).
-pub fn argmax(x: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
-            best = i;
-        }
-    }
-    best
-}
 
 /// One query head against `n` keys: softmax(q·k * scale) · v in f64, with an optional learned
 /// sink logit that joins the denominator and has no value (vLLM's attention sinks).

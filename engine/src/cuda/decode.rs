@@ -106,12 +106,7 @@ impl CudaModel {
             }
         }
         let ls = super::stamp::launches(&recs);
-        let first = if self.kset.embed_norm {
-            "embed_norm"
-        } else {
-            "embed"
-        };
-        let st = super::stamp::step(&ls, first, 1);
+        let st = super::stamp::step(&ls, "embed_norm", 1);
         Ok(Some(format!(
             "{} records, {} launches over 3 replays\n\n{}",
             recs.len(),
@@ -279,13 +274,10 @@ impl CudaModel {
         self.dev
             .htod_cached(self.sc.sparams, as_bytes(&params))
             .map_err(cerr)?;
-        // Every row greedy (KernelSet serve_argmax): the tokens by `argmax_rows_p` instead of
+        // Every row greedy: the tokens by the greedy argmax kernels instead of
         // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
         // one block a row). One graph per (n, greedy).
-        let greedy = self.kset.serve_argmax
-            && self.kset.argmax_p
-            && n <= self.sc.lrows
-            && items.iter().all(|it| it.params.is_greedy());
+        let greedy = n <= self.sc.lrows && items.iter().all(|it| it.params.is_greedy());
         let key = (n, greedy, self.tc_cap.get());
         let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
         if use_graph && !self.step_graphs.contains_key(&key) {
@@ -366,16 +358,17 @@ impl CudaModel {
     /// `sample_rows` over the first n rows of sc.logits with the parameters in sc.sparams.
     pub(super) fn launch_sample(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
-        // samp_g: `sample_rows_g` with as many blocks a row as fit on the device at once with
+        // `sample_rows_split` with as many blocks a row as fit on the device at once with
         // every row's (its per-row barriers need all of a row's blocks resident), at most
         // SAMP_G_MAX_BLOCKS; else `sample_rows`, one block a row.
-        let per_sm = self.dev.occupancy("sample_rows_g", 512, 0) as usize;
+        let per_sm = self.dev.occupancy("sample_rows_split", 512, 0) as usize;
         let nb = (per_sm * self.dev.sms as usize / n.max(1)).min(SAMP_G_MAX_BLOCKS);
-        let g = self.kset.samp_g && nb >= 2;
-        let (name, grid, block) = if g {
-            ("sample_rows_g", (nb as u32, n as u32, 1), 512)
+        let name = select::sample::sampler(nb);
+        let g = name == "sample_rows_split";
+        let (grid, block) = if g {
+            ((nb as u32, n as u32, 1), 512)
         } else {
-            ("sample_rows", (n as u32, 1, 1), 1024)
+            ((n as u32, 1, 1), 1024)
         };
         self.dev
             .launch_p(prof, name, grid, (block, 1, 1), 0, |b| {

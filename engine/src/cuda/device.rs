@@ -38,6 +38,27 @@ pub fn probe() -> std::result::Result<(), String> {
     }
 }
 
+/// What the driver reports for one GPU's memory.
+pub struct MemProbe {
+    pub total: u64,
+    pub free: u64,
+    /// An integrated GPU sharing the host's memory (CU_DEVICE_ATTRIBUTE_INTEGRATED).
+    pub integrated: bool,
+}
+
+/// `cuMemGetInfo` of GPU `ordinal` (through its primary context) and whether it is integrated.
+pub fn mem_probe(ordinal: usize) -> std::result::Result<MemProbe, String> {
+    probe()?;
+    let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
+    ctx.bind_to_thread().map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
+    let (free, total) = result::mem_get_info().map_err(|e| format!("cuMemGetInfo: {e:?}"))?;
+    let integrated = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+        .unwrap_or(0)
+        != 0;
+    Ok(MemProbe { total: total as u64, free: free as u64, integrated })
+}
+
 /// Kernel argument list built by a launch closure.
 pub struct Args(Vec<Arg>);
 enum Arg {
@@ -131,15 +152,12 @@ pub struct Dev {
     pub stream: Arc<CudaStream>,
     /// Kernels by entry name, each with whether it is launched with programmatic dependent launch
     /// (sm_90+, unless LAGUNA_NO_PDL is set; LAGUNA_PDL_SKIP, a comma list, names kernels launched
-    /// without it, by default the split-KV decode attention and its merge, which ran slower with
-    /// PDL at 131K context, but for `attention_tc_qk` and `attention_gqa_qk`, which load the
+    /// without it, by default the split-KV decode attention, which ran slower with PDL at 131K
+    /// context, but for `attention_decode_tc_qk` and `attention_decode_gqa_qk`, which load the
     /// cache before their wait).
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
     /// SPREAD kernels: the dynamic shared memory that makes an SM hold one of their blocks.
     pads: HashMap<&'static str, u32>,
-    /// `cluster_fit`'s answers, by (kernel, grid, block, cluster size, shared-memory choices).
-    #[allow(clippy::type_complexity)]
-    cluster_fits: Mutex<HashMap<(&'static str, (u32, u32, u32), u32, u32, Vec<u32>), Option<u32>>>,
     pub arch: String,
     pub name: String,
     /// Streaming multiprocessors (sizes persistent grids).
@@ -180,28 +198,7 @@ unsafe impl Sync for Stage {}
 /// blocks, scheduled as the previous kernel's blocks retire, crowd onto the first SMs freed: the
 /// sliding layers' decode attention (PERF.md run 155). `Dev::spread_pad` gives the launch's
 /// padding.
-const SPREAD: &[&str] = &[
-    "attention_gqa_qk",
-    "attention_gqa_qk_fp8",
-    "attention_gqa_qkp",
-    "attention_gqa_qkc",
-    "attention_gqa_qkl",
-];
-
-/// Kernels launched in thread block clusters (`Dev::launch_pc`) of up to 16 blocks, more than the
-/// portable 8: they get CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, and
-/// `Dev::cluster_fit` says whether (and with which padding) a grid of them can run.
-const CLUSTER: &[&str] = &["attention_gqa_qkc"];
-
-/// The launch attribute for thread block clusters of (1, 1, `cz`) blocks.
-fn cluster_attr(cz: u32) -> sys::CUlaunchAttribute {
-    let mut a: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    a.value.clusterDim.x = 1;
-    a.value.clusterDim.y = 1;
-    a.value.clusterDim.z = cz;
-    a
-}
+const SPREAD: &[&str] = &["attention_decode_gqa_qk", "attention_decode_gqa_qk_fp8"];
 
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
@@ -247,9 +244,8 @@ impl Dev {
             .and_then(|v| v.parse().ok());
         let mut pads = HashMap::new();
         let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
-            "attention,attention_fp8,attention_gqa,attention_gqa_fp8,attention_gqa_l,\
-             attention_gqa_fp8_l,attention_merge,attention_merge_16,attention_merge_64,\
-             attention_tc,attention_tc_fp8,attention_merge_tc,attention_merge_tc64"
+            "attention_decode_head,attention_decode_head_fp8,attention_decode_gqa,\
+             attention_decode_gqa_fp8,attention_decode_tc,attention_decode_tc_fp8"
                 .into()
         });
         let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
@@ -284,14 +280,6 @@ impl Dev {
                         tracing::warn!("{e}: shared-memory carveout {c} refused ({why:?})");
                     }
                 }
-                if CLUSTER.contains(&e) {
-                    if let Err(why) = f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED,
-                        1,
-                    ) {
-                        tracing::debug!("{e}: non-portable cluster sizes refused ({why:?})");
-                    }
-                }
                 let mut bytes = super::big_smem(e);
                 if SPREAD.contains(&e) {
                     // Unused dynamic shared memory that leaves room for one block an SM: half an
@@ -310,7 +298,7 @@ impl Dev {
                     }
                 }
                 if bytes > 0 {
-                    // A device that cannot opt in never selects the kernel (`KernelSet::fit`
+                    // A device that cannot opt in never selects the kernel (`select::attention`
                     // needs 3 such blocks an SM), so a refusal here is not fatal.
                     if let Err(why) = f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -352,7 +340,6 @@ impl Dev {
             stream,
             funcs,
             pads,
-            cluster_fits: Mutex::new(HashMap::new()),
             arch,
             name,
             sms,
@@ -460,9 +447,21 @@ impl Dev {
         Ok(())
     }
 
+    /// (free, total) bytes; on an integrated GPU free is capped by the host's MemAvailable
+    /// (see `crate::memory`).
     pub fn mem_info(&self) -> R<(usize, usize)> {
         self.ctx.bind_to_thread()?;
-        Ok(result::mem_get_info()?)
+        let (free, total) = result::mem_get_info()?;
+        let integrated = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .unwrap_or(0)
+            != 0;
+        let free = match crate::memory::host() {
+            Some(h) if integrated => free.min(h.free as usize),
+            _ => free,
+        };
+        Ok((free, total))
     }
 
     /// Host → device on the stream; the host buffer may be dropped on return.
@@ -601,50 +600,61 @@ impl Dev {
         shmem: u32,
         f: impl FnOnce(&mut Args),
     ) -> R<()> {
-        self.launch_pc(prof, name, grid, block, shmem, 0, f)
-    }
+        let (func, pdl) = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
+        let mut a = Args(Vec::with_capacity(24));
+        f(&mut a);
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
+            return Ok(());
+        }
+        let ev = self.prof_begin(prof)?;
+        // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
+        // the kernel may be scheduled while the previous one drains; every kernel begins with
+        // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
+        // early. Off while profiling (events sit between the launches anyway).
+        let mut params: Vec<*mut std::ffi::c_void> =
+            a.0.iter()
+                .map(|x| match x {
+                    Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+                    Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+                    Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+                })
+                .collect();
+        let mut attrs: [sys::CUlaunchAttribute; 1] = unsafe { std::mem::zeroed() };
+        let mut na = 0usize;
+        let pdl = *pdl && prof.is_none();
+        if pdl {
+            attrs[na].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[na].value.programmaticStreamSerializationAllowed = 1;
+            na += 1;
+        }
 
-    /// The smallest of `shmem_choices` (dynamic shared memory bytes, tried in order) with which
-    /// every cluster of (1, 1, `cz`) blocks of `name`'s `grid` is resident at once (the device
-    /// holds grid.0 * grid.1 such clusters), or None: the kernel is not loaded, the device has no
-    /// clusters of that size, or too few fit. Asked of the driver once per shape, then cached.
-    pub fn cluster_fit(
-        &self,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: u32,
-        cz: u32,
-        shmem_choices: &[u32],
-    ) -> Option<u32> {
-        let key = (name, grid, block, cz, shmem_choices.to_vec());
-        if let Some(v) = self.cluster_fits.lock().ok()?.get(&key) {
-            return *v;
+        let cfg = self.launch_config(grid, block, shmem, &mut attrs[..na]);
+        self.ctx.bind_to_thread()?;
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
         }
-        let (func, _) = self.funcs.get(name)?;
-        let need = grid.0 as i32 * grid.1 as i32;
-        let mut fit = None;
-        for &sh in shmem_choices {
-            let mut attr = [cluster_attr(cz)];
-            let cfg = self.launch_config(grid, (block, 1, 1), sh, &mut attr);
-            let mut n: std::ffi::c_int = 0;
-            let ok = self.ctx.bind_to_thread().is_ok()
-                && unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, func.cu_function(), &cfg) }
-                    == sys::CUresult::CUDA_SUCCESS;
-            if ok && n >= need {
-                fit = Some(sh);
-                break;
-            }
+        .result()
+        .map_err(|e| {
+            DevError(format!(
+                "launching {name} grid {grid:?} block {block:?}: {e:?}"
+            ))
+        })?;
+        self.prof_end(prof, name, ev)?;
+        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
+            self.stream
+                .synchronize()
+                .map_err(|e| DevError(format!("{name}: {e:?}")))?;
         }
-        if fit.is_none() {
-            tracing::warn!(
-                "{name}: clusters of {cz} blocks for grid {grid:?} are not all resident on this \
-                 device; the kernels without clusters run instead"
-            );
-        }
-        if let Ok(mut m) = self.cluster_fits.lock() {
-            m.insert(key, fit);
-        }
-        fit
+        Ok(())
     }
 
     /// A launch of `grid` x `block` on the stream with `attrs` (none when empty).
@@ -671,78 +681,6 @@ impl Dev {
             },
             numAttrs: attrs.len() as u32,
         }
-    }
-
-    /// `launch_p` in thread block clusters of (1, 1, `cluster_z`) blocks (0: no clusters).
-    #[allow(clippy::too_many_arguments)]
-    pub fn launch_pc(
-        &self,
-        prof: &mut Option<Prof>,
-        name: &'static str,
-        grid: (u32, u32, u32),
-        block: (u32, u32, u32),
-        shmem: u32,
-        cluster_z: u32,
-        f: impl FnOnce(&mut Args),
-    ) -> R<()> {
-        let (func, pdl) = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
-        let mut a = Args(Vec::with_capacity(24));
-        f(&mut a);
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
-            return Ok(());
-        }
-        let ev = self.prof_begin(prof)?;
-        // cuLaunchKernelEx with programmatic stream serialisation (PDL, when the kernel has it):
-        // the kernel may be scheduled while the previous one drains; every kernel begins with
-        // PDL_ENTRY (wait for the previous grid, then release the next), so only weight reads run
-        // early. Off while profiling (events sit between the launches anyway).
-        let mut params: Vec<*mut std::ffi::c_void> =
-            a.0.iter()
-                .map(|x| match x {
-                    Arg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
-                    Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
-                    Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
-                })
-                .collect();
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut na = 0usize;
-        let pdl = *pdl && prof.is_none();
-        if pdl {
-            attrs[na].id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attrs[na].value.programmaticStreamSerializationAllowed = 1;
-            na += 1;
-        }
-        if cluster_z > 0 {
-            attrs[na] = cluster_attr(cluster_z);
-            na += 1;
-        }
-        let cfg = self.launch_config(grid, block, shmem, &mut attrs[..na]);
-        self.ctx.bind_to_thread()?;
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                func.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()
-        .map_err(|e| {
-            DevError(format!(
-                "launching {name} grid {grid:?} block {block:?}: {e:?}"
-            ))
-        })?;
-        self.prof_end(prof, name, ev)?;
-        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
-            self.stream
-                .synchronize()
-                .map_err(|e| DevError(format!("{name}: {e:?}")))?;
-        }
-        Ok(())
     }
 
     /// Start and end event of one timed launch when profiling (`launch_p`, cuBLAS calls).

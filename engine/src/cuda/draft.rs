@@ -14,6 +14,8 @@
 //! the cache at those positions, then the length is set back, so the context is unchanged and the
 //! next context write overwrites them). Causal drafts see keys up to their own position, which is
 //! the target's rule; non-causal drafts see the whole block (`kend`, [`CudaModel::noncausal`]).
+use super::launch::attention as la;
+use super::launch::Geom;
 use super::load::Loader;
 use super::*;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
@@ -258,7 +260,6 @@ impl CudaDraft {
         };
         let mut m = CudaModel::finish(scfg, dev.clone(), target.arch.clone(), opts, t0, parts)?;
         m.noncausal = !cfg.causal;
-        m.fuse = false;
         let r = m.sc.rows;
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let d = CudaDraft {
@@ -361,43 +362,42 @@ impl CudaDraft {
                 n,
                 false,
             )?;
+            // The context rows' K/V: k normed and rotated, written with v (no query heads).
             let ka = m.kv_args(l);
-            m.dev
-                .launch_p(
-                    prof,
-                    ka.qk_name,
-                    (n as u32, nkv.div_ceil(4) as u32, 1),
-                    (128, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(self.kvbuf)
-                            .i32((2 * kvw) as i32)
-                            .u64(self.kvbuf)
-                            .u64(self.kvbuf + (4 * kvw) as u64)
-                            .i32((2 * kvw) as i32)
-                            .u64(l.k_norm)
-                            .u64(l.k_norm)
-                            .u64(l.inv_freq)
-                            .i32(l.half as i32)
-                            .f32(l.attn_factor)
-                            .f32(eps)
-                            .u64(self.cpos)
-                            .u64(self.cseq)
-                            .u64(ka.bt)
-                            .i32(ka.max_pages as i32)
-                            .i32(ka.page_size as i32)
-                            .u64(l.kc)
-                            .u64(l.vc)
-                            .i32(0)
-                            .i32(nkv as i32)
-                            .i32(hd as i32)
-                            .u64(0)
-                            .u64(0)
-                            .f32(1.0 / l.kscale)
-                            .f32(1.0 / l.vscale);
-                    },
-                )
-                .map_err(cerr)?;
+            let a = la::QkStore {
+                q: self.kvbuf,
+                ldq: (2 * kvw) as i32,
+                k: self.kvbuf,
+                v: self.kvbuf + (4 * kvw) as u64,
+                ldkv: (2 * kvw) as i32,
+                rope: la::Rope {
+                    q_norm: l.k_norm,
+                    k_norm: l.k_norm,
+                    inv_freq: l.inv_freq,
+                    half: l.half as i32,
+                    attn_factor: l.attn_factor,
+                    eps,
+                },
+                cache: la::Cache {
+                    pos: self.cpos,
+                    seqrow: self.cseq,
+                    bt: ka.bt,
+                    max_pages: ka.max_pages as i32,
+                    page_size: ka.page_size as i32,
+                    kc: l.kc,
+                    vc: l.vc,
+                },
+                nh: 0,
+                nkv: nkv as i32,
+                hd: hd as i32,
+                ks: 0,
+                vs: 0,
+                kinv: 1.0 / l.kscale,
+                vinv: 1.0 / l.vscale,
+            };
+            let grid = (n as u32, nkv.div_ceil(4) as u32, 1);
+            let fp8 = m.kv_elt == 1;
+            la::qk_norm_rope_store(&m.dev, prof, fp8, Geom::new(grid, 128, 0), &a).map_err(cerr)?;
         }
         Ok(())
     }

@@ -566,12 +566,9 @@ impl CudaModel {
                 (l.kscale, l.vscale) = (1.0, 1.0);
             }
         }
-        // The kernel set is fixed before the K/V pool is sized: `tc_tl`'s weight copies take
-        // device memory.
-        let smem_per_sm = dev.smem_per_sm;
-        let kset = KernelSet::from_env().fit(smem_per_sm);
+        // Before the K/V pool is sized: the tiled weight copies take device memory.
         let mut lm_head = lm_head;
-        if kset.tc_gemv && kset.tc_tl {
+        {
             // Tile-interleaved copies of the BF16 Linears the tensor-core GEMV reads (the
             // row-major matrices stay for the prefill GEMMs). A copy that does not fit is skipped
             // (that Linear's GEMV reads the row-major matrix: the same results, a little slower).
@@ -586,17 +583,8 @@ impl CudaModel {
                     short.set(short.get() + bytes);
                     return Ok(());
                 };
-                dev.launch_p(
-                    &mut None,
-                    "tile_bf16",
-                    (rg as u32, (l.k / 32) as u32, 1),
-                    (32, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(l.w).u64(t).i32(l.n as i32).i32(l.k as i32);
-                    },
-                )
-                .map_err(cerr)?;
+                super::launch::linear::tile_bf16(&dev, &mut None, l.w, t, l.n, l.k)
+                    .map_err(cerr)?;
                 l.t = t;
                 Ok(())
             };
@@ -648,10 +636,22 @@ impl CudaModel {
             f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
                 + lrows * (h + cfg.vocab_size) * 4
                 + DECODE_ROWS * cfg.vocab_size * 8;
-        let pool = opts
-            .kv_pool_bytes
-            .unwrap_or_else(|| (free.saturating_sub(scratch_est) / 2).min(16 << 30));
         let windows: Vec<usize> = layers.iter().map(|l| l.window).collect();
+        let pool = match opts.kv_pool_bytes {
+            Some(b) => b,
+            None => ring::default_pool_bytes(
+                &windows,
+                opts.rings,
+                opts.spec_k,
+                max_seqs,
+                kvw,
+                elt,
+                page_size,
+                opts.max_model_len.unwrap_or(cfg.max_position_embeddings),
+                (free.saturating_sub(scratch_est) / 2).min(16 << 30),
+            )
+            .map_err(EngineError::Other)?,
+        };
         let lay = ring::kv_layout(
             &windows,
             opts.rings,
@@ -688,7 +688,6 @@ impl CudaModel {
             perm: a(4 * r * kk)?,
             meta: a(16)?,
             tiles: a(8 * (r * kk / 64 + e + 2))?,
-            rcount: a(16)?,
             gbar: a(16)?,
             rlog_mk: a(4 * e.max(1))?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
@@ -725,13 +724,9 @@ impl CudaModel {
                 * cfg.layers.iter().map(|l| l.num_heads).max().unwrap_or(1)
                 * nsplit
                 * (hd + 2))?,
-            att_cnt: a(4 * SPLIT_ROWS.min(r) * nkv)?,
         };
-        dev.htod(sc.att_cnt, &vec![0u8; 4 * SPLIT_ROWS.min(r) * nkv])
-            .map_err(cerr)?;
-        dev.htod(sc.rcount, &[0u8; 16]).map_err(cerr)?;
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
-        // moe_block_1np's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.
+        // moe_decode_fused's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.
         dev.memset_d32(sc.rlog_mk, 0xFFFF_FFFF, e.max(1))
             .map_err(cerr)?;
         dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
@@ -796,12 +791,11 @@ impl CudaModel {
             pending: std::collections::VecDeque::new(),
             fed: std::cell::RefCell::new(None),
             adv_steps: 0,
-            fuse: std::env::var_os("LAGUNA_FUSE").is_some(),
             fprof: None,
             noncausal: false,
             taps_on_device: false,
             taps_dev: 0,
-            kset,
+            use_cublas: true,
             nsplit,
             nsplit_tc: nsplit_tc(nsplit),
             tc_cap: std::cell::Cell::new(nsplit_tc(nsplit)),
@@ -814,7 +808,7 @@ impl CudaModel {
     }
 }
 
-/// `moe_block_1`'s gate/up issue stagger (ns between consecutive warps of a block; kernel comment
+/// `moe_decode_fused`'s gate/up issue stagger (ns between consecutive warps of a block; kernel comment
 /// in moe.cu): 0.6 x the time the DRAM takes to deliver one item a block (four rows of codes and
 /// their scale bytes, grid blocks) at its peak bandwidth, 76 ns on the H200 (PERF.md run 185: 0 ->
 /// 60-120 ns took the step from 2.456 to 2.423-2.426 ms; 200 ns 2.440). 0 when the driver reports
@@ -836,27 +830,28 @@ fn mk_stagger(cfg: &LagunaConfig, dev: &Dev, grid: u32) -> i32 {
         .clamp(0.0, 5000.0) as i32
 }
 
-/// Grid and dynamic shared memory of `moe_block_1` for this model, or (0, 0) when it cannot run:
+/// Grid and dynamic shared memory of `moe_decode_fused` for this model, or (0, 0) when it cannot run:
 /// the shapes are outside what the kernel holds (H <= 2048, I <= 512, at most 32 slots a row and
 /// 256 experts, 16-multiples) or the occupancy query gives no block. The grid is one block an
 /// SM, all resident at once, since its grid-wide barriers spin. Whether it runs is the
-/// `moe_mk` family's choice (it can change at run time, `set_kernels`).
+/// choice of `select::moe::fused_decode`.
 pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
     let Some(smem) = mk_smem(cfg) else {
         return (0, 0);
     };
-    if dev.occupancy("moe_block_1", MK_BLOCK, smem as usize) == 0 {
-        tracing::warn!("moe_block_1: no block fits an SM; the MoE runs as separate launches");
+    let fits = |name| dev.occupancy(name, MK_BLOCK, smem as usize) > 0;
+    if !(fits("moe_decode_fused") && fits("moe_decode_fused_tc")) {
+        tracing::warn!("moe_decode_fused: no block fits an SM; the MoE runs as separate launches");
         return (0, 0);
     }
     (dev.sms, smem)
 }
 
-/// Threads of a `moe_block_1` block, one block an SM (its launch bounds): 20 warps an SM, as many
+/// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
 /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
 pub(super) const MK_BLOCK: u32 = 640;
 
-/// `moe_block_1`'s dynamic shared memory (the normed row and every slot's activations, f32) when
+/// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
 /// the model's shapes fit it.
 pub(super) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
     let h = cfg.hidden_size;

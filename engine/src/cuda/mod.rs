@@ -9,20 +9,22 @@
 //!
 //! Every kernel computes one output row's value with an arithmetic order that does not depend on
 //! how many rows are in the batch (batch invariance).
+mod attention;
 mod blas;
 mod decode;
-mod device;
+pub(crate) mod device;
 pub mod draft;
-mod kernel_set;
+pub mod launch;
 mod layers;
 mod load;
+mod moe;
 mod ops;
 pub mod ring;
+pub mod select;
 pub mod spec;
 pub mod stamp;
 
 pub use device::{Args, Dev, DevError, Prof};
-pub use kernel_set::KernelSet;
 
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
@@ -41,8 +43,11 @@ use std::sync::Arc;
 pub struct CudaOptions {
     /// GPU ordinal.
     pub device: usize,
-    /// Bytes for the paged K/V pool; None: half of the free memory after weights, at most 16 GiB.
+    /// Bytes for the paged K/V pool; None: half of the free memory after weights, at most 16 GiB,
+    /// and never more than `max_seqs` sequences of `max_model_len` positions need.
     pub kv_pool_bytes: Option<usize>,
+    /// Longest sequence the pool must hold (None: the model's max_position_embeddings).
+    pub max_model_len: Option<usize>,
     /// Positions per K/V page.
     pub page_size: usize,
     /// Rows per device pass (prefill chunk); longer batches run in several passes.
@@ -74,6 +79,7 @@ impl Default for CudaOptions {
         CudaOptions {
             device: 0,
             kv_pool_bytes: None,
+            max_model_len: None,
             page_size: 64,
             max_rows: 2048,
             progress: true,
@@ -105,7 +111,7 @@ struct Lin {
     inv_gs: f32,
     n: usize,
     k: usize,
-    /// BF16 only, with KernelSet `tc_tl`: a tile-interleaved copy of w for the tensor-core GEMV
+    /// BF16 only: a tile-interleaved copy of w for the tensor-core GEMV
     /// (`tile_bf16`; each 16-row x 32-K tile one contiguous 1 KB piece in fragment order), 0 if none.
     t: u64,
 }
@@ -133,7 +139,7 @@ enum MlpW {
         /// gate and up stacked by rows in one buffer (`Loader::dense_mlp`, when both are BF16 and
         /// the width a multiple of 16): gate and up are views of its halves (their row-major
         /// matrices and tile-interleaved copies), so a one-row pass can run both as one GEMV
-        /// (KernelSet gu_fuse). None when they are separate buffers.
+        /// (`ops::ffn`). None when they are separate buffers.
         gu: Option<Lin>,
     },
     Moe {
@@ -195,11 +201,9 @@ struct Scratch {
     perm: u64,
     meta: u64,
     tiles: u64,
-    /// Block counter of router_fused_1 (0 between launches).
-    rcount: u64,
-    /// Grid barrier word of moe_block_1 (0 at allocation; grid_sync keeps its low bits).
+    /// Grid barrier word of moe_decode_fused (0 at allocation; grid_sync keeps its low bits).
     gbar: u64,
-    /// Router logits of `moe_block_1np` (KernelSet moe_poll): unset (all bits 1) between launches.
+    /// Router logits of `moe_decode_fused` (it polls them): unset (all bits 1) between launches.
     rlog_mk: u64,
     moe_gu: u64,
     /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
@@ -227,7 +231,7 @@ struct Scratch {
     /// ring's spare slots + 1): ring layers run attention_prefill, then ring_commit.
     staged: std::cell::Cell<bool>,
     /// Every row of the pass is the only row of its sequence (a decode step of a causal model):
-    /// the decode attention may write a row's new key itself (`KernelSet::attn_qk`).
+    /// the decode attention may write a row's new key itself (`select::attention`).
     solo: std::cell::Cell<bool>,
     // logits path
     lrows: usize,
@@ -235,7 +239,7 @@ struct Scratch {
     hsel: u64,
     logits: u64,
     amax: u64,
-    /// `argmax_rows_p`'s per-row (key, index) slots and block counters (zero between launches).
+    /// `argmax_rows_split`'s per-row (key, index) slots and block counters (zero between launches).
     amax_slot: u64,
     amax_cnt: u64,
     /// `decode_advance`'s step counter (u32, 0 at load).
@@ -244,13 +248,10 @@ struct Scratch {
     sparams: u64,
     /// Fixed-point probabilities of sample_rows, DECODE_ROWS rows of vocab.
     samp_e: u64,
-    /// `sample_rows_g`'s per-row state (SAMP_G_STRIDE u64 a row, DECODE_ROWS rows; zero at load,
+    /// `sample_rows_split`'s per-row state (SAMP_G_STRIDE u64 a row, DECODE_ROWS rows; zero at load,
     /// left zero by every launch).
     samp_g: u64,
     part: u64,
-    /// `attention_gqa_qkl`'s split counters, one a (row, KV head) of a split pass (zero at
-    /// load, left zero by every launch).
-    att_cnt: u64,
 }
 
 /// See [`CudaModel::kv_args`].
@@ -258,15 +259,6 @@ struct KvArgs {
     bt: u64,
     max_pages: usize,
     page_size: usize,
-    qk_name: &'static str,
-    attn_name: &'static str,
-    tc_name: &'static str,
-    tc_qk_name: &'static str,
-    /// `tc_qk_name` with three K/V stages (KernelSet tc_nst3), where there is one (BF16).
-    tc_qk3_name: Option<&'static str>,
-    gqa_name: &'static str,
-    gqa_qk_name: &'static str,
-    prefill_name: &'static str,
 }
 
 struct SeqState {
@@ -335,11 +327,11 @@ pub struct CudaModel {
     /// Bytes one single-row decode step reads from weights (active experts only).
     pub decode_weight_bytes: usize,
     pub load_secs: f64,
-    /// The captured `decode_greedy` step and the `attention_tc` grid it was captured with.
+    /// The captured `decode_greedy` step and the `attention_decode_tc` grid it was captured with.
     graph: Option<device::Graph>,
     graph_tc: usize,
     graph_failed: bool,
-    /// Captured `decode_step` bodies by (batch size, all greedy, `attention_tc` grid).
+    /// Captured `decode_step` bodies by (batch size, all greedy, `attention_decode_tc` grid).
     step_graphs: HashMap<(usize, bool, usize), device::Graph>,
     /// Decode steps launched by `decode_launch` and not yet collected, oldest first: (readback
     /// ring slot, rows, an event recorded after the step).
@@ -349,10 +341,6 @@ pub struct CudaModel {
     fed: std::cell::RefCell<Option<Fed>>,
     /// Decode steps that ran `decode_advance` (the device's `sc.adv_ctr` holds the same count).
     adv_steps: u64,
-    /// Fused single-row launches (router_fused_1, moe_combine_norm): opt-in with env LAGUNA_FUSE.
-    /// Off by default: fewer launches but single-block kernels, 194 vs 202.5 tok/s on the H200
-    /// (docs/PERF.md, run 13).
-    fuse: bool,
     /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
     fprof: Option<device::Prof>,
     /// Draft stacks with `dflash_config.causal = false`: a block row sees every key of its block
@@ -362,27 +350,27 @@ pub struct CudaModel {
     /// ([rows, taps * hidden] f32) instead of copying them to the host.
     taps_on_device: bool,
     taps_dev: u64,
-    /// Which weight-streaming kernel families run (see [`KernelSet`]).
-    kset: KernelSet,
+    /// Dense BF16 GEMMs of long passes on cuBLAS when it loads (else laguna's own GEMMs).
+    use_cublas: bool,
     /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
-    /// Most key splits of `attention_tc` (NSPLIT_TC unless LAGUNA_TC_NSPLIT; at most `nsplit`).
+    /// Most key splits of `attention_decode_tc` (NSPLIT_TC unless LAGUNA_TC_NSPLIT; at most `nsplit`).
     nsplit_tc: usize,
-    /// The current pass's `attention_tc` grid of splits (`tc_grid` of its longest row; set with
+    /// The current pass's `attention_decode_tc` grid of splits (`tc_grid` of its longest row; set with
     /// the pass's positions, `nsplit_tc` until then).
     tc_cap: std::cell::Cell<usize>,
-    /// `moe_block_1` (KernelSet moe_mk): its grid (one block an SM, all resident) and dynamic
+    /// `moe_decode_fused`: its grid (one block an SM, all resident) and dynamic
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
-    /// `moe_block_1`'s gate/up issue stagger, ns a warp index (LAGUNA_MOE_STAG; 0: none).
+    /// `moe_decode_fused`'s gate/up issue stagger, ns a warp index (LAGUNA_MOE_STAG; 0: none).
     mk_stag: i32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
     xs_holds: std::cell::Cell<(u64, bool)>,
-    /// The current pass is one row and its last `moe_block_1` wrote the final norm of that row
-    /// into `sc.hsel` (KernelSet mk_final), so `final_logits` of one row skips its `rmsnorm`.
+    /// The current pass is one row and its last `moe_decode_fused` wrote the final norm of that
+    /// row into `sc.hsel`, so `final_logits` of one row skips its `rmsnorm`.
     /// Reset at the start of every pass.
     final_normed: std::cell::Cell<bool>,
 }
@@ -397,7 +385,7 @@ fn nsplit() -> usize {
         .map(|n| n.clamp(1, 128))
         .unwrap_or(NSPLIT)
 }
-/// Most key splits of `attention_tc` (its grid; a row uses `tc_splits` in common.cuh: 16 for
+/// Most key splits of `attention_decode_tc` (its grid; a row uses `tc_splits` in common.cuh: 16 for
 /// a 2K row, one per 512 keys past 8K, at least 64 keys each). `LAGUNA_TC_NSPLIT` overrides it
 /// for A/B runs (at most `nsplit`, which sizes `sc.part`).
 const NSPLIT_TC: usize = 64;
@@ -408,9 +396,9 @@ pub fn nsplit_tc(nsplit: usize) -> usize {
         .unwrap_or(NSPLIT_TC)
         .clamp(1, nsplit)
 }
-/// Keys an `attention_tc` split covers at least (`TC_CHUNK` in common.cuh).
+/// Keys an `attention_decode_tc` split covers at least (`TC_CHUNK` in common.cuh).
 pub const TC_CHUNK: usize = 64;
-/// `TC_SPLITS` and `TC_SPAN` in common.cuh: a row's `attention_tc` splits are
+/// `TC_SPLITS` and `TC_SPAN` in common.cuh: a row's `attention_decode_tc` splits are
 /// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
 const TC_SPLITS: usize = 16;
 /// `TC_SPLITS`, or LAGUNA_TC_SPLITS for A/B runs (laguna-kernels then builds the modules with
@@ -419,7 +407,7 @@ fn tc_splits_min() -> usize {
     laguna_kernels::tc_splits_override().unwrap_or(TC_SPLITS)
 }
 const TC_SPAN: usize = 512;
-/// The `attention_tc` grid of a pass whose longest row has `keys` keys, for a most of `cap`
+/// The `attention_decode_tc` grid of a pass whose longest row has `keys` keys, for a most of `cap`
 /// splits: the smallest of 16, 32 and `cap` that holds every split such a row (or a shorter one)
 /// takes with a grid of `cap`, so each row gets the splits, and so the bits, of the full grid,
 /// without the blocks past its splits that return at once (at 2K keys 128 live blocks of 512:
@@ -438,13 +426,13 @@ pub fn tc_grid(keys: usize, cap: usize) -> usize {
     g.min(cap).max(1)
 }
 /// The grid of key splits of a decode attention launch, from the most it takes (`cap`) and the
-/// fewest keys a split covers (`chunk`). With `swa_ns`, a sliding-window layer's grid is sized by
-/// its window: a row never sees more than window keys (2 x window - 1 for a non-causal draft
-/// block), so it never has more than ceil(keys / chunk) splits; the same splits without the
-/// blocks that would return at once (at least 2, so the merge path and its bits stay).
-/// `LAGUNA_SWA_NSPLIT` (A/B runs) caps a sliding-window layer's grid further.
-pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_ns: bool) -> usize {
-    if cap > 1 && window > 0 && swa_ns {
+/// fewest keys a split covers (`chunk`). A sliding-window layer's grid is sized by its window: a
+/// row never sees more than window keys (2 x window - 1 for a non-causal draft block), so it
+/// never has more than ceil(keys / chunk) splits; the same splits without the blocks that would
+/// return at once (at least 2, so the merge path and its bits stay). `LAGUNA_SWA_NSPLIT` (A/B
+/// runs) caps a sliding-window layer's grid further.
+pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool) -> usize {
+    if cap > 1 && window > 0 {
         let keys = if noncausal { 2 * window } else { window };
         static SWA: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
         let swa = SWA.get_or_init(|| {
@@ -459,43 +447,28 @@ pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool, swa_
         cap
     }
 }
-/// Dynamic shared memory of `attention_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
+/// Dynamic shared memory of `attention_decode_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
 /// stages x K and V rows of 16 keys, then Q's hi and lo rows, 16 each, at a stride of 136 BF16).
 pub(crate) const ATC_SMEM: u32 = atc_smem(2);
-/// `attention_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
+/// `attention_decode_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
 pub(crate) const ATC_QK_SMEM: u32 = ATC_SMEM + 4 * 128 * 4;
-/// `attention_tc_qk3`: three stages a warp instead of two, + the norm buffers.
+/// `attention_decode_tc_qk_3stage`: three stages a warp instead of two, + the norm buffers.
 pub(crate) const ATC_QK3_SMEM: u32 = atc_smem(3) + 4 * 128 * 4;
 /// attention_tc's stages (4 warps x `nst` x K and V rows of 16 keys) and Q's hi and lo rows.
 const fn atc_smem(nst: u32) -> u32 {
     (4 * nst * 2 * 16 + 2 * 16) * 136 * 2
 }
-/// Dynamic shared memory of `attention_prefill_q` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
+/// Dynamic shared memory of `attention_prefill_flash_qsmem` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
-/// Kernels whose static + dynamic shared memory passes 48 KB (they opt in at load).
-const BIG_SMEM: &[(&str, u32)] = &[
-    ("attention_prefill_q", ATT_QS_SMEM),
-    ("attention_prefill_fp8_q", ATT_QS_SMEM),
-    ("attention_tc", ATC_SMEM),
-    ("attention_tc_fp8", ATC_SMEM),
-    ("attention_tc_qk", ATC_QK_SMEM),
-    ("attention_tc_qk_fp8", ATC_QK_SMEM),
-    ("attention_tc_qk3", ATC_QK3_SMEM),
-    ("attention_tc_qk3l", ATC_QK3_SMEM),
-    ("attention_tc_qk3p", ATC_QK3_SMEM),
-];
-/// Dynamic shared memory a kernel of BIG_SMEM is launched with (and opts in to at load); 0 for
-/// every other kernel.
+/// Dynamic shared memory a kernel is launched with where it passes 48 KB (it opts in to it at
+/// load); 0 for every other kernel.
 pub fn big_smem(name: &str) -> u32 {
-    BIG_SMEM
-        .iter()
-        .find(|(n, _)| *n == name)
-        .map_or(0, |&(_, bytes)| bytes)
+    select::attention::big_smem(name)
 }
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
-/// u64 a row of `sample_rows_g`'s state (SG_STRIDE in sample.cu) and its most blocks a row.
+/// u64 a row of `sample_rows_split`'s state (SG_STRIDE in sample.cu) and its most blocks a row.
 const SAMP_G_STRIDE: usize = 2048;
 const SAMP_G_MAX_BLOCKS: usize = 64;
 const SPLIT_ROWS: usize = 64;
@@ -526,7 +499,7 @@ impl CudaModel {
     pub fn device_name(&self) -> String {
         self.dev.name.clone()
     }
-    /// `moe_block_1`'s gate/up issue stagger (ns a warp index) and the peak DRAM bandwidth it was
+    /// `moe_decode_fused`'s gate/up issue stagger (ns a warp index) and the peak DRAM bandwidth it was
     /// sized from (bytes/s; 0 when the driver reports none).
     pub fn moe_stagger(&self) -> (i32, f64) {
         (self.mk_stag, self.dev.mem_bw)
@@ -1006,7 +979,7 @@ impl Model for CudaModel {
 }
 
 impl CudaModel {
-    /// The `attention_tc` grid of a pass with these positions (causal rows: position + 1 keys; a
+    /// The `attention_decode_tc` grid of a pass with these positions (causal rows: position + 1 keys; a
     /// non-causal draft keeps the full grid).
     pub(super) fn set_tc_cap(&self, pos: &[i32]) {
         let keys = pos
@@ -1020,14 +993,20 @@ impl CudaModel {
             tc_grid(keys, self.nsplit_tc)
         });
     }
-    /// Choose the weight-streaming kernel families (A/B checks and timing; see [`KernelSet`]).
-    pub fn set_kernels(&mut self, k: KernelSet) {
-        self.kset = k;
+    /// Run the dense BF16 GEMMs of long passes on cuBLAS when it loads (the default) or on
+    /// laguna's own GEMM kernels (`laguna device-test` checks both).
+    pub fn set_cublas(&mut self, on: bool) {
+        self.use_cublas = on;
         self.graph = None;
         self.step_graphs.clear();
     }
-    pub fn kernels(&self) -> KernelSet {
-        self.kset
+
+    /// What the kernel selects read of this device.
+    pub(super) fn props(&self) -> select::DevProps {
+        select::DevProps {
+            sms: self.dev.sms,
+            smem_per_sm: self.dev.smem_per_sm,
+        }
     }
 
     /// Keep the taps of `forward` on the device (`taps_dev`) instead of returning them; forwards
@@ -1077,56 +1056,28 @@ impl CudaModel {
     /// argmax ids written to `out` (device, n ints). No host work: graph-capturable.
     fn greedy_rows(&self, prof: &mut Option<device::Prof>, n: usize, out: u64) -> Result<()> {
         let sc = &self.sc;
-        // lm_argmax: the lm_head folds the rows' argmax into their slots; one block reads them.
-        let fold = self.kset.lm_argmax && self.kset.argmax_p && n <= sc.lrows;
-        if self.final_logits_am(prof, n, fold)? {
-            return self
-                .dev
-                .launch_p(
-                    prof,
-                    "argmax_fin",
-                    (1, 1, 1),
-                    (n.div_ceil(32) as u32 * 32, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(sc.amax_slot).i32(n as i32).u64(out);
-                    },
-                )
-                .map_err(cerr);
+        // The lm_head folds the rows' argmax into their slots; one block reads them.
+        let split = n <= sc.lrows;
+        let (d, v) = (&self.dev, self.cfg.vocab_size);
+        if self.final_logits_am(prof, n, split)? {
+            return launch::sample::argmax_fin(d, prof, sc.amax_slot, n as i32, out).map_err(cerr);
         }
-        if self.kset.argmax_p && n <= self.sc.lrows {
-            // 64 blocks a row (1,568 logits each at XS's vocabulary) instead of one.
-            let nb = ceil_div(self.cfg.vocab_size, 1536).clamp(1, 64) as u32;
-            return self
-                .dev
-                .launch_p(
-                    prof,
-                    "argmax_rows_p",
-                    (n as u32, nb, 1),
-                    (256, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(sc.logits)
-                            .i32(self.cfg.vocab_size as i32)
-                            .u64(out)
-                            .u64(sc.amax_slot)
-                            .u64(sc.amax_cnt);
-                    },
-                )
-                .map_err(cerr);
-        }
-        self.dev
-            .launch_p(
+        if split {
+            let nb = select::sample::argmax_split_blocks(v);
+            return launch::sample::argmax_rows_split(
+                d,
                 prof,
-                "argmax_rows",
-                (n as u32, 1, 1),
-                (1024, 1, 1),
-                0,
-                |b| {
-                    b.u64(sc.logits).i32(self.cfg.vocab_size as i32).u64(out);
-                },
+                n as u32,
+                nb,
+                sc.logits,
+                v as i32,
+                out,
+                sc.amax_slot,
+                sc.amax_cnt,
             )
-            .map_err(cerr)
+            .map_err(cerr);
+        }
+        launch::sample::argmax_rows(d, prof, n as u32, sc.logits, v as i32, out).map_err(cerr)
     }
 
     /// Same as run_layers, but copies the residual after each tap layer to the host.
@@ -1171,7 +1122,7 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 mod tests {
     use super::*;
 
-    /// `tc_grid` may shrink `attention_tc`'s grid only where no row of the pass loses a split:
+    /// `tc_grid` may shrink `attention_decode_tc`'s grid only where no row of the pass loses a split:
     /// every row up to the pass's longest gets from the smaller grid the splits common.cuh's
     /// `tc_splits` gives it with the full one (the constants read from common.cuh itself).
     #[test]

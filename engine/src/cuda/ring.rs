@@ -70,6 +70,42 @@ pub fn kv_layout(
     })
 }
 
+/// Elements one K or V buffer may hold: kernels index it with 31-bit offsets.
+pub const MAX_KV_ELEMS: usize = (1 << 31) - 1;
+
+/// The default K/V budget when none is given: `budget` (a share of free device memory), but never
+/// more than `max_seqs` sequences of `max_len` positions need (whole pages each, plus the rings),
+/// nor more pages than 31-bit offsets address. `Err` only when the rings alone overflow 31 bits.
+#[allow(clippy::too_many_arguments)]
+pub fn default_pool_bytes(
+    windows: &[usize],
+    rings: bool,
+    spec_k: usize,
+    max_seqs: usize,
+    kvw: usize,
+    elt: usize,
+    page_size: usize,
+    max_len: usize,
+    budget: usize,
+) -> Result<usize, String> {
+    let lay = kv_layout(windows, rings, spec_k, max_seqs, kvw, elt, page_size, usize::MAX)?;
+    let seqs = max_seqs.max(1);
+    if seqs * lay.ring * kvw > MAX_KV_ELEMS {
+        return Err(format!(
+            "the sliding-window rings of {seqs} sequences ({} slots of {kvw} elements) exceed 31-bit offsets; lower max_num_seqs",
+            lay.ring
+        ));
+    }
+    if lay.full_layers == 0 {
+        return Ok(budget.min(lay.ring_bytes).max(lay.ring_bytes));
+    }
+    let ps = page_size.max(1);
+    let needed = seqs * max_len.max(1).div_ceil(ps);
+    let addressable = MAX_KV_ELEMS / (ps * kvw.max(1));
+    let pages = needed.min(addressable).max(1);
+    Ok(budget.min(lay.ring_bytes + pages * lay.page_bytes))
+}
+
 /// Whether a sequence whose ring (R = `ring` slots, position p in slot p % R) was last written up to
 /// `ring_hi` (exclusive) still holds every key the row at `start` sees through a `window`: the keys
 /// start + 1 - window .. start - 1 must be among the last R written positions.
@@ -112,6 +148,31 @@ pub fn needs_stage(longest: usize, ring: usize, window: usize) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_pool_never_exceeds_what_sequences_need() {
+        // Tiny model: 2 full layers, kvw 64, BF16, pages of 64, 8 sequences of 4096 positions.
+        let w = [0, 0];
+        let b = default_pool_bytes(&w, true, 0, 8, 64, 2, 64, 4096, 16 << 30).unwrap();
+        let lay = kv_layout(&w, true, 0, 8, 64, 2, 64, b).unwrap();
+        assert_eq!(lay.pages, 8 * 4096 / 64);
+        // A small budget still wins.
+        assert_eq!(default_pool_bytes(&w, true, 0, 8, 64, 2, 64, 4096, 1 << 20).unwrap(), 1 << 20);
+    }
+
+    #[test]
+    fn default_pool_stays_within_31_bit_offsets() {
+        // Enough sequences x length that the pages would need more than 2^31 elements.
+        let w = [0, 5, 0];
+        let (kvw, ps) = (1024, 16);
+        let b = default_pool_bytes(&w, true, 3, 64, kvw, 2, ps, 262_144, usize::MAX).unwrap();
+        let lay = kv_layout(&w, true, 3, 64, kvw, 2, ps, b).unwrap();
+        assert!(lay.pages * ps * kvw <= MAX_KV_ELEMS);
+        assert!(lay.pages > 0);
+        // Rings that overflow on their own are an error naming the fix.
+        let e = default_pool_bytes(&[600], true, 15, 1 << 16, 1024, 2, 16, 10, usize::MAX);
+        assert!(e.unwrap_err().contains("max_num_seqs"));
+    }
 
     /// A ring simulated slot by slot: which position each slot holds.
     struct SimRing {

@@ -6,7 +6,7 @@
 //!
 //! One step for a sequence with committed tokens `x[0..T)` (target and draft context hold
 //! `0..T-1`), `t = x[T-1]`; the device segments are one CUDA graph per (k, batch, the target's
-//! `attention_tc` grid, `tc_grid`) (three graphs with events between them when timing):
+//! `attention_decode_tc` grid, `tc_grid`) (three graphs with events between them when timing):
 //! 1. propose: draft forward over `[t, mask x k]` at `T-1..T-1+k`, final norm +
 //!    shared lm_head + argmax of rows 1..k written straight into the target's token slots 1..k;
 //! 2. verify: target forward over `[t, d_1..d_k]` with the taps copied to a device
@@ -75,7 +75,7 @@ struct Graphs {
 }
 
 /// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch, the target's
-/// `attention_tc` grid).
+/// `attention_decode_tc` grid).
 pub struct CudaSpec {
     graphs: HashMap<(usize, usize, usize), Graphs>,
     pub use_graphs: bool,
@@ -141,7 +141,7 @@ impl CudaSpec {
                 },
             }])?;
             if last {
-                first = crate::cpu::ops::argmax(out[0].row(0)) as u32;
+                first = crate::sample::argmax(out[0].row(0)) as u32;
             }
             draft.m.ensure_pages(dseq, end)?;
             draft.m.upload_tables(&[dseq])?;

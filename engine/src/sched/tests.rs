@@ -493,7 +493,7 @@ impl SpecDriver for Oracle {
         let mut out = vec![];
         for j in 0..self.k {
             self.calls += 1;
-            let t = crate::cpu::ops::argmax(&logits_for(&ctx)) as u32;
+            let t = crate::sample::argmax(&logits_for(&ctx)) as u32;
             let t = if (self.calls + j).is_multiple_of(3) {
                 (t + 1) % VOCAB as u32
             } else {

@@ -21,7 +21,7 @@
 use super::draft::{BlockInput, ContextInput, DraftModel};
 use super::stats::{SpecStats, StepStats};
 use super::verify::verify;
-use crate::cpu::ops::argmax;
+use crate::sample::argmax;
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt, is_stop, FinishReason, GenerateRequest, GenerateResult};
 use crate::model::{LogitRows, Model, SeqId, StepInput};

@@ -8,7 +8,7 @@
 //!   (`p > 0` required); on the first rejection emit a token from `p_{i-1}` with `d_i` removed
 //!   (renormalised) and stop; after full acceptance emit a bonus token from `p_k`.
 //!   Every emitted token is therefore distributed exactly as plain sampling would draw it.
-use crate::cpu::ops::argmax;
+use crate::sample::argmax;
 use crate::sample::{draw, probs, Rng, SamplingParams};
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -40,9 +40,11 @@ impl Http {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .max_redirects(0)
-            .timeout_connect(Some(Duration::from_secs(20)))
-            .timeout_recv_response(Some(Duration::from_secs(60)))
-            .timeout_per_read(Some(Duration::from_secs(60)))
+            // A mirror that accepts connections and never answers fails in seconds, not
+            // minutes; a download that stalls mid-file fails after 30 s and resumes next run.
+            .timeout_connect(Some(Duration::from_secs(10)))
+            .timeout_recv_response(Some(Duration::from_secs(10)))
+            .timeout_per_read(Some(Duration::from_secs(30)))
             .user_agent(concat!(
                 "laguna/",
                 env!("CARGO_PKG_VERSION"),

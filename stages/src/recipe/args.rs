@@ -4,8 +4,9 @@ use super::overrides::{model_spec, parse_bytes, Overrides};
 use super::{Device, KvCacheDtype, Recipe, RecipeError, Result};
 use std::path::PathBuf;
 
+/// Where the model and draft come from (every stage).
 #[derive(Debug, Clone, Default, clap::Args)]
-pub struct RecipeArgs {
+pub struct SourceArgs {
     /// Recipe file (TOML, see recipes/README.md). Env: LAGUNA_RECIPE.
     #[arg(long, value_name = "FILE")]
     pub recipe: Option<PathBuf>,
@@ -21,9 +22,11 @@ pub struct RecipeArgs {
     /// Revision of the draft repo. Env: LAGUNA_DRAFT_REVISION.
     #[arg(long, value_name = "REV")]
     pub draft_revision: Option<String>,
-    /// Name clients use in the `model` field. Env: LAGUNA_SERVED_MODEL_NAME.
-    #[arg(long, value_name = "NAME")]
-    pub served_model_name: Option<String>,
+}
+
+/// How the engine runs them (plan, serve).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct EngineArgs {
     /// cpu, cuda or cuda:N. Env: LAGUNA_DEVICE.
     #[arg(long, value_name = "DEVICE")]
     pub device: Option<String>,
@@ -54,12 +57,45 @@ pub struct RecipeArgs {
     /// Hard cap on device memory (bytes, or e.g. 40GiB). Env: LAGUNA_MEMORY_CAP_BYTES.
     #[arg(long, value_name = "BYTES")]
     pub memory_cap_bytes: Option<String>,
+}
+
+/// How the server listens (serve).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerArgs {
+    /// Name clients use in the `model` field. Env: LAGUNA_SERVED_MODEL_NAME.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
     /// Address to listen on. Env: LAGUNA_HOST.
     #[arg(long, value_name = "HOST")]
     pub host: Option<String>,
     /// Port to listen on. Env: LAGUNA_PORT.
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
+}
+
+/// Every recipe flag. Each subcommand flattens only the groups it uses and fills the rest with
+/// defaults (`From<SourceArgs>`), so `--help` lists only what it reads.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct RecipeArgs {
+    #[command(flatten)]
+    pub source: SourceArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+impl From<SourceArgs> for RecipeArgs {
+    fn from(source: SourceArgs) -> Self {
+        RecipeArgs { source, ..Default::default() }
+    }
+}
+
+impl RecipeArgs {
+    /// Source and engine flags (no server flags).
+    pub fn engine(source: SourceArgs, engine: EngineArgs) -> Self {
+        RecipeArgs { source, engine, ..Default::default() }
+    }
 }
 
 fn invalid(flag: &str, msg: String) -> RecipeError {
@@ -75,44 +111,44 @@ impl RecipeArgs {
     pub fn overrides(&self) -> Result<Overrides> {
         let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
         let mut o = Overrides::default();
-        if let Some(m) = &self.model {
+        if let Some(m) = &self.source.model {
             o.model = Some(model_spec(m, &cwd, "command line", "--model")?);
         }
-        o.model_revision = self.revision.clone();
-        if let Some(d) = &self.draft {
+        o.model_revision = self.source.revision.clone();
+        if let Some(d) = &self.source.draft {
             o.draft = Some(model_spec(d, &cwd, "command line", "--draft")?);
         }
-        o.draft_revision = self.draft_revision.clone();
-        o.served_model_name = self.served_model_name.clone();
-        if let Some(d) = &self.device {
+        o.draft_revision = self.source.draft_revision.clone();
+        o.served_model_name = self.server.served_model_name.clone();
+        if let Some(d) = &self.engine.device {
             o.device = Some(Device::parse(d).map_err(|m| invalid("--device", m))?);
         }
-        o.max_model_len = self.max_model_len;
-        o.gpu_memory_utilization = self.gpu_memory_utilization;
-        if let Some(b) = &self.kv_cache_memory_bytes {
+        o.max_model_len = self.engine.max_model_len;
+        o.gpu_memory_utilization = self.engine.gpu_memory_utilization;
+        if let Some(b) = &self.engine.kv_cache_memory_bytes {
             o.kv_cache_memory_bytes =
                 Some(parse_bytes(b).map_err(|m| invalid("--kv-cache-memory-bytes", m))?);
         }
-        if let Some(d) = &self.kv_cache_dtype {
+        if let Some(d) = &self.engine.kv_cache_dtype {
             o.kv_cache_dtype =
                 Some(KvCacheDtype::parse(d).map_err(|m| invalid("--kv-cache-dtype", m))?);
         }
-        o.max_num_seqs = self.max_num_seqs;
-        o.max_num_batched_tokens = self.max_num_batched_tokens;
-        o.speculative_method = self.speculative_method.clone();
-        o.num_speculative_tokens = self.num_speculative_tokens;
-        if let Some(b) = &self.memory_cap_bytes {
+        o.max_num_seqs = self.engine.max_num_seqs;
+        o.max_num_batched_tokens = self.engine.max_num_batched_tokens;
+        o.speculative_method = self.engine.speculative_method.clone();
+        o.num_speculative_tokens = self.engine.num_speculative_tokens;
+        if let Some(b) = &self.engine.memory_cap_bytes {
             o.memory_cap_bytes =
                 Some(parse_bytes(b).map_err(|m| invalid("--memory-cap-bytes", m))?);
         }
-        o.host = self.host.clone();
-        o.port = self.port;
+        o.host = self.server.host.clone();
+        o.port = self.server.port;
         Ok(o)
     }
 
     /// The recipe file: `--recipe`, else `LAGUNA_RECIPE`.
     pub fn recipe_path(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
-        self.recipe.clone().or_else(|| {
+        self.source.recipe.clone().or_else(|| {
             env("LAGUNA_RECIPE")
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from)

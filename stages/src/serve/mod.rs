@@ -23,10 +23,8 @@ pub mod state;
 pub mod tool_parser;
 
 use laguna_engine::config::LagunaConfig;
-use laguna_engine::cpu::CpuModel;
-use laguna_engine::model::Model;
-use laguna_engine::sched::{Dflash, Loaded, SchedConfig, Scheduler};
-use laguna_engine::spec::CpuDraft;
+use laguna_engine::backend::{self, Device, LoadOptions};
+use laguna_engine::sched::{SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
 use openai::SamplingDefaults;
 use state::AppState;
@@ -105,9 +103,11 @@ impl Default for ServeOptions {
 pub fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 
@@ -125,7 +125,7 @@ fn sampling_defaults(dir: &Path) -> SamplingDefaults {
     }
 }
 
-/// The model a device name stands for. CPU is the reference backend; CUDA plugs in here.
+/// The model a device name stands for, loaded on the engine's thread (`backend::load`).
 fn model_loader(
     dir: PathBuf,
     draft: Option<PathBuf>,
@@ -133,91 +133,33 @@ fn model_loader(
     device: &str,
     o: &ServeOptions,
 ) -> Result<laguna_engine::sched::ModelLoader, ServeError> {
-    let (kv_pool_bytes, kv_fp8, max_seqs) =
-        (o.kv_cache_memory_bytes, o.kv_cache_fp8, o.max_num_seqs);
-    match device {
-        "cpu" => Ok(Box::new(move || {
-            let t = std::time::Instant::now();
-            let mut m = CpuModel::load(&dir)?;
-            m.set_kv_fp8(kv_fp8);
-            tracing::info!(
-                "model loaded from {} in {:.1}s",
-                dir.display(),
-                t.elapsed().as_secs_f64()
-            );
-            let dflash = match &draft {
-                Some(d) => {
-                    let dm = CpuDraft::load(d, &m)?;
-                    tracing::info!("DFlash draft loaded from {} (k = {k})", d.display());
-                    Some(Dflash {
-                        draft: Box::new(dm),
-                        k,
-                    })
-                }
-                None => None,
-            };
-            Ok(Loaded {
-                model: Box::new(m) as Box<dyn Model>,
-                spec: None,
-                dflash,
-            })
-        })),
-        d if d == "cuda" || d.starts_with("cuda:") => {
-            let ordinal: usize = match d.strip_prefix("cuda:") {
-                Some(n) => n.parse().map_err(|_| {
-                    ServeError::Config(format!("--device {d}: expected cuda or cuda:N"))
-                })?,
-                None => 0,
-            };
-            laguna_engine::cuda::gpu_available().map_err(|e| {
-                ServeError::Config(format!(
-                    "--device {d}: no usable GPU ({e}); use --device cpu"
-                ))
-            })?;
-            Ok(Box::new(move || {
-                let mut opts = laguna_engine::cuda::CudaOptions {
-                    device: ordinal,
-                    kv_pool_bytes,
-                    progress: false,
-                    max_seqs,
-                    spec_k: if draft.is_some() { k } else { 0 },
-                    kv_fp8,
-                    ..Default::default()
-                };
-                // The budget covers the draft's rings too (as `laguna plan` counts them).
-                if let (Some(d), Some(b)) = (&draft, kv_pool_bytes) {
-                    opts.kv_pool_bytes = Some(b.saturating_sub(
-                        laguna_engine::cuda::draft::CudaDraft::ring_bytes(d, &opts)?,
-                    ));
-                }
-                let m = laguna_engine::cuda::CudaModel::load(&dir, opts)?;
-                tracing::info!("model loaded on cuda:{ordinal} from {}", dir.display());
-                match &draft {
-                    // The CUDA draft shares the target's device tensors (embed, lm_head) and stream;
-                    // the scheduler drives it through the same DraftModel seam as the CPU draft.
-                    Some(d) => {
-                        let dm = laguna_engine::cuda::draft::CudaDraft::load(d, &m)?;
-                        tracing::info!(
-                            "DFlash draft loaded on cuda:{ordinal} from {} (k = {k})",
-                            d.display()
-                        );
-                        Ok(Loaded {
-                            model: Box::new(m) as Box<dyn Model>,
-                            spec: None,
-                            dflash: Some(Dflash {
-                                draft: Box::new(dm),
-                                k,
-                            }),
-                        })
-                    }
-                    None => Ok(Loaded::plain(Box::new(m))),
-                }
-            }))
+    let device = Device::parse(device).map_err(ServeError::Config)?;
+    device.check().map_err(|e| {
+        ServeError::Config(format!(
+            "--device {device}: no usable GPU ({e}); use --device cpu"
+        ))
+    })?;
+    let opts = LoadOptions {
+        kv_cache_bytes: o.kv_cache_memory_bytes,
+        kv_fp8: o.kv_cache_fp8,
+        max_seqs: o.max_num_seqs,
+        max_model_len: o.max_model_len,
+        num_speculative_tokens: Some(k),
+        progress: false,
+    };
+    Ok(Box::new(move || {
+        let t = std::time::Instant::now();
+        let loaded = backend::load(device, &opts, &dir, draft.as_deref())?;
+        tracing::info!(
+            "model loaded on {device} from {} in {:.1}s",
+            dir.display(),
+            t.elapsed().as_secs_f64()
+        );
+        if let (Some(d), Some(k)) = (&draft, loaded.spec_k()) {
+            tracing::info!("DFlash draft loaded from {} (k = {k})", d.display());
         }
-        other => Err(ServeError::Config(format!(
-            "unknown --device `{other}` (use cpu, cuda or cuda:N)"
-        ))),
-    }
+        Ok(loaded.into_scheduler())
+    }))
 }
 
 /// Load everything but the weights, bind the port, then load the weights on the engine thread
@@ -234,6 +176,12 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
         ),
     };
     if embedded {
+        eprintln!(
+            "note: serving the embedded test model `{}`: random weights, so its answers are noise.\n      \
+             It shows the server works. For Laguna-XS 2.1: laguna fetch --recipe recipes/xs-nvfp4-dflash.toml,\n      \
+             then laguna serve --recipe recipes/xs-nvfp4-dflash.toml (or --model DIR).",
+            embedded::NAME
+        );
         tracing::warn!(
             "no --model given: serving the embedded tiny test model `{}` (random weights, {} KiB; not Laguna). Pass --model DIR or --recipe R for a real model.",
             embedded::NAME,

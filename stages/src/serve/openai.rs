@@ -156,6 +156,9 @@ pub struct SamplingDefaults {
     pub top_k: Option<i64>,
 }
 
+/// Temperatures below this sample greedily (vLLM's `_SAMPLING_EPS`).
+const SAMPLING_EPS: f32 = 1e-5;
+
 pub fn validate_common(
     c: &CommonParams,
     max_tokens: Option<i64>,
@@ -179,19 +182,27 @@ pub fn validate_common(
         Some(m) => Some(m as usize),
         None => None,
     };
+    // Checked as the f32 the engine samples with: a value that overflows to infinity or
+    // underflows to zero there is refused here, not turned into NaN logits.
     let temperature = c.temperature.or(defaults.temperature).unwrap_or(1.0);
-    if temperature.is_nan() || temperature < 0.0 || !temperature.is_finite() {
+    let t32 = temperature as f32;
+    if !(t32.is_finite() && t32 >= 0.0) {
         return Err(ApiError::bad_request(format!(
-            "temperature must be non-negative, got {temperature}."
+            "temperature must be non-negative and at most {:e}, got {temperature}.",
+            f32::MAX
         ))
         .with_param("temperature"));
     }
+    // vLLM's rule: a temperature below 1e-5 is greedy (dividing logits by it would overflow).
+    let t32 = if t32 < SAMPLING_EPS { 0.0 } else { t32 };
     let top_p = c.top_p.or(defaults.top_p).unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(
-            ApiError::bad_request(format!("top_p must be in (0, 1], got {top_p}."))
-                .with_param("top_p"),
-        );
+    let p32 = top_p as f32;
+    if !(p32 > 0.0 && p32 <= 1.0) {
+        return Err(ApiError::bad_request(format!(
+            "top_p must be in (0, 1] (and at least {:e}), got {top_p}.",
+            f32::MIN_POSITIVE
+        ))
+        .with_param("top_p"));
     }
     let top_k = c.top_k.or(defaults.top_k).unwrap_or(0);
     if top_k < -1 {
@@ -216,9 +227,9 @@ pub fn validate_common(
         .unwrap_or(false);
     Ok(Validated {
         sampling: SamplingParams {
-            temperature: temperature as f32,
+            temperature: t32,
             top_k: if top_k <= 0 { 0 } else { top_k as usize },
-            top_p: top_p as f32,
+            top_p: p32,
             seed: c.seed.map(|s| s as u64),
         },
         stop,
@@ -290,5 +301,30 @@ mod tests {
         .unwrap();
         assert!(v.include_usage && v.stream);
         assert_eq!(v.max_tokens, Some(3));
+    }
+
+    /// Values valid as f64 but infinite or zero as the f32 the engine uses are refused.
+    #[test]
+    fn sampling_values_checked_as_f32() {
+        let d = SamplingDefaults::default();
+        let with = |t: Option<f64>, p: Option<f64>| {
+            validate_common(
+                &CommonParams { temperature: t, top_p: p, ..Default::default() },
+                None,
+                &d,
+            )
+        };
+        for bad in [1e308, 1e39, f64::INFINITY, -1e-3] {
+            let e = with(Some(bad), None).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("temperature"), "{bad}");
+        }
+        for bad in [1e-300, 1e-46, 0.0, 1.0000001] {
+            let e = with(None, Some(bad)).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("top_p"), "{bad}");
+        }
+        // The largest finite f32 is accepted; a temperature below 1e-5 means greedy.
+        assert_eq!(with(Some(3e38), None).unwrap().sampling.temperature, 3e38);
+        assert_eq!(with(Some(1e-40), None).unwrap().sampling.temperature, 0.0);
+        assert_eq!(with(None, Some(1e-30)).unwrap().sampling.top_p, 1e-30);
     }
 }

@@ -1,0 +1,247 @@
+//! Backend choice in one place: `load` reads a model (and a DFlash draft) onto the CPU reference
+//! backend or a CUDA GPU and hands them back behind the engine's traits, so nothing above the engine
+//! names a backend type. `generate`, `serve` and the benches all load through here.
+use crate::cpu::CpuModel;
+use crate::cuda::{self, draft::CudaDraft, spec::CudaSpec, CudaModel, CudaOptions};
+use crate::generate::{generate, GenerateRequest, GenerateResult};
+use crate::model::Model;
+use crate::sched::{Dflash, Loaded as SchedLoaded};
+use crate::spec::{generate_spec, CpuDraft, DraftModel, SpecStats};
+use crate::{EngineError, Result};
+use std::path::Path;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    /// A CUDA GPU by ordinal.
+    Cuda(usize),
+}
+
+impl Device {
+    /// `cpu`, `cuda` or `cuda:N`.
+    pub fn parse(s: &str) -> std::result::Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => match s.strip_prefix("cuda:").map(str::parse) {
+                Some(Ok(n)) => Ok(Device::Cuda(n)),
+                _ => Err(format!("unknown device `{s}` (use cpu, cuda or cuda:N)")),
+            },
+        }
+    }
+
+    /// Ok when the device can be used here (CUDA: a driver and the GPU are present).
+    pub fn check(self) -> std::result::Result<(), String> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Cuda(_) => cuda::gpu_available(),
+        }
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Device::Cpu => write!(f, "cpu"),
+            Device::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+/// How to load: the knobs `serve` and `generate` set; everything else is the backend's default.
+#[derive(Debug, Clone)]
+pub struct LoadOptions {
+    /// K/V budget in bytes, covering the draft's rings too (None: the backend sizes it).
+    pub kv_cache_bytes: Option<usize>,
+    /// K/V stored as FP8 E4M3.
+    pub kv_fp8: bool,
+    /// Sequences live at once.
+    pub max_seqs: usize,
+    /// Longest sequence (None: the model's max_position_embeddings).
+    pub max_model_len: Option<usize>,
+    /// Draft tokens per step (DFlash k); None: the draft's block_size - 1.
+    pub num_speculative_tokens: Option<usize>,
+    /// Show a progress bar while weights stream to the device.
+    pub progress: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            kv_cache_bytes: None,
+            kv_fp8: false,
+            max_seqs: 8,
+            max_model_len: None,
+            num_speculative_tokens: None,
+            progress: false,
+        }
+    }
+}
+
+/// A loaded model and optional draft. The variants stay inside the engine; callers use the methods.
+pub enum Loaded {
+    Cpu {
+        model: CpuModel,
+        draft: Option<(CpuDraft, usize)>,
+    },
+    Cuda {
+        model: CudaModel,
+        draft: Option<(CudaDraft, usize)>,
+    },
+}
+
+/// Load `model_dir` (and `draft_dir`) onto `device`.
+pub fn load(
+    device: Device,
+    opts: &LoadOptions,
+    model_dir: &Path,
+    draft_dir: Option<&Path>,
+) -> Result<Loaded> {
+    device.check().map_err(EngineError::Other)?;
+    match device {
+        Device::Cpu => {
+            let mut model = CpuModel::load(model_dir)?;
+            model.set_kv_fp8(opts.kv_fp8);
+            let draft = match draft_dir {
+                Some(d) => {
+                    let dm = CpuDraft::load(d, &model)?;
+                    let k = spec_k(&dm, opts)?;
+                    Some((dm, k))
+                }
+                None => None,
+            };
+            Ok(Loaded::Cpu { model, draft })
+        }
+        Device::Cuda(ordinal) => {
+            let k = match draft_dir {
+                Some(d) => {
+                    let cfg = crate::spec::DraftConfig::from_file(&d.join("config.json"))?;
+                    let k = opts.num_speculative_tokens.unwrap_or(cfg.block_size - 1);
+                    cfg.check_k(k)?;
+                    k
+                }
+                None => 0,
+            };
+            let mut copts = CudaOptions {
+                device: ordinal,
+                kv_pool_bytes: opts.kv_cache_bytes,
+                max_model_len: opts.max_model_len,
+                progress: opts.progress,
+                max_seqs: opts.max_seqs,
+                spec_k: k,
+                kv_fp8: opts.kv_fp8,
+                ..Default::default()
+            };
+            // The budget covers the draft's rings too (as `laguna plan` counts them).
+            if let (Some(d), Some(b)) = (draft_dir, opts.kv_cache_bytes) {
+                copts.kv_pool_bytes = Some(b.saturating_sub(CudaDraft::ring_bytes(d, &copts)?));
+            }
+            let model = CudaModel::load(model_dir, copts)?;
+            let draft = match draft_dir {
+                // The CUDA draft shares the target's device tensors (embed, lm_head) and stream.
+                Some(d) => Some((CudaDraft::load(d, &model)?, k)),
+                None => None,
+            };
+            Ok(Loaded::Cuda { model, draft })
+        }
+    }
+}
+
+fn spec_k(draft: &dyn DraftModel, opts: &LoadOptions) -> Result<usize> {
+    let k = opts
+        .num_speculative_tokens
+        .unwrap_or(draft.config().block_size - 1);
+    draft.config().check_k(k)?;
+    Ok(k)
+}
+
+impl Loaded {
+    /// The target model behind its trait.
+    pub fn model(&mut self) -> &mut dyn Model {
+        match self {
+            Loaded::Cpu { model, .. } => model,
+            Loaded::Cuda { model, .. } => model,
+        }
+    }
+
+    /// The draft's k, when a draft is loaded.
+    pub fn spec_k(&self) -> Option<usize> {
+        match self {
+            Loaded::Cpu { draft, .. } => draft.as_ref().map(|d| d.1),
+            Loaded::Cuda { draft, .. } => draft.as_ref().map(|d| d.1),
+        }
+    }
+
+    /// One request start to finish. With a draft: DFlash (greedy on CUDA runs the device-resident
+    /// loop, whose tokens equal the plain greedy ones), with its acceptance statistics.
+    pub fn generate(
+        &mut self,
+        req: &GenerateRequest,
+        keep_logits: bool,
+    ) -> Result<(GenerateResult, Option<SpecStats>)> {
+        match self {
+            Loaded::Cpu { model, draft: None } => Ok((generate(model, req, keep_logits)?, None)),
+            Loaded::Cuda { model, draft: None } => Ok((generate(model, req, keep_logits)?, None)),
+            Loaded::Cpu {
+                model,
+                draft: Some((d, k)),
+            } => {
+                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                Ok((r, Some(s)))
+            }
+            Loaded::Cuda {
+                model,
+                draft: Some((d, k)),
+            } if req.sampling.is_greedy() => {
+                let r = CudaSpec::default().generate(model, d, req, *k, true)?;
+                let res = GenerateResult {
+                    completion: r.completion,
+                    finish_reason: r.finish,
+                    step_logits: vec![],
+                };
+                Ok((res, Some(r.stats)))
+            }
+            Loaded::Cuda {
+                model,
+                draft: Some((d, k)),
+            } => {
+                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                Ok((r, Some(s)))
+            }
+        }
+    }
+
+    /// What the scheduler runs: the model and the draft behind their traits.
+    pub fn into_scheduler(self) -> SchedLoaded {
+        let (model, dflash): (Box<dyn Model>, _) = match self {
+            Loaded::Cpu { model, draft } => (
+                Box::new(model),
+                draft.map(|(d, k)| Dflash { draft: Box::new(d), k }),
+            ),
+            Loaded::Cuda { model, draft } => (
+                Box::new(model),
+                draft.map(|(d, k)| Dflash { draft: Box::new(d), k }),
+            ),
+        };
+        SchedLoaded {
+            model,
+            spec: None,
+            dflash,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_names() {
+        assert_eq!(Device::parse("cpu"), Ok(Device::Cpu));
+        assert_eq!(Device::parse("cuda"), Ok(Device::Cuda(0)));
+        assert_eq!(Device::parse("cuda:3"), Ok(Device::Cuda(3)));
+        assert!(Device::parse("cuda:x").unwrap_err().contains("cuda:N"));
+        assert!(Device::parse("tpu").is_err());
+    }
+}
