@@ -125,9 +125,22 @@ stream_max_retries = 0
     return h
 
 
+def greedy_copy(model, tmp):
+    """The fixture with `temperature: 0` in its generation_config.json: the CLIs send no temperature,
+    so the server's default (the checkpoint's, as vLLM's --generation-config auto) makes them greedy."""
+    dst = tmp / model.name
+    dst.mkdir()
+    for f in model.iterdir():
+        if f.name != "generation_config.json":
+            (dst / f.name).symlink_to(f)
+    gen = json.loads((model / "generation_config.json").read_text())
+    (dst / "generation_config.json").write_text(json.dumps(dict(gen, temperature=0.0)))
+    return dst
+
+
 def drive(scenario, tmp):
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    model = SCRIPTED_TOOL if scenario == "claude-tool" else TINY_CHAT
+    model = greedy_copy(SCRIPTED_TOOL if scenario == "claude-tool" else TINY_CHAT, tmp)
     name = "scripted" if scenario == "claude-tool" else "laguna-tiny-chat"
     server = Server(["--model", str(model), "--device", "cpu", "--served-model-name", name], f"cli-{scenario}")
     proxy = Recorder(server.port)

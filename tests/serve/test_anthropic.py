@@ -28,6 +28,10 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 BILLING = "x-anthropic-billing-header: cc_version=2.1.332.0b8; cc_entrypoint=sdk-cli; cch=%s;"
 
 
+# The SDK no longer has sampling parameters; laguna still reads them (older clients send them).
+GREEDY = {"extra_body": {"temperature": 0}}
+
+
 def client(server, key="unused"):
     return anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0)
 
@@ -40,7 +44,7 @@ def chat(server, messages, **kw):
 
 
 def test_non_stream_matches_chat(tiny):
-    m = client(tiny).messages.create(model="claude-sonnet-4-5-20250929", max_tokens=8, temperature=0,
+    m = client(tiny).messages.create(model="claude-sonnet-4-5-20250929", max_tokens=8, **GREEDY,
                                      system="Be brief.", messages=[{"role": "user", "content": "Hello world!"}])
     ref = chat(tiny, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world!"}], max_tokens=8)
     assert m.type == "message" and m.role == "assistant" and m.id.startswith("msg_")
@@ -52,8 +56,20 @@ def test_non_stream_matches_chat(tiny):
     assert m.stop_reason == {"length": "max_tokens", "stop": "end_turn"}[ref["choices"][0]["finish_reason"]]
 
 
+def test_stop_sequence(tiny):
+    msgs = [{"role": "user", "content": "Hello world!"}]
+    full = chat(tiny, msgs, max_tokens=8)["choices"][0]["message"]["content"]
+    assert len(full) >= 4, full
+    stop = full[2:4]
+    ref = chat(tiny, msgs, max_tokens=8, stop=[stop])
+    assert ref["choices"][0]["finish_reason"] == "stop" and ref["choices"][0]["stop_reason"] == stop
+    m = client(tiny).messages.create(model="x", max_tokens=8, **GREEDY, messages=msgs, stop_sequences=[stop])
+    assert m.stop_reason == "stop_sequence" and m.stop_sequence == stop
+    assert "".join(b.text for b in m.content) == ref["choices"][0]["message"]["content"]
+
+
 def test_stream_event_sequence_and_text(tiny):
-    kw = dict(model="laguna", max_tokens=8, temperature=0, messages=[{"role": "user", "content": "Hello world!"}])
+    kw = dict(model="laguna", max_tokens=8, **GREEDY, messages=[{"role": "user", "content": "Hello world!"}])
     events = list(client(tiny).messages.create(stream=True, **kw))
     kinds = [e.type for e in events]
     assert kinds[0] == "message_start" and kinds[-2:] == ["message_delta", "message_stop"]
@@ -110,8 +126,9 @@ def test_count_tokens_matches_generation_usage(tiny):
 
 def test_tool_round_trip(scripted):
     c = client(scripted)
-    m = c.messages.create(model="claude-x", max_tokens=32000, temperature=0, tools=[WEATHER], messages=ASK)
-    # max_tokens above the context window is cut to what is left, not rejected (Claude Code sends 32000)
+    m = c.messages.create(model="claude-x", max_tokens=20000, **GREEDY, tools=[WEATHER], messages=ASK)
+    # max_tokens above the 4096-token window is cut to what is left, not rejected (Claude Code sends 32000;
+    # the SDK refuses more than ~21000 without streaming)
     assert m.stop_reason == "tool_use"
     (call,) = [b for b in m.content if b.type == "tool_use"]
     assert call.name == "get_weather" and call.input == {"city": "Paris"} and call.id.startswith("toolu_")
@@ -122,7 +139,7 @@ def test_tool_round_trip(scripted):
     follow = ASK + [{"role": "assistant", "content": m.content},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
                                                   "content": [{"type": "text", "text": "sunny, 21 C"}]}]}]
-    m2 = c.messages.create(model="claude-x", max_tokens=40, temperature=0, tools=[WEATHER], messages=follow)
+    m2 = c.messages.create(model="claude-x", max_tokens=40, **GREEDY, tools=[WEATHER], messages=follow)
     ref_msgs = ASK + [
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function",
                                                                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}]},
@@ -132,7 +149,7 @@ def test_tool_round_trip(scripted):
 
 
 def test_tool_use_streams_input_json_and_thinking(scripted):
-    kw = dict(model="claude-x", max_tokens=40, temperature=0, tools=[WEATHER], messages=ASK,
+    kw = dict(model="claude-x", max_tokens=40, **GREEDY, tools=[WEATHER], messages=ASK,
               thinking={"type": "enabled", "budget_tokens": 1024})
     events = list(client(scripted).messages.create(stream=True, **kw))
     starts = [e.content_block.type for e in events if e.type == "content_block_start"]
@@ -154,7 +171,7 @@ def test_tool_choice_none_renders_no_tools(scripted):
     without = c.messages.count_tokens(model="x", messages=ASK).input_tokens
     with_tools = c.messages.count_tokens(model="x", messages=ASK, tools=[WEATHER]).input_tokens
     assert with_none == without < with_tools
-    m = c.messages.create(model="x", max_tokens=12, temperature=0, messages=ASK, tools=[WEATHER], tool_choice={"type": "none"})
+    m = c.messages.create(model="x", max_tokens=12, **GREEDY, messages=ASK, tools=[WEATHER], tool_choice={"type": "none"})
     assert not [b for b in m.content if b.type == "tool_use"] and m.stop_reason != "tool_use"
 
 

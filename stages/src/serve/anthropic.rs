@@ -218,24 +218,30 @@ fn convert_tools(tools: &[Json]) -> Result<Vec<Json>, ApiError> {
             .get("name")
             .and_then(Json::as_str)
             .ok_or_else(|| bad(format!("tools[{i}].name: Field required")))?;
-        let mut f = json!({"name": name, "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))});
-        if let Some(d) = t.get("description") {
-            f["description"] = d.clone();
+        // OpenAI's key order (name, description, parameters): the template renders the tool as JSON.
+        let mut f = Map::new();
+        f.insert("name".into(), json!(name));
+        if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
+            f.insert("description".into(), d.clone());
         }
+        let params = t
+            .get("input_schema")
+            .cloned()
+            .unwrap_or(json!({"type": "object"}));
+        f.insert("parameters".into(), params);
         out.push(json!({"type": "function", "function": f}));
     }
     Ok(out)
 }
 
-/// `thinking` → the template's enable_thinking (absent: the server's default).
+/// `thinking` → the template's enable_thinking (absent: the server's default). `disabled` turns it
+/// off; `enabled`, `adaptive`, `between_tools` (and types added later) turn it on.
 fn thinking_flag(thinking: Option<&Json>) -> Result<Option<bool>, ApiError> {
     let Some(t) = thinking else { return Ok(None) };
     match t.get("type").and_then(Json::as_str) {
-        Some("enabled" | "adaptive") => Ok(Some(true)),
         Some("disabled") => Ok(Some(false)),
-        _ => Err(bad(
-            "thinking.type must be \"enabled\", \"adaptive\" or \"disabled\".",
-        )),
+        Some(_) => Ok(Some(true)),
+        None => Err(bad("thinking.type: Field required")),
     }
 }
 

@@ -22,8 +22,8 @@ pub mod sse;
 pub mod state;
 pub mod tool_parser;
 
-use laguna_engine::config::LagunaConfig;
 use laguna_engine::backend::{self, Device, LoadOptions};
+use laguna_engine::config::LagunaConfig;
 use laguna_engine::sched::{SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
 use openai::SamplingDefaults;

@@ -309,7 +309,11 @@ mod tests {
         let d = SamplingDefaults::default();
         let with = |t: Option<f64>, p: Option<f64>| {
             validate_common(
-                &CommonParams { temperature: t, top_p: p, ..Default::default() },
+                &CommonParams {
+                    temperature: t,
+                    top_p: p,
+                    ..Default::default()
+                },
                 None,
                 &d,
             )

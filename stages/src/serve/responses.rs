@@ -211,10 +211,17 @@ fn convert_tools(tools: &[Json]) -> Result<Vec<Json>, ApiError> {
                     .get("name")
                     .and_then(Json::as_str)
                     .ok_or_else(|| bad(format!("tools[{i}].name: Field required")))?;
-                let mut f = json!({"name": name, "parameters": t.get("parameters").cloned().unwrap_or(json!({"type": "object"}))});
+                // OpenAI's key order (name, description, parameters): the template renders the tool as JSON.
+                let mut f = Map::new();
+                f.insert("name".into(), json!(name));
                 if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
-                    f["description"] = d.clone();
+                    f.insert("description".into(), d.clone());
                 }
+                let params = t
+                    .get("parameters")
+                    .cloned()
+                    .unwrap_or(json!({"type": "object"}));
+                f.insert("parameters".into(), params);
                 out.push(json!({"type": "function", "function": f}));
             }
             other => tracing::warn!(
