@@ -4,7 +4,11 @@ Each scenario runs in a loopback-only network namespace (`unshare -n`, then `ip 
 this file re-runs itself there as a driver that starts the server, a recording proxy in front of it
 (so the test sees exactly what the CLI sent and got) and the CLI. The CLIs come from npm
 (scripts/ci-deps-serve.sh installs the pinned versions); the prompts are kept small (Claude Code's
---system-prompt / --tools, Codex's config) because the tiny test models have a 4096-token window."""
+--system-prompt / --tools, Codex's config) because the tiny test models have a 4096-token window.
+
+The model is the scripted-tool fixture, served greedy: it ends every turn (EOS after a fixed chain)
+where the random tiny-chat model runs to max_tokens, which both CLIs treat as an error. With tools
+in the request that chain is a `get_weather` call; without, it is plain text."""
 import http.client
 import http.server
 import json
@@ -17,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parent))
-from conftest import SCRIPTED_TOOL, TINY_CHAT, Server, free_port, laguna_bin  # noqa: E402
+from conftest import SCRIPTED_TOOL, Server, free_port, laguna_bin  # noqa: E402
 
 BILLING = "x-anthropic-billing-header:"
 
@@ -90,7 +94,7 @@ def codex_home(tmp, port):
     h = tmp / "codex-home"
     h.mkdir(exist_ok=True)
     (h / "instructions.md").write_text("You are a test agent. Answer briefly.\n")
-    (h / "config.toml").write_text(f"""model = "laguna-tiny-chat"
+    (h / "config.toml").write_text(f"""model = "scripted"
 model_provider = "laguna"
 model_instructions_file = "{h / 'instructions.md'}"
 include_permissions_instructions = false
@@ -114,6 +118,7 @@ memories = false
 plugins = false
 unified_exec = false
 shell_tool = false
+view_image = false
 
 [model_providers.laguna]
 name = "laguna"
@@ -140,8 +145,8 @@ def greedy_copy(model, tmp):
 
 def drive(scenario, tmp):
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    model = greedy_copy(SCRIPTED_TOOL if scenario == "claude-tool" else TINY_CHAT, tmp)
-    name = "scripted" if scenario == "claude-tool" else "laguna-tiny-chat"
+    model = greedy_copy(SCRIPTED_TOOL, tmp)
+    name = "scripted"
     server = Server(["--model", str(model), "--device", "cpu", "--served-model-name", name], f"cli-{scenario}")
     proxy = Recorder(server.port)
     url = f"http://127.0.0.1:{proxy.port}"
@@ -169,8 +174,8 @@ def drive(scenario, tmp):
             result["counts"] = counts
     finally:
         result["requests"] = proxy.records
-        server.stop()
         result["server_log"] = server.logs()[-4000:]
+        server.stop()
         (tmp / "result.json").write_text(json.dumps(result))
 
 
@@ -217,7 +222,8 @@ def test_claude_code_says_hi(tmp_path):
     msgs = [r for r in reqs if r["path"].startswith("/v1/messages")]
     assert msgs, describe(res)
     body = json.loads(msgs[-1]["body"])
-    assert body["model"] == "laguna-tiny-chat" and body["stream"] is True
+    assert body["model"] == "scripted" and body["stream"] is True
+    assert not body.get("tools")
     # what laguna streamed is what the CLI printed
     text = "".join(e["delta"]["text"] for e in sse_events(msgs[-1]["response"])
                    if e["type"] == "content_block_delta" and e["delta"]["type"] == "text_delta")
