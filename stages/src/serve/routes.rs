@@ -315,4 +315,36 @@ mod tests {
         let res = warp::test::request().path("/version").reply(&r).await;
         assert_eq!(res.status(), 200);
     }
+
+    #[tokio::test]
+    async fn anthropic_routes_take_x_api_key_and_answer_anthropic_errors() {
+        let Some(s) = state(Some("k")) else { return };
+        let r = routes(s);
+        let body =
+            r#"{"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+        let kind = |b: &[u8]| {
+            let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+            assert_eq!(v["type"], "error");
+            v["error"]["type"].as_str().unwrap().to_string()
+        };
+        let post = |key: &'static str| {
+            warp::test::request()
+                .method("POST")
+                .path("/v1/messages?beta=true")
+                .header("x-api-key", key)
+                .body(body)
+        };
+        let res = post("wrong").reply(&r).await;
+        assert_eq!(res.status(), 401);
+        assert_eq!(kind(res.body()), "authentication_error");
+        let res = post("k").reply(&r).await; // past auth: the model is still loading
+        assert_eq!(res.status(), 503);
+        assert_eq!(kind(res.body()), "overloaded_error");
+        let res = warp::test::request()
+            .path("/v1/models")
+            .header("x-api-key", "k")
+            .reply(&r)
+            .await;
+        assert_eq!(res.status(), 200);
+    }
 }
