@@ -502,11 +502,7 @@ fn default_kv_budget_never_exceeds_what_sequences_need() {
     r.max_model_len = Some(4096);
     r.max_num_seqs = 3;
     let cfg = reference("laguna-xs-2.1-nvfp4.config.json");
-    let w = WeightBytes {
-        target: GIB,
-        draft: 0,
-        source: WeightsSource::Config,
-    };
+    let w = WeightBytes { target: GIB, draft: 0, source: WeightsSource::Config };
     let p = KvPlan::compute(&cfg, None, &r, w, mem(128 * GIB));
     // 3 sequences x 4096 tokens x 40,960 B/token (10 full layers, BF16), plus 3 rings.
     assert_eq!(p.pool_tokens, Some(3 * 4096));

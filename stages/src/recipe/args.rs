@@ -71,6 +71,9 @@ pub struct ServerArgs {
     /// Port to listen on. Env: LAGUNA_PORT.
     #[arg(long, value_name = "PORT")]
     pub port: Option<u16>,
+    /// Prefill every prompt in full: no prefix cache (recipe: enable_prefix_caching = false).
+    #[arg(long)]
+    pub no_prefix_cache: bool,
 }
 
 /// Every recipe flag. Each subcommand flattens only the groups it uses and fills the rest with
@@ -87,21 +90,14 @@ pub struct RecipeArgs {
 
 impl From<SourceArgs> for RecipeArgs {
     fn from(source: SourceArgs) -> Self {
-        RecipeArgs {
-            source,
-            ..Default::default()
-        }
+        RecipeArgs { source, ..Default::default() }
     }
 }
 
 impl RecipeArgs {
     /// Source and engine flags (no server flags).
     pub fn engine(source: SourceArgs, engine: EngineArgs) -> Self {
-        RecipeArgs {
-            source,
-            engine,
-            ..Default::default()
-        }
+        RecipeArgs { source, engine, ..Default::default() }
     }
 }
 
@@ -150,6 +146,9 @@ impl RecipeArgs {
         }
         o.host = self.server.host.clone();
         o.port = self.server.port;
+        if self.server.no_prefix_cache {
+            o.enable_prefix_caching = Some(false);
+        }
         Ok(o)
     }
 

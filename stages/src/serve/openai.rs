@@ -253,8 +253,10 @@ pub fn random_id(prefix: &str) -> String {
     format!("{prefix}-{:016x}{:016x}", r.next_u64(), r.next_u64())
 }
 
-pub fn usage_json(prompt: usize, completion: usize) -> Json {
-    serde_json::json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion, "prompt_tokens_details": null})
+/// OpenAI's `usage`; `cached` prompt tokens came from the prefix cache.
+pub fn usage_json(prompt: usize, completion: usize, cached: usize) -> Json {
+    serde_json::json!({"prompt_tokens": prompt, "total_tokens": prompt + completion, "completion_tokens": completion,
+                       "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 #[cfg(test)]
@@ -309,11 +311,7 @@ mod tests {
         let d = SamplingDefaults::default();
         let with = |t: Option<f64>, p: Option<f64>| {
             validate_common(
-                &CommonParams {
-                    temperature: t,
-                    top_p: p,
-                    ..Default::default()
-                },
+                &CommonParams { temperature: t, top_p: p, ..Default::default() },
                 None,
                 &d,
             )
