@@ -88,7 +88,7 @@ pub fn template_messages(msgs: &[ChatMessage]) -> Result<Vec<Json>, ApiError> {
     Ok(out)
 }
 
-fn validate_tools(tools: &[Json]) -> Result<(), ApiError> {
+pub(super) fn validate_tools(tools: &[Json]) -> Result<(), ApiError> {
     for (i, t) in tools.iter().enumerate() {
         let ok = t
             .get("type")
@@ -167,20 +167,46 @@ impl Assembler {
     pub fn called_tools(&self) -> bool {
         self.tools.as_ref().is_some_and(|t| t.num_calls() > 0)
     }
+    /// The finished tool calls so far (all of them after `finish`).
+    pub fn calls(&self) -> Vec<super::tool_parser::ParsedCall> {
+        self.tools.as_ref().map(|t| t.calls()).unwrap_or_default()
+    }
+    /// Whether reasoning text was produced and is reported.
+    pub fn has_reasoning(&self) -> bool {
+        self.include_reasoning && self.reasoning.has_reasoning()
+    }
 }
 
-struct Prepared {
-    stream: RequestStream,
-    assembler: Assembler,
+pub(super) struct Prepared {
+    pub stream: RequestStream,
+    pub assembler: Assembler,
     include_usage: bool,
     logprobs: bool,
     id: String,
     created: u64,
     model: String,
+    pub prompt_tokens: usize,
+}
+
+/// How the Anthropic and Responses adapters reuse the chat path.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Reuse {
+    /// Cut max_tokens to what the context window leaves instead of rejecting the request
+    /// (Anthropic clients must send max_tokens and send 32000 whatever the model).
+    pub clamp_max_tokens: bool,
 }
 
 fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> {
     let req: ChatRequest = parse_body(body)?;
+    prepare_chat(state, req, Reuse::default())
+}
+
+/// Validate a chat request, render and submit it; `bool` is whether the client asked to stream.
+pub(super) fn prepare_chat(
+    state: &AppState,
+    req: ChatRequest,
+    reuse: Reuse,
+) -> Result<(Prepared, bool), ApiError> {
     state.check_model(req.common.model.as_deref())?;
     state.check_ready()?;
     let max_tokens = req.max_completion_tokens.or(req.common.max_tokens);
@@ -229,26 +255,15 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
             );
         }
     }
-    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
-    if !kwargs.contains_key("enable_thinking") {
-        let on = match &req.reasoning_effort {
-            Some(e) => e != "none",
-            None => state.default_enable_thinking,
-        };
-        kwargs.insert("enable_thinking".into(), Json::Bool(on));
-    }
-    let thinking = truthy(kwargs.get("enable_thinking")) || truthy(kwargs.get("thinking"));
-    let rendered = state
-        .template
-        .render(&RenderArgs {
-            messages: &messages,
-            tools: tools.as_deref(),
-            add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-            kwargs: &kwargs,
-        })
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let prompt = state.encode(&rendered, false)?;
-    let max_tokens = state.resolve_max_tokens(v.max_tokens, prompt.len())?;
+    let (prompt, thinking) = render_prompt(state, &req, &messages, tools.as_deref())?;
+    let max_tokens = match v.max_tokens {
+        Some(m) if reuse.clamp_max_tokens && prompt.len() < state.max_model_len => {
+            Some(m.min(state.max_model_len - prompt.len()))
+        }
+        m => m,
+    };
+    let max_tokens = state.resolve_max_tokens(max_tokens, prompt.len())?;
+    let prompt_tokens = prompt.len();
     let constraint = super::constrain::for_chat(
         state,
         tools.as_deref(),
@@ -286,9 +301,38 @@ fn prepare(state: &AppState, body: &[u8]) -> Result<(Prepared, bool), ApiError> 
             id: random_id("chatcmpl"),
             created: now_secs(),
             model: state.model_name().to_string(),
+            prompt_tokens,
         },
         v.stream,
     ))
+}
+
+/// The prompt's token ids and whether thinking is on (the template's `enable_thinking`).
+pub(super) fn render_prompt(
+    state: &AppState,
+    req: &ChatRequest,
+    messages: &[Json],
+    tools: Option<&[Json]>,
+) -> Result<(Vec<u32>, bool), ApiError> {
+    let mut kwargs = req.chat_template_kwargs.clone().unwrap_or_default();
+    if !kwargs.contains_key("enable_thinking") {
+        let on = match &req.reasoning_effort {
+            Some(e) => e != "none",
+            None => state.default_enable_thinking,
+        };
+        kwargs.insert("enable_thinking".into(), Json::Bool(on));
+    }
+    let thinking = truthy(kwargs.get("enable_thinking")) || truthy(kwargs.get("thinking"));
+    let rendered = state
+        .template
+        .render(&RenderArgs {
+            messages,
+            tools,
+            add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+            kwargs: &kwargs,
+        })
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    Ok((state.encode(&rendered, false)?, thinking))
 }
 
 pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> warp::reply::Response {
@@ -535,4 +579,47 @@ fn stream_response(state: Arc<AppState>, mut p: Prepared) -> warp::reply::Respon
         }
     });
     resp
+}
+
+/// A whole generation, split into reasoning, content and tool calls (the non-streaming
+/// Anthropic and Responses replies build on it).
+pub(super) struct Collected {
+    pub reasoning: Option<String>,
+    pub content: String,
+    pub calls: Vec<super::tool_parser::ParsedCall>,
+    pub reason: FinishReason,
+    pub stop_reason: Option<StopReason>,
+    pub usage: laguna_engine::sched::Usage,
+}
+
+pub(super) async fn collect(mut p: Prepared) -> Result<Collected, ApiError> {
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    loop {
+        match p.stream.next().await {
+            None => return Err(ApiError::internal("the request ended without a result")),
+            Some(Event::Error(e)) => return Err(ApiError::internal(e)),
+            Some(Event::Delta { text, .. }) => {
+                let piece = p.assembler.push(&text);
+                reasoning += &piece.reasoning;
+                content += &piece.content;
+            }
+            Some(Event::Finished {
+                reason,
+                stop_reason,
+                usage,
+            }) => {
+                let piece = p.assembler.finish();
+                reasoning += &piece.reasoning;
+                content += &piece.content;
+                return Ok(Collected {
+                    reasoning: p.assembler.has_reasoning().then_some(reasoning),
+                    content,
+                    calls: p.assembler.calls(),
+                    reason,
+                    stop_reason,
+                    usage,
+                });
+            }
+        }
+    }
 }

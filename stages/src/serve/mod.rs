@@ -1,9 +1,12 @@
 //! `laguna serve`: an OpenAI-compatible HTTP server (warp) over the engine's scheduler.
 //!
 //! Routes and wire formats follow vLLM 0.25 so existing clients (openai SDK, curl, coding agents,
-//! Prometheus) work unchanged. One concern per file: `routes` (warp filters), `openai` (request
+//! Prometheus) work unchanged; `anthropic` (Messages API) and `responses` (OpenAI Responses API)
+//! adapt agent clients' APIs onto the chat path (docs/design/agent-apis.md). One concern per file: `routes` (warp filters), `openai` (request
 //! types), `chat`/`completions` (handlers), `sse`, `chat_template`, `tool_parser`, `reasoning`,
 //! `metrics`, `errors`, `embedded` (the built-in tiny test model).
+pub mod anthropic;
+pub mod anthropic_sse;
 pub mod chat;
 pub mod chat_template;
 pub mod completions;
@@ -13,13 +16,15 @@ pub mod errors;
 pub mod metrics;
 pub mod openai;
 pub mod reasoning;
+pub mod responses;
+pub mod responses_sse;
 pub mod routes;
 pub mod sse;
 pub mod state;
 pub mod tool_parser;
 
-use laguna_engine::config::LagunaConfig;
 use laguna_engine::backend::{self, Device, LoadOptions};
+use laguna_engine::config::LagunaConfig;
 use laguna_engine::sched::{SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
 use openai::SamplingDefaults;

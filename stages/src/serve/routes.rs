@@ -1,7 +1,7 @@
 //! warp routes: OpenAI endpoints under /v1 (API-key protected when set), /health, /metrics, /version.
 use super::errors::ApiError;
 use super::state::AppState;
-use super::{chat, completions, metrics};
+use super::{anthropic, chat, completions, metrics, responses};
 use laguna_engine::sched::Health;
 use serde_json::json;
 use std::convert::Infallible;
@@ -13,28 +13,47 @@ use warp::{Filter, Rejection, Reply};
 struct Rejected(ApiError);
 impl warp::reject::Reject for Rejected {}
 
+/// A rejection on the Anthropic routes (answered with Anthropic's error object).
+#[derive(Debug)]
+struct RejectedAnthropic(ApiError);
+impl warp::reject::Reject for RejectedAnthropic {}
+
 fn with_state(
     state: Arc<AppState>,
 ) -> impl Filter<Extract = (Arc<AppState>,), Error = Infallible> + Clone {
     warp::any().map(move || state.clone())
 }
 
-/// `Authorization: Bearer <key>` on /v1 routes when the server has a key (vLLM's --api-key).
+/// `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic clients) on /v1 routes when the
+/// server has a key (vLLM's --api-key).
 fn auth(state: Arc<AppState>) -> impl Filter<Extract = (), Error = Rejection> + Clone {
+    auth_as(state, false)
+}
+
+fn auth_as(
+    state: Arc<AppState>,
+    anthropic: bool,
+) -> impl Filter<Extract = (), Error = Rejection> + Clone {
     warp::header::optional::<String>("authorization")
-        .and_then(move |h: Option<String>| {
+        .and(warp::header::optional::<String>("x-api-key"))
+        .and_then(move |h: Option<String>, x: Option<String>| {
             let key = state.api_key.clone();
             async move {
+                let bearer = h
+                    .as_deref()
+                    .and_then(|v| v.strip_prefix("Bearer "))
+                    .map(str::trim);
                 match key {
                     None => Ok(()),
                     Some(k)
-                        if h.as_deref()
-                            .and_then(|v| v.strip_prefix("Bearer "))
-                            .map(str::trim)
-                            == Some(k.as_str()) =>
+                        if bearer == Some(k.as_str())
+                            || x.as_deref().map(str::trim) == Some(k.as_str()) =>
                     {
                         Ok(())
                     }
+                    Some(_) if anthropic => Err(warp::reject::custom(RejectedAnthropic(
+                        anthropic::unauthorized(),
+                    ))),
                     Some(_) => Err(warp::reject::custom(Rejected(ApiError::unauthorized()))),
                 }
             }
@@ -105,6 +124,34 @@ pub fn routes(
         .and(with_state(state.clone()))
         .and(warp::body::bytes())
         .then(chat::handle);
+    // The path first: only requests for these routes get the Anthropic-shaped 401.
+    let messages = warp::path!("v1" / "messages")
+        .and(auth_as(state.clone(), true))
+        .and(warp::post())
+        .and(with_state(state.clone()))
+        .and(warp::body::bytes())
+        .then(anthropic::handle);
+    let count_tokens = warp::path!("v1" / "messages" / "count_tokens")
+        .and(auth_as(state.clone(), true))
+        .and(warp::post())
+        .and(with_state(state.clone()))
+        .and(warp::body::bytes())
+        .then(anthropic::count_tokens);
+    let store = Arc::new(responses::ResponseStore::new(responses::STORE_CAPACITY));
+    let store_post = store.clone();
+    let responses_post = v1
+        .clone()
+        .and(warp::path!("responses"))
+        .and(warp::post())
+        .and(with_state(state.clone()))
+        .and(warp::any().map(move || store_post.clone()))
+        .and(warp::body::bytes())
+        .then(responses::handle);
+    let responses_get = v1
+        .clone()
+        .and(warp::path!("responses" / String))
+        .and(warp::get())
+        .map(move |id: String| responses::get(&store, &id));
     let completions = v1
         .and(warp::path!("completions"))
         .and(warp::post())
@@ -122,11 +169,22 @@ pub fn routes(
         .unify()
         .or(completions)
         .unify()
+        .or(messages)
+        .unify()
+        .or(count_tokens)
+        .unify()
+        .or(responses_post)
+        .unify()
+        .or(responses_get)
+        .unify()
         .recover(recover)
         .unify()
 }
 
 async fn recover(err: Rejection) -> Result<warp::reply::Response, Infallible> {
+    if let Some(RejectedAnthropic(e)) = err.find::<RejectedAnthropic>() {
+        return Ok(anthropic::error_response(e.clone()));
+    }
     if let Some(Rejected(e)) = err.find::<Rejected>() {
         return Ok(e.clone().into_response());
     }
@@ -256,6 +314,38 @@ mod tests {
             .await;
         assert_eq!(res.status(), 200);
         let res = warp::test::request().path("/version").reply(&r).await;
+        assert_eq!(res.status(), 200);
+    }
+
+    #[tokio::test]
+    async fn anthropic_routes_take_x_api_key_and_answer_anthropic_errors() {
+        let Some(s) = state(Some("k")) else { return };
+        let r = routes(s);
+        let body =
+            r#"{"model":"claude-x","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+        let kind = |b: &[u8]| {
+            let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+            assert_eq!(v["type"], "error");
+            v["error"]["type"].as_str().unwrap().to_string()
+        };
+        let post = |key: &'static str| {
+            warp::test::request()
+                .method("POST")
+                .path("/v1/messages?beta=true")
+                .header("x-api-key", key)
+                .body(body)
+        };
+        let res = post("wrong").reply(&r).await;
+        assert_eq!(res.status(), 401);
+        assert_eq!(kind(res.body()), "authentication_error");
+        let res = post("k").reply(&r).await; // past auth: the model is still loading
+        assert_eq!(res.status(), 503);
+        assert_eq!(kind(res.body()), "overloaded_error");
+        let res = warp::test::request()
+            .path("/v1/models")
+            .header("x-api-key", "k")
+            .reply(&r)
+            .await;
         assert_eq!(res.status(), 200);
     }
 }

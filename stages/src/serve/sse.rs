@@ -30,6 +30,13 @@ impl SseSender {
     pub async fn data(&self, v: &serde_json::Value) -> bool {
         self.tx.send(format!("data: {v}\n\n")).await.is_ok()
     }
+    /// Send one named event (`event: NAME` then the JSON data), as Anthropic and Responses streams do.
+    pub async fn event(&self, name: &str, v: &serde_json::Value) -> bool {
+        self.tx
+            .send(format!("event: {name}\ndata: {v}\n\n"))
+            .await
+            .is_ok()
+    }
     pub async fn done(&self) -> bool {
         self.tx.send("data: [DONE]\n\n".to_string()).await.is_ok()
     }
