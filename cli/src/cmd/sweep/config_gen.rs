@@ -495,6 +495,28 @@ mod tests {
         }
     }
 
+    /// Rotary factors as Python writes them (the exact ratio, shortest repr) give the rotary
+    /// dim transformers computes: config.json floats must parse exactly (serde_json's
+    /// `float_roundtrip`; without it 64 / 68 = 0.9411764705882353 read back as rotary dim 63).
+    #[test]
+    fn python_rotary_factors_parse_exactly() {
+        for hd in (8..=128usize).step_by(2) {
+            for rd in (2..=hd).step_by(2) {
+                let p = rd as f64 / hd as f64;
+                if (hd as f64 * p) as usize != rd {
+                    continue; // int() in Python gives the same: not a valid pair there either
+                }
+                let text = format!(
+                    r#"{{"model_type":"laguna","num_hidden_layers":1,"head_dim":{hd},"num_attention_heads":8,"num_key_value_heads":8,"rope_parameters":{{"rope_type":"default","rope_theta":10000.0,"partial_rotary_factor":{}}}}}"#,
+                    serde_json::to_string(&p).unwrap()
+                );
+                let c = LagunaConfig::from_json_str(&text)
+                    .unwrap_or_else(|e| panic!("head_dim {hd} rotary {rd}: {e}"));
+                assert_eq!(c.layers[0].rope.rotary_dim, rd);
+            }
+        }
+    }
+
     #[test]
     fn same_seed_same_case() {
         for s in 0..20 {
