@@ -390,6 +390,15 @@ pub fn summary(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> String
     s
 }
 
+/// The summary of a case (empty when its configs do not parse).
+pub fn case_summary(c: &Case) -> String {
+    let Ok(t) = LagunaConfig::from_value(c.target.clone()) else {
+        return String::new();
+    };
+    let d = c.draft.as_ref().and_then(|d| DraftConfig::from_value(d.clone()).ok());
+    summary(&t, d.as_ref(), c.nvfp4)
+}
+
 /// The features of a case (none when its configs do not parse).
 pub fn case_features(c: &Case) -> Vec<&'static str> {
     let Ok(t) = LagunaConfig::from_value(c.target.clone()) else {

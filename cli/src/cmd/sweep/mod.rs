@@ -49,6 +49,32 @@ impl CaseReport {
     }
 }
 
+/// The names of the checks, in the order a case runs them.
+pub const CHECKS: [&str; 6] = ["pass", "chunked", "batch", "greedy", "spec", "sched"];
+
+impl CaseReport {
+    /// Reads back what `json` wrote (a case run in a child process).
+    pub fn from_json(v: &serde_json::Value) -> Option<CaseReport> {
+        let checks = v["checks"]
+            .as_object()?
+            .iter()
+            .map(|(k, c)| Check {
+                name: CHECKS.iter().find(|n| **n == k.as_str()).copied().unwrap_or("other"),
+                ok: c["ok"].as_bool().unwrap_or(false),
+                err: c["rel_err"].as_f64().unwrap_or(f64::NAN),
+                detail: c["detail"].as_str().unwrap_or("").to_string(),
+            })
+            .collect();
+        Some(CaseReport {
+            seed: v["seed"].as_u64()?,
+            summary: v["config"].as_str().unwrap_or("").to_string(),
+            opts: v["opts"].as_str().unwrap_or("").to_string(),
+            checks,
+            error: v["error"].as_str().map(str::to_string),
+        })
+    }
+}
+
 /// Sweep-wide settings.
 #[derive(Debug, Clone)]
 pub struct SweepSettings {
