@@ -154,6 +154,7 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
         .map(|r| serde_json::json!({"prompt_ids": r.prompt, "cpu_greedy_ids": r.cont}))
         .collect();
     std::fs::write(dir.join("prompts.json"), serde_json::to_vec_pretty(&pj)?)?;
+    write_reference(&tdir, &refs[refs.len() - 1])?;
     // (b), (c), (d) on one device model.
     let mut dev = backend::load(s.device, &tdir, None, &o)?.model;
     let mut measured = vec![];
@@ -193,6 +194,31 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
         let draft = k.map(|k| (ddir.clone(), k));
         checks::sched_check(s.device, &tdir, draft, &o, batched, &refs, &measured)
     }));
+    Ok(())
+}
+
+/// `reference.safetensors` of the fixture format (`prompt_ids`, `greedy_ids`, I64) for the
+/// longest prompt, so that a kept case runs under `laguna device-test --fixtures DIR/target`.
+/// The greedy ids are the CPU engine's (metadata `source`); a committed fixture takes its
+/// reference from transformers (tests/fixtures/make_fixtures.py).
+fn write_reference(tdir: &Path, r: &Reference) -> Result<()> {
+    let bytes = |ids: &[u32]| -> Vec<u8> {
+        ids.iter().flat_map(|&t| (t as i64).to_le_bytes()).collect()
+    };
+    let (p, g) = (bytes(&r.prompt), bytes(&r.cont));
+    let views = vec![
+        (
+            "greedy_ids",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![r.cont.len()], &g)?,
+        ),
+        (
+            "prompt_ids",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![r.prompt.len()], &p)?,
+        ),
+    ];
+    let meta = [("source".to_string(), "laguna CPU engine greedy (device-test --random-configs)".to_string())];
+    let out = safetensors::tensor::serialize(views, Some(meta.into_iter().collect()))?;
+    std::fs::write(tdir.join("reference.safetensors"), out)?;
     Ok(())
 }
 

@@ -95,6 +95,12 @@ fn cpu_harness_end_to_end() {
         want.push("sched");
         assert_eq!(names, want, "seed {seed}");
         assert!(dir.join("prompts.json").exists() && dir.join("report.json").exists());
+        // The kept case reads like a fixture: the longest prompt and the CPU's greedy tokens.
+        let reff = dir.join("target/reference.safetensors");
+        let p = crate::cmd::device_test::read_ids(&reff, "prompt_ids").unwrap();
+        let g = crate::cmd::device_test::read_ids(&reff, "greedy_ids").unwrap();
+        assert_eq!(g.len(), 4);
+        assert!(!p.is_empty() && p.len() <= 40);
         let _ = std::fs::remove_dir_all(&dir);
     }
     assert!(with_draft >= 1);
