@@ -99,7 +99,10 @@ fn run_child(a: &SweepArgs, tol: f64, seed: u64, root: &Path) -> CaseReport {
             Err(e) => return failed(format!("waiting for the child process: {e}")),
         }
     };
-    let (out, err) = (out.join().unwrap_or_default(), err.join().unwrap_or_default());
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
     let report = out
         .lines()
         .last()
@@ -107,10 +110,22 @@ fn run_child(a: &SweepArgs, tol: f64, seed: u64, root: &Path) -> CaseReport {
         .and_then(|v| CaseReport::from_json(&v["cases"][0]));
     match (status, report) {
         (Some(_), Some(r)) => r,
-        (None, _) => failed(format!("killed after {} s (--case-timeout)", a.case_timeout)),
+        (None, _) => failed(format!(
+            "killed after {} s (--case-timeout)",
+            a.case_timeout
+        )),
         (Some(s), None) => {
-            let tail: String = err.chars().rev().take(600).collect::<Vec<_>>().into_iter().rev().collect();
-            failed(format!("the case's process ended ({s}) without a report: {tail}"))
+            let tail: String = err
+                .chars()
+                .rev()
+                .take(600)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            failed(format!(
+                "the case's process ended ({s}) without a report: {tail}"
+            ))
         }
     }
 }
@@ -180,10 +195,9 @@ pub fn run(a: &SweepArgs, tol: f64, json: bool) -> Result<()> {
         },
         quick: a.quick,
     };
-    let root = a
-        .work_dir
-        .clone()
-        .unwrap_or_else(|| std::env::temp_dir().join(format!("laguna-sweep-{}", std::process::id())));
+    let root = a.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("laguna-sweep-{}", std::process::id()))
+    });
     let mut reports = vec![];
     let mut coverage: std::collections::BTreeMap<&str, usize> = Default::default();
     for seed in a.seed..a.seed + n {
