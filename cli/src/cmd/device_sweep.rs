@@ -33,6 +33,101 @@ pub struct SweepArgs {
     /// Only the logits, batch and greedy checks (no DFlash, no scheduler).
     #[arg(long)]
     pub quick: bool,
+    /// Run every case in this process instead of a child process each (a child keeps a kernel
+    /// trap, a sticky CUDA error or a crash to its own case).
+    #[arg(long)]
+    pub in_process: bool,
+    /// A case taking longer than this many seconds (in its child process) is killed and failed.
+    #[arg(long, default_value_t = 900)]
+    pub case_timeout: u64,
+    /// Folder for the cases' files (a child process is handed its parent's).
+    #[arg(long, hide = true)]
+    pub work_dir: Option<PathBuf>,
+}
+
+/// Runs case `seed` in a child `laguna device-test` process; its JSON line is the report, and a
+/// crash, a timeout or no report is a failure of that case.
+fn run_child(a: &SweepArgs, tol: f64, seed: u64, root: &Path) -> CaseReport {
+    use std::io::Read;
+    let failed = |e: String| CaseReport {
+        seed,
+        summary: String::new(),
+        opts: String::new(),
+        checks: vec![],
+        error: Some(e),
+    };
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return failed(format!("no path to this executable: {e}")),
+    };
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("device-test")
+        .args(["--random-configs", "1", "--seed", &seed.to_string()])
+        .args(["--device", &a.device, "--tol", &tol.to_string()])
+        .args(["--max-prompt", &a.max_prompt.to_string()])
+        .args(["--gen-tokens", &a.gen_tokens.to_string()])
+        .args(["--json", "--in-process", "--work-dir"])
+        .arg(root)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    if a.quick {
+        cmd.arg("--quick");
+    }
+    let mut child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => return failed(format!("could not start a child process: {e}")),
+    };
+    let pipe = |mut p: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = vec![];
+            let _ = p.read_to_end(&mut b);
+            String::from_utf8_lossy(&b).to_string()
+        })
+    };
+    let out = pipe(Box::new(child.stdout.take().unwrap()));
+    let err = pipe(Box::new(child.stderr.take().unwrap()));
+    let t0 = std::time::Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(s)) => break Some(s),
+            Ok(None) if t0.elapsed().as_secs() >= a.case_timeout => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(std::time::Duration::from_millis(50)),
+            Err(e) => return failed(format!("waiting for the child process: {e}")),
+        }
+    };
+    let (out, err) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    let report = out
+        .lines()
+        .last()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .and_then(|v| CaseReport::from_json(&v["cases"][0]));
+    match (status, report) {
+        (Some(_), Some(r)) => r,
+        (None, _) => failed(format!(
+            "killed after {} s (--case-timeout)",
+            a.case_timeout
+        )),
+        (Some(s), None) => {
+            let tail: String = err
+                .chars()
+                .rev()
+                .take(600)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect();
+            failed(format!(
+                "the case's process ended ({s}) without a report: {tail}"
+            ))
+        }
+    }
 }
 
 fn cell(r: &CaseReport, name: &str) -> &'static str {
@@ -100,7 +195,9 @@ pub fn run(a: &SweepArgs, tol: f64, json: bool) -> Result<()> {
         },
         quick: a.quick,
     };
-    let root = std::env::temp_dir().join(format!("laguna-sweep-{}", std::process::id()));
+    let root = a.work_dir.clone().unwrap_or_else(|| {
+        std::env::temp_dir().join(format!("laguna-sweep-{}", std::process::id()))
+    });
     let mut reports = vec![];
     let mut coverage: std::collections::BTreeMap<&str, usize> = Default::default();
     for seed in a.seed..a.seed + n {
@@ -111,7 +208,14 @@ pub fn run(a: &SweepArgs, tol: f64, json: bool) -> Result<()> {
         for f in config_gen::case_features(&case) {
             *coverage.entry(f).or_default() += 1;
         }
-        let r = run_case(&case, &settings, &dir);
+        let mut r = if a.in_process {
+            run_case(&case, &settings, &dir)
+        } else {
+            run_child(a, tol, seed, &root)
+        };
+        if r.summary.is_empty() {
+            r.summary = config_gen::case_summary(&case);
+        }
         println!("{}", line(&r));
         if !r.ok() {
             if let Some(keep) = &a.keep_failures {
@@ -122,10 +226,14 @@ pub fn run(a: &SweepArgs, tol: f64, json: bool) -> Result<()> {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(&dir);
+        if a.work_dir.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         reports.push(r);
     }
-    let _ = std::fs::remove_dir_all(&root);
+    if a.work_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&root);
+    }
     let cov: Vec<String> = coverage.iter().map(|(f, c)| format!("{f} {c}")).collect();
     println!("features (cases): {}", cov.join(", "));
     let failed: Vec<u64> = reports.iter().filter(|r| !r.ok()).map(|r| r.seed).collect();

@@ -228,7 +228,8 @@ pub fn spec_identity(
 ) -> Result<(bool, String)> {
     match dev {
         Device::Cuda => {
-            let r = crate::cmd::device_dflash::check_pair(ddir, tdir, prompt, k, gen, o.cuda(), false)?;
+            let r =
+                crate::cmd::device_dflash::check_pair(ddir, tdir, prompt, k, gen, o.cuda(), false)?;
             Ok((
                 r.ok,
                 format!(
@@ -248,7 +249,13 @@ pub fn spec_identity(
             let mut l = load(dev, tdir, Some((ddir, k)), o)?;
             let plain = generate(l.model.as_mut(), &req, false)?.completion;
             let mut d = l.dflash.take().unwrap().draft;
-            let (spec, st) = generate_spec(l.model.as_mut(), d.as_mut() as &mut dyn DraftModel, &req, k, false)?;
+            let (spec, st) = generate_spec(
+                l.model.as_mut(),
+                d.as_mut() as &mut dyn DraftModel,
+                &req,
+                k,
+                false,
+            )?;
             Ok((
                 spec.completion == plain,
                 format!(

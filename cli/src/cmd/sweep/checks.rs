@@ -58,7 +58,11 @@ pub struct Check {
 /// Prompt lengths from 1 token to past several sliding windows (capped), random tokens.
 pub fn prompts(r: &mut Rand, vocab: usize, window: usize, lim: &Limits) -> Vec<Vec<u32>> {
     let cap = lim.max_prompt.max(2);
-    let short = if r.chance(0.4) { 1 } else { r.range(2, 16.min(cap)) };
+    let short = if r.chance(0.4) {
+        1
+    } else {
+        r.range(2, 16.min(cap))
+    };
     let mid = r.range(2, window.max(32).min(cap));
     let lo = (window + 1).min(cap);
     let long = r.range(lo, (3 * window + window / 2 + 1).min(cap).max(lo));
@@ -68,7 +72,13 @@ pub fn prompts(r: &mut Rand, vocab: usize, window: usize, lim: &Limits) -> Vec<V
         .collect()
 }
 
-fn fwd(m: &mut dyn Model, seq: SeqId, tokens: &[u32], start: usize, l: LogitRows) -> Result<Vec<f32>> {
+fn fwd(
+    m: &mut dyn Model,
+    seq: SeqId,
+    tokens: &[u32],
+    start: usize,
+    l: LogitRows,
+) -> Result<Vec<f32>> {
     Ok(m.forward(&[StepInput {
         seq,
         tokens,
@@ -122,7 +132,9 @@ pub fn logits_checks(
     let s = dev.new_seq()?;
     let (mut b, mut pos, mut chunks) = (vec![], 0, vec![]);
     while pos < r.prompt.len() {
-        let n = rng.range(1, (r.prompt.len() / 2).max(1)).min(r.prompt.len() - pos);
+        let n = rng
+            .range(1, (r.prompt.len() / 2).max(1))
+            .min(r.prompt.len() - pos);
         b.extend(fwd(dev, s, &r.prompt[pos..pos + n], pos, LogitRows::All)?);
         chunks.push(n);
         pos += n;
@@ -185,7 +197,11 @@ pub fn batch_check(
     dev.free_seq(s1);
     dev.free_seq(s2);
     let rings = dev.config().sliding_window.is_some()
-        && dev.config().layers.iter().any(|l| l.attn == AttnKind::Sliding);
+        && dev
+            .config()
+            .layers
+            .iter()
+            .any(|l| l.attn == AttnKind::Sliding);
     let bitwise = backend::bitwise_expected(devk, o, rings, &[(&[p], 0), (&[q, p], 1)]);
     let same = outs[1].logits == solo;
     let (em, _) = rel_err(&outs[1].logits, &main.logits[..p * v], v);
@@ -206,7 +222,11 @@ pub fn batch_check(
 /// Whether greedy `tokens` follow the reference: equal up to the first difference, which is
 /// allowed only where the CPU's top-2 gap is within twice the measured error. Returns
 /// (tokens compared equal, the first difference as (step, gap), ok).
-pub fn greedy_verdict(tokens: &[u32], r: &Reference, measured: f64) -> (usize, Option<(usize, f64)>, bool) {
+pub fn greedy_verdict(
+    tokens: &[u32],
+    r: &Reference,
+    measured: f64,
+) -> (usize, Option<(usize, f64)>, bool) {
     for (i, (&t, &c)) in tokens.iter().zip(&r.cont).enumerate() {
         if t != c {
             let gap = top2_gap(r.pick_row(i));
@@ -328,8 +348,13 @@ pub fn sched_check(
     let (dir, opts) = (tdir.to_path_buf(), o.clone());
     let k = draft.as_ref().map(|d| d.1);
     let loader: laguna_engine::sched::ModelLoader = Box::new(move || {
-        backend::load(devk, &dir, draft.as_ref().map(|(d, k)| (d.as_path(), *k)), &opts)
-            .map_err(|e| laguna_engine::EngineError::Other(format!("{e:#}")))
+        backend::load(
+            devk,
+            &dir,
+            draft.as_ref().map(|(d, k)| (d.as_path(), *k)),
+            &opts,
+        )
+        .map_err(|e| laguna_engine::EngineError::Other(format!("{e:#}")))
     });
     let sc = SchedConfig {
         max_num_seqs: o.max_seqs,
@@ -341,7 +366,10 @@ pub fn sched_check(
     let s = Scheduler::start_loading(sc.clone(), loader, None)?;
     let t0 = std::time::Instant::now();
     while s.health() == Health::Loading {
-        anyhow::ensure!(t0.elapsed().as_secs() < 600, "the scheduler's model did not load in 600 s");
+        anyhow::ensure!(
+            t0.elapsed().as_secs() < 600,
+            "the scheduler's model did not load in 600 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(2));
     }
     if let Health::Failed(e) = s.health() {

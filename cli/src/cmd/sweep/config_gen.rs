@@ -122,10 +122,16 @@ fn rope(r: &mut Rand, head_dim: usize, yarn_p: f64, partial_p: f64) -> Value {
             "original_max_position_embeddings".into(),
             json!(r.pick(&[8, 16, 32, 64, 128])),
         );
-        m.insert("beta_fast".into(), json!(r.pick(&[1.0, 2.0, 4.0, 32.0, 64.0])));
+        m.insert(
+            "beta_fast".into(),
+            json!(r.pick(&[1.0, 2.0, 4.0, 32.0, 64.0])),
+        );
         m.insert("beta_slow".into(), json!(r.pick(&[0.1, 0.25, 1.0])));
         if r.chance(0.5) {
-            m.insert("attention_factor".into(), json!(r.pick(&[1.0, 1.25, 1.3465735902799727])));
+            m.insert(
+                "attention_factor".into(),
+                json!(r.pick(&[1.0, 1.25, 1.3465735902799727])),
+            );
         }
         if r.chance(0.2) {
             m.insert("truncate".into(), json!(false));
@@ -194,7 +200,11 @@ pub fn target_config(r: &mut Rand, nvfp4: bool) -> Value {
     let (hidden, moe, shared) = if nvfp4 {
         (r.by16(32, 256), r.by16(16, 128), r.by16(16, 128))
     } else {
-        (r.odd_width(18, 200), r.odd_width(8, 128), r.odd_width(8, 128))
+        (
+            r.odd_width(18, 200),
+            r.odd_width(8, 128),
+            r.odd_width(8, 128),
+        )
     };
     let experts = match r.range(0, 9) {
         0..=3 => r.range(4, 16),
@@ -207,7 +217,12 @@ pub fn target_config(r: &mut Rand, nvfp4: bool) -> Value {
         7..=12 => r.range(17, 128),
         _ => r.range(129, 600),
     };
-    let gating = r.pick(&[json!(false), json!(true), json!("per-head"), json!("per-element")]);
+    let gating = r.pick(&[
+        json!(false),
+        json!(true),
+        json!("per-head"),
+        json!("per-element"),
+    ]);
     let full_rope = rope(r, head_dim, 0.6, 0.6);
     let sliding_rope = rope(r, head_dim, 0.15, 0.3);
     let vocab = r.range(64, 512);
@@ -253,7 +268,10 @@ pub fn target_config(r: &mut Rand, nvfp4: bool) -> Value {
         m.insert("decoder_sparse_step".into(), json!(1));
     }
     if nvfp4 {
-        m.insert("quantization_config".into(), quantization_config(&dense_layers));
+        m.insert(
+            "quantization_config".into(),
+            quantization_config(&dense_layers),
+        );
     }
     c
 }
@@ -390,12 +408,27 @@ pub fn summary(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> String
     s
 }
 
+/// The summary of a case (empty when its configs do not parse).
+pub fn case_summary(c: &Case) -> String {
+    let Ok(t) = LagunaConfig::from_value(c.target.clone()) else {
+        return String::new();
+    };
+    let d = c
+        .draft
+        .as_ref()
+        .and_then(|d| DraftConfig::from_value(d.clone()).ok());
+    summary(&t, d.as_ref(), c.nvfp4)
+}
+
 /// The features of a case (none when its configs do not parse).
 pub fn case_features(c: &Case) -> Vec<&'static str> {
     let Ok(t) = LagunaConfig::from_value(c.target.clone()) else {
         return vec![];
     };
-    let d = c.draft.as_ref().and_then(|d| DraftConfig::from_value(d.clone()).ok());
+    let d = c
+        .draft
+        .as_ref()
+        .and_then(|d| DraftConfig::from_value(d.clone()).ok());
     features(&t, d.as_ref(), c.nvfp4)
 }
 
@@ -418,7 +451,12 @@ pub fn features(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> Vec<&
     add(full == n, "all full");
     add(dense > 0 && dense < n, "mixed dense/sparse");
     add(dense == 0, "all sparse");
-    add(t.layers.iter().any(|l| l.num_heads != t.layers[0].num_heads), "per-layer heads");
+    add(
+        t.layers
+            .iter()
+            .any(|l| l.num_heads != t.layers[0].num_heads),
+        "per-layer heads",
+    );
     add(t.num_kv_heads == 1, "kv heads 1");
     add(t.num_kv_heads == 8, "kv heads 8");
     add(t.head_dim <= 24, "head_dim <= 24");
@@ -427,8 +465,14 @@ pub fn features(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> Vec<&
     let bf16_odd = !nvfp4 && t.hidden_size % 16 != 0;
     add(bf16_odd, "bf16 hidden not 16k");
     add(!nvfp4 && t.hidden_size % 4 == 2, "bf16 hidden 2 mod 4");
-    add(!nvfp4 && t.moe_intermediate_size % 16 != 0, "bf16 moe width not 16k");
-    add(!nvfp4 && t.shared_expert_intermediate_size % 16 != 0, "bf16 shared width not 16k");
+    add(
+        !nvfp4 && t.moe_intermediate_size % 16 != 0,
+        "bf16 moe width not 16k",
+    );
+    add(
+        !nvfp4 && t.shared_expert_intermediate_size % 16 != 0,
+        "bf16 shared width not 16k",
+    );
     add(t.intermediate_size % 16 != 0, "dense width not 16k");
     let w = t.sliding_window.filter(|_| sliding);
     add(w.is_some_and(|w| w <= 4), "window <= 4");
@@ -442,10 +486,15 @@ pub fn features(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> Vec<&
     add(yarn(AttnKind::Full), "yarn full");
     add(yarn(AttnKind::Sliding), "yarn sliding");
     add(
-        t.layers.iter().any(|l| l.rope.scaling == RopeScaling::Default),
+        t.layers
+            .iter()
+            .any(|l| l.rope.scaling == RopeScaling::Default),
         "default rope",
     );
-    add(t.layers.iter().any(|l| l.rope.rotary_dim < t.head_dim), "partial rotary");
+    add(
+        t.layers.iter().any(|l| l.rope.rotary_dim < t.head_dim),
+        "partial rotary",
+    );
     add(t.gating == Gating::None, "gating none");
     add(t.gating == Gating::PerHead, "gating per-head");
     add(t.gating == Gating::PerElement, "gating per-element");
@@ -495,6 +544,28 @@ mod tests {
         }
     }
 
+    /// Rotary factors as Python writes them (the exact ratio, shortest repr) give the rotary
+    /// dim transformers computes: config.json floats must parse exactly (serde_json's
+    /// `float_roundtrip`; without it 64 / 68 = 0.9411764705882353 read back as rotary dim 63).
+    #[test]
+    fn python_rotary_factors_parse_exactly() {
+        for hd in (8..=128usize).step_by(2) {
+            for rd in (2..=hd).step_by(2) {
+                let p = rd as f64 / hd as f64;
+                if (hd as f64 * p) as usize != rd {
+                    continue; // int() in Python gives the same: not a valid pair there either
+                }
+                let text = format!(
+                    r#"{{"model_type":"laguna","num_hidden_layers":1,"head_dim":{hd},"num_attention_heads":8,"num_key_value_heads":8,"rope_parameters":{{"rope_type":"default","rope_theta":10000.0,"partial_rotary_factor":{}}}}}"#,
+                    serde_json::to_string(&p).unwrap()
+                );
+                let c = LagunaConfig::from_json_str(&text)
+                    .unwrap_or_else(|e| panic!("head_dim {hd} rotary {rd}: {e}"));
+                assert_eq!(c.layers[0].rope.rotary_dim, rd);
+            }
+        }
+    }
+
     #[test]
     fn same_seed_same_case() {
         for s in 0..20 {
@@ -525,7 +596,11 @@ mod tests {
                 assert!((2..=600).contains(&w));
             }
             if c.nvfp4 {
-                for w in [t.hidden_size, t.moe_intermediate_size, t.shared_expert_intermediate_size] {
+                for w in [
+                    t.hidden_size,
+                    t.moe_intermediate_size,
+                    t.shared_expert_intermediate_size,
+                ] {
                     assert_eq!(w % 16, 0, "seed {seed}: NVFP4 width {w}");
                 }
             }
@@ -544,23 +619,66 @@ mod tests {
             assert!(!summary(&t, d.as_ref(), c.nvfp4).is_empty());
         }
         let want = [
-            "layers=1", "layers=6", "mixed full/sliding", "all sliding", "all full",
-            "mixed dense/sparse", "all sparse", "per-layer heads", "kv heads 1", "kv heads 8",
-            "head_dim <= 24", "head_dim >= 112", "head_dim not 16k", "bf16 hidden not 16k",
-            "bf16 hidden 2 mod 4", "bf16 moe width not 16k", "bf16 shared width not 16k",
-            "dense width not 16k", "window <= 4", "window >= 300", "window not 2^n", "yarn full",
-            "yarn sliding", "default rope", "partial rotary", "gating none", "gating per-head",
-            "gating per-element", "sinks", "router softcap", "experts <= 8", "experts >= 128",
-            "top-k 1", "top-k 8", "routed scale", "no top-k renorm", "tied head", "untied head",
-            "nvfp4 experts", "bf16 experts", "vocab < 128", "vocab > 384", "draft",
-            "draft causal", "draft non-causal", "draft window", "draft block 2",
-            "draft block 16", "draft taps > 1", "draft per-element gating", "draft sinks",
+            "layers=1",
+            "layers=6",
+            "mixed full/sliding",
+            "all sliding",
+            "all full",
+            "mixed dense/sparse",
+            "all sparse",
+            "per-layer heads",
+            "kv heads 1",
+            "kv heads 8",
+            "head_dim <= 24",
+            "head_dim >= 112",
+            "head_dim not 16k",
+            "bf16 hidden not 16k",
+            "bf16 hidden 2 mod 4",
+            "bf16 moe width not 16k",
+            "bf16 shared width not 16k",
+            "dense width not 16k",
+            "window <= 4",
+            "window >= 300",
+            "window not 2^n",
+            "yarn full",
+            "yarn sliding",
+            "default rope",
+            "partial rotary",
+            "gating none",
+            "gating per-head",
+            "gating per-element",
+            "sinks",
+            "router softcap",
+            "experts <= 8",
+            "experts >= 128",
+            "top-k 1",
+            "top-k 8",
+            "routed scale",
+            "no top-k renorm",
+            "tied head",
+            "untied head",
+            "nvfp4 experts",
+            "bf16 experts",
+            "vocab < 128",
+            "vocab > 384",
+            "draft",
+            "draft causal",
+            "draft non-causal",
+            "draft window",
+            "draft block 2",
+            "draft block 16",
+            "draft taps > 1",
+            "draft per-element gating",
+            "draft sinks",
         ];
         let thin: Vec<_> = want
             .iter()
             .filter(|f| counts.get(*f).copied().unwrap_or(0) < 5)
             .map(|f| (f, counts.get(f).copied().unwrap_or(0)))
             .collect();
-        assert!(thin.is_empty(), "features seen fewer than 5 times in {n} seeds: {thin:?}");
+        assert!(
+            thin.is_empty(),
+            "features seen fewer than 5 times in {n} seeds: {thin:?}"
+        );
     }
 }

@@ -49,6 +49,36 @@ impl CaseReport {
     }
 }
 
+/// The names of the checks, in the order a case runs them.
+pub const CHECKS: [&str; 6] = ["pass", "chunked", "batch", "greedy", "spec", "sched"];
+
+impl CaseReport {
+    /// Reads back what `json` wrote (a case run in a child process).
+    pub fn from_json(v: &serde_json::Value) -> Option<CaseReport> {
+        let checks = v["checks"]
+            .as_object()?
+            .iter()
+            .map(|(k, c)| Check {
+                name: CHECKS
+                    .iter()
+                    .find(|n| **n == k.as_str())
+                    .copied()
+                    .unwrap_or("other"),
+                ok: c["ok"].as_bool().unwrap_or(false),
+                err: c["rel_err"].as_f64().unwrap_or(f64::NAN),
+                detail: c["detail"].as_str().unwrap_or("").to_string(),
+            })
+            .collect();
+        Some(CaseReport {
+            seed: v["seed"].as_u64()?,
+            summary: v["config"].as_str().unwrap_or("").to_string(),
+            opts: v["opts"].as_str().unwrap_or("").to_string(),
+            checks,
+            error: v["error"].as_str().map(str::to_string),
+        })
+    }
+}
+
 /// Sweep-wide settings.
 #[derive(Debug, Clone)]
 pub struct SweepSettings {
@@ -69,7 +99,9 @@ pub fn run_case(c: &Case, s: &SweepSettings, dir: &Path) -> CaseReport {
         checks: vec![],
         error: None,
     };
-    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| case_checks(c, s, dir, &mut rep)));
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        case_checks(c, s, dir, &mut rep)
+    }));
     match r {
         Ok(Ok(())) => {}
         Ok(Err(e)) => rep.error = Some(format!("{e:#}")),
@@ -114,7 +146,10 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
     } else {
         64
     };
-    let window = d.as_ref().and_then(|d| d.window).map_or(window, |w| w.min(window));
+    let window = d
+        .as_ref()
+        .and_then(|d| d.window)
+        .map_or(window, |w| w.min(window));
     let prompts = checks::prompts(&mut r, t.vocab_size, window, &s.limits);
     // (a) the CPU reference.
     let mut cpu = backend::load_reference(&tdir)?;
@@ -128,6 +163,7 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
         .map(|r| serde_json::json!({"prompt_ids": r.prompt, "cpu_greedy_ids": r.cont}))
         .collect();
     std::fs::write(dir.join("prompts.json"), serde_json::to_vec_pretty(&pj)?)?;
+    write_reference(&tdir, &refs[refs.len() - 1])?;
     // (b), (c), (d) on one device model.
     let mut dev = backend::load(s.device, &tdir, None, &o)?.model;
     let mut measured = vec![];
@@ -144,12 +180,21 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
         let mut batch = vec![];
         for i in 0..refs.len() {
             let other = &refs[(i + 1) % refs.len()];
-            batch.push(checks::batch_check(dev.as_mut(), s.device, &o, &refs[i], other, s.tol)?);
+            batch.push(checks::batch_check(
+                dev.as_mut(),
+                s.device,
+                &o,
+                &refs[i],
+                other,
+                s.tol,
+            )?);
         }
         Ok(merge("batch", batch))
     });
     rep.checks.push(batch);
-    rep.checks.push(attempt("greedy", || checks::greedy_check(dev.as_mut(), &refs, &measured)));
+    rep.checks.push(attempt("greedy", || {
+        checks::greedy_check(dev.as_mut(), &refs, &measured)
+    }));
     drop(dev);
     if s.quick {
         return Ok(());
@@ -158,7 +203,15 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
     let mut k = None;
     if let Some(d) = &d {
         rep.checks.push(attempt("spec", || {
-            checks::spec_check(s.device, &tdir, &ddir, d.block_size, &refs, s.limits.gen, &o)
+            checks::spec_check(
+                s.device,
+                &tdir,
+                &ddir,
+                d.block_size,
+                &refs,
+                s.limits.gen,
+                &o,
+            )
         }));
         k = Some(r.range(1, d.block_size - 1));
     }
@@ -167,6 +220,37 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
         let draft = k.map(|k| (ddir.clone(), k));
         checks::sched_check(s.device, &tdir, draft, &o, batched, &refs, &measured)
     }));
+    Ok(())
+}
+
+/// `reference.safetensors` of the fixture format (`prompt_ids`, `greedy_ids`, I64) for the
+/// longest prompt, so that a kept case runs under `laguna device-test --fixtures DIR/target`.
+/// The greedy ids are the CPU engine's (metadata `source`); a committed fixture takes its
+/// reference from transformers (tests/fixtures/make_fixtures.py).
+fn write_reference(tdir: &Path, r: &Reference) -> Result<()> {
+    let bytes =
+        |ids: &[u32]| -> Vec<u8> { ids.iter().flat_map(|&t| (t as i64).to_le_bytes()).collect() };
+    let (p, g) = (bytes(&r.prompt), bytes(&r.cont));
+    let views = vec![
+        (
+            "greedy_ids",
+            safetensors::tensor::TensorView::new(safetensors::Dtype::I64, vec![r.cont.len()], &g)?,
+        ),
+        (
+            "prompt_ids",
+            safetensors::tensor::TensorView::new(
+                safetensors::Dtype::I64,
+                vec![r.prompt.len()],
+                &p,
+            )?,
+        ),
+    ];
+    let meta = [(
+        "source".to_string(),
+        "laguna CPU engine greedy (device-test --random-configs)".to_string(),
+    )];
+    let out = safetensors::tensor::serialize(views, Some(meta.into_iter().collect()))?;
+    std::fs::write(tdir.join("reference.safetensors"), out)?;
     Ok(())
 }
 

@@ -49,8 +49,13 @@ fn synthesized_cases_run_on_the_cpu() {
             dd
         });
         let o = DeviceOpts::random(&mut config_gen::Rand::new(seed), Some(16));
-        let mut l = backend::load(Device::Cpu, &dir.join("t"), draft.as_deref().map(|d| (d, 1)), &o)
-            .unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
+        let mut l = backend::load(
+            Device::Cpu,
+            &dir.join("t"),
+            draft.as_deref().map(|d| (d, 1)),
+            &o,
+        )
+        .unwrap_or_else(|e| panic!("seed {seed}: {e:#}"));
         nvfp4 += c.nvfp4 as usize;
         drafts += l.dflash.is_some() as usize;
         let v = l.model.config().vocab_size;
@@ -72,7 +77,10 @@ fn synthesized_cases_run_on_the_cpu() {
         assert!(mx > 1e-3 && mx < 1e4, "seed {seed}: max |logit| {mx}");
         let _ = std::fs::remove_dir_all(&dir);
     }
-    assert!(nvfp4 >= 2 && drafts >= 2, "sample too narrow: {nvfp4} nvfp4, {drafts} drafts");
+    assert!(
+        nvfp4 >= 2 && drafts >= 2,
+        "sample too narrow: {nvfp4} nvfp4, {drafts} drafts"
+    );
 }
 
 /// The whole sweep on a few cases with the CPU engine as the device: every check runs and
@@ -95,6 +103,12 @@ fn cpu_harness_end_to_end() {
         want.push("sched");
         assert_eq!(names, want, "seed {seed}");
         assert!(dir.join("prompts.json").exists() && dir.join("report.json").exists());
+        // The kept case reads like a fixture: the longest prompt and the CPU's greedy tokens.
+        let reff = dir.join("target/reference.safetensors");
+        let p = crate::cmd::device_test::read_ids(&reff, "prompt_ids").unwrap();
+        let g = crate::cmd::device_test::read_ids(&reff, "greedy_ids").unwrap();
+        assert_eq!(g.len(), 4);
+        assert!(!p.is_empty() && p.len() <= 40);
         let _ = std::fs::remove_dir_all(&dir);
     }
     assert!(with_draft >= 1);
@@ -110,7 +124,10 @@ fn broken_case_is_reported() {
     assert!(!r.ok());
     assert_eq!(r.seed, 3);
     assert!(
-        r.error.as_deref().unwrap_or("").contains("num_attention_heads_per_layer"),
+        r.error
+            .as_deref()
+            .unwrap_or("")
+            .contains("num_attention_heads_per_layer"),
         "{:?}",
         r.error
     );
@@ -181,7 +198,10 @@ fn logits_checks_measure_the_error() {
         let (a, b, abs) = checks::logits_checks(&mut dev, &r, &mut rng, 2e-2).unwrap();
         for ch in [&a, &b] {
             assert_eq!(!ch.ok, fails, "bump {bump}: {ch:?}");
-            assert!((ch.err - bump as f64).abs() < 0.2 * bump as f64, "bump {bump}: {ch:?}");
+            assert!(
+                (ch.err - bump as f64).abs() < 0.2 * bump as f64,
+                "bump {bump}: {ch:?}"
+            );
         }
         assert!(abs > 0.0);
     }
@@ -203,7 +223,11 @@ fn reference_of(rows: Vec<Vec<f32>>, prompt_len: usize, cont: Vec<u32>) -> check
 fn greedy_verdict_follows_the_gap_rule() {
     // Prompt of 1: rows 0, 1, 2 pick continuation tokens 0, 1, 2.
     let r = reference_of(
-        vec![vec![0.0, 1.0, 0.95], vec![2.0, 0.0, 0.0], vec![0.0, 0.0, 1.0]],
+        vec![
+            vec![0.0, 1.0, 0.95],
+            vec![2.0, 0.0, 0.0],
+            vec![0.0, 0.0, 1.0],
+        ],
         1,
         vec![1, 0, 2],
     );
@@ -248,5 +272,10 @@ fn bitwise_only_within_one_kernel_choice() {
     assert!(!cuda(&o(2048, 4), true, 5, 8));
     // 20 rows alone (streaming) vs 20 after 20 (one 40-row GEMM pass).
     assert!(!cuda(&o(2048, 0), false, 20, 20));
-    assert!(backend::bitwise_expected(Device::Cpu, &o(48, 0), true, &[(&[40], 0), (&[10, 40], 1)]));
+    assert!(backend::bitwise_expected(
+        Device::Cpu,
+        &o(48, 0),
+        true,
+        &[(&[40], 0), (&[10, 40], 1)]
+    ));
 }
