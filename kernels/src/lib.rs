@@ -181,28 +181,10 @@ pub fn full_source(m: &KernelModule) -> String {
     } else {
         ""
     };
-    let tcs = match tc_splits_override() {
-        // (tc_splits lives in common.cuh: the attention module's merges and gemm's linear_tc_bf16_tlndm)
-        Some(n) if m.name == "attention" || m.name == "gemm" => format!("#define TC_SPLITS {n}\n"),
-        _ => String::new(),
-    };
     format!(
-        "{stamp}{tcs}{}\n#line 1 \"{}.cu\"\n{}",
+        "{stamp}{}\n#line 1 \"{}.cu\"\n{}",
         COMMON, m.name, m.source
     )
-}
-
-/// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_decode_tc` gives a row
-/// (`TC_SPLITS` in common.cuh, 16) set to N in the attention and gemm modules (their own cubins, another
-/// cache key); the engine's `tc_grid` reads the same value (once a process: it runs every pass).
-pub fn tc_splits_override() -> Option<usize> {
-    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("LAGUNA_TC_SPLITS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| (1..=128).contains(&n))
-    })
 }
 
 /// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
