@@ -8,6 +8,8 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
+pub mod env;
+
 pub const COMMON: &str = include_str!("../cu/common.cuh");
 
 /// One compilation unit.
@@ -181,16 +183,13 @@ pub fn full_source(m: &KernelModule) -> String {
     } else {
         ""
     };
-    format!(
-        "{stamp}{}\n#line 1 \"{}.cu\"\n{}",
-        COMMON, m.name, m.source
-    )
+    format!("{stamp}{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
 }
 
-/// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
+/// `LAGUNA_STAMP` set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
 /// own cubins, another cache key), so kernels record a timeline (`laguna bench`). Diagnostic only.
 pub fn stamp_build() -> bool {
-    std::env::var("LAGUNA_STAMP").is_ok_and(|v| v != "0" && !v.is_empty())
+    env::knobs().stamp
 }
 
 pub fn nvrtc_available() -> bool {
@@ -240,12 +239,11 @@ pub fn arch_for_capability(major: i32, minor: i32) -> String {
     }
 }
 
-/// Cache root: `$XDG_CACHE_HOME/laguna/kernels`, else `$HOME/.cache/laguna/kernels`.
+/// Cache root: `LAGUNA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/laguna/kernels`, else
+/// `$HOME/.cache/laguna/kernels`.
 pub fn cache_root() -> PathBuf {
-    if let Ok(d) = std::env::var("LAGUNA_KERNEL_CACHE") {
-        if !d.is_empty() {
-            return PathBuf::from(d);
-        }
+    if let Some(d) = &env::knobs().kernel_cache {
+        return d.clone();
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|s| !s.is_empty())

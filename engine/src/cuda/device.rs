@@ -641,7 +641,7 @@ impl Dev {
             ))
         })?;
         self.prof_end(prof, name, ev)?;
-        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
+        if laguna_kernels::env::knobs().cuda_sync {
             self.stream
                 .synchronize()
                 .map_err(|e| DevError(format!("{name}: {e:?}")))?;
