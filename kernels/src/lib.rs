@@ -8,6 +8,8 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
+pub mod env;
+
 pub const COMMON: &str = include_str!("../cu/common.cuh");
 
 /// One compilation unit.
@@ -181,34 +183,13 @@ pub fn full_source(m: &KernelModule) -> String {
     } else {
         ""
     };
-    let tcs = match tc_splits_override() {
-        // (tc_splits lives in common.cuh: the attention module's merges and gemm's linear_tc_bf16_tlndm)
-        Some(n) if m.name == "attention" || m.name == "gemm" => format!("#define TC_SPLITS {n}\n"),
-        _ => String::new(),
-    };
-    format!(
-        "{stamp}{tcs}{}\n#line 1 \"{}.cu\"\n{}",
-        COMMON, m.name, m.source
-    )
+    format!("{stamp}{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
 }
 
-/// LAGUNA_TC_SPLITS=N (A/B runs only): the fewest key splits `attention_decode_tc` gives a row
-/// (`TC_SPLITS` in common.cuh, 16) set to N in the attention and gemm modules (their own cubins, another
-/// cache key); the engine's `tc_grid` reads the same value (once a process: it runs every pass).
-pub fn tc_splits_override() -> Option<usize> {
-    static N: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("LAGUNA_TC_SPLITS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| (1..=128).contains(&n))
-    })
-}
-
-/// LAGUNA_STAMP set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
+/// `LAGUNA_STAMP` set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
 /// own cubins, another cache key), so kernels record a timeline (`laguna bench`). Diagnostic only.
 pub fn stamp_build() -> bool {
-    std::env::var("LAGUNA_STAMP").is_ok_and(|v| v != "0" && !v.is_empty())
+    env::knobs().stamp
 }
 
 pub fn nvrtc_available() -> bool {
@@ -258,12 +239,11 @@ pub fn arch_for_capability(major: i32, minor: i32) -> String {
     }
 }
 
-/// Cache root: `$XDG_CACHE_HOME/laguna/kernels`, else `$HOME/.cache/laguna/kernels`.
+/// Cache root: `LAGUNA_KERNEL_CACHE`, else `$XDG_CACHE_HOME/laguna/kernels`, else
+/// `$HOME/.cache/laguna/kernels`.
 pub fn cache_root() -> PathBuf {
-    if let Ok(d) = std::env::var("LAGUNA_KERNEL_CACHE") {
-        if !d.is_empty() {
-            return PathBuf::from(d);
-        }
+    if let Some(d) = &env::knobs().kernel_cache {
+        return d.clone();
     }
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|s| !s.is_empty())

@@ -7,7 +7,7 @@ mod file;
 pub mod overrides;
 
 pub use args::{EngineArgs, RecipeArgs, ServerArgs, SourceArgs};
-pub use overrides::{Overrides, ENV_VARS};
+pub use overrides::Overrides;
 
 use std::fmt;
 use std::path::{Path, PathBuf};

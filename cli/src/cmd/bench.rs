@@ -113,9 +113,6 @@ pub fn run(a: Args) -> Result<()> {
         kv_fp8: a.kv_cache_dtype == "fp8",
         ..Default::default()
     };
-    if let Ok(v) = std::env::var("LAGUNA_SKIP_KERNELS") {
-        eprintln!("WARNING: LAGUNA_SKIP_KERNELS={v}: these kernels are not launched (timing analysis; every output is wrong)");
-    }
     let mut m = CudaModel::load(&a.model, opts)
         .with_context(|| format!("loading {}", a.model.display()))?;
     let cfg = m.config().clone();

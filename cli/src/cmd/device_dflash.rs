@@ -5,7 +5,7 @@
 //! 2. greedy output with the CUDA draft is token-identical to greedy output without it: on the
 //!    device-resident loop (`CudaSpec`, CUDA graphs), and through the backend-agnostic driver
 //!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`) both with its decode steps fused
-//!    into device steps and with every step generic (LAGUNA_NO_FUSED_SPEC);
+//!    into device steps and with every step generic (`CudaDraft::set_fused_steps(false)`);
 //! 3. acceptance statistics match the CPU engine (CPU target + CPU draft) on every step until the
 //!    first step where the two drafts propose different tokens.
 use anyhow::{Context, Result};
@@ -122,7 +122,7 @@ pub fn check_pair(
     let fast_same = fast.completion == plain;
     // 2b. The backend-agnostic driver (what the server runs) with the CUDA draft: its greedy
     // decode steps are fused into device steps (`DraftModel::fused_greedy_step`), and with
-    // LAGUNA_NO_FUSED_SPEC every step takes the generic path (taps and logits through the host).
+    // `set_fused_steps(false)` every step takes the generic path (taps and logits through the host).
     cu.set_taps_on_device(false)?;
     let (fused, fstats) = generate_spec(
         &mut cu as &mut dyn Model,
@@ -131,7 +131,7 @@ pub fn check_pair(
         k,
         true,
     )?;
-    std::env::set_var("LAGUNA_NO_FUSED_SPEC", "1");
+    dr.set_fused_steps(false);
     let generic = generate_spec(
         &mut cu as &mut dyn Model,
         &mut dr as &mut dyn DraftModel,
@@ -139,7 +139,7 @@ pub fn check_pair(
         k,
         true,
     );
-    std::env::remove_var("LAGUNA_NO_FUSED_SPEC");
+    dr.set_fused_steps(true);
     let (generic, gstats) = generic?;
     let generic_same = generic.completion == plain && fused.completion == plain;
     // 3. Acceptance vs the CPU engine.

@@ -859,8 +859,7 @@ fn attn_layer(
             )
             .map_err(e)
         };
-        // attention_decode_tc: the engine's grid of splits for it (LAGUNA_TC_NSPLIT,
-        // default 64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
+        // attention_decode_tc: the engine's grid of splits for it (64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
             use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
             split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false)
@@ -1178,11 +1177,9 @@ fn moe_layer(
     let tp = z(8 * 16 * reps)?;
     let smem = (4 * (h + kk * im)) as u32;
     let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    // LAGUNA_MOE_STAG: moe_decode_fused's gate/up issue stagger (ns a warp index), as the engine's.
-    let stag: i32 = std::env::var("LAGUNA_MOE_STAG")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
+    // moe_decode_fused's gate/up issue stagger (ns a warp index): off here (the engine derives
+    // its own from the memory bandwidth, `mk_stagger`).
+    let stag: i32 = 0;
     // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
     let rlog_mk = z(4 * e_n)?;
     d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;

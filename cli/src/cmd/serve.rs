@@ -2,7 +2,7 @@
 use anyhow::{bail, Context, Result};
 use laguna_stages::hub::{local_dir, HubEnv};
 use laguna_stages::plan::{plan_recipe, PlanOptions};
-use laguna_stages::recipe::{Device, RecipeArgs};
+use laguna_stages::recipe::{Device, Overrides, RecipeArgs};
 use laguna_stages::serve::{self, ServeOptions};
 
 #[derive(clap::Args)]
@@ -12,7 +12,7 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on /v1 routes (like vLLM's --api-key).
     #[arg(
         long,
-        env = "LAGUNA_API_KEY",
+        env = laguna_kernels::env::API_KEY,
         value_name = "KEY",
         hide_env_values = true
     )]
@@ -31,8 +31,9 @@ fn env(k: &str) -> Option<String> {
 
 pub fn run(a: Args) -> Result<()> {
     let r = &a.recipe;
+    let env_over = Overrides::from_process_env()?;
     let no_model =
-        r.recipe_path(&env).is_none() && r.source.model.is_none() && env("LAGUNA_MODEL").is_none();
+        r.recipe_path(&env).is_none() && r.source.model.is_none() && env_over.model.is_none();
     let opts = if no_model {
         // No recipe and no model: the embedded tiny test model, on CPU.
         if let Some(d) = &r.engine.device {
@@ -46,20 +47,8 @@ pub fn run(a: Args) -> Result<()> {
         let d = ServeOptions::default();
         ServeOptions {
             model: None,
-            host: r
-                .server
-                .host
-                .clone()
-                .or_else(|| env("LAGUNA_HOST"))
-                .unwrap_or(d.host),
-            port: match r.server.port {
-                Some(p) => p,
-                None => env("LAGUNA_PORT")
-                    .map(|p| p.parse())
-                    .transpose()
-                    .context("LAGUNA_PORT")?
-                    .unwrap_or(d.port),
-            },
+            host: r.server.host.clone().or(env_over.host).unwrap_or(d.host),
+            port: r.server.port.or(env_over.port).unwrap_or(d.port),
             served_model_name: r.server.served_model_name.clone().into_iter().collect(),
             max_model_len: r.engine.max_model_len,
             max_num_seqs: r.engine.max_num_seqs.unwrap_or(d.max_num_seqs),
@@ -89,7 +78,7 @@ pub fn run(a: Args) -> Result<()> {
         if let Some(d) = &draft {
             super::check_model_dir(d, "draft")?;
         }
-        let explicit_device = r.engine.device.is_some() || env("LAGUNA_DEVICE").is_some();
+        let explicit_device = r.engine.device.is_some() || env_over.device.is_some();
         let device = match recipe.device {
             Device::Cpu => "cpu".to_string(),
             Device::Cuda(_) if explicit_device => recipe.device.to_string(),

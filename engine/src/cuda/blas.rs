@@ -21,7 +21,7 @@ impl Blas {
     /// A handle on the device's stream, or None (with the reason) when libcublas is missing or
     /// does not start. `LAGUNA_NO_CUBLAS` turns it off.
     pub fn new(dev: &Dev) -> Result<Blas, String> {
-        if std::env::var_os("LAGUNA_NO_CUBLAS").is_some() {
+        if laguna_kernels::env::knobs().no_cublas {
             return Err("LAGUNA_NO_CUBLAS is set".into());
         }
         if !unsafe { cbsys::is_culib_present() } {

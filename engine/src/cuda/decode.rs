@@ -100,9 +100,9 @@ impl CudaModel {
         self.dev.sync().map_err(cerr)?;
         let recs = self.dev.stamps_take().map_err(cerr)?;
         // LAGUNA_STAMP_OUT=file: every record as CSV (grid, wait ns, end ns, SM, block, function).
-        if let Some(p) = std::env::var_os("LAGUNA_STAMP_OUT") {
-            if let Err(e) = std::fs::write(&p, super::stamp::csv(&recs)) {
-                tracing::warn!("LAGUNA_STAMP_OUT {}: {e}", p.to_string_lossy());
+        if let Some(p) = &laguna_kernels::env::knobs().stamp_out {
+            if let Err(e) = std::fs::write(p, super::stamp::csv(&recs)) {
+                tracing::warn!("LAGUNA_STAMP_OUT {}: {e}", p.display());
             }
         }
         let ls = super::stamp::launches(&recs);

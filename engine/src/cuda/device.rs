@@ -151,10 +151,9 @@ pub struct Dev {
     pub ctx: Arc<CudaContext>,
     pub stream: Arc<CudaStream>,
     /// Kernels by entry name, each with whether it is launched with programmatic dependent launch
-    /// (sm_90+, unless LAGUNA_NO_PDL is set; LAGUNA_PDL_SKIP, a comma list, names kernels launched
-    /// without it, by default the split-KV decode attention, which ran slower with PDL at 131K
-    /// context, but for `attention_decode_tc_qk` and `attention_decode_gqa_qk`, which load the
-    /// cache before their wait).
+    /// (sm_90+, but for the kernels in `NO_PDL`: the split-KV decode attention, which ran slower
+    /// with PDL at 131K context, except `attention_decode_tc_qk` and `attention_decode_gqa_qk`,
+    /// which load the cache before their wait).
     funcs: HashMap<&'static str, (CudaFunction, bool)>,
     /// SPREAD kernels: the dynamic shared memory that makes an SM hold one of their blocks.
     pads: HashMap<&'static str, u32>,
@@ -179,8 +178,8 @@ pub struct Dev {
     uploaded: Mutex<HashMap<u64, Vec<u8>>>,
     /// Mapped pinned host memory (READBACK_SLOTS slots of READBACK_BYTES) that kernels write
     /// decode steps' tokens into (`decode_advance`), read by `readback_take` after the step's
-    /// event without a copy in the stream; null when cuMemHostAlloc / mapping failed or
-    /// LAGUNA_NO_STAGE is set. `rb_dev` is its device address.
+    /// event without a copy in the stream; null when cuMemHostAlloc / mapping failed. `rb_dev` is
+    /// its device address.
     rb: Stage,
     rb_dev: u64,
     /// The loaded modules when they were built with LAGUNA_STAMP (their `laguna_stamps`), else
@@ -199,6 +198,17 @@ unsafe impl Sync for Stage {}
 /// sliding layers' decode attention (PERF.md run 155). `Dev::spread_pad` gives the launch's
 /// padding.
 const SPREAD: &[&str] = &["attention_decode_gqa_qk", "attention_decode_gqa_qk_fp8"];
+
+/// Kernels launched without PDL on devices that have it: the split-KV decode attention, slower
+/// with it at 131K context and no faster at 2K (perf-log 2026-11-30: runs 43, 83, 96).
+const NO_PDL: &[&str] = &[
+    "attention_decode_head",
+    "attention_decode_head_fp8",
+    "attention_decode_gqa",
+    "attention_decode_gqa_fp8",
+    "attention_decode_tc",
+    "attention_decode_tc_fp8",
+];
 
 /// Bytes of pinned host memory behind `Dev::htod_staged` (a step's metadata: tokens, positions,
 /// block tables of up to DECODE_ROWS sequences, sampling parameters).
@@ -237,23 +247,8 @@ impl Dev {
             let bits = a(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH);
             khz * 1e3 * 2.0 * bits / 8.0
         };
-        let pdl = maj >= 9 && std::env::var_os("LAGUNA_NO_PDL").is_none();
-        // LAGUNA_ATT_PAD=bytes overrides the spread padding of SPREAD kernels (0: none).
-        let pad_env: Option<u32> = std::env::var("LAGUNA_ATT_PAD")
-            .ok()
-            .and_then(|v| v.parse().ok());
+        let pdl = maj >= 9;
         let mut pads = HashMap::new();
-        let skip = std::env::var("LAGUNA_PDL_SKIP").unwrap_or_else(|_| {
-            "attention_decode_head,attention_decode_head_fp8,attention_decode_gqa,\
-             attention_decode_gqa_fp8,attention_decode_tc,attention_decode_tc_fp8"
-                .into()
-        });
-        let skip: Vec<&str> = skip.split(',').map(str::trim).collect();
-        // LAGUNA_CARVEOUT=percent: every kernel's preferred shared-memory carveout (A/B of
-        // whether switching the L1 / shared split between consecutive kernels delays blocks).
-        let carveout: Option<i32> = std::env::var("LAGUNA_CARVEOUT")
-            .ok()
-            .and_then(|v| v.parse().ok());
         let mut funcs = HashMap::new();
         let mut stamp_mods = vec![];
         for m in laguna_kernels::MODULES {
@@ -272,14 +267,6 @@ impl Dev {
             }
             for &e in m.entries {
                 let f = module.load_function(e)?;
-                if let Some(c) = carveout {
-                    if let Err(why) = f.set_attribute(
-                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
-                        c,
-                    ) {
-                        tracing::warn!("{e}: shared-memory carveout {c} refused ({why:?})");
-                    }
-                }
                 let mut bytes = super::big_smem(e);
                 if SPREAD.contains(&e) {
                     // Unused dynamic shared memory that leaves room for one block an SM: half an
@@ -290,8 +277,7 @@ impl Dev {
                         )
                         .unwrap_or(0)
                         .max(0) as u32;
-                    let pad = pad_env
-                        .unwrap_or(((smem_per_sm / 2 + 1024).saturating_sub(st) + 1023) & !1023);
+                    let pad = ((smem_per_sm / 2 + 1024).saturating_sub(st) + 1023) & !1023;
                     if pad > 0 {
                         bytes = bytes.max(pad);
                         pads.insert(e, pad);
@@ -310,13 +296,11 @@ impl Dev {
                         pads.remove(e);
                     }
                 }
-                funcs.insert(e, (f, pdl && !skip.contains(&e)));
+                funcs.insert(e, (f, pdl && !NO_PDL.contains(&e)));
             }
         }
         // The readback ring: pinned, mapped into the device's address space, zeroed.
-        let rb = if std::env::var_os("LAGUNA_NO_STAGE").is_some() {
-            (std::ptr::null_mut(), 0)
-        } else {
+        let rb = {
             let bytes = READBACK_SLOTS * READBACK_BYTES;
             match unsafe { result::malloc_host(bytes, sys::CU_MEMHOSTALLOC_DEVICEMAP) } {
                 Ok(p) => {
@@ -347,13 +331,10 @@ impl Dev {
             mem_bw,
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
-            // LAGUNA_NO_STAGE (A/B): every upload synchronous, none skipped.
-            stage: Stage(if std::env::var_os("LAGUNA_NO_STAGE").is_some() {
-                std::ptr::null_mut()
-            } else {
+            stage: Stage(
                 unsafe { result::malloc_host(STAGE_BYTES, 0) }
-                    .map_or(std::ptr::null_mut(), |p| p as *mut u8)
-            }),
+                    .map_or(std::ptr::null_mut(), |p| p as *mut u8),
+            ),
             uploaded: Mutex::new(HashMap::new()),
             stage_off: Mutex::new(0),
             rb: Stage(rb.0),
@@ -617,7 +598,7 @@ impl Dev {
             .ok_or_else(|| DevError(format!("kernel {name} is not loaded")))?;
         let mut a = Args(Vec::with_capacity(24));
         f(&mut a);
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 || skipped(name) {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let ev = self.prof_begin(prof)?;
@@ -660,7 +641,7 @@ impl Dev {
             ))
         })?;
         self.prof_end(prof, name, ev)?;
-        if std::env::var_os("LAGUNA_CUDA_SYNC").is_some() {
+        if laguna_kernels::env::knobs().cuda_sync {
             self.stream
                 .synchronize()
                 .map_err(|e| DevError(format!("{name}: {e:?}")))?;
@@ -794,23 +775,4 @@ impl Drop for Dev {
             }
         }
     }
-}
-
-/// Timing analysis only: kernels named in LAGUNA_SKIP_KERNELS (comma list) are not launched, so
-/// a bench of the graph-replayed step without them shows what they cost inside the graph. The
-/// results are wrong while it is set; `laguna bench` prints a warning.
-pub fn skipped(name: &str) -> bool {
-    static SKIP: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
-    SKIP.get_or_init(|| {
-        std::env::var("LAGUNA_SKIP_KERNELS")
-            .map(|v| {
-                v.split(',')
-                    .map(|x| x.trim().to_string())
-                    .filter(|x| !x.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
-    .iter()
-    .any(|x| x == name)
 }

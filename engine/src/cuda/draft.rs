@@ -48,6 +48,9 @@ pub struct CudaDraft {
     pub step_weight_bytes: usize,
     /// The device-resident greedy step (graphs per (k, batch, grid)) used by `fused_greedy_step`.
     spec: super::spec::CudaSpec,
+    /// Whether `fused_greedy_step` may run (true; the device check turns it off to run the
+    /// generic driver on the same batches).
+    fused_steps: bool,
 }
 
 /// The draft's decoder stack as a Laguna config (dense layers, the draft's window and rope).
@@ -277,12 +280,19 @@ impl CudaDraft {
             cseq: a(4 * r)?,
             step_weight_bytes: step_bytes + lin_bytes(&fc),
             spec: Default::default(),
+            fused_steps: true,
             cfg,
             m,
         };
         dev.htod(d.cseq, &vec![0u8; 4 * r]).map_err(cerr)?;
         dev.sync().map_err(cerr)?;
         Ok(d)
+    }
+
+    /// Let greedy batches run as one device step (`fused_greedy_step`; on by default) or make every
+    /// step take the generic driver's path (taps and logits through the host), for checks.
+    pub fn set_fused_steps(&mut self, on: bool) {
+        self.fused_steps = on;
     }
 
     /// Rows per context pass: the pass size, at most the ring's slots (rows of one context write
@@ -478,9 +488,7 @@ impl DraftModel for CudaDraft {
     ) -> Option<Result<Vec<StepResult>>> {
         let t = target.as_any_mut()?.downcast_mut::<CudaModel>()?;
         let k = states.first()?.k;
-        if !super::spec::CudaSpec::fits(t, self, k, states.len())
-            || std::env::var_os("LAGUNA_NO_FUSED_SPEC").is_some()
-        {
+        if !self.fused_steps || !super::spec::CudaSpec::fits(t, self, k, states.len()) {
             return None;
         }
         let mut spec = std::mem::take(&mut self.spec);

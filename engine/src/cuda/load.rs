@@ -393,7 +393,6 @@ impl CudaModel {
                         ))
                     };
                     let folded = cfg.shared_expert_intermediate_size == im
-                        && std::env::var_os("LAGUNA_NO_FOLD_SHARED").is_none()
                         && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
                             == is_fp4(format!("{sp}.gate_proj"), im, h)?
                         && is_fp4(format!("{ep}.0.up_proj"), im, h)?
@@ -526,7 +525,7 @@ impl CudaModel {
             decode_bytes,
             min_in,
         } = parts;
-        let nsplit = nsplit();
+        let nsplit = NSPLIT;
         let h = cfg.hidden_size;
         let hd = cfg.head_dim;
         let nkv = cfg.num_kv_heads;
@@ -813,14 +812,8 @@ impl CudaModel {
 /// in moe.cu): 0.6 x the time the DRAM takes to deliver one item a block (four rows of codes and
 /// their scale bytes, grid blocks) at its peak bandwidth, 76 ns on the H200 (PERF.md run 185: 0 ->
 /// 60-120 ns took the step from 2.456 to 2.423-2.426 ms; 200 ns 2.440). 0 when the driver reports
-/// no memory clock. LAGUNA_MOE_STAG=ns overrides (0: off).
+/// no memory clock.
 fn mk_stagger(cfg: &LagunaConfig, dev: &Dev, grid: u32) -> i32 {
-    if let Some(v) = std::env::var("LAGUNA_MOE_STAG")
-        .ok()
-        .and_then(|v| v.parse::<i32>().ok())
-    {
-        return v.clamp(0, 5000);
-    }
     if dev.mem_bw <= 0.0 || grid == 0 {
         return 0;
     }

@@ -353,9 +353,9 @@ pub struct CudaModel {
     taps_dev: u64,
     /// Dense BF16 GEMMs of long passes on cuBLAS when it loads (else laguna's own GEMMs).
     use_cublas: bool,
-    /// Key splits of the decode attention (NSPLIT unless LAGUNA_NSPLIT; `sc.part` is sized for it).
+    /// Key splits of the decode attention (NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
-    /// Most key splits of `attention_decode_tc` (NSPLIT_TC unless LAGUNA_TC_NSPLIT; at most `nsplit`).
+    /// Most key splits of `attention_decode_tc` (NSPLIT_TC; at most `nsplit`).
     nsplit_tc: usize,
     /// The current pass's `attention_decode_tc` grid of splits (`tc_grid` of its longest row; set with
     /// the pass's positions, `nsplit_tc` until then).
@@ -364,7 +364,7 @@ pub struct CudaModel {
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
-    /// `moe_decode_fused`'s gate/up issue stagger, ns a warp index (LAGUNA_MOE_STAG; 0: none).
+    /// `moe_decode_fused`'s gate/up issue stagger, ns a warp index (`mk_stagger`; 0: none).
     mk_stag: i32,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
@@ -379,36 +379,20 @@ pub struct CudaModel {
 }
 
 /// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the
-/// merge holds at most 128). `LAGUNA_NSPLIT` overrides it for A/B runs.
+/// merge holds at most 128).
 const NSPLIT: usize = 64;
-fn nsplit() -> usize {
-    std::env::var("LAGUNA_NSPLIT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .map(|n| n.clamp(1, 128))
-        .unwrap_or(NSPLIT)
-}
 /// Most key splits of `attention_decode_tc` (its grid; a row uses `tc_splits` in common.cuh: 16 for
-/// a 2K row, one per 512 keys past 8K, at least 64 keys each). `LAGUNA_TC_NSPLIT` overrides it
-/// for A/B runs (at most `nsplit`, which sizes `sc.part`).
+/// a 2K row, one per 512 keys past 8K, at least 64 keys each), at most `nsplit`, which sizes
+/// `sc.part`.
 const NSPLIT_TC: usize = 64;
 pub fn nsplit_tc(nsplit: usize) -> usize {
-    std::env::var("LAGUNA_TC_NSPLIT")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(NSPLIT_TC)
-        .clamp(1, nsplit)
+    NSPLIT_TC.clamp(1, nsplit)
 }
 /// Keys an `attention_decode_tc` split covers at least (`TC_CHUNK` in common.cuh).
 pub const TC_CHUNK: usize = 64;
 /// `TC_SPLITS` and `TC_SPAN` in common.cuh: a row's `attention_decode_tc` splits are
 /// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
 const TC_SPLITS: usize = 16;
-/// `TC_SPLITS`, or LAGUNA_TC_SPLITS for A/B runs (laguna-kernels then builds the modules with
-/// the same value).
-fn tc_splits_min() -> usize {
-    laguna_kernels::tc_splits_override().unwrap_or(TC_SPLITS)
-}
 const TC_SPAN: usize = 512;
 /// The `attention_decode_tc` grid of a pass whose longest row has `keys` keys, for a most of `cap`
 /// splits: the smallest of 16, 32 and `cap` that holds every split such a row (or a shorter one)
@@ -417,7 +401,7 @@ const TC_SPAN: usize = 512;
 /// PERF.md run 198, 2.264 -> 2.251 ms a step). The decode graphs are kept per grid.
 pub fn tc_grid(keys: usize, cap: usize) -> usize {
     let need = cap
-        .min(tc_splits_min().max(keys.div_ceil(TC_SPAN)))
+        .min(TC_SPLITS.max(keys.div_ceil(TC_SPAN)))
         .min(keys.div_ceil(TC_CHUNK));
     let g = if need <= 16 {
         16
@@ -432,20 +416,11 @@ pub fn tc_grid(keys: usize, cap: usize) -> usize {
 /// fewest keys a split covers (`chunk`). A sliding-window layer's grid is sized by its window: a
 /// row never sees more than window keys (2 x window - 1 for a non-causal draft block), so it
 /// never has more than ceil(keys / chunk) splits; the same splits without the blocks that would
-/// return at once (at least 2, so the merge path and its bits stay). `LAGUNA_SWA_NSPLIT` (A/B
-/// runs) caps a sliding-window layer's grid further.
+/// return at once (at least 2, so the merge path and its bits stay).
 pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool) -> usize {
     if cap > 1 && window > 0 {
         let keys = if noncausal { 2 * window } else { window };
-        static SWA: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-        let swa = SWA.get_or_init(|| {
-            std::env::var("LAGUNA_SWA_NSPLIT")
-                .ok()
-                .and_then(|v| v.parse::<usize>().ok())
-        });
-        cap.min(keys.div_ceil(chunk))
-            .min(swa.unwrap_or(usize::MAX))
-            .max(2)
+        cap.min(keys.div_ceil(chunk)).max(2)
     } else {
         cap
     }

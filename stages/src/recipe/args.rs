@@ -155,7 +155,7 @@ impl RecipeArgs {
     /// The recipe file: `--recipe`, else `LAGUNA_RECIPE`.
     pub fn recipe_path(&self, env: &dyn Fn(&str) -> Option<String>) -> Option<PathBuf> {
         self.source.recipe.clone().or_else(|| {
-            env("LAGUNA_RECIPE")
+            env(laguna_kernels::env::RECIPE)
                 .filter(|s| !s.is_empty())
                 .map(PathBuf::from)
         })

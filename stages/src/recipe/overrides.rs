@@ -37,33 +37,6 @@ pub struct Overrides {
     pub enable_prefix_caching: Option<bool>,
 }
 
-/// Every environment variable a recipe field reads, with the recipe key it overrides.
-pub const ENV_VARS: &[(&str, &str)] = &[
-    ("LAGUNA_MODEL", "model.repo / model.path"),
-    ("LAGUNA_MODEL_REVISION", "model.revision"),
-    (
-        "LAGUNA_DRAFT",
-        "draft.repo / draft.path (`none` disables the draft)",
-    ),
-    ("LAGUNA_DRAFT_REVISION", "draft.revision"),
-    ("LAGUNA_SERVED_MODEL_NAME", "served_model_name"),
-    ("LAGUNA_DEVICE", "device"),
-    ("LAGUNA_MAX_MODEL_LEN", "max_model_len"),
-    ("LAGUNA_GPU_MEMORY_UTILIZATION", "gpu_memory_utilization"),
-    ("LAGUNA_KV_CACHE_MEMORY_BYTES", "kv_cache_memory_bytes"),
-    ("LAGUNA_KV_CACHE_DTYPE", "kv_cache_dtype"),
-    ("LAGUNA_MAX_NUM_SEQS", "max_num_seqs"),
-    ("LAGUNA_MAX_NUM_BATCHED_TOKENS", "max_num_batched_tokens"),
-    ("LAGUNA_SPECULATIVE_METHOD", "speculative.method"),
-    (
-        "LAGUNA_NUM_SPECULATIVE_TOKENS",
-        "speculative.num_speculative_tokens",
-    ),
-    ("LAGUNA_MEMORY_CAP_BYTES", "memory_cap_bytes"),
-    ("LAGUNA_HOST", "host"),
-    ("LAGUNA_PORT", "port"),
-];
-
 /// `123`, `12GiB`, `512MiB`, `1.5GB`, ... (binary suffixes are powers of 1024, decimal of 1000).
 pub fn parse_bytes(s: &str) -> std::result::Result<u64, String> {
     let t = s.trim().replace('_', "");
@@ -114,7 +87,14 @@ pub(crate) fn model_spec(value: &str, base: &Path, origin: &str, field: &str) ->
 }
 
 impl Overrides {
+    /// The recipe variables of the process environment; relative paths against the working folder.
+    pub fn from_process_env() -> Result<Overrides> {
+        let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("."));
+        Overrides::from_env(&|k| std::env::var(k).ok(), &cwd)
+    }
+
     /// Read the `LAGUNA_*` variables through `env`; relative paths are resolved against `cwd`.
+    /// The names are the `Scope::Recipe` rows of `laguna_kernels::env::TABLE`.
     pub fn from_env(env: &dyn Fn(&str) -> Option<String>, cwd: &Path) -> Result<Overrides> {
         let mut o = Overrides::default();
         let get = |k: &str| env(k).filter(|v| !v.trim().is_empty());
@@ -353,6 +333,59 @@ impl Overrides {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use laguna_kernels::env::{Scope, TABLE};
+
+    /// The variables `from_env` reads are exactly the recipe rows of the one table.
+    #[test]
+    fn env_names_are_the_table_recipe_rows() {
+        let asked = std::cell::RefCell::new(vec![]);
+        let env = |k: &str| {
+            asked.borrow_mut().push(k.to_string());
+            None
+        };
+        Overrides::from_env(&env, Path::new("/")).unwrap();
+        let mut asked = asked.into_inner();
+        asked.sort();
+        let mut rows: Vec<String> = TABLE
+            .iter()
+            .filter(|v| v.scope == Scope::Recipe)
+            .map(|v| v.name.to_string())
+            .collect();
+        rows.sort();
+        assert_eq!(asked, rows);
+    }
+
+    /// The table's defaults of the recipe rows are the recipe's.
+    #[test]
+    fn table_defaults_are_the_recipe_defaults() {
+        let default = |name: &str| TABLE.iter().find(|v| v.name == name).unwrap().default;
+        for (name, want) in [
+            ("LAGUNA_MODEL_REVISION", DEFAULT_REVISION.to_string()),
+            ("LAGUNA_DRAFT_REVISION", DEFAULT_REVISION.to_string()),
+            ("LAGUNA_DEVICE", defaults::DEVICE.to_string()),
+            (
+                "LAGUNA_GPU_MEMORY_UTILIZATION",
+                defaults::GPU_MEMORY_UTILIZATION.to_string(),
+            ),
+            ("LAGUNA_MAX_NUM_SEQS", defaults::MAX_NUM_SEQS.to_string()),
+            (
+                "LAGUNA_MAX_NUM_BATCHED_TOKENS",
+                defaults::MAX_NUM_BATCHED_TOKENS.to_string(),
+            ),
+            (
+                "LAGUNA_NUM_SPECULATIVE_TOKENS",
+                defaults::NUM_SPECULATIVE_TOKENS.to_string(),
+            ),
+            ("LAGUNA_HOST", defaults::HOST.to_string()),
+            ("LAGUNA_PORT", defaults::PORT.to_string()),
+        ] {
+            assert!(
+                default(name).starts_with(&format!("`{want}`")),
+                "{name}: table says {}, the recipe {want}",
+                default(name)
+            );
+        }
+    }
 
     #[test]
     fn bytes_units() {

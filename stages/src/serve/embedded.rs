@@ -43,8 +43,8 @@ fn digest() -> u64 {
 }
 
 fn cache_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("LAGUNA_CACHE_DIR").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
+    if let Some(d) = &laguna_kernels::env::knobs().cache_dir {
+        return d.clone();
     }
     if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
         return PathBuf::from(d).join("laguna");
