@@ -791,10 +791,8 @@ impl Dev {
         let b = self.alloc(bytes)?;
         unsafe { result::memset_d8_async(a, 1, bytes, self.stream.cu_stream()) }?;
         let n = (bytes / 16) as u64;
-        let sms = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .unwrap_or(132) as u32;
+        // (Under a device profile, the profile's SMs.)
+        let sms = self.sms;
         let run = |p: &mut Option<Prof>| {
             self.launch_p(p, "copy_u4", (sms * 8, 1, 1), (512, 1, 1), 0, |x| {
                 x.u64(a).u64(b).u64(n);

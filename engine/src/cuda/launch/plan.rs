@@ -7,7 +7,7 @@
 //! no dynamic shared memory but `moe_group`'s) are listed with the launchers' sizes.
 use crate::config::{AttnKind, LagunaConfig, MlpKind};
 use crate::cuda::select::{self, attention as sa, DevProps};
-use crate::cuda::{load, ops, split_grid, ATT_CHUNK, TC_CHUNK};
+use crate::cuda::{load, ops, split_grid, tc_grid, ATT_CHUNK};
 use laguna_kernels::audit::Ask;
 
 /// What the plan needs of the compiled kernels: static shared memory (SPREAD padding) and the
@@ -76,8 +76,37 @@ pub fn asks(model: &Model, dev: &DevProps, k: &dyn Kernels, gemm_min_rows: usize
         linears(&mut o, model, dev, m, gemm_min_rows, &job);
         moe(&mut o, model, dev, k, m, gemm_min_rows, &job);
         sample(&mut o, model, dev, k, m, &job);
+        fixed(&mut o, model, m, &job);
     }
     o.asks
+}
+
+/// Launches of fixed small geometry (threads a block from the row count at most), as the
+/// launchers size them: the decode step's token write-back, DFlash's accept / scatter / taps,
+/// the staged prefill's ring commit, the load-time tiling and the GEMM passes' BF16 split.
+fn fixed(o: &mut Out, model: &Model, m: usize, job: &str) {
+    let warps_of = |n: usize| (n.div_ceil(32) as u32).max(1) * 32;
+    if model.noncausal {
+        o.ask("copy_rows", 256, 0, 0, false, job);
+        o.ask(
+            "rmsnorm_taps",
+            ops::norm_block(model.cfg.hidden_size),
+            0,
+            0,
+            false,
+            job,
+        );
+        return;
+    }
+    if m <= 16 {
+        o.ask("decode_advance", warps_of(m), 0, 0, false, job);
+        o.ask("spec_accept", 32, 0, 0, false, job);
+        o.ask("scatter_drafts", warps_of(m), 0, 0, false, job);
+    }
+    o.ask("ring_commit", 64, 0, 0, false, job);
+    o.ask("tile_bf16", 32, 0, 0, false, job);
+    o.ask("split_bf16", 256, 0, 0, false, job);
+    o.ask("copy_u4", 512, 0, 0, false, job);
 }
 
 fn attention(
@@ -123,12 +152,16 @@ fn attention(
             } else {
                 s.nkv
             };
-            let (chunk, cap) = match dec.form {
-                sa::Form::Tc => (TC_CHUNK, 64),
-                _ => (ATT_CHUNK, 64),
+            // One split (a short row), a 2K row's and a long context's splits (at most 64:
+            // NSPLIT_TC, the default cap).
+            let splits = match dec.form {
+                sa::Form::Tc => [1, tc_grid(2048, 64), tc_grid(131_072, 64)],
+                _ => {
+                    let n = split_grid(64, ATT_CHUNK, window, model.noncausal);
+                    [1, n, n]
+                }
             };
-            // One split (a short row) and a long context's splits.
-            for nsplit in [1, split_grid(cap, chunk, window, model.noncausal)] {
+            for nsplit in splits {
                 let blocks = m * heads * nsplit;
                 let (name, block) = sa::decode_kernel(&s, dec, blocks, dev);
                 let pad = sa::spread_pad(name, dev.smem_per_sm, k.static_smem(name));
