@@ -13,5 +13,7 @@ bash scripts/ci-deps-serve.sh
 eval "$(bash scripts/ci-deps-cuda.sh)"
 cargo build --workspace
 cargo test --workspace
+# Every kernel within GB10's limits for what the launches ask (docs/design/gb10.md).
+"$PWD/target/debug/laguna" warmup --arch sm_121a --audit
 bash tests/stages/cli-smoke.sh "$PWD/target/debug/laguna"
 LAGUNA_BIN="$PWD/target/debug/laguna" python3 -m pytest -q tests/serve

@@ -12,6 +12,12 @@ mod cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Run the engine as this device would (generate, serve, bench, device-test): `gb10` takes
+    /// DGX Spark's 48 SMs, 100 KB of shared memory an SM and 99 KB a block for every kernel
+    /// choice, grid and fit, in a CUDA green context of 48 SMs where the driver allows
+    /// (else grids sized for 48 SMs). Default: LAGUNA_DEVICE_PROFILE, else the real device.
+    #[arg(long, global = true, value_name = "PROFILE")]
+    device_profile: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -47,8 +53,8 @@ fn main() -> std::process::ExitCode {
     match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            let verbose = std::env::var("RUST_LOG")
-                .is_ok_and(|v| v.contains("debug") || v.contains("trace"));
+            let verbose =
+                std::env::var("RUST_LOG").is_ok_and(|v| v.contains("debug") || v.contains("trace"));
             if verbose {
                 eprintln!("error: {e:?}");
             } else {
@@ -60,6 +66,10 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Some(p) = &cli.device_profile {
+        use laguna_engine::cuda::profile;
+        profile::set(profile::Profile::parse(p).map_err(anyhow::Error::msg)?);
+    }
     match cli.command {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Serve(a) => cmd::serve::run(a),

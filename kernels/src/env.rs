@@ -61,6 +61,7 @@ pub const NO_CUBLAS: &str = "LAGUNA_NO_CUBLAS";
 pub const STAMP: &str = "LAGUNA_STAMP";
 pub const STAMP_OUT: &str = "LAGUNA_STAMP_OUT";
 pub const CUDA_SYNC: &str = "LAGUNA_CUDA_SYNC";
+pub const DEVICE_PROFILE: &str = "LAGUNA_DEVICE_PROFILE";
 
 const fn var(
     name: &'static str,
@@ -105,6 +106,7 @@ pub const TABLE: &[Var] = {
     var(NO_CUBLAS, Diagnostic, "set: prefill's dense GEMMs run laguna's `gemm_bf16`, not cuBLAS (the fallback when libcublas is missing)", "unset: cuBLAS when it loads"),
     var(STAMP, Diagnostic, "set, not `0`: kernels built with timeline stamps (own cubins); `laguna bench` prints the decode step's timeline", "unset"),
     var(STAMP_OUT, Diagnostic, "file: with `LAGUNA_STAMP`, `laguna bench` also writes every timeline record there as CSV", "unset"),
+    var(DEVICE_PROFILE, Diagnostic, "`gb10`: run as a GB10 (48 SMs in a green context, its shared memory limits) on a bigger GPU (`--device-profile`)", "unset: the real device"),
     var(CUDA_SYNC, Diagnostic, "set: synchronize after every kernel launch, so an error names its kernel (slow)", "unset"),
     var("LAGUNA_BIN", Tooling, "the `laguna` binary tests/serve and scripts/device-*.sh run", "`target/debug/laguna` (tests), `dist/laguna` (scripts)"),
     var("LAGUNA_SKIP_BUILD", Tooling, "`1`: tests/serve does not run `cargo build` first", "unset"),
@@ -127,6 +129,8 @@ pub struct Knobs {
     pub stamp_out: Option<PathBuf>,
     /// [`CUDA_SYNC`] set (to anything).
     pub cuda_sync: bool,
+    /// [`DEVICE_PROFILE`], as given (engine/src/cuda/profile.rs parses the name).
+    pub device_profile: String,
     /// [`KERNEL_CACHE`], when not empty.
     pub kernel_cache: Option<PathBuf>,
     /// [`CACHE_DIR`], when not empty.
@@ -142,6 +146,9 @@ impl Knobs {
             stamp: env(STAMP).is_some_and(|v| v != "0" && !v.is_empty()),
             stamp_out: env(STAMP_OUT).map(PathBuf::from),
             cuda_sync: env(CUDA_SYNC).is_some(),
+            device_profile: env(DEVICE_PROFILE)
+                .map(|v| v.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             kernel_cache: path(KERNEL_CACHE),
             cache_dir: path(CACHE_DIR),
         }

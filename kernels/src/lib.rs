@@ -9,6 +9,7 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
 pub mod env;
+pub mod audit;
 
 pub const COMMON: &str = include_str!("../cu/common.cuh");
 
@@ -314,6 +315,23 @@ fn include_opts() -> Vec<String> {
 
 /// Compile one module to a cubin for `arch` (e.g. `sm_90a`). Needs NVRTC.
 pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelError> {
+    nvrtc_compile(m, arch, &[]).map(|c| c.cubin)
+}
+
+/// What one NVRTC compilation gave: the cubin, the PTX it was assembled from, the program log.
+pub struct Compiled {
+    pub cubin: Vec<u8>,
+    pub ptx: String,
+    pub log: String,
+}
+
+/// Compile one module for `arch` with OPTIONS and `extra` options after them (`compile_cubin`
+/// passes none; the audit asks for ptxas' resource report).
+pub(crate) fn nvrtc_compile(
+    m: &KernelModule,
+    arch: &str,
+    extra: &[&str],
+) -> Result<Compiled, KernelError> {
     use cudarc::nvrtc::sys;
     use std::ffi::{CStr, CString};
     if !nvrtc_available() {
@@ -326,7 +344,15 @@ pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelErro
     for i in include_opts() {
         opts.push(CString::new(i).unwrap());
     }
+    for e in extra {
+        opts.push(CString::new(*e).unwrap());
+    }
     let optp: Vec<*const std::ffi::c_char> = opts.iter().map(|o| o.as_ptr()).collect();
+    let fail = |log: String| KernelError::Compile {
+        module: m.name.into(),
+        arch: arch.into(),
+        log,
+    };
     unsafe {
         let mut prog: sys::nvrtcProgram = std::ptr::null_mut();
         let r = sys::nvrtcCreateProgram(
@@ -338,11 +364,7 @@ pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelErro
             std::ptr::null(),
         );
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(KernelError::Compile {
-                module: m.name.into(),
-                arch: arch.into(),
-                log: format!("nvrtcCreateProgram: {r:?}"),
-            });
+            return Err(fail(format!("nvrtcCreateProgram: {r:?}")));
         }
         let r = sys::nvrtcCompileProgram(prog, optp.len() as i32, optp.as_ptr());
         let mut log_len = 0usize;
@@ -354,26 +376,29 @@ pub fn compile_cubin(m: &KernelModule, arch: &str) -> Result<Vec<u8>, KernelErro
             .unwrap_or_default();
         if r != sys::nvrtcResult::NVRTC_SUCCESS {
             sys::nvrtcDestroyProgram(&mut prog);
-            return Err(KernelError::Compile {
-                module: m.name.into(),
-                arch: arch.into(),
-                log: format!("{r:?}\n{log}"),
-            });
+            return Err(fail(format!("{r:?}\n{log}")));
         }
         let mut n = 0usize;
         let r = sys::nvrtcGetCUBINSize(prog, &mut n);
         if r != sys::nvrtcResult::NVRTC_SUCCESS || n == 0 {
             sys::nvrtcDestroyProgram(&mut prog);
-            return Err(KernelError::Compile {
-                module: m.name.into(),
-                arch: arch.into(),
-                log: format!("no cubin ({r:?}); is `{arch}` a real architecture (sm_XY[a|f]), not a virtual compute_XY?"),
-            });
+            return Err(fail(format!("no cubin ({r:?}); is `{arch}` a real architecture (sm_XY[a|f]), not a virtual compute_XY?")));
         }
-        let mut buf = vec![0u8; n];
-        sys::nvrtcGetCUBIN(prog, buf.as_mut_ptr() as *mut std::ffi::c_char);
+        let mut cubin = vec![0u8; n];
+        sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut std::ffi::c_char);
+        let mut pn = 0usize;
+        let ptx =
+            if sys::nvrtcGetPTXSize(prog, &mut pn) == sys::nvrtcResult::NVRTC_SUCCESS && pn > 0 {
+                let mut p = vec![0u8; pn];
+                sys::nvrtcGetPTX(prog, p.as_mut_ptr() as *mut std::ffi::c_char);
+                CStr::from_bytes_until_nul(&p)
+                    .map(|c| c.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            } else {
+                String::new()
+            };
         sys::nvrtcDestroyProgram(&mut prog);
-        Ok(buf)
+        Ok(Compiled { cubin, ptx, log })
     }
 }
 

@@ -17,6 +17,12 @@ pub struct Args {
     /// Print one JSON object as the last line of stdout.
     #[arg(long)]
     pub json: bool,
+    /// Instead of warming the cache: compile every kernel for the --arch given with ptxas'
+    /// resource report and check it, with what the engine's launches ask for the XS-2.1 model
+    /// and its DFlash draft, against the device's limits (known: sm_121a, GB10); exits non-zero
+    /// naming each kernel over a limit (docs/design/gb10.md).
+    #[arg(long)]
+    pub audit: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -25,6 +31,9 @@ pub fn run(a: Args) -> Result<()> {
     }
     if !laguna_kernels::nvrtc_available() {
         bail!("{}", laguna_kernels::NO_NVRTC_HELP);
+    }
+    if a.audit {
+        return audit(&a.arch);
     }
     let mut archs = a.arch.clone();
     if archs.is_empty() {
@@ -76,6 +85,131 @@ pub fn run(a: Args) -> Result<()> {
             res.len() - compiled,
             t.elapsed().as_secs_f64(),
             root.display()
+        );
+    }
+    Ok(())
+}
+
+/// The ptxas report of every module, as the launch plan's view of the kernels.
+struct Compiled<'a> {
+    reports: &'a [laguna_kernels::audit::ModuleReport],
+    limits: laguna_kernels::audit::SmLimits,
+}
+
+impl Compiled<'_> {
+    fn res(&self, name: &str) -> Option<&laguna_kernels::audit::Resources> {
+        self.reports
+            .iter()
+            .flat_map(|m| m.entries.iter())
+            .find(|(n, _)| n == name)
+            .map(|(_, r)| r)
+    }
+}
+
+impl laguna_engine::cuda::launch::plan::Kernels for Compiled<'_> {
+    fn static_smem(&self, name: &str) -> u32 {
+        self.res(name).map_or(0, |r| r.smem)
+    }
+    fn blocks_per_sm(&self, name: &str, block: u32, dyn_smem: u32) -> u32 {
+        self.res(name).map_or(0, |r| {
+            laguna_kernels::audit::blocks_per_sm(&self.limits, r, block, dyn_smem).0
+        })
+    }
+}
+
+/// `laguna warmup --arch sm_121a --audit`.
+fn audit(archs: &[String]) -> Result<()> {
+    use laguna_engine::config::LagunaConfig;
+    use laguna_engine::cuda::launch::plan::{asks, Model};
+    use laguna_kernels::audit;
+    let [arch] = archs else {
+        bail!("--audit takes one --arch (e.g. --arch sm_121a)");
+    };
+    let Some(limits) = audit::limits_for_arch(arch) else {
+        bail!("--audit: no device limits known for {arch} (known: sm_121a)");
+    };
+    let props = laguna_engine::cuda::profile::GB10;
+    let t = std::time::Instant::now();
+    let reports = audit::report_all(arch, 2)?;
+    let k = Compiled {
+        reports: &reports,
+        limits,
+    };
+    let xs = LagunaConfig::from_json_str(include_str!(
+        "../../../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
+    ))?;
+    let draft = LagunaConfig::from_json_str(include_str!(
+        "../../../tests/fixtures/reference/laguna-xs-2.1-dflash.config.json"
+    ))?;
+    let gemm_min_rows = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
+    let mut all = vec![];
+    for (cfg, fp4, noncausal, label) in [
+        (&xs, true, false, "xs-2.1"),
+        (&draft, false, true, "dflash"),
+    ] {
+        let m = Model {
+            cfg,
+            experts_fp4: fp4,
+            noncausal,
+            label,
+        };
+        all.extend(asks(&m, &props, &k, gemm_min_rows));
+    }
+    println!(
+        "{:<34} {:>4} {:>9} {:>13} {:>7} {:>6} {:>11}  verdict ({} limits, {arch})",
+        "kernel", "regs", "spill B", "smem st+dyn", "threads", "blk/SM", "co-res", limits.name
+    );
+    let mut failed = vec![];
+    for m in &reports {
+        for (name, r) in &m.entries {
+            let mine: Vec<&audit::Ask> = all.iter().filter(|a| a.kernel == name).collect();
+            let v = audit::judge(&limits, m.module, name, r, &mine);
+            let (thr, dyn_smem, bps) = match v.worst {
+                Some((b, s, n)) => (b.to_string(), s.to_string(), n.to_string()),
+                None => ("-".into(), "-".into(), "-".into()),
+            };
+            let co = v
+                .coresident
+                .map_or("-".into(), |(g, room)| format!("{g}/{room}"));
+            let mut verdict = if v.fails.is_empty() {
+                "OK".to_string()
+            } else {
+                failed.push(name.clone());
+                format!("FAIL {}", v.fails.join("; "))
+            };
+            if mine.is_empty() {
+                verdict.push_str(" (not launched for these shapes)");
+            }
+            for n in &v.notes {
+                verdict.push_str(&format!(" [{n}]"));
+            }
+            println!(
+                "{name:<34} {:>4} {:>9} {:>13} {thr:>7} {bps:>6} {co:>11}  {verdict}",
+                r.regs,
+                format!("{}/{}", r.spill_stores, r.spill_loads),
+                format!("{}+{dyn_smem}", r.smem),
+            );
+        }
+        for (f, what) in &m.sm90 {
+            failed.push(format!("{}:{f}", m.module));
+            println!(
+                "{:<34} FAIL {what} in the {arch} PTX (function {f})",
+                m.module
+            );
+        }
+    }
+    let n: usize = reports.iter().map(|m| m.entries.len()).sum();
+    println!(
+        "{n} kernels audited for {} ({arch}) in {:.1}s: {} over a limit",
+        limits.name,
+        t.elapsed().as_secs_f64(),
+        failed.len()
+    );
+    if !failed.is_empty() {
+        bail!(
+            "kernels over {}'s limits: {}",
+            limits.name,
+            failed.join(", ")
         );
     }
     Ok(())

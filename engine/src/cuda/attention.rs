@@ -136,13 +136,8 @@ impl CudaModel {
         let grid = (m as u32, heads as u32, nsplit as u32);
         let blocks = m * heads * nsplit;
         let (name, block) = sel::decode_kernel(&shape, dec, blocks, &self.props());
-        // One block an SM for a grid within one wave (see device::SPREAD).
-        let pad = if blocks <= d.sms as usize {
-            d.spread_pad(name)
-        } else {
-            0
-        };
-        let smem = sel::big_smem(name).max(pad);
+        // One block an SM for a grid within one wave (see select::attention::SPREAD).
+        let smem = sel::decode_smem(name, blocks, &self.props(), d.spread_pad(name));
         let fused = FusedQk {
             k: p.k,
             v: p.v,
@@ -181,8 +176,7 @@ impl CudaModel {
                 kend,
                 vscale: l.vscale,
             };
-            let block = (hd as u32).div_ceil(32) * 32;
-            let g = Geom::new((m as u32, nh as u32, 1), block, 0);
+            let g = Geom::new((m as u32, nh as u32, 1), sel::merge_block(hd), 0);
             la::merge(d, prof, sel::merge_kernel(dec.form, nsplit), g, &merge).map_err(cerr)?;
         }
         Ok(())

@@ -358,18 +358,11 @@ impl CudaModel {
     /// `sample_rows` over the first n rows of sc.logits with the parameters in sc.sparams.
     pub(super) fn launch_sample(&self, prof: &mut Option<device::Prof>, n: usize) -> Result<()> {
         let sc = &self.sc;
-        // `sample_rows_split` with as many blocks a row as fit on the device at once with
-        // every row's (its per-row barriers need all of a row's blocks resident), at most
-        // SAMP_G_MAX_BLOCKS; else `sample_rows`, one block a row.
-        let per_sm = self.dev.occupancy("sample_rows_split", 512, 0) as usize;
-        let nb = (per_sm * self.dev.sms as usize / n.max(1)).min(SAMP_G_MAX_BLOCKS);
-        let name = select::sample::sampler(nb);
+        let per_sm = self
+            .dev
+            .occupancy("sample_rows_split", select::sample::SPLIT_BLOCK, 0);
+        let (name, grid, block) = select::sample::sampler_geom(n, per_sm, self.dev.sms);
         let g = name == "sample_rows_split";
-        let (grid, block) = if g {
-            ((nb as u32, n as u32, 1), 512)
-        } else {
-            ((n as u32, 1, 1), 1024)
-        };
         self.dev
             .launch_p(prof, name, grid, (block, 1, 1), 0, |b| {
                 b.u64(sc.logits)

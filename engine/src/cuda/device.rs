@@ -50,13 +50,18 @@ pub struct MemProbe {
 pub fn mem_probe(ordinal: usize) -> std::result::Result<MemProbe, String> {
     probe()?;
     let ctx = CudaContext::new(ordinal).map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
-    ctx.bind_to_thread().map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
+    ctx.bind_to_thread()
+        .map_err(|e| format!("cuda:{ordinal}: {e:?}"))?;
     let (free, total) = result::mem_get_info().map_err(|e| format!("cuMemGetInfo: {e:?}"))?;
     let integrated = ctx
         .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
         .unwrap_or(0)
         != 0;
-    Ok(MemProbe { total: total as u64, free: free as u64, integrated })
+    Ok(MemProbe {
+        total: total as u64,
+        free: free as u64,
+        integrated,
+    })
 }
 
 /// Kernel argument list built by a launch closure.
@@ -163,6 +168,11 @@ pub struct Dev {
     pub sms: u32,
     /// Shared memory an SM holds (bytes): kernels sized for 3 blocks of ~70 KB stay off below it.
     pub smem_per_sm: u32,
+    /// Shared memory a block may opt in to (bytes).
+    pub smem_per_block: u32,
+    /// The device profile the engine runs under (`profile.rs`): `sms`, `smem_per_sm`,
+    /// `smem_per_block` and `occupancy` are the profile's.
+    pub profile: Option<super::profile::Profile>,
     /// Peak DRAM bandwidth (bytes/s) from the memory clock and bus width the driver reports; 0
     /// when it reports neither (sizes `moe_block_1`'s issue stagger).
     pub mem_bw: f64,
@@ -193,12 +203,6 @@ struct Stage(*mut u8);
 unsafe impl Send for Stage {}
 unsafe impl Sync for Stage {}
 
-/// Kernels launched with PDL whose small grids (under one block an SM) run slower when their
-/// blocks, scheduled as the previous kernel's blocks retire, crowd onto the first SMs freed: the
-/// sliding layers' decode attention (PERF.md run 155). `Dev::spread_pad` gives the launch's
-/// padding.
-const SPREAD: &[&str] = &["attention_decode_gqa_qk", "attention_decode_gqa_qk_fp8"];
-
 /// Kernels launched without PDL on devices that have it: the split-KV decode attention, slower
 /// with it at 131K context and no faster at 2K (perf-log 2026-11-30: runs 43, 83, 96).
 const NO_PDL: &[&str] = &[
@@ -223,7 +227,27 @@ unsafe impl Send for Dev {}
 impl Dev {
     pub fn new(ordinal: usize) -> R<Dev> {
         probe()?;
-        let ctx = CudaContext::new(ordinal)?;
+        let profile = super::profile::active().map_err(DevError)?;
+        let ctx = match profile {
+            None => CudaContext::new(ordinal)?,
+            Some(p) => match unsafe { green_context(ordinal, p.props().sms) } {
+                Ok((ctx, sms)) => {
+                    tracing::info!(
+                        "device profile {}: a CUDA green context of {sms} SMs",
+                        p.name()
+                    );
+                    ctx
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        "device profile {}: no green context ({why}); every grid sized for {} SMs instead, on all of the device's",
+                        p.name(),
+                        p.props().sms
+                    );
+                    CudaContext::new(ordinal)?
+                }
+            },
+        };
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream()?;
         let (maj, min) = ctx.compute_capability()?;
@@ -240,6 +264,22 @@ impl Dev {
             )
             .unwrap_or(0)
             .max(0) as u32;
+        let smem_per_block = ctx
+            .attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .unwrap_or(0)
+            .max(0) as u32;
+        let real = super::select::DevProps {
+            sms,
+            smem_per_sm,
+            smem_per_block,
+        };
+        let super::select::DevProps {
+            sms,
+            smem_per_sm,
+            smem_per_block,
+        } = super::profile::apply(real, profile);
         // Memory clock (kHz, double data rate) x bus width (bits).
         let mem_bw = {
             let a = |x| ctx.attribute(x).unwrap_or(0).max(0) as f64;
@@ -268,16 +308,16 @@ impl Dev {
             for &e in m.entries {
                 let f = module.load_function(e)?;
                 let mut bytes = super::big_smem(e);
-                if SPREAD.contains(&e) {
-                    // Unused dynamic shared memory that leaves room for one block an SM: half an
-                    // SM's, less the kernel's static part.
+                if super::select::attention::SPREAD.contains(&e) {
+                    // Unused dynamic shared memory that leaves room for one block an SM.
                     let st = f
                         .get_attribute(
                             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES,
                         )
                         .unwrap_or(0)
                         .max(0) as u32;
-                    let pad = ((smem_per_sm / 2 + 1024).saturating_sub(st) + 1023) & !1023;
+                    let pad =
+                        super::select::attention::spread_pad(e, smem_per_sm, st);
                     if pad > 0 {
                         bytes = bytes.max(pad);
                         pads.insert(e, pad);
@@ -328,6 +368,8 @@ impl Dev {
             name,
             sms,
             smem_per_sm,
+            smem_per_block,
+            profile,
             mem_bw,
             allocs: Mutex::new(vec![]),
             blas: std::sync::OnceLock::new(),
@@ -387,14 +429,26 @@ impl Dev {
 
     /// Blocks of kernel `name` with `block` threads and `smem` bytes of dynamic shared memory
     /// that one SM holds at once (0 when the kernel is not loaded or the driver cannot say).
+    /// Under a device profile, no more than the profile's SM limits allow (the kernel's
+    /// registers and static shared memory as the driver reports them).
     pub fn occupancy(&self, name: &str, block: u32, smem: usize) -> u32 {
-        self.funcs
-            .get(name)
-            .and_then(|(f, _)| {
-                f.occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
-                    .ok()
-            })
-            .unwrap_or(0)
+        let Some((f, _)) = self.funcs.get(name) else {
+            return 0;
+        };
+        let real = f
+            .occupancy_max_active_blocks_per_multiprocessor(block, smem, None)
+            .unwrap_or(0);
+        let Some(p) = self.profile else {
+            return real;
+        };
+        let attr = |a| f.get_attribute(a).unwrap_or(0).max(0) as u32;
+        let res = laguna_kernels::audit::Resources {
+            regs: attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_NUM_REGS),
+            smem: attr(sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES),
+            ..Default::default()
+        };
+        let (n, _) = laguna_kernels::audit::blocks_per_sm(&p.limits(), &res, block, smem as u32);
+        real.min(n)
     }
 
     /// The cuBLAS handle (created on the first call), or None when libcublas is not available.
@@ -719,10 +773,8 @@ impl Dev {
         let b = self.alloc(bytes)?;
         unsafe { result::memset_d8_async(a, 1, bytes, self.stream.cu_stream()) }?;
         let n = (bytes / 16) as u64;
-        let sms = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .unwrap_or(132) as u32;
+        // (Under a device profile, the profile's SMs.)
+        let sms = self.sms;
         let run = |p: &mut Option<Prof>| {
             self.launch_p(p, "copy_u4", (sms * 8, 1, 1), (512, 1, 1), 0, |x| {
                 x.u64(a).u64(b).u64(n);
@@ -775,4 +827,59 @@ impl Drop for Dev {
             }
         }
     }
+}
+
+/// A context on `ordinal` confined to `sms` SMs (a green context, CUDA 12.4+ drivers), and the
+/// SMs it got. The context lives as long as the process (it is never destroyed: cudarc would
+/// destroy it as an ordinary context).
+unsafe fn green_context(ordinal: usize, sms: u32) -> Result<(Arc<CudaContext>, u32), String> {
+    let ok = |r: sys::CUresult, what: &str| {
+        if r == sys::CUresult::CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(format!("{what}: {r:?}"))
+        }
+    };
+    result::init().map_err(|e| format!("cuInit: {e:?}"))?;
+    let dev = result::device::get(ordinal as i32).map_err(|e| format!("cuDeviceGet: {e:?}"))?;
+    let mut all: sys::CUdevResource = std::mem::zeroed();
+    ok(
+        sys::cuDeviceGetDevResource(
+            dev,
+            &mut all,
+            sys::CUdevResourceType::CU_DEV_RESOURCE_TYPE_SM,
+        ),
+        "cuDeviceGetDevResource",
+    )?;
+    let mut part: sys::CUdevResource = std::mem::zeroed();
+    let mut rest: sys::CUdevResource = std::mem::zeroed();
+    let mut groups: std::ffi::c_uint = 1;
+    ok(
+        sys::cuDevSmResourceSplitByCount(&mut part, &mut groups, &all, &mut rest, 0, sms),
+        "cuDevSmResourceSplitByCount",
+    )?;
+    let got = part.__bindgen_anon_1.sm.smCount;
+    if groups < 1 || got < sms {
+        return Err(format!(
+            "the device splits off {groups} group(s) of {got} SMs, not {sms}"
+        ));
+    }
+    let mut desc: sys::CUdevResourceDesc = std::ptr::null_mut();
+    ok(
+        sys::cuDevResourceGenerateDesc(&mut desc, &mut part, 1),
+        "cuDevResourceGenerateDesc",
+    )?;
+    let mut g: sys::CUgreenCtx = std::ptr::null_mut();
+    let flags = sys::CUgreenCtxCreate_flags::CU_GREEN_CTX_DEFAULT_STREAM as std::ffi::c_uint;
+    ok(
+        sys::cuGreenCtxCreate(&mut g, desc, dev, flags),
+        "cuGreenCtxCreate",
+    )?;
+    let mut c: sys::CUcontext = std::ptr::null_mut();
+    ok(sys::cuCtxFromGreenCtx(&mut c, g), "cuCtxFromGreenCtx")?;
+    let ctx = CudaContext::from_raw_context(ordinal, dev, c)
+        .map_err(|e| format!("binding the green context: {e:?}"))?;
+    // Never dropped: cudarc's Drop would cuCtxDestroy it, which is not how a green context goes.
+    std::mem::forget(ctx.clone());
+    Ok((ctx, got))
 }

@@ -830,24 +830,35 @@ fn mk_stagger(cfg: &LagunaConfig, dev: &Dev, grid: u32) -> i32 {
 /// SM, all resident at once, since its grid-wide barriers spin. Whether it runs is the
 /// choice of `select::moe::fused_decode`.
 pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
-    let Some(smem) = mk_smem(cfg) else {
-        return (0, 0);
-    };
-    let fits = |name| dev.occupancy(name, MK_BLOCK, smem as usize) > 0;
-    if !(fits("moe_decode_fused") && fits("moe_decode_fused_tc")) {
-        tracing::warn!("moe_decode_fused: no block fits an SM; the MoE runs as separate launches");
-        return (0, 0);
+    let per_sm = |name| dev.occupancy(name, MK_BLOCK, mk_smem(cfg).unwrap_or(0) as usize);
+    let per_sm = per_sm("moe_decode_fused").min(per_sm("moe_decode_fused_tc"));
+    match mk_geom(cfg, dev.sms, per_sm) {
+        Some((grid, smem)) => (grid, smem),
+        None if mk_smem(cfg).is_some() => {
+            tracing::warn!(
+                "moe_decode_fused: no block fits an SM; the MoE runs as separate launches"
+            );
+            (0, 0)
+        }
+        None => (0, 0),
     }
-    (dev.sms, smem)
+}
+
+/// `mk_launch`'s grid and dynamic shared memory on `sms` SMs where an SM holds `per_sm` of
+/// its blocks: one block an SM (every block resident: its grid barriers spin), None where
+/// the shapes or no block fit.
+pub(crate) fn mk_geom(cfg: &LagunaConfig, sms: u32, per_sm: u32) -> Option<(u32, u32)> {
+    let smem = mk_smem(cfg)?;
+    (per_sm > 0).then_some((sms, smem))
 }
 
 /// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
 /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
-pub(super) const MK_BLOCK: u32 = 640;
+pub(crate) const MK_BLOCK: u32 = 640;
 
 /// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
 /// the model's shapes fit it.
-pub(super) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
+pub(crate) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
     let h = cfg.hidden_size;
     let im = cfg.moe_intermediate_size;
     let kk = cfg.top_k + 1;

@@ -20,6 +20,7 @@ mod load;
 mod moe;
 mod ops;
 mod prefix;
+pub mod profile;
 pub mod ring;
 pub mod select;
 pub mod spec;
@@ -446,9 +447,9 @@ pub fn big_smem(name: &str) -> u32 {
 }
 /// Most sequences one `decode_step` carries (its graphs are kept per batch size).
 const DECODE_ROWS: usize = 16;
-/// u64 a row of `sample_rows_split`'s state (SG_STRIDE in sample.cu) and its most blocks a row.
+/// u64 a row of `sample_rows_split`'s state (SG_STRIDE in sample.cu; its most blocks a row:
+/// `select::sample::SPLIT_MAX_BLOCKS`).
 const SAMP_G_STRIDE: usize = 2048;
-const SAMP_G_MAX_BLOCKS: usize = 64;
 const SPLIT_ROWS: usize = 64;
 /// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in common.cuh).
 pub const ATT_CHUNK: usize = 32;
@@ -990,6 +991,7 @@ impl CudaModel {
         select::DevProps {
             sms: self.dev.sms,
             smem_per_sm: self.dev.smem_per_sm,
+            smem_per_block: self.dev.smem_per_block,
         }
     }
 

@@ -10,6 +10,8 @@ pub struct DevProps {
     pub sms: u32,
     /// Shared memory an SM holds (bytes).
     pub smem_per_sm: u32,
+    /// Shared memory a block may opt in to (bytes, static + dynamic).
+    pub smem_per_block: u32,
 }
 
 /// The split-KV decode attention and the flash prefill attention.
@@ -166,6 +168,34 @@ pub mod attention {
             "attention_decode_tc_qk_3stage" => ATC_QK3_SMEM,
             _ => 0,
         }
+    }
+
+    /// Kernels launched with PDL whose small grids (under one block an SM) run slower when their
+    /// blocks, scheduled as the previous kernel's blocks retire, crowd onto the first SMs freed:
+    /// the sliding layers' decode attention (PERF.md run 155). They get `spread_pad` bytes of
+    /// unused dynamic shared memory for a grid within one wave.
+    pub const SPREAD: &[&str] = &["attention_decode_gqa_qk", "attention_decode_gqa_qk_fp8"];
+
+    /// The padding of a SPREAD kernel with `static_smem` bytes of static shared memory that
+    /// leaves an SM room for one of its blocks: half an SM's, less the static part (0 for other
+    /// kernels).
+    pub fn spread_pad(name: &str, smem_per_sm: u32, static_smem: u32) -> u32 {
+        if !SPREAD.contains(&name) {
+            return 0;
+        }
+        ((smem_per_sm / 2 + 1024).saturating_sub(static_smem) + 1023) & !1023
+    }
+
+    /// Dynamic shared memory of a decode attention launch of `blocks` blocks: the kernel's own
+    /// (`big_smem`), or the SPREAD padding `pad` when the grid is within one wave.
+    pub fn decode_smem(name: &str, blocks: usize, dev: &DevProps, pad: u32) -> u32 {
+        let pad = if blocks <= dev.sms as usize { pad } else { 0 };
+        big_smem(name).max(pad)
+    }
+
+    /// Threads of a split merge block: head_dim rounded up to warps.
+    pub fn merge_block(hd: usize) -> u32 {
+        (hd as u32).div_ceil(32) * 32
     }
 }
 
@@ -448,6 +478,24 @@ pub mod sample {
             "sample_rows"
         }
     }
+
+    /// Most blocks a row of `sample_rows_split`.
+    pub const SPLIT_MAX_BLOCKS: usize = 64;
+    /// Threads of a `sample_rows_split` block (its launch bounds) and of a `sample_rows` block.
+    pub const SPLIT_BLOCK: u32 = 512;
+    pub const ROWS_BLOCK: u32 = 1024;
+
+    /// The sampler launch for `n` rows where an SM holds `per_sm` blocks of `sample_rows_split`:
+    /// as many blocks a row as fit on the device at once with every row's (its per-row
+    /// barriers need all of a row's blocks resident), at most SPLIT_MAX_BLOCKS; else
+    /// `sample_rows`. (kernel, grid, block)
+    pub fn sampler_geom(n: usize, per_sm: u32, sms: u32) -> (&'static str, (u32, u32, u32), u32) {
+        let nb = (per_sm as usize * sms as usize / n.max(1)).min(SPLIT_MAX_BLOCKS);
+        match sampler(nb) {
+            "sample_rows_split" => ("sample_rows_split", (nb as u32, n as u32, 1), SPLIT_BLOCK),
+            name => (name, (n as u32, 1, 1), ROWS_BLOCK),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -457,10 +505,12 @@ mod tests {
     const H200: DevProps = DevProps {
         sms: 132,
         smem_per_sm: 233_472,
+        smem_per_block: 232_448,
     };
     const GB10: DevProps = DevProps {
         sms: 48,
-        smem_per_sm: 101_376,
+        smem_per_sm: 102_400,
+        smem_per_block: 101_376,
     };
 
     fn xs_attn(window: usize, solo: bool, fp8: bool) -> attention::Shape {

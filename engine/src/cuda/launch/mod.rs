@@ -6,6 +6,7 @@ pub mod attention;
 pub mod linear;
 pub mod moe;
 pub mod norm;
+pub mod plan;
 pub mod sample;
 
 use super::device::DevError;
