@@ -8,7 +8,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::grammar::GrammarEnv;
-use laguna_engine::sched::{Event, GenRequest, SchedConfig, Scheduler};
+use laguna_engine::sched::{Event, GenRequest, SchedConfig, Scheduler, Backend};
 use laguna_engine::tokenizer::Tokenizer;
 use laguna_stages::serve::constrain::{compile_with, Demand};
 use std::path::{Path, PathBuf};
@@ -115,6 +115,15 @@ pub fn run(
         ..SchedConfig::default()
     };
     let s = Scheduler::start_loading(sc, loader, Some(Arc::new(tok)))?;
+    loop {
+        match s.health() {
+            laguna_engine::sched::Health::Ready => break,
+            laguna_engine::sched::Health::Failed(e) => anyhow::bail!("the model failed to load: {e}"),
+            laguna_engine::sched::Health::Loading => {
+                std::thread::sleep(std::time::Duration::from_millis(50))
+            }
+        }
+    }
     let v = cfg.vocab_size as u64;
     let mut x = 0x2545F4914F6CDD1Du64;
     let prompt: Vec<u32> = (0..prompt_len)

@@ -129,6 +129,20 @@ fn sampling_defaults(dir: &Path) -> SamplingDefaults {
     }
 }
 
+/// Whether the prefix cache runs. Off on CUDA for now: on the synthetic XS-2.1 shape a turn resumed
+/// from the CUDA store gave other tokens than a cold run (`laguna device-test --prefix-pair`,
+/// H100, 2026-12-07), though the fixtures pass; the CPU store is exact.
+fn prefix_cache_on(opts: &ServeOptions) -> bool {
+    if opts.enable_prefix_caching && opts.device != "cpu" {
+        tracing::warn!(
+            "prefix cache off on {}: the CUDA store is not yet exact on every shape (see docs/design/prefix-cache.md)",
+            opts.device
+        );
+        return false;
+    }
+    opts.enable_prefix_caching
+}
+
 /// The model a device name stands for, loaded on the engine's thread (`backend::load`).
 pub fn model_loader(
     dir: PathBuf,
@@ -256,7 +270,7 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
             .unwrap_or(2048.max(opts.max_num_seqs)),
         max_model_len,
         max_waiting: opts.max_waiting,
-        prefix_cache: opts.enable_prefix_caching,
+        prefix_cache: prefix_cache_on(&opts),
         ..SchedConfig::default()
     };
     let served_names = if opts.served_model_name.is_empty() {
