@@ -218,18 +218,11 @@ fn convert_tools(tools: &[Json]) -> Result<Vec<Json>, ApiError> {
             .get("name")
             .and_then(Json::as_str)
             .ok_or_else(|| bad(format!("tools[{i}].name: Field required")))?;
-        // OpenAI's key order (name, description, parameters): the template renders the tool as JSON.
-        let mut f = Map::new();
-        f.insert("name".into(), json!(name));
-        if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
-            f.insert("description".into(), d.clone());
-        }
-        let params = t
-            .get("input_schema")
-            .cloned()
-            .unwrap_or(json!({"type": "object"}));
-        f.insert("parameters".into(), params);
-        out.push(json!({"type": "function", "function": f}));
+        out.push(super::openai::chat_function_tool(
+            name,
+            t.get("description"),
+            t.get("input_schema"),
+        ));
     }
     Ok(out)
 }
