@@ -208,6 +208,8 @@ pub struct Recipe {
     pub port: u16,
     /// Reuse cached prompt prefixes across requests (vLLM's `enable_prefix_caching`; default on).
     pub enable_prefix_caching: bool,
+    /// Request bodies over this many bytes get a 413 (`serve::limits`).
+    pub max_request_bytes: u64,
 }
 
 pub mod defaults {

@@ -45,6 +45,10 @@ pub fn run(a: Args) -> Result<()> {
             bail!("--draft needs --model DIR or --recipe R");
         }
         let d = ServeOptions::default();
+        let flags = r.overrides()?;
+        if flags.max_request_bytes == Some(0) {
+            bail!("--max-request-bytes must be positive, e.g. 32MiB");
+        }
         ServeOptions {
             model: None,
             host: r.server.host.clone().or(env_over.host).unwrap_or(d.host),
@@ -57,6 +61,7 @@ pub fn run(a: Args) -> Result<()> {
             max_waiting: a.max_waiting,
             default_enable_thinking: a.default_enable_thinking,
             enable_prefix_caching: !r.server.no_prefix_cache,
+            max_request_bytes: flags.max_request_bytes.unwrap_or(d.max_request_bytes),
             ..d
         }
     } else {
@@ -115,6 +120,7 @@ pub fn run(a: Args) -> Result<()> {
             max_waiting: a.max_waiting,
             default_enable_thinking: a.default_enable_thinking,
             enable_prefix_caching: recipe.enable_prefix_caching,
+            max_request_bytes: recipe.max_request_bytes,
         }
     };
     serve::run(opts)?;

@@ -74,6 +74,9 @@ pub struct ServerArgs {
     /// Prefill every prompt in full: no prefix cache (recipe: enable_prefix_caching = false).
     #[arg(long)]
     pub no_prefix_cache: bool,
+    /// Request bodies over this size get a 413 (bytes, or e.g. 64MiB; default 32MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_request_bytes: Option<String>,
 }
 
 /// Every recipe flag. Each subcommand flattens only the groups it uses and fills the rest with
@@ -148,6 +151,10 @@ impl RecipeArgs {
         o.port = self.server.port;
         if self.server.no_prefix_cache {
             o.enable_prefix_caching = Some(false);
+        }
+        if let Some(b) = &self.server.max_request_bytes {
+            o.max_request_bytes =
+                Some(parse_bytes(b).map_err(|m| invalid("--max-request-bytes", m))?);
         }
         Ok(o)
     }

@@ -23,6 +23,7 @@ struct RecipeFile {
     host: Option<String>,
     port: Option<u16>,
     enable_prefix_caching: Option<bool>,
+    max_request_bytes: Option<Bytes>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -153,6 +154,7 @@ pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
     };
     o.kv_cache_memory_bytes = bytes(f.kv_cache_memory_bytes, "kv_cache_memory_bytes")?;
     o.memory_cap_bytes = bytes(f.memory_cap_bytes, "memory_cap_bytes")?;
+    o.max_request_bytes = bytes(f.max_request_bytes, "max_request_bytes")?;
     if let Some(d) = f.kv_cache_dtype {
         o.kv_cache_dtype =
             Some(KvCacheDtype::parse(&d).map_err(|m| invalid(path, "kv_cache_dtype", m))?);

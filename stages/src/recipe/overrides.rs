@@ -35,6 +35,7 @@ pub struct Overrides {
     pub host: Option<String>,
     pub port: Option<u16>,
     pub enable_prefix_caching: Option<bool>,
+    pub max_request_bytes: Option<u64>,
 }
 
 /// `123`, `12GiB`, `512MiB`, `1.5GB`, ... (binary suffixes are powers of 1024, decimal of 1000).
@@ -201,7 +202,8 @@ impl Overrides {
             memory_cap_bytes,
             host,
             port,
-            enable_prefix_caching
+            enable_prefix_caching,
+            max_request_bytes
         );
     }
 
@@ -280,6 +282,13 @@ impl Overrides {
                 "must be positive (or leave it out to size the KV pool from the memory cap)",
             ));
         }
+        if self.max_request_bytes == Some(0) {
+            return Err(invalid(
+                &origin,
+                "max_request_bytes",
+                "must be positive, e.g. 32MiB",
+            ));
+        }
         let speculative = match (&draft, self.speculative_method, self.num_speculative_tokens) {
             (None, Some(m), _) => {
                 return Err(invalid(
@@ -326,6 +335,9 @@ impl Overrides {
             host: self.host.unwrap_or_else(|| defaults::HOST.into()),
             port: self.port.unwrap_or(defaults::PORT),
             enable_prefix_caching: self.enable_prefix_caching.unwrap_or(true),
+            max_request_bytes: self
+                .max_request_bytes
+                .unwrap_or(crate::serve::limits::DEFAULT_MAX_REQUEST_BYTES),
         })
     }
 }

@@ -359,7 +359,8 @@ fn parse(body: &[u8]) -> Result<MessagesRequest, ApiError> {
 }
 
 pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> warp::reply::Response {
-    let started = parse(&body).and_then(|req| {
+    let started = super::limits::prepare(&state, body, |state, body| {
+        let req = parse(body)?;
         let chat = to_chat(&req, false)?;
         let model = req
             .model
@@ -368,8 +369,9 @@ pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> war
         let reuse = Reuse {
             clamp_max_tokens: true,
         };
-        chat::prepare_chat(&state, chat, reuse).map(|(p, stream)| (p, stream, model))
-    });
+        chat::prepare_chat(state, chat, reuse).map(|(p, stream)| (p, stream, model))
+    })
+    .await;
     let (p, stream, model) = match started {
         Ok(x) => x,
         Err(e) => return error_response(e),
@@ -389,15 +391,17 @@ pub async fn count_tokens(
     state: Arc<AppState>,
     body: warp::hyper::body::Bytes,
 ) -> warp::reply::Response {
-    let counted = parse(&body).and_then(|req| {
+    let counted = super::limits::prepare(&state, body, |state, body| {
+        let req = parse(body)?;
         let chat = to_chat(&req, true)?;
         let messages = chat::template_messages(&chat.messages)?;
         let tools = chat.tools.clone().filter(|t| !t.is_empty());
         if let Some(t) = &tools {
             chat::validate_tools(t)?;
         }
-        chat::render_prompt(&state, &chat, &messages, tools.as_deref()).map(|(p, _)| p.len())
-    });
+        chat::render_prompt(state, &chat, &messages, tools.as_deref()).map(|(p, _)| p.len())
+    })
+    .await;
     match counted {
         Ok(n) => warp::reply::json(&json!({"input_tokens": n})).into_response(),
         Err(e) => error_response(e),

@@ -336,7 +336,7 @@ pub(super) fn render_prompt(
 }
 
 pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> warp::reply::Response {
-    match prepare(&state, &body) {
+    match super::limits::prepare(&state, body, prepare).await {
         Err(e) => e.into_response(),
         Ok((p, true)) => stream_response(state, p),
         Ok((p, false)) => match complete(&state, p).await {

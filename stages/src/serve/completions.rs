@@ -1,5 +1,6 @@
 //! `POST /v1/completions`: raw prompts (text, list of texts, token ids, lists of token ids).
 use super::errors::ApiError;
+use super::limits::MAX_PROMPTS;
 use super::openai::{
     now_secs, parse_body, random_id, usage_json, validate_common, CompletionRequest, PromptField,
 };
@@ -77,6 +78,17 @@ fn prepare(
         n => n.map(|n| n as usize),
     };
     let echo = req.echo.unwrap_or(false);
+    let count = match &req.prompt {
+        PromptField::Texts(ts) => ts.len(),
+        PromptField::IdLists(l) => l.len(),
+        PromptField::Text(_) | PromptField::Ids(_) => 1,
+    };
+    if count > MAX_PROMPTS {
+        return Err(ApiError::bad_request(format!(
+            "The request has {count} prompts; at most {MAX_PROMPTS} are allowed in one request. Send them in several requests."
+        ))
+        .with_param("prompt"));
+    }
     let prompts: Vec<(Vec<u32>, String)> = match &req.prompt {
         PromptField::Text(t) => vec![(state.encode(t, true)?, t.clone())],
         PromptField::Texts(ts) => ts
@@ -134,7 +146,8 @@ fn prepare(
 }
 
 pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> warp::reply::Response {
-    let (choices, stream, include_usage, logprobs) = match prepare(&state, &body) {
+    let (choices, stream, include_usage, logprobs) =
+        match super::limits::prepare(&state, body, prepare).await {
         Ok(x) => x,
         Err(e) => return e.into_response(),
     };

@@ -87,6 +87,15 @@ impl ApiError {
         e
     }
 
+    /// A prompt refused before tokenizing: its bytes alone prove it has over `max_model_len` tokens.
+    pub fn prompt_far_too_long(max_model_len: usize, at_least: usize, bytes: usize) -> ApiError {
+        let mut e = Self::bad_request(format!(
+            "This model's maximum context length is {max_model_len} tokens. However, your request has at least {at_least} input tokens ({bytes} bytes of text). Please reduce the length of the input messages. (parameter=input_tokens, value={at_least})"
+        ));
+        e.param = Some("input_tokens".into());
+        e
+    }
+
     pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status.as_u16()}})
     }

@@ -13,6 +13,7 @@ pub mod completions;
 pub mod constrain;
 pub mod embedded;
 pub mod errors;
+pub mod limits;
 pub mod metrics;
 pub mod openai;
 pub mod reasoning;
@@ -78,6 +79,8 @@ pub struct ServeOptions {
     pub default_enable_thinking: bool,
     /// Reuse cached prompt prefixes (`--no-prefix-cache` / recipe `enable_prefix_caching`).
     pub enable_prefix_caching: bool,
+    /// Request bodies over this many bytes get a 413 (`--max-request-bytes`).
+    pub max_request_bytes: u64,
 }
 
 impl Default for ServeOptions {
@@ -99,6 +102,7 @@ impl Default for ServeOptions {
             max_waiting: 0,
             default_enable_thinking: false,
             enable_prefix_caching: true,
+            max_request_bytes: limits::DEFAULT_MAX_REQUEST_BYTES,
         }
     }
 }
@@ -306,6 +310,7 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
         })?;
         let local = listener.local_addr().map_err(|e| ServeError::Io(e.to_string()))?;
         let scheduler = Scheduler::start_loading(sched_cfg.clone(), loader, Some(tokenizer.clone()))?;
+        let limits = limits::Limits::new(opts.max_request_bytes, tokenizer.max_token_bytes());
         let state = Arc::new(AppState {
             backend: Arc::new(scheduler),
             tokenizer,
@@ -318,6 +323,7 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
             defaults: sampling_defaults(&dir),
             default_enable_thinking: opts.default_enable_thinking,
             grammar,
+            limits,
         });
         tracing::info!(
             "serving `{}` on http://{local} (device {}, max_model_len {}, max_num_seqs {}, max_num_batched_tokens {}, chat template: {})",

@@ -475,12 +475,15 @@ pub async fn handle(
     store: Arc<ResponseStore>,
     body: warp::hyper::body::Bytes,
 ) -> warp::reply::Response {
-    let started = parse_body::<ResponsesRequest>(&body).and_then(|req| {
-        let (conversation, chat) = to_chat(&req, &store)?;
-        let meta = Meta::new(&state, &req);
-        chat::prepare_chat(&state, chat, Reuse::default())
+    let kept = store.clone();
+    let started = super::limits::prepare(&state, body, move |state, body| {
+        let req = parse_body::<ResponsesRequest>(body)?;
+        let (conversation, chat) = to_chat(&req, &kept)?;
+        let meta = Meta::new(state, &req);
+        chat::prepare_chat(state, chat, Reuse::default())
             .map(|(p, stream)| (p, stream, meta, conversation))
-    });
+    })
+    .await;
     let (p, stream, meta, conversation) = match started {
         Ok(x) => x,
         Err(e) => return e.into_response(),

@@ -1,7 +1,7 @@
 //! warp routes: OpenAI endpoints under /v1 (API-key protected when set), /health, /metrics, /version.
 use super::errors::ApiError;
 use super::state::AppState;
-use super::{anthropic, chat, completions, metrics, responses};
+use super::{anthropic, chat, completions, limits, metrics, responses};
 use laguna_engine::sched::Health;
 use serde_json::json;
 use std::convert::Infallible;
@@ -110,6 +110,10 @@ pub fn routes(
         warp::reply::json(&json!({"version": env!("CARGO_PKG_VERSION"), "server": "laguna"}))
             .into_response()
     });
+    // One body filter for every POST route: the limit, streamed, in the route's error shape.
+    let limit = state.limits.max_request_bytes;
+    let body = limits::body(limit, |e| warp::reject::custom(Rejected(e)));
+    let body_anthropic = limits::body(limit, |e| warp::reject::custom(RejectedAnthropic(e)));
     let v1 = warp::path("v1").and(auth(state.clone()));
     let models = v1
         .clone()
@@ -122,20 +126,20 @@ pub fn routes(
         .and(warp::path!("chat" / "completions"))
         .and(warp::post())
         .and(with_state(state.clone()))
-        .and(warp::body::bytes())
+        .and(body.clone())
         .then(chat::handle);
     // The path first: only requests for these routes get the Anthropic-shaped 401.
     let messages = warp::path!("v1" / "messages")
         .and(auth_as(state.clone(), true))
         .and(warp::post())
         .and(with_state(state.clone()))
-        .and(warp::body::bytes())
+        .and(body_anthropic.clone())
         .then(anthropic::handle);
     let count_tokens = warp::path!("v1" / "messages" / "count_tokens")
         .and(auth_as(state.clone(), true))
         .and(warp::post())
         .and(with_state(state.clone()))
-        .and(warp::body::bytes())
+        .and(body_anthropic)
         .then(anthropic::count_tokens);
     let store = Arc::new(responses::ResponseStore::new(responses::STORE_CAPACITY));
     let store_post = store.clone();
@@ -145,7 +149,7 @@ pub fn routes(
         .and(warp::post())
         .and(with_state(state.clone()))
         .and(warp::any().map(move || store_post.clone()))
-        .and(warp::body::bytes())
+        .and(body.clone())
         .then(responses::handle);
     let responses_get = v1
         .clone()
@@ -156,7 +160,7 @@ pub fn routes(
         .and(warp::path!("completions"))
         .and(warp::post())
         .and(with_state(state.clone()))
-        .and(warp::body::bytes())
+        .and(body)
         .then(completions::handle);
     health
         .or(metrics)
@@ -193,14 +197,6 @@ async fn recover(err: Rejection) -> Result<warp::reply::Response, Infallible> {
     }
     if err.find::<warp::reject::MethodNotAllowed>().is_some() {
         return Ok(ApiError::method_not_allowed().into_response());
-    }
-    if let Some(e) = err.find::<warp::reject::PayloadTooLarge>() {
-        return Ok(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "BadRequestError",
-            e.to_string(),
-        )
-        .into_response());
     }
     Ok(ApiError::bad_request(format!("{err:?}")).into_response())
 }
@@ -247,6 +243,7 @@ mod tests {
             defaults: SamplingDefaults::default(),
             default_enable_thinking: false,
             grammar: None,
+            limits: crate::serve::limits::Limits::new(1 << 20, None),
         }))
     }
 

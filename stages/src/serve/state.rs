@@ -1,6 +1,7 @@
 //! What every handler shares: the backend, tokenizer, chat template and served names.
 use super::chat_template::ChatTemplate;
 use super::errors::ApiError;
+use super::limits::Limits;
 use super::openai::SamplingDefaults;
 use laguna_engine::sched::{Backend, GenRequest, Health, RequestStream, SubmitError, TokenLogprob};
 use laguna_engine::tokenizer::Tokenizer;
@@ -23,6 +24,8 @@ pub struct AppState {
     /// Compiles the grammars of constrained requests (`constrain`); None when the tokenizer
     /// could not be read for it (such requests then get a 400).
     pub grammar: Option<Arc<laguna_engine::grammar::GrammarEnv>>,
+    /// The body limit, the preparation pool and the early length check's bound.
+    pub limits: Limits,
 }
 
 impl AppState {
@@ -88,7 +91,19 @@ impl AppState {
         })
     }
 
+    /// Tokenize a prompt; a text that provably has more tokens than the context holds (its bytes
+    /// over `max_token_bytes`, the most one token can cover) is refused without tokenizing it.
     pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ApiError> {
+        if let Some(m) = self.limits.max_token_bytes {
+            let at_least = text.len() / m;
+            if at_least > self.max_model_len {
+                return Err(ApiError::prompt_far_too_long(
+                    self.max_model_len,
+                    at_least,
+                    text.len(),
+                ));
+            }
+        }
         self.tokenizer
             .encode(text, add_special)
             .map_err(|e| ApiError::bad_request(format!("could not tokenize the prompt: {e}")))
