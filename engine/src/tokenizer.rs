@@ -117,7 +117,9 @@ mod tests {
     #[test]
     fn max_token_bytes_bounds_real_encodings() {
         let t = tiny();
-        let m = t.max_token_bytes().expect("a byte-level BPE without normalizer is bounded");
+        let m = t
+            .max_token_bytes()
+            .expect("a byte-level BPE without normalizer is bounded");
         let mut texts: Vec<String> = vec![];
         let vocab = t.inner().get_vocab(true);
         let mut entries: Vec<u32> = vocab.values().copied().collect();
@@ -135,14 +137,20 @@ mod tests {
         let mut x: u64 = 7;
         let rand: String = (0..20000)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 char::from_u32((x >> 33) as u32 % 0x3000).unwrap_or('?')
             })
             .collect();
         texts.push(rand);
         for s in &texts {
             let n = t.encode(s, false).unwrap().len();
-            assert!(n * m >= s.len(), "{} bytes in {n} tokens with bound {m}", s.len());
+            assert!(
+                n * m >= s.len(),
+                "{} bytes in {n} tokens with bound {m}",
+                s.len()
+            );
         }
     }
 }

@@ -148,9 +148,9 @@ fn prepare(
 pub async fn handle(state: Arc<AppState>, body: warp::hyper::body::Bytes) -> warp::reply::Response {
     let (choices, stream, include_usage, logprobs) =
         match super::limits::prepare(&state, body, prepare).await {
-        Ok(x) => x,
-        Err(e) => return e.into_response(),
-    };
+            Ok(x) => x,
+            Err(e) => return e.into_response(),
+        };
     let id = random_id("cmpl");
     let created = now_secs();
     let model = state.model_name().to_string();

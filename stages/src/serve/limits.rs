@@ -61,7 +61,9 @@ pub fn body(
             if len.is_some_and(|n| n > limit) {
                 return Err(reject(too_large(limit)));
             }
-            read_limited(s, len.unwrap_or(0), limit).await.map_err(reject)
+            read_limited(s, len.unwrap_or(0), limit)
+                .await
+                .map_err(reject)
         })
 }
 
@@ -73,9 +75,8 @@ where
     let mut s = std::pin::pin!(s);
     let mut out = Vec::with_capacity(expected.min(limit) as usize);
     while let Some(chunk) = s.next().await {
-        let mut chunk = chunk.map_err(|e| {
-            ApiError::bad_request(format!("could not read the request body: {e}"))
-        })?;
+        let mut chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if (out.len() + chunk.remaining()) as u64 > limit {
             return Err(too_large(limit));
         }
@@ -136,7 +137,10 @@ mod tests {
     use futures_util::stream;
 
     fn chunks(sizes: &[usize]) -> impl Stream<Item = Result<Bytes, warp::Error>> {
-        let v: Vec<_> = sizes.iter().map(|&n| Ok(Bytes::from(vec![b'x'; n]))).collect();
+        let v: Vec<_> = sizes
+            .iter()
+            .map(|&n| Ok(Bytes::from(vec![b'x'; n])))
+            .collect();
         stream::iter(v)
     }
 
