@@ -2,6 +2,7 @@
 //! device, with the prefix cache and without (the same model folder loaded twice, one after the
 //! other), greedy; the tokens must be equal and the later turns must resume from the cache.
 use anyhow::{bail, Result};
+use laguna_engine::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use laguna_engine::sched::{Backend, Event, GenRequest, Health, SchedConfig, Scheduler};
 use laguna_stages::serve::{model_loader, ServeOptions};
 use std::path::Path;
@@ -120,6 +121,154 @@ pub fn check(device: &str, target: &Path, draft: Option<&Path>, first: usize) ->
     })
 }
 
+/// One resume point of [`store_check`]: the restored sequence against one that never left.
+pub struct StoreRow {
+    pub pos: usize,
+    /// How the first `pos` positions were written: prefill chunks only, or a prefill and then
+    /// one-token decode steps (as a finished request's output is).
+    pub decoded: usize,
+    /// max |logit difference| over the rows after `pos`.
+    pub max_diff: f32,
+    pub same_tokens: bool,
+}
+
+/// Feed one token at the end of `seq` and return the greedy next token (the device's decode step
+/// when the backend samples on the device, else a forward and the host's argmax).
+fn greedy_step(m: &mut dyn Model, seq: SeqId, tok: u32) -> Result<u32> {
+    if m.device_sampling() > 0 {
+        let p = laguna_engine::sample::SamplingParams::greedy();
+        let item = DecodeItem {
+            seq,
+            token: tok,
+            params: &p,
+            u: 0.0,
+            prev: None,
+        };
+        return Ok(m.decode_step(&[item])?[0]);
+    }
+    let pos = m.seq_len(seq);
+    let out = m.forward(&[StepInput {
+        seq,
+        tokens: &[tok],
+        start_pos: pos,
+        logits: LogitRows::Last,
+    }])?;
+    Ok(laguna_engine::sample::argmax(out[0].row(0)) as u32)
+}
+
+/// Write `prompt[..pos]` into `seq` as the scheduler does: prefill in `chunk`-token passes, the
+/// last `decoded` positions as one-token decode steps.
+fn write_prefix(
+    m: &mut dyn Model,
+    seq: SeqId,
+    prompt: &[u32],
+    pos: usize,
+    decoded: usize,
+    chunk: usize,
+) -> Result<()> {
+    let pre = pos - decoded;
+    let mut at = 0;
+    while at < pre {
+        let n = chunk.min(pre - at);
+        m.forward(&[StepInput {
+            seq,
+            tokens: &prompt[at..at + n],
+            start_pos: at,
+            logits: LogitRows::None,
+        }])?;
+        at += n;
+    }
+    for &t in &prompt[pre..pos] {
+        greedy_step(m, seq, t)?;
+    }
+    Ok(())
+}
+
+/// The rest of the prompt after `pos` (logits of every row), then `gen` greedy tokens.
+fn finish(m: &mut dyn Model, seq: SeqId, prompt: &[u32], pos: usize, gen: usize) -> Result<(Vec<f32>, Vec<u32>)> {
+    let out = m.forward(&[StepInput {
+        seq,
+        tokens: &prompt[pos..],
+        start_pos: pos,
+        logits: LogitRows::All,
+    }])?;
+    let logits = out[0].logits.clone();
+    let v = logits.len() / out[0].rows.max(1);
+    let mut tok = laguna_engine::sample::argmax(&logits[logits.len() - v..]) as u32;
+    let mut toks = vec![tok];
+    for _ in 1..gen {
+        tok = greedy_step(m, seq, tok)?;
+        toks.push(tok);
+    }
+    Ok((logits, toks))
+}
+
+/// The store seam on `device`, without the scheduler: for each resume point, a sequence written up
+/// to it, exported (blocks and a snapshot), freed and restored into a new sequence must compute the
+/// same logits and greedy tokens for the rest as a sequence written the same way that never left
+/// (same passes, so bit for bit on a deterministic backend).
+pub fn store_check(
+    device: &str,
+    target: &Path,
+    points: &[(usize, usize)],
+    chunk: usize,
+) -> Result<Vec<StoreRow>> {
+    let dev = laguna_engine::backend::Device::parse(device).map_err(anyhow::Error::msg)?;
+    let opts = laguna_engine::backend::LoadOptions {
+        kv_cache_bytes: Some(4 << 30),
+        max_seqs: 4,
+        ..Default::default()
+    };
+    let mut loaded = laguna_engine::backend::load(dev, &opts, target, None)?;
+    let m = loaded.model();
+    let vocab = m.config().vocab_size as u32;
+    let rest = 24;
+    let longest = points.iter().map(|p| p.0).max().unwrap_or(0);
+    let prompt: Vec<u32> = (0..(longest + rest) as u32)
+        .map(|i| (17 + 37 * i + i * i / 7) % vocab)
+        .collect();
+    let mut rows = vec![];
+    for &(pos, decoded) in points {
+        let prompt = &prompt[..pos + rest];
+        let c = m.new_seq()?;
+        write_prefix(m, c, prompt, pos, decoded, chunk)?;
+        let (want, want_toks) = finish(m, c, prompt, pos, 8)?;
+        m.free_seq(c);
+        let a = m.new_seq()?;
+        write_prefix(m, a, prompt, pos, decoded, chunk)?;
+        let st = m
+            .prefix_store()
+            .ok_or_else(|| anyhow::anyhow!("this backend has no prefix store"))?;
+        let blocks = (0..pos / st.block_size())
+            .map(|i| st.export_block(a, i))
+            .collect::<laguna_engine::Result<Vec<_>>>()?;
+        let snap = st.export_snapshot(a)?;
+        m.free_seq(a);
+        let b = m.new_seq()?;
+        m.prefix_store()
+            .expect("checked")
+            .restore(b, &blocks, Some(snap), pos)?;
+        let (got, got_toks) = finish(m, b, prompt, pos, 8)?;
+        m.free_seq(b);
+        let st = m.prefix_store().expect("checked");
+        for h in blocks.into_iter().chain([snap]) {
+            st.release(h);
+        }
+        let max_diff = got
+            .iter()
+            .zip(&want)
+            .map(|(x, y)| if x.is_finite() { (x - y).abs() } else { f32::INFINITY })
+            .fold(0f32, f32::max);
+        rows.push(StoreRow {
+            pos,
+            decoded,
+            max_diff,
+            same_tokens: got_toks == want_toks,
+        });
+    }
+    Ok(rows)
+}
+
 #[cfg(test)]
 mod tests {
     /// The device-test harness itself, on the CPU reference (what device-test runs on cuda).
@@ -137,6 +286,22 @@ mod tests {
         for draft in [None, Some(d.as_path())] {
             let r = super::check("cpu", &t, draft, 20).unwrap();
             assert!(r.ok, "{} cached {:?} {}", r.name, r.cached, r.note);
+        }
+    }
+
+    /// The store check itself, on the CPU reference (bit for bit there), at block boundaries,
+    /// inside blocks and windows, after decode steps.
+    #[test]
+    fn store_check_passes_on_cpu() {
+        let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"));
+        let t = root.join("models/swa-yarn-perhead");
+        if !t.join("config.json").exists() {
+            eprintln!("skipping: fixtures missing");
+            return;
+        }
+        let points = [(1, 0), (15, 0), (16, 0), (17, 0), (40, 5), (41, 11)];
+        for r in super::store_check("cpu", &t, &points, 8).unwrap() {
+            assert!(r.same_tokens && r.max_diff == 0.0, "pos {} decoded {}: {}", r.pos, r.decoded, r.max_diff);
         }
     }
 }
