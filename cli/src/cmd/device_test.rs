@@ -409,7 +409,15 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(t) = &a.prefix_store {
         let cfg = laguna_engine::LagunaConfig::from_file(&t.join("config.json"))?;
         let w = cfg.sliding_window.unwrap_or(0);
-        let mut points = vec![(1, 0), (63, 0), (64, 0), (65, 0), (127, 11), (2059, 11), (2048, 0)];
+        let mut points = vec![
+            (1, 0),
+            (63, 0),
+            (64, 0),
+            (65, 0),
+            (127, 11),
+            (2059, 11),
+            (2048, 0),
+        ];
         if w > 1 {
             points.extend([(w - 1, 0), (w, 0), (w + 1, 0), (w + 7, 3), (2 * w + 5, 0)]);
         }
@@ -436,8 +444,8 @@ pub fn run(a: Args) -> Result<()> {
             .split_once(',')
             .context("--prefix-pair takes DRAFT,TARGET")?;
         let mut fails = 0;
-        for draft in [None, Some(Path::new(dd))] {
-            let r = super::device_prefix::check("cuda", Path::new(td), draft, 2048)?;
+        let drafts = [None, Some(Path::new(dd))];
+        for r in super::device_prefix::check("cuda", Path::new(td), &drafts, 2048)? {
             println!(
                 "{} [prefix cache]: cached {:?} {} -> {}",
                 r.name,
@@ -545,18 +553,19 @@ pub fn run(a: Args) -> Result<()> {
         a.drafts.join("swa-yarn-perhead-causal-w8"),
     );
     if !a.no_prefix && !a.only_dflash && pt.join("config.json").exists() {
-        for draft in [
+        let drafts = [
             None,
             Some(pd.as_path()).filter(|d| d.join("config.json").exists()),
-        ] {
-            let r = super::device_prefix::check("cuda", &pt, draft, 20).unwrap_or_else(|e| {
-                super::device_prefix::PrefixRow {
-                    name: pt.display().to_string(),
-                    ok: false,
-                    cached: vec![],
-                    note: format!("ERROR {e:#}"),
-                }
-            });
+        ];
+        let rows = super::device_prefix::check("cuda", &pt, &drafts, 20).unwrap_or_else(|e| {
+            vec![super::device_prefix::PrefixRow {
+                name: pt.display().to_string(),
+                ok: false,
+                cached: vec![],
+                note: format!("ERROR {e:#}"),
+            }]
+        });
+        for r in rows {
             println!(
                 "{} [prefix cache]: cached {:?} {} -> {}",
                 r.name,
