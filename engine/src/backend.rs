@@ -49,6 +49,9 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// What the CPU's prefix cache may hold when no K/V budget is given.
+pub const CPU_PREFIX_CACHE_BYTES: usize = 2 << 30;
+
 /// How to load: the knobs `serve` and `generate` set; everything else is the backend's default.
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -103,9 +106,14 @@ pub fn load(
         Device::Cpu => {
             let mut model = CpuModel::load(model_dir)?;
             model.set_kv_fp8(opts.kv_fp8);
+            // The CPU's live K/V grows with its sequences; the budget bounds what the prefix
+            // cache keeps (each model its own).
+            let cache_bytes = opts.kv_cache_bytes.unwrap_or(CPU_PREFIX_CACHE_BYTES);
+            model.set_prefix_budget_bytes(cache_bytes);
             let draft = match draft_dir {
                 Some(d) => {
-                    let dm = CpuDraft::load(d, &model)?;
+                    let mut dm = CpuDraft::load(d, &model)?;
+                    dm.set_prefix_budget_bytes(cache_bytes);
                     let k = spec_k(&dm, opts)?;
                     Some((dm, k))
                 }

@@ -69,6 +69,14 @@ pub struct Args {
     /// --agent-replay: tokens generated each turn.
     #[arg(long, default_value_t = 300)]
     pub agent_output: usize,
+    /// --agent-replay: instead of the session, resume at each of these cached context lengths
+    /// (e.g. `32768,131072`) with `--agent-new` new tokens: the cached turn's TTFT against the
+    /// time to prefill only the new tokens there (cold C + new minus cold C).
+    #[arg(long, value_delimiter = ',')]
+    pub agent_resume: Vec<usize>,
+    /// --agent-resume: new tokens after the cached context.
+    #[arg(long, default_value_t = 2048)]
+    pub agent_new: usize,
     /// Constrained decoding: decode through the scheduler with and without a JSON-schema grammar
     /// (this schema file, or a built-in one) and report tok/s and the mask time per token (on
     /// the CPU when there is no GPU).
@@ -95,6 +103,8 @@ pub fn run(a: Args) -> Result<()> {
             first: a.agent_first,
             last: a.agent_last,
             output: a.agent_output,
+            resume: a.agent_resume.clone(),
+            new: a.agent_new,
             json: a.json,
         });
     }

@@ -4,7 +4,9 @@
 //! linearly from `--agent-first` to `--agent-last` tokens over `--agent-turns` turns; each turn
 //! generates `--agent-output` tokens. Per turn, TTFT of the cached turn (the session's prompt,
 //! resumed from the cache) and of a cold prompt of the same length (its first token changed, so
-//! nothing in the cache matches it), then the sums.
+//! nothing in the cache matches it), then the sums. With `--agent-resume C1,C2,..`: per context
+//! length C, the TTFT of a turn resumed from C cached tokens with `--agent-new` new ones, against
+//! the time to prefill only those new tokens at C (cold C + new, minus cold C, in the same run).
 use anyhow::{bail, Context, Result};
 use laguna_engine::sched::{Backend, Event, GenRequest, Health, SchedConfig, Scheduler};
 use laguna_stages::serve::{model_loader, ServeOptions};
@@ -23,6 +25,10 @@ pub struct Replay {
     pub first: usize,
     pub last: usize,
     pub output: usize,
+    /// Cached context lengths to resume at (the `--agent-resume` mode; empty: the session).
+    pub resume: Vec<usize>,
+    /// New tokens after each resume point.
+    pub new: usize,
     pub json: bool,
 }
 
@@ -60,13 +66,10 @@ fn timed(
     })
 }
 
-pub fn run(r: &Replay) -> Result<()> {
-    if r.turns == 0 || r.first == 0 || r.last < r.first {
-        bail!("--agent-turns must be >= 1 and --agent-first <= --agent-last");
-    }
+/// The scheduler with the prefix cache on, one sequence at a time, for sessions up to `max_len`.
+fn start(r: &Replay, max_len: usize) -> Result<Scheduler> {
     let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))
         .with_context(|| format!("reading {}", r.model.display()))?;
-    let max_len = r.last + r.output + 1;
     if max_len > cfg.max_position_embeddings {
         bail!(
             "the session reaches {max_len} positions, more than the model's max_position_embeddings ({})",
@@ -95,25 +98,48 @@ pub fn run(r: &Replay) -> Result<()> {
     let s = Scheduler::start_loading(sched_cfg, loader, None)?;
     loop {
         match s.health() {
-            Health::Ready => break,
+            Health::Ready => return Ok(s),
             Health::Failed(e) => bail!("the model failed to load: {e}"),
             Health::Loading => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
     }
+}
+
+/// Fresh prompt tokens (xorshift over the vocabulary above the first 16 ids).
+struct Fresh {
+    x: u64,
+    v: u64,
+}
+
+impl Fresh {
+    fn take(&mut self, n: usize) -> Vec<u32> {
+        (0..n)
+            .map(|_| {
+                self.x ^= self.x << 13;
+                self.x ^= self.x >> 7;
+                self.x ^= self.x << 17;
+                (self.x % (self.v - 16)) as u32 + 16
+            })
+            .collect()
+    }
+}
+
+pub fn run(r: &Replay) -> Result<()> {
+    if !r.resume.is_empty() {
+        return resume(r);
+    }
+    if r.turns == 0 || r.first == 0 || r.last < r.first {
+        bail!("--agent-turns must be >= 1 and --agent-first <= --agent-last");
+    }
+    let s = start(r, r.last + r.output + 1)?;
+    let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     let v = cfg.vocab_size as u64;
-    let mut x = 0x9E3779B97F4A7C15u64;
-    let mut fresh = |n: usize| -> Vec<u32> {
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x % (v - 16)) as u32 + 16
-            })
-            .collect()
+    let mut fresh = Fresh {
+        x: 0x9E3779B97F4A7C15,
+        v,
     };
     let mut prompt: Vec<u32> = vec![];
     let mut rows = vec![];
@@ -124,7 +150,7 @@ pub fn run(r: &Replay) -> Result<()> {
             r.first + (r.last - r.first) * t / (r.turns - 1)
         };
         if prompt.len() < len {
-            let more = fresh(len - prompt.len());
+            let more = fresh.take(len - prompt.len());
             prompt.extend(more);
         }
         let mut req = GenRequest::greedy(prompt.clone(), r.output);
@@ -160,6 +186,63 @@ pub fn run(r: &Replay) -> Result<()> {
         prompt.extend(ids);
     }
     report(&rows, r, &s)
+}
+
+/// `--agent-resume`: per cached context length C, three requests on fresh tokens: a cold prompt
+/// of C tokens (it fills the cache), the turn after it (C + its output + new tokens, resumed from
+/// the cache), and a cold prompt as long as that turn (first token changed). The new tokens'
+/// prefill at C is the difference of the two cold TTFTs; the target is cached <= 1.2x that.
+fn resume(r: &Replay) -> Result<()> {
+    let top = r.resume.iter().max().copied().unwrap_or(0);
+    if r.resume.contains(&0) || r.new < 2 {
+        bail!("--agent-resume lengths must be >= 1 and --agent-new >= 2");
+    }
+    let s = start(r, top + r.new + 2)?;
+    let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))?;
+    let v = cfg.vocab_size as u64;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let mut fresh = Fresh {
+        x: 0x2545F4914F6CDD1D,
+        v,
+    };
+    // One short request first, so no timed one pays for first-use setup.
+    let mut req = GenRequest::greedy(fresh.take(64), 1);
+    req.ignore_eos = true;
+    timed(&s, &rt, req)?;
+    println!(
+        "resume on {} ({}): {} new tokens after the cached context",
+        r.model.display(),
+        r.device,
+        r.new
+    );
+    println!("| cached context | cached | TTFT cold C (s) | TTFT cold C+new (s) | new-token prefill (s) | TTFT cached (s) | ratio |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for &c in &r.resume {
+        let first = fresh.take(c);
+        let mut req = GenRequest::greedy(first.clone(), 1);
+        req.ignore_eos = true;
+        let (cold_c, _, out) = timed(&s, &rt, req)?;
+        let turn = [first, out, fresh.take(r.new - 1)].concat();
+        let mut req = GenRequest::greedy(turn.clone(), 1);
+        req.ignore_eos = true;
+        let (cached_t, cached, _) = timed(&s, &rt, req)?;
+        let mut cold = turn;
+        cold[0] = ((cold[0] as u64 + 1) % v) as u32;
+        let mut req = GenRequest::greedy(cold, 1);
+        req.ignore_eos = true;
+        let (cold_cn, hit, _) = timed(&s, &rt, req)?;
+        if hit > 0 {
+            bail!("the cold prompt at {c} found {hit} cached tokens");
+        }
+        let only_new = cold_cn - cold_c;
+        println!(
+            "| {c} | {cached} | {cold_c:.3} | {cold_cn:.3} | {only_new:.3} | {cached_t:.3} | {:.2}x |",
+            cached_t / only_new.max(1e-9)
+        );
+    }
+    Ok(())
 }
 
 fn report(rows: &[Turn], r: &Replay, s: &Scheduler) -> Result<()> {

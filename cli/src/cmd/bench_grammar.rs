@@ -8,7 +8,7 @@
 use anyhow::{anyhow, bail, Context, Result};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::grammar::GrammarEnv;
-use laguna_engine::sched::{Event, GenRequest, SchedConfig, Scheduler, Backend};
+use laguna_engine::sched::{Backend, Event, GenRequest, SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
 use laguna_stages::serve::constrain::{compile_with, Demand};
 use std::path::{Path, PathBuf};
@@ -118,7 +118,9 @@ pub fn run(
     loop {
         match s.health() {
             laguna_engine::sched::Health::Ready => break,
-            laguna_engine::sched::Health::Failed(e) => anyhow::bail!("the model failed to load: {e}"),
+            laguna_engine::sched::Health::Failed(e) => {
+                anyhow::bail!("the model failed to load: {e}")
+            }
             laguna_engine::sched::Health::Loading => {
                 std::thread::sleep(std::time::Duration::from_millis(50))
             }

@@ -42,6 +42,11 @@ pub struct Args {
     /// checkpoints), a 2048-token first prompt.
     #[arg(long, value_name = "DRAFT,TARGET")]
     pub prefix_pair: Option<String>,
+    /// Only the prefix store check on one target (no scheduler): restored sequences against ones
+    /// that never left, at resume points inside and at the edges of pages and windows, after
+    /// prefill and after decode steps. Exits non-zero on a difference.
+    #[arg(long, value_name = "TARGET")]
+    pub prefix_store: Option<PathBuf>,
 }
 
 pub fn read_ids(path: &Path, name: &str) -> Result<Vec<u32>> {
@@ -401,13 +406,46 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::ensure!(r.ok, "DFlash pair check failed");
         return Ok(());
     }
+    if let Some(t) = &a.prefix_store {
+        let cfg = laguna_engine::LagunaConfig::from_file(&t.join("config.json"))?;
+        let w = cfg.sliding_window.unwrap_or(0);
+        let mut points = vec![
+            (1, 0),
+            (63, 0),
+            (64, 0),
+            (65, 0),
+            (127, 11),
+            (2059, 11),
+            (2048, 0),
+        ];
+        if w > 1 {
+            points.extend([(w - 1, 0), (w, 0), (w + 1, 0), (w + 7, 3), (2 * w + 5, 0)]);
+        }
+        let mut fails = 0;
+        for chunk in [64, 2048] {
+            for r in super::device_prefix::store_check("cuda", t, &points, chunk)? {
+                let ok = r.same_tokens && r.max_diff == 0.0;
+                println!(
+                    "prefix store chunk {chunk} pos {} (last {} decoded): max |diff| {:.3e}, tokens {} -> {}",
+                    r.pos,
+                    r.decoded,
+                    r.max_diff,
+                    if r.same_tokens { "same" } else { "differ" },
+                    if ok { "OK" } else { "FAIL" }
+                );
+                fails += usize::from(!ok);
+            }
+        }
+        anyhow::ensure!(fails == 0, "prefix store check failed");
+        return Ok(());
+    }
     if let Some(pair) = &a.prefix_pair {
         let (dd, td) = pair
             .split_once(',')
             .context("--prefix-pair takes DRAFT,TARGET")?;
         let mut fails = 0;
-        for draft in [None, Some(Path::new(dd))] {
-            let r = super::device_prefix::check("cuda", Path::new(td), draft, 2048)?;
+        let drafts = [None, Some(Path::new(dd))];
+        for r in super::device_prefix::check("cuda", Path::new(td), &drafts, 2048)? {
             println!(
                 "{} [prefix cache]: cached {:?} {} -> {}",
                 r.name,
@@ -515,18 +553,19 @@ pub fn run(a: Args) -> Result<()> {
         a.drafts.join("swa-yarn-perhead-causal-w8"),
     );
     if !a.no_prefix && !a.only_dflash && pt.join("config.json").exists() {
-        for draft in [
+        let drafts = [
             None,
             Some(pd.as_path()).filter(|d| d.join("config.json").exists()),
-        ] {
-            let r = super::device_prefix::check("cuda", &pt, draft, 20).unwrap_or_else(|e| {
-                super::device_prefix::PrefixRow {
-                    name: pt.display().to_string(),
-                    ok: false,
-                    cached: vec![],
-                    note: format!("ERROR {e:#}"),
-                }
-            });
+        ];
+        let rows = super::device_prefix::check("cuda", &pt, &drafts, 20).unwrap_or_else(|e| {
+            vec![super::device_prefix::PrefixRow {
+                name: pt.display().to_string(),
+                ok: false,
+                cached: vec![],
+                note: format!("ERROR {e:#}"),
+            }]
+        });
+        for r in rows {
             println!(
                 "{} [prefix cache]: cached {:?} {} -> {}",
                 r.name,

@@ -245,6 +245,11 @@ impl CpuModel {
         self.kv.set_budget(budget);
     }
 
+    /// The prefix cache's budget in bytes of K/V it may hold.
+    pub fn set_prefix_budget_bytes(&mut self, bytes: usize) {
+        self.kv.set_budget_bytes(bytes);
+    }
+
     /// Keep K/V as an FP8 E4M3 cache would (value / scale rounded to E4M3, times scale).
     pub fn set_kv_fp8(&mut self, on: bool) {
         self.kv_fp8 = on;

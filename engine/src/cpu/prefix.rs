@@ -8,7 +8,9 @@
 //! `p + 1 - window .. p`, the CUDA ring) and the full layers' partial block `p / B * B .. p`.
 //! `restore` fills every other windowed position with NaN, so a wrong resume point shows up as
 //! NaN logits instead of passing unnoticed. Exports are copies (the CPU does not share memory
-//! between sequences); each counts one block of the budget.
+//! between sequences). The budget counts blocks of the full layers' bytes: a block export costs
+//! one, a snapshot what its largest form takes in such blocks (`snapshot_cost`), so a byte budget
+//! (`set_budget_bytes`, from `--kv-cache-memory-bytes`) bounds what the cache holds.
 use super::model::SeqKv;
 use crate::error::{EngineError, Result};
 use crate::model::prefix::{CacheHandle, PrefixStore};
@@ -41,7 +43,8 @@ pub struct CpuKv {
     /// Blocks the exports may hold in all.
     budget: usize,
     held_blocks: usize,
-    held: HashMap<CacheHandle, Held>,
+    /// Each handle with the blocks it counts.
+    held: HashMap<CacheHandle, (Held, usize)>,
     next_handle: CacheHandle,
 }
 
@@ -64,9 +67,21 @@ impl CpuKv {
         self.block = block.max(1);
     }
 
-    /// Most blocks the exported blocks and snapshots may hold (each counts one).
+    /// Most blocks the exported blocks and snapshots may hold (see `snapshot_cost`).
     pub fn set_budget(&mut self, blocks: usize) {
         self.budget = blocks;
+    }
+
+    /// The budget as bytes of exported K/V (f32 K and V).
+    pub fn set_budget_bytes(&mut self, bytes: usize) {
+        self.budget = bytes / self.unit_bytes();
+    }
+
+    /// Bytes one budget block stands for: a block of every full layer's K and V (a block of one
+    /// layer's when every layer keeps a window).
+    fn unit_bytes(&self) -> usize {
+        let full = self.windows.iter().filter(|w| w.is_none()).count();
+        (full.max(1) * self.block * self.row * 2 * 4).max(1)
     }
 
     /// First position a windowed layer still sees from `pos` on (None: full attention).
@@ -80,11 +95,11 @@ impl CpuKv {
             .ok_or_else(|| EngineError::Other(format!("unknown sequence {seq}")))
     }
 
-    fn hold(&mut self, h: Held) -> CacheHandle {
+    fn hold(&mut self, h: Held, cost: usize) -> CacheHandle {
         let id = self.next_handle;
         self.next_handle += 1;
-        self.held.insert(id, h);
-        self.held_blocks += 1;
+        self.held.insert(id, (h, cost));
+        self.held_blocks += cost;
         id
     }
 }
@@ -110,7 +125,8 @@ impl PrefixStore for CpuKv {
         let (k, v) = full
             .map(|(l, _)| (s.k[l][r.clone()].to_vec(), s.v[l][r.clone()].to_vec()))
             .unzip();
-        Ok(self.hold(Held::Block { k, v }))
+        let cost = self.block_cost();
+        Ok(self.hold(Held::Block { k, v }, cost))
     }
     fn export_snapshot(&mut self, seq: SeqId) -> Result<CacheHandle> {
         let (b, row) = (self.block, self.row);
@@ -131,7 +147,8 @@ impl PrefixStore for CpuKv {
             k.push(kl.to_vec());
             v.push(vl.to_vec());
         }
-        Ok(self.hold(Held::Snap { pos, from, k, v }))
+        let cost = self.snapshot_cost();
+        Ok(self.hold(Held::Snap { pos, from, k, v }, cost))
     }
     fn restore(
         &mut self,
@@ -160,7 +177,7 @@ impl PrefixStore for CpuKv {
         }
         let full: Vec<usize> = (0..nl).filter(|&l| self.windows[l].is_none()).collect();
         for h in blocks {
-            let Some(Held::Block { k, v }) = self.held.get(h) else {
+            let Some((Held::Block { k, v }, _)) = self.held.get(h) else {
                 return Err(EngineError::Other(format!("no cached block {h}")));
             };
             for (i, &l) in full.iter().enumerate() {
@@ -169,12 +186,15 @@ impl PrefixStore for CpuKv {
             }
         }
         if let Some(h) = snapshot {
-            let Some(Held::Snap {
-                pos: at,
-                from,
-                k,
-                v,
-            }) = self.held.get(&h)
+            let Some((
+                Held::Snap {
+                    pos: at,
+                    from,
+                    k,
+                    v,
+                },
+                _,
+            )) = self.held.get(&h)
             else {
                 return Err(EngineError::Other(format!("no cached snapshot {h}")));
             };
@@ -209,20 +229,75 @@ impl PrefixStore for CpuKv {
         Ok(())
     }
     fn release(&mut self, handle: CacheHandle) {
-        if self.held.remove(&handle).is_some() {
-            self.held_blocks -= 1;
+        if let Some((_, cost)) = self.held.remove(&handle) {
+            self.held_blocks -= cost;
         }
     }
     fn free_blocks(&self) -> usize {
         self.budget.saturating_sub(self.held_blocks)
     }
     fn block_cost(&self) -> usize {
-        1
+        usize::from(self.windows.iter().any(|w| w.is_none()))
     }
+    /// The largest snapshot (every window's last `window - 1` keys, every full layer's partial
+    /// block) in budget blocks, at least one.
     fn snapshot_cost(&self) -> usize {
-        1
+        let rows: usize = self
+            .windows
+            .iter()
+            .map(|w| w.map_or(self.block - 1, |w| w.saturating_sub(1)))
+            .sum();
+        (rows * self.row * 2 * 4).div_ceil(self.unit_bytes()).max(1)
     }
     fn blocks_for(&self, _seq: SeqId, _upto: usize) -> usize {
         0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two full layers and two with a window of 8, rows of 32 values, blocks of 4 positions.
+    fn kv_with_seq(len: usize) -> CpuKv {
+        let mut kv = CpuKv::new(vec![None, Some(8), None, Some(8)], 32);
+        kv.set_block_size(4);
+        let mut s = SeqKv::with_layers(4);
+        for l in 0..4 {
+            s.k[l] = (0..len * 32).map(|i| i as f32).collect();
+            s.v[l] = s.k[l].clone();
+        }
+        s.len = len;
+        kv.seqs.insert(1, s);
+        kv
+    }
+
+    #[test]
+    fn the_budget_counts_bytes() {
+        let mut kv = kv_with_seq(13);
+        // A budget block: 2 full layers x 4 positions x 32 values x K,V x 4 bytes = 2048 bytes.
+        kv.set_budget_bytes(10_000);
+        assert_eq!(kv.free_blocks(), 4);
+        assert_eq!(kv.block_cost(), 1);
+        // The largest snapshot: 3 + 7 + 3 + 7 positions x 32 x 2 x 4 = 5120 bytes: 3 blocks.
+        assert_eq!(kv.snapshot_cost(), 3);
+        let s = kv.export_snapshot(1).unwrap();
+        assert_eq!(kv.free_blocks(), 1);
+        let b = kv.export_block(1, 0).unwrap();
+        assert_eq!(kv.free_blocks(), 0);
+        kv.release(s);
+        kv.release(b);
+        assert_eq!(kv.free_blocks(), 4);
+    }
+
+    #[test]
+    fn windowed_only_blocks_are_free() {
+        let mut kv = CpuKv::new(vec![Some(8), Some(8)], 32);
+        kv.set_block_size(4);
+        // A budget block is then one layer's block: 4 x 32 x 2 x 4 = 1024 bytes.
+        kv.set_budget_bytes(4096);
+        assert_eq!(kv.block_cost(), 0);
+        // 7 + 7 positions x 32 x 2 x 4 = 3584 bytes: 4 blocks.
+        assert_eq!(kv.snapshot_cost(), 4);
     }
 }

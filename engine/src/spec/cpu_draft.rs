@@ -233,6 +233,11 @@ impl CpuDraft {
         self.kv.set_budget(budget);
     }
 
+    /// The prefix cache's budget in bytes of K/V it may hold.
+    pub fn set_prefix_budget_bytes(&mut self, bytes: usize) {
+        self.kv.set_budget_bytes(bytes);
+    }
+
     /// The cached context K/V of a sequence (tests compare incremental against recomputed).
     pub fn context_kv(&self, seq: SeqId) -> Option<&DraftKv> {
         self.kv.seqs.get(&seq)
