@@ -39,7 +39,10 @@ pub fn host() -> Option<DeviceMemory> {
 
 /// The process's peak resident set (`VmHWM` of /proc/self/status), bytes.
 pub fn vm_hwm() -> Option<u64> {
-    parse_status_kb(&std::fs::read_to_string("/proc/self/status").ok()?, "VmHWM:")
+    parse_status_kb(
+        &std::fs::read_to_string("/proc/self/status").ok()?,
+        "VmHWM:",
+    )
 }
 
 /// A `kB` field of /proc/self/status text, in bytes.
@@ -64,7 +67,11 @@ pub fn cuda(ordinal: usize) -> Result<DeviceMemory, String> {
 }
 
 /// On an integrated GPU the usable free memory is the smaller of the driver's and the host's.
-pub fn unified_min(dev: DeviceMemory, integrated: bool, host: Option<DeviceMemory>) -> DeviceMemory {
+pub fn unified_min(
+    dev: DeviceMemory,
+    integrated: bool,
+    host: Option<DeviceMemory>,
+) -> DeviceMemory {
     match (integrated, host) {
         (true, Some(h)) if h.free < dev.free => DeviceMemory {
             total: dev.total,
@@ -104,12 +111,33 @@ mod tests {
 
     #[test]
     fn integrated_takes_the_smaller_free() {
-        let dev = |free| DeviceMemory { total: 128 << 30, free, source: "dev".into(), unified: false };
-        let host = |free| Some(DeviceMemory { total: 128 << 30, free, source: "host".into(), unified: false });
-        assert_eq!(unified_min(dev(100 << 30), true, host(90 << 30)).free, 90 << 30);
-        assert_eq!(unified_min(dev(80 << 30), true, host(90 << 30)).free, 80 << 30);
+        let dev = |free| DeviceMemory {
+            total: 128 << 30,
+            free,
+            source: "dev".into(),
+            unified: false,
+        };
+        let host = |free| {
+            Some(DeviceMemory {
+                total: 128 << 30,
+                free,
+                source: "host".into(),
+                unified: false,
+            })
+        };
+        assert_eq!(
+            unified_min(dev(100 << 30), true, host(90 << 30)).free,
+            90 << 30
+        );
+        assert_eq!(
+            unified_min(dev(80 << 30), true, host(90 << 30)).free,
+            80 << 30
+        );
         // A discrete GPU never looks at host RAM.
-        assert_eq!(unified_min(dev(80 << 30), false, host(10 << 30)).free, 80 << 30);
+        assert_eq!(
+            unified_min(dev(80 << 30), false, host(10 << 30)).free,
+            80 << 30
+        );
         assert_eq!(unified_min(dev(80 << 30), true, None).free, 80 << 30);
         assert!(unified_min(dev(80 << 30), true, None).unified);
         assert!(unified_min(dev(100 << 30), true, host(90 << 30)).unified);

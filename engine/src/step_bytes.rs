@@ -183,8 +183,7 @@ mod tests {
     }
 
     fn draft(rel: &str) -> DraftConfig {
-        DraftConfig::from_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
-            .unwrap()
+        DraftConfig::from_file(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)).unwrap()
     }
 
     const XS: &str = "../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json";

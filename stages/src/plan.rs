@@ -199,7 +199,11 @@ impl KvPlan {
         };
         let fixed = weights.target + weights.draft + gemv_copies + activations + reserve;
         let largest_tensor = weights::largest_tensor_from_config(cfg);
-        let in_flight = if memory.unified { 2 * largest_tensor } else { 0 };
+        let in_flight = if memory.unified {
+            2 * largest_tensor
+        } else {
+            0
+        };
         let load_peak = weights.target + weights.draft + gemv_copies + reserve + in_flight;
         let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
         let max_model_len = recipe.max_model_len.unwrap_or(cfg.max_position_embeddings);
@@ -507,6 +511,8 @@ pub struct PlanOptions {
     pub draft_config: Option<PathBuf>,
     /// Plan for a device of this many bytes (total = free) instead of probing.
     pub device_memory: Option<u64>,
+    /// With `device_memory`: the device's memory is the host's (an integrated GPU such as GB10).
+    pub unified: bool,
 }
 
 fn load_config(p: &Path) -> Result<LagunaConfig, PlanError> {
@@ -594,7 +600,7 @@ pub fn plan_recipe(
             total: b,
             free: b,
             source: "--device-memory".into(),
-            unified: false,
+            unified: opts.unified,
         },
         None => memory::probe(recipe.device).map_err(PlanError::Memory)?,
     };

@@ -372,7 +372,15 @@ pub fn run(a: Args) -> Result<()> {
         .find(|r| r.0 == "greedy, 1 sequence, pipelined")
         .map(|r| bytes as f64 * r.1 / bw);
     let kernel_total: f64 = breakdown.iter().map(|b| b.1).sum();
-    let gb10 = super::bench_gb10::from_bench(&m, &a, bw, &step_rows, replay_ms, tok_s, spec_rows.as_deref())?;
+    let gb10 = super::bench_gb10::from_bench(
+        &m,
+        &a,
+        bw,
+        &step_rows,
+        replay_ms,
+        tok_s,
+        spec_rows.as_deref(),
+    )?;
     // The last timed run's greedy tokens (first from the prefill, then one a decode step) as one
     // FNV-1a 64 fingerprint: two kernel sets that give the same bits give the same value (greedy
     // decoding of random weights turns any rounding difference into other tokens within a few

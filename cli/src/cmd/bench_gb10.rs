@@ -126,7 +126,10 @@ pub fn from_bench(
         .find(|r| r.0 == "greedy, 1 sequence, pipelined")
         .map(|r| r.2);
     let (decode_ms, decode_source) = match (serving, replay_ms) {
-        (Some(ms), _) => (ms, "decode_step greedy, 1 sequence, pipelined (the serving path)"),
+        (Some(ms), _) => (
+            ms,
+            "decode_step greedy, 1 sequence, pipelined (the serving path)",
+        ),
         (None, Some(ms)) => (ms, "the decode graph replayed back to back"),
         (None, None) => (1e3 / tok_s, "the timed greedy decode"),
     };
@@ -141,7 +144,11 @@ pub fn from_bench(
         decode_ms,
         decode_source,
         copy_bw,
-        dflash: spec.unwrap_or(&[]).iter().map(|r| (r.k, r.step_ms)).collect(),
+        dflash: spec
+            .unwrap_or(&[])
+            .iter()
+            .map(|r| (r.k, r.step_ms))
+            .collect(),
         kv_elt: if m.kv_fp8() { 1 } else { 2 },
         ctx: a.prompt_len + a.gen / 2,
     };
@@ -228,9 +235,14 @@ mod tests {
         // 4.18 GB: 17.9 ms at 234 GB/s; 2.09 ms at 2 TB/s, so 0.91 ms moves no bytes.
         assert!((r[0].bytes_ms() - 1e3 * b / 234e9).abs() < 1e-9);
         assert!((r[0].fixed_ms(m.copy_bw) - (3.0 - 1e3 * b / 2e12)).abs() < 1e-9);
-        assert!((r[0].projected_ms(m.copy_bw) - (1e3 * b / 234e9 + 3.0 - 1e3 * b / 2e12)).abs() < 1e-9);
+        assert!(
+            (r[0].projected_ms(m.copy_bw) - (1e3 * b / 234e9 + 3.0 - 1e3 * b / 2e12)).abs() < 1e-9
+        );
         // A step faster than its bytes at the copy rate has no fixed part.
-        let fast = Row { measured_ms: 1.0, ..rows(&cfg, None, &m).remove(0) };
+        let fast = Row {
+            measured_ms: 1.0,
+            ..rows(&cfg, None, &m).remove(0)
+        };
         assert_eq!(fast.fixed_ms(m.copy_bw), 0.0);
         let notes = assumptions(&m, 0, &r);
         assert!(notes[0].contains("PROJECTION"));

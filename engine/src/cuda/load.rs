@@ -848,9 +848,9 @@ pub(super) fn log_load_peak(dev: &Dev, store: &WeightStore, what: &str) {
     }
     let gb = |b: u64| b as f64 / 1e9;
     let hwm = crate::memory::vm_hwm().map_or("?".into(), |b| format!("{:.2} GB", gb(b)));
-    let used = dev
-        .mem_info()
-        .map_or("?".into(), |(f, t)| format!("{:.2} of {:.2} GB", gb((t - f.min(t)) as u64), gb(t as u64)));
+    let used = dev.mem_info().map_or("?".into(), |(f, t)| {
+        format!("{:.2} of {:.2} GB", gb((t - f.min(t)) as u64), gb(t as u64))
+    });
     tracing::info!(
         "{what} loaded: peak resident set of the process (VmHWM) {hwm}; device memory in use {used}; checkpoint pages in the page cache {:.2} GB of {:.2} GB{}",
         gb(store.cached_bytes()),

@@ -23,7 +23,10 @@ pub fn page_size() -> usize {
 /// Page-aligned [start, end) covering the bytes [start, end) of a mapping of `len` bytes.
 fn aligned(start: usize, end: usize, len: usize) -> (usize, usize) {
     let p = page_size();
-    (start / p * p, end.div_ceil(p).saturating_mul(p).min(len.div_ceil(p) * p))
+    (
+        start / p * p,
+        end.div_ceil(p).saturating_mul(p).min(len.div_ceil(p) * p),
+    )
 }
 
 /// Drop the pages of bytes [start, end) of `map` (a read-only mapping of all of `file` from
