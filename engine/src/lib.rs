@@ -12,6 +12,7 @@ pub mod model;
 pub mod sample;
 pub mod sched;
 pub mod spec;
+pub mod step_bytes;
 pub mod tokenizer;
 pub mod weights;
 

@@ -10,6 +10,9 @@ pub struct DeviceMemory {
     /// Free right now.
     pub free: u64,
     pub source: String,
+    /// An integrated GPU whose memory is the host's (GB10): the page cache of a checkpoint being
+    /// loaded and the device's copy of it come out of the same memory.
+    pub unified: bool,
 }
 
 /// Parse `MemTotal` and `MemAvailable` (bytes) from /proc/meminfo text.
@@ -30,7 +33,22 @@ pub fn host() -> Option<DeviceMemory> {
         total,
         free,
         source: "host RAM (/proc/meminfo MemTotal/MemAvailable)".into(),
+        unified: false,
     })
+}
+
+/// The process's peak resident set (`VmHWM` of /proc/self/status), bytes.
+pub fn vm_hwm() -> Option<u64> {
+    parse_status_kb(
+        &std::fs::read_to_string("/proc/self/status").ok()?,
+        "VmHWM:",
+    )
+}
+
+/// A `kB` field of /proc/self/status text, in bytes.
+pub fn parse_status_kb(text: &str, field: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with(field))?;
+    Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
 
 /// CUDA device `ordinal`: Err says why there is no answer (no driver, no such GPU).
@@ -41,6 +59,7 @@ pub fn cuda(ordinal: usize) -> Result<DeviceMemory, String> {
             total: d.total,
             free: d.free,
             source: format!("cuda:{ordinal} (driver cuMemGetInfo)"),
+            unified: d.integrated,
         },
         d.integrated,
         host(),
@@ -48,7 +67,11 @@ pub fn cuda(ordinal: usize) -> Result<DeviceMemory, String> {
 }
 
 /// On an integrated GPU the usable free memory is the smaller of the driver's and the host's.
-pub fn unified_min(dev: DeviceMemory, integrated: bool, host: Option<DeviceMemory>) -> DeviceMemory {
+pub fn unified_min(
+    dev: DeviceMemory,
+    integrated: bool,
+    host: Option<DeviceMemory>,
+) -> DeviceMemory {
     match (integrated, host) {
         (true, Some(h)) if h.free < dev.free => DeviceMemory {
             total: dev.total,
@@ -57,8 +80,12 @@ pub fn unified_min(dev: DeviceMemory, integrated: bool, host: Option<DeviceMemor
                 "{}, capped by host MemAvailable (integrated GPU: unified memory)",
                 dev.source
             ),
+            unified: true,
         },
-        _ => dev,
+        _ => DeviceMemory {
+            unified: integrated,
+            ..dev
+        },
     }
 }
 
@@ -75,13 +102,45 @@ mod tests {
     }
 
     #[test]
+    fn status_fields() {
+        let t = "Name:\tlaguna\nVmPeak:\t  200 kB\nVmHWM:\t   1234 kB\n";
+        assert_eq!(parse_status_kb(t, "VmHWM:"), Some(1234 * 1024));
+        assert_eq!(parse_status_kb(t, "VmRSS:"), None);
+        assert!(vm_hwm().is_some_and(|b| b > 0));
+    }
+
+    #[test]
     fn integrated_takes_the_smaller_free() {
-        let dev = |free| DeviceMemory { total: 128 << 30, free, source: "dev".into() };
-        let host = |free| Some(DeviceMemory { total: 128 << 30, free, source: "host".into() });
-        assert_eq!(unified_min(dev(100 << 30), true, host(90 << 30)).free, 90 << 30);
-        assert_eq!(unified_min(dev(80 << 30), true, host(90 << 30)).free, 80 << 30);
+        let dev = |free| DeviceMemory {
+            total: 128 << 30,
+            free,
+            source: "dev".into(),
+            unified: false,
+        };
+        let host = |free| {
+            Some(DeviceMemory {
+                total: 128 << 30,
+                free,
+                source: "host".into(),
+                unified: false,
+            })
+        };
+        assert_eq!(
+            unified_min(dev(100 << 30), true, host(90 << 30)).free,
+            90 << 30
+        );
+        assert_eq!(
+            unified_min(dev(80 << 30), true, host(90 << 30)).free,
+            80 << 30
+        );
         // A discrete GPU never looks at host RAM.
-        assert_eq!(unified_min(dev(80 << 30), false, host(10 << 30)).free, 80 << 30);
+        assert_eq!(
+            unified_min(dev(80 << 30), false, host(10 << 30)).free,
+            80 << 30
+        );
         assert_eq!(unified_min(dev(80 << 30), true, None).free, 80 << 30);
+        assert!(unified_min(dev(80 << 30), true, None).unified);
+        assert!(unified_min(dev(100 << 30), true, host(90 << 30)).unified);
+        assert!(!unified_min(dev(80 << 30), false, host(10 << 30)).unified);
     }
 }

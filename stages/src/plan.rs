@@ -14,6 +14,10 @@
 //!   S = max_num_seqs, V vocab, taps = draft tap layers (0 without a draft).
 //! * Total = weights + KV budget + activations + runtime reserve ([`CUDA_RESERVE`] on CUDA, 0 on CPU);
 //!   cap = min(memory_cap_bytes, gpu_memory_utilization · device total).
+//! * Peak during load = weights + GEMV copies + reserve, and on unified memory (an integrated GPU
+//!   such as GB10, where the page cache and the device copy share one memory) + 2 x the largest
+//!   tensor: its file pages and the loader's host copy of it in flight (the loader drops each
+//!   tensor's file pages once it is uploaded, so the checkpoint is never held twice).
 pub mod memory;
 pub mod weights;
 
@@ -80,6 +84,9 @@ pub struct KvPlan {
     pub draft_block_size: Option<usize>,
     pub activations: u64,
     pub reserve: u64,
+    /// The largest tensor's bytes (config), and the projected peak during load (module docs).
+    pub largest_tensor: u64,
+    pub load_peak: u64,
     pub total: u64,
     pub cap: u64,
     pub memory: DeviceMemory,
@@ -191,6 +198,13 @@ impl KvPlan {
             weights::gemv_copy_bytes(cfg, draft)
         };
         let fixed = weights.target + weights.draft + gemv_copies + activations + reserve;
+        let largest_tensor = weights::largest_tensor_from_config(cfg);
+        let in_flight = if memory.unified {
+            2 * largest_tensor
+        } else {
+            0
+        };
+        let load_peak = weights.target + weights.draft + gemv_copies + reserve + in_flight;
         let rings = recipe.max_num_seqs as u64 * (ring_bytes_per_seq + draft_ring);
         let max_model_len = recipe.max_model_len.unwrap_or(cfg.max_position_embeddings);
         // A pool never needs more than max_num_seqs sequences of max_model_len tokens.
@@ -237,6 +251,8 @@ impl KvPlan {
             }),
             activations,
             reserve,
+            largest_tensor,
+            load_peak,
             total: fixed + kv_budget,
             cap,
             memory,
@@ -310,6 +326,13 @@ impl KvPlan {
                     commas(pool), commas(self.max_model_len as u64), commas(need), human(need), commas(pool)
                 )));
             }
+        }
+        if self.memory.unified && self.load_peak > self.cap.min(self.memory.free) {
+            return Err(PlanError::DoesNotFit(format!(
+                "loading needs a peak of {} (weights {} + GEMV copies {} + reserve {} + the largest tensor's file pages and host copy {}) but the unified memory has {} ({}: free {}, cap {}); nothing was loaded: free memory (stop other processes) or raise gpu_memory_utilization / memory_cap_bytes",
+                human(self.load_peak), human(self.weights.target + self.weights.draft), human(self.gemv_copies), human(self.reserve),
+                human(2 * self.largest_tensor), human(self.cap.min(self.memory.free)), self.memory.source, human(self.memory.free), human(self.cap)
+            )));
         }
         if self.total > self.cap && fixed >= self.cap {
             return Err(PlanError::DoesNotFit(format!(
@@ -422,6 +445,19 @@ impl fmt::Display for KvPlan {
         if self.reserve > 0 {
             writeln!(f, "  runtime reserve:    {}", human(self.reserve))?;
         }
+        let peak_how = if self.memory.unified {
+            format!(
+                "weights + copies + reserve + 2 x the largest tensor {} in flight; unified memory: each tensor's file pages are dropped after its upload",
+                human(self.largest_tensor)
+            )
+        } else {
+            "weights + copies + reserve; the K/V and activations come after".to_string()
+        };
+        writeln!(
+            f,
+            "  peak during load:   {} ({peak_how})",
+            human(self.load_peak)
+        )?;
         writeln!(
             f,
             "  total:              {} ({})",
@@ -475,6 +511,8 @@ pub struct PlanOptions {
     pub draft_config: Option<PathBuf>,
     /// Plan for a device of this many bytes (total = free) instead of probing.
     pub device_memory: Option<u64>,
+    /// With `device_memory`: the device's memory is the host's (an integrated GPU such as GB10).
+    pub unified: bool,
 }
 
 fn load_config(p: &Path) -> Result<LagunaConfig, PlanError> {
@@ -562,6 +600,7 @@ pub fn plan_recipe(
             total: b,
             free: b,
             source: "--device-memory".into(),
+            unified: opts.unified,
         },
         None => memory::probe(recipe.device).map_err(PlanError::Memory)?,
     };

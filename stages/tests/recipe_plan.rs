@@ -193,6 +193,7 @@ fn mem(total: u64) -> DeviceMemory {
         total,
         free: total,
         source: "test".into(),
+        unified: false,
     }
 }
 
@@ -282,6 +283,33 @@ fn xs21_plan_numbers() {
         p8.pool_tokens,
         Some((12_884_901_888u64 - 2 * 35 * 518 * 2048) / 20_480 / 16 * 16)
     );
+
+    // Peak during load: weights + copies + reserve on a discrete GPU; on unified memory (GB10)
+    // also the largest tensor (embed / lm_head: 100,352 x 2048 BF16) twice, its file pages and
+    // the loader's host copy.
+    assert_eq!(p.largest_tensor, 411_041_792);
+    assert_eq!(p.load_peak, wt + wd + copies + GIB);
+    let unified = |total: u64, free: u64| DeviceMemory {
+        total,
+        free,
+        source: "test".into(),
+        unified: true,
+    };
+    let pu = KvPlan::compute(&cfg, Some(&dcfg), &r, w, unified(128 * GIB, 128 * GIB));
+    assert_eq!(pu.load_peak, wt + wd + copies + GIB + 2 * 411_041_792);
+    pu.check().unwrap();
+    assert!(pu.to_string().contains("peak during load"), "{pu}");
+    // A load whose peak exceeds the free unified memory is refused before loading, naming the
+    // need and what is available, even with an explicit (small) K/V budget.
+    let mut tight = r.clone();
+    tight.kv_cache_memory_bytes = Some(GIB);
+    tight.max_model_len = Some(8192);
+    let free = pu.load_peak - 1;
+    let e = KvPlan::compute(&cfg, Some(&dcfg), &tight, w, unified(128 * GIB, free))
+        .check()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("loading needs a peak of") && e.contains("nothing was loaded"), "{e}");
 }
 
 #[test]
@@ -368,6 +396,7 @@ fn plan_refuses_with_the_number_to_change() {
         total: 128 * GIB,
         free: 20 * GIB,
         source: "test".into(),
+        unified: false,
     };
     let e = KvPlan::compute(&cfg, Some(&dcfg), &r, w, busy)
         .check()

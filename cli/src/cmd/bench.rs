@@ -382,6 +382,15 @@ pub fn run(a: Args) -> Result<()> {
         .find(|r| r.0 == "greedy, 1 sequence, pipelined")
         .map(|r| bytes as f64 * r.1 / bw);
     let kernel_total: f64 = breakdown.iter().map(|b| b.1).sum();
+    let gb10 = super::bench_gb10::from_bench(
+        &m,
+        &a,
+        bw,
+        &step_rows,
+        replay_ms,
+        tok_s,
+        spec_rows.as_deref(),
+    )?;
     // The last timed run's greedy tokens (first from the prefill, then one a decode step) as one
     // FNV-1a 64 fingerprint: two kernel sets that give the same bits give the same value (greedy
     // decoding of random weights turns any rounding difference into other tokens within a few
@@ -404,7 +413,7 @@ pub fn run(a: Args) -> Result<()> {
                 "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "roofline_fraction_serving": roofline_serving, "finite": finite, "greedy_tokens": tokens_out.len(), "greedy_fnv64": format!("{greedy_fnv:016x}"), "graphs": !a.no_graph, "kernels": ks,
                 "kernel_ms_per_step_eager": kernel_total / steps as f64, "decode_graph_replay_ms": replay_ms,
                 "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>(),
-                "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r))})
+                "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r)), "gb10_projection": gb10.as_ref().map(|g| g.to_json())})
         );
     } else {
         let ptot: f64 = prefill_kernels.iter().map(|b| b.1).sum();
@@ -493,6 +502,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         if let Some(r) = &spec_rows {
             super::bench_draft::print_table(r, 1e3 / tok_s);
+        }
+        if let Some(g) = &gb10 {
+            g.print();
         }
     }
     if !finite {

@@ -21,6 +21,10 @@ pub struct Args {
     /// Plan for a device with this much memory (bytes or e.g. 128GiB) instead of probing this machine.
     #[arg(long, value_name = "BYTES")]
     pub device_memory: Option<String>,
+    /// With --device-memory: plan it as unified memory shared with the host (DGX Spark's GB10):
+    /// the peak during load counts the checkpoint's file pages in flight.
+    #[arg(long, requires = "device_memory")]
+    pub unified_memory: bool,
     /// Hub cache folder (default: $HF_HUB_CACHE, else $HF_HOME/hub).
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
@@ -42,6 +46,7 @@ pub fn run(a: Args) -> Result<()> {
         config: a.config,
         draft_config: a.draft_config,
         device_memory,
+        unified: a.unified_memory,
     };
     let (plan, sources) = plan_recipe(&recipe, &env, &opts)?;
     println!("model config: {}", sources.model_config);

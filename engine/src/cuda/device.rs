@@ -482,6 +482,14 @@ impl Dev {
         Ok(())
     }
 
+    /// An integrated GPU sharing the host's memory (GB10): its device memory is the host's.
+    pub fn integrated(&self) -> bool {
+        self.ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_INTEGRATED)
+            .unwrap_or(0)
+            != 0
+    }
+
     /// (free, total) bytes; on an integrated GPU free is capped by the host's MemAvailable
     /// (see `crate::memory`).
     pub fn mem_info(&self) -> R<(usize, usize)> {

@@ -114,6 +114,7 @@ impl CudaDraft {
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
         let store = WeightStore::open(dir)?;
         cfg.validate_target(&target.cfg)?;
+        super::load::refuse_unless_fits(&target.dev, store.data_bytes(), dir)?;
         let tcfg = &target.cfg;
         let h = cfg.hidden_size;
         let th = tcfg.hidden_size;
@@ -144,6 +145,7 @@ impl CudaDraft {
             store: &store,
             pb: None,
             bytes: 0,
+            drop_pages: dev.integrated(),
         };
         let lin_bytes = |l: &Lin| {
             if l.fp4 {
@@ -234,6 +236,7 @@ impl CudaDraft {
         }
         let weight_bytes = ld.bytes;
         drop(ld);
+        super::load::log_load_peak(&dev, &store, "draft");
         // K/V: rings for as many sequences as the target (all draft layers share one window), or
         // as many pages as the target's pool when the draft has no window.
         let (tpages, tps, _) = target.kv_pool();

@@ -48,6 +48,8 @@ pub(super) struct Loader<'a> {
     pub(super) store: &'a WeightStore,
     pub(super) pb: Option<indicatif::ProgressBar>,
     pub(super) bytes: usize,
+    /// Unified memory: drop the file pages of what was read once it is uploaded.
+    pub(super) drop_pages: bool,
 }
 
 impl<'a> Loader<'a> {
@@ -55,6 +57,13 @@ impl<'a> Loader<'a> {
         self.bytes += n;
         if let Some(pb) = &self.pb {
             pb.inc(n as u64);
+        }
+        // Every upload ticks: what was read before it is on the device now.
+        if self.drop_pages {
+            if let Err(e) = self.store.drop_read_pages() {
+                tracing::warn!("cannot drop the checkpoint's file pages after an upload ({e}); the page cache may hold a second copy of the weights");
+                self.drop_pages = false;
+            }
         }
     }
     pub(super) fn upload(&mut self, data: &[u8]) -> Result<u64> {
@@ -238,6 +247,7 @@ impl CudaModel {
         let cfg = LagunaConfig::from_file(&dir.join("config.json"))?;
         let store = WeightStore::open(dir)?;
         let dev = Dev::new(opts.device).map_err(cerr)?;
+        refuse_unless_fits(&dev, store.data_bytes(), dir)?;
         let arch = dev.arch.clone();
         Self::build(cfg, &store, dev, arch, opts, t0)
     }
@@ -300,6 +310,7 @@ impl CudaModel {
             store,
             pb,
             bytes: 0,
+            drop_pages: dev.integrated(),
         };
         let et = store.expect("model.embed_tokens.weight", &[cfg.vocab_size, h])?;
         let eb = bf16_bytes_of(&et)?;
@@ -495,6 +506,7 @@ impl CudaModel {
             pb.finish_and_clear();
         }
         drop(ld);
+        log_load_peak(&dev, store, "target");
         let parts = Parts {
             embed,
             final_norm,
@@ -806,6 +818,45 @@ impl CudaModel {
             prefix: Default::default(),
         })
     }
+}
+
+/// Refuse a load whose weights alone exceed the device's free memory (on unified memory, the
+/// smaller of the driver's and the host's MemAvailable), before anything is uploaded. The full
+/// plan (copies, K/V, activations) is `laguna plan`'s, which `serve` checks before loading.
+pub(super) fn refuse_unless_fits(dev: &Dev, weights: u64, dir: &Path) -> Result<()> {
+    let (free, _) = dev.mem_info().map_err(cerr)?;
+    if weights > free as u64 {
+        return Err(EngineError::Other(format!(
+            "{}: the checkpoint's {:.2} GB of weights need more than the {:.2} GB free on the device{}; nothing was loaded (free memory, or use a smaller checkpoint)",
+            dir.display(),
+            weights as f64 / 1e9,
+            free as f64 / 1e9,
+            if dev.integrated() { " (unified memory: capped by the host's MemAvailable)" } else { "" }
+        )));
+    }
+    Ok(())
+}
+
+/// After a load: on unified memory drop what is left of the checkpoint's file pages, then log
+/// the peak of the load (the process's peak resident set, VmHWM, the device memory in use, and
+/// the checkpoint bytes still in the page cache) for the serve log.
+pub(super) fn log_load_peak(dev: &Dev, store: &WeightStore, what: &str) {
+    if dev.integrated() {
+        if let Err(e) = store.drop_all_pages() {
+            tracing::warn!("cannot drop the checkpoint's file pages ({e})");
+        }
+    }
+    let gb = |b: u64| b as f64 / 1e9;
+    let hwm = crate::memory::vm_hwm().map_or("?".into(), |b| format!("{:.2} GB", gb(b)));
+    let used = dev.mem_info().map_or("?".into(), |(f, t)| {
+        format!("{:.2} of {:.2} GB", gb((t - f.min(t)) as u64), gb(t as u64))
+    });
+    tracing::info!(
+        "{what} loaded: peak resident set of the process (VmHWM) {hwm}; device memory in use {used}; checkpoint pages in the page cache {:.2} GB of {:.2} GB{}",
+        gb(store.cached_bytes()),
+        gb(store.data_bytes()),
+        if dev.integrated() { " (unified memory: each tensor's file pages dropped after its upload)" } else { "" }
+    );
 }
 
 /// `moe_decode_fused`'s gate/up issue stagger (ns between consecutive warps of a block; kernel comment

@@ -1,2 +1,3 @@
 pub mod linear;
 pub mod store;
+pub mod pages;

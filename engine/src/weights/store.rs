@@ -30,7 +30,10 @@ pub struct WeightStore {
     pub dir: PathBuf,
     pub files: Vec<PathBuf>,
     maps: Vec<Mmap>,
+    handles: Vec<File>,
     tensors: HashMap<String, TensorInfo>,
+    /// (file, start, end) of tensors read since the last `drop_read_pages`.
+    read: std::sync::Mutex<Vec<(usize, usize, usize)>>,
 }
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -93,6 +96,7 @@ impl WeightStore {
     pub fn open(dir: &Path) -> Result<Self> {
         let (files, index) = checkpoint_files(dir)?;
         let mut maps = Vec::with_capacity(files.len());
+        let mut handles = Vec::with_capacity(files.len());
         let mut tensors = HashMap::new();
         for (fi, path) in files.iter().enumerate() {
             let file = File::open(path).map_err(|e| {
@@ -150,6 +154,7 @@ impl WeightStore {
                 );
             }
             maps.push(map);
+            handles.push(file);
         }
         if let Some(idx) = &index {
             for (name, f) in idx {
@@ -165,7 +170,9 @@ impl WeightStore {
             dir: dir.to_path_buf(),
             files,
             maps,
+            handles,
             tensors,
+            read: Default::default(),
         })
     }
 
@@ -189,6 +196,9 @@ impl WeightStore {
                     name: name.to_string(),
                     hint: String::new(),
                 })?;
+        if let Ok(mut r) = self.read.lock() {
+            r.push((info.file, info.start, info.end));
+        }
         Ok(TensorView {
             name: key,
             dtype: info.dtype,
@@ -208,6 +218,33 @@ impl WeightStore {
             });
         }
         Ok(t)
+    }
+
+    /// Drop the file pages of every tensor read since the last call (`weights::pages`): a loader
+    /// on a unified-memory device calls this once the device holds what it read.
+    pub fn drop_read_pages(&self) -> std::io::Result<()> {
+        let read = std::mem::take(&mut *self.read.lock().unwrap_or_else(|e| e.into_inner()));
+        for (f, s, e) in read {
+            super::pages::drop_pages(&self.handles[f], &self.maps[f], s, e)?;
+        }
+        Ok(())
+    }
+
+    /// Drop every file page of the checkpoint (the end of a load on a unified-memory device).
+    pub fn drop_all_pages(&self) -> std::io::Result<()> {
+        self.read.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        for (f, m) in self.handles.iter().zip(&self.maps) {
+            super::pages::drop_pages(f, m, 0, m.len())?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of the checkpoint's files in the page cache right now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.maps
+            .iter()
+            .map(|m| super::pages::resident_bytes(m).unwrap_or(0))
+            .sum()
     }
 
     /// Total bytes of tensor data.

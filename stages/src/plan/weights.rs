@@ -67,6 +67,22 @@ pub fn target_from_config(cfg: &LagunaConfig) -> u64 {
         .sum()
 }
 
+/// The largest tensor the config implies (bytes), by the same rules as `target_from_config`.
+pub fn largest_tensor_from_config(cfg: &LagunaConfig) -> u64 {
+    let nvfp4 = is_nvfp4(cfg);
+    inventory(cfg)
+        .iter()
+        .map(|e| match e {
+            Expected::Linear { prefix, out, inp } if nvfp4 && expert_linear(prefix) => {
+                (out * inp / 2) as u64
+            }
+            Expected::Linear { out, inp, .. } => (out * inp * 2) as u64,
+            Expected::Tensor { shape, .. } => shape.iter().product::<usize>() as u64 * 2,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
 /// Draft (BF16) weights from its config.
 pub fn draft_from_config(draft_cfg: &LagunaConfig, target: &LagunaConfig) -> u64 {
     draft::inventory(draft_cfg, Some(target))
