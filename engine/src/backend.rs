@@ -67,6 +67,9 @@ pub struct LoadOptions {
     pub num_speculative_tokens: Option<usize>,
     /// Show a progress bar while weights stream to the device.
     pub progress: bool,
+    /// The prefix cache will run: reserve what its stores keep outside the pool (the draft's
+    /// own snapshot buffers) inside the K/V budget.
+    pub prefix_cache: bool,
 }
 
 impl Default for LoadOptions {
@@ -78,6 +81,7 @@ impl Default for LoadOptions {
             max_model_len: None,
             num_speculative_tokens: None,
             progress: false,
+            prefix_cache: false,
         }
     }
 }
@@ -139,6 +143,11 @@ pub fn load(
                 max_seqs: opts.max_seqs,
                 spec_k: k,
                 kv_fp8: opts.kv_fp8,
+                own_snapshots: if opts.prefix_cache {
+                    crate::model::prefix::OWN_SNAPSHOTS_PER_SEQ
+                } else {
+                    0
+                },
                 ..Default::default()
             };
             // The budget covers the draft's rings too (as `laguna plan` counts them).

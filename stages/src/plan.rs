@@ -135,6 +135,17 @@ pub fn activation_bytes(
     t * (4 * h + qkvg + q + 2 * m) * 2 + router + logits + t * taps as u64 * h * 2
 }
 
+/// A draft's rings count this many times on a GPU with the prefix cache on: a draft whose layers
+/// all keep a window snapshots its rings into buffers of its own, reserved in the K/V budget.
+fn own_snapshot_copies(recipe: &Recipe, draft: &LagunaConfig) -> u64 {
+    let windowed_only = draft.layers.iter().all(|l| l.attn == AttnKind::Sliding);
+    if recipe.device != Device::Cpu && recipe.enable_prefix_caching && windowed_only {
+        1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ as u64
+    } else {
+        1
+    }
+}
+
 fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
@@ -169,7 +180,10 @@ impl KvPlan {
                 let w = d.sliding_window.unwrap_or(0);
                 (
                     count(d, AttnKind::Full) as u64 * per_layer(d),
-                    count(d, AttnKind::Sliding) as u64 * (w + k) as u64 * per_layer(d),
+                    count(d, AttnKind::Sliding) as u64
+                        * (w + k) as u64
+                        * per_layer(d)
+                        * own_snapshot_copies(recipe, d),
                 )
             }
             None => (0, 0),

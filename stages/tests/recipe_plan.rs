@@ -237,15 +237,16 @@ fn xs21_plan_numbers() {
     assert_eq!(p.kv_bytes_per_token_layer, 4096);
     assert_eq!(p.kv_bytes_per_token, 40_960);
     assert_eq!((p.full_layers, p.sliding_layers), (10, 30));
-    // Rings: 30 SWA layers x (512 + 6) slots x 4096 B; draft 5 SWA layers likewise.
+    // Rings: 30 SWA layers x (512 + 6) slots x 4096 B; draft 5 SWA layers likewise, and (prefix
+    // cache on, every draft layer windowed) room for 4 snapshots of them: 5 copies.
     assert_eq!(p.ring_bytes_per_seq, 30 * 518 * 4096);
-    assert_eq!(p.draft_ring_bytes_per_seq, 5 * 518 * 4096);
-    assert_eq!(p.ring_bytes(), 2 * 35 * 518 * 4096);
+    assert_eq!(p.draft_ring_bytes_per_seq, 5 * 5 * 518 * 4096);
+    assert_eq!(p.ring_bytes(), 2 * (30 + 25) * 518 * 4096);
     // Pool: (12 GiB - rings) / 40,960, rounded down to 16-token pages.
-    let pool = (12_884_901_888u64 - 2 * 35 * 518 * 4096) / 40_960 / 16 * 16;
-    assert_eq!(pool, 310_944);
+    let pool = (12_884_901_888u64 - 2 * 55 * 518 * 4096) / 40_960 / 16 * 16;
+    assert_eq!(pool, 308_864);
     assert_eq!(p.pool_tokens, Some(pool));
-    assert!((p.concurrency().unwrap() - 310_944.0 / 262_144.0).abs() < 1e-12);
+    assert!((p.concurrency().unwrap() - 308_864.0 / 262_144.0).abs() < 1e-12);
     // Activations: T = 8192; widest fused qkvg is a SWA layer: 64*128 + 2*8*128 + 64 gates = 10,304;
     // Q 8192; M = max(8192 dense, 8*512 + 512) = 8192; + router f32 [T, 256]; + logits f32 for
     // 2 seqs x 7 rows x 100,352; + 5 tap rows of 2048 BF16 per token.
@@ -269,7 +270,7 @@ fn xs21_plan_numbers() {
     p.check().unwrap();
     let text = p.to_string();
     assert!(
-        text.contains("KV pool: 310,944 tokens, 1.19x of 262,144"),
+        text.contains("KV pool: 308,864 tokens, 1.18x of 262,144"),
         "{text}"
     );
     assert!(text.contains("40,960 B/token"), "{text}");
@@ -281,7 +282,7 @@ fn xs21_plan_numbers() {
     assert_eq!(p8.kv_bytes_per_token, 20_480);
     assert_eq!(
         p8.pool_tokens,
-        Some((12_884_901_888u64 - 2 * 35 * 518 * 2048) / 20_480 / 16 * 16)
+        Some((12_884_901_888u64 - 2 * 55 * 518 * 2048) / 20_480 / 16 * 16)
     );
 
     // Peak during load: weights + copies + reserve on a discrete GPU; on unified memory (GB10)
@@ -333,7 +334,7 @@ fn xs21_plan_from_recipe_uses_builtin_config_before_fetch() {
     );
     let (wt, wd) = xs_weights_by_hand();
     assert_eq!((p.weights.target, p.weights.draft), (wt, wd));
-    assert_eq!(p.pool_tokens, Some(310_944));
+    assert_eq!(p.pool_tokens, Some(308_864));
     p.check().unwrap();
 }
 
@@ -503,12 +504,15 @@ fn cuda_kv_layout_matches_the_plan() {
             kvw(&cfg),
             elt,
             64,
-            budget - d.ring_bytes,
+            budget - d.ring_bytes * (1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ),
         )
         .unwrap();
         assert_eq!(t.ring, 512 + 6);
+        // The engine reserves the draft's own snapshot buffers (every draft layer has a window,
+        // the recipe caches prefixes) beside its rings: `CudaDraft::ring_bytes`.
+        let d_own = d.ring_bytes * (1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ);
         assert_eq!(
-            (t.ring_bytes + d.ring_bytes) as u64,
+            (t.ring_bytes + d_own) as u64,
             p.ring_bytes(),
             "{dtype:?}"
         );

@@ -103,7 +103,9 @@ impl CudaDraft {
             usize::MAX,
         )
         .map_err(EngineError::Other)?;
-        Ok(l.ring_bytes)
+        // A draft whose layers all keep a window snapshots its rings into buffers of its own.
+        let snaps = if cfg.window.is_some() { opts.own_snapshots } else { 0 };
+        Ok(l.ring_bytes * (1 + snaps))
     }
 
     /// Load a draft folder onto the target's GPU: rings for the target's `max_seqs` sequences

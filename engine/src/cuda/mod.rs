@@ -74,6 +74,9 @@ pub struct CudaOptions {
     /// Sliding-window layers keep a ring per sequence (off: they store every position, like
     /// full-attention layers; for A/B checks).
     pub rings: bool,
+    /// Ring snapshots a model without a paged pool may keep per sequence slot for the prefix
+    /// cache (`model::prefix::OWN_SNAPSHOTS_PER_SEQ` when the cache is on, else 0).
+    pub own_snapshots: usize,
 }
 
 impl Default for CudaOptions {
@@ -91,6 +94,7 @@ impl Default for CudaOptions {
             spec_k: 15,
             kv_fp8: false,
             rings: true,
+            own_snapshots: 0,
         }
     }
 }

@@ -9,15 +9,12 @@
 //!   layer's K and V, `R` = window + spec_k slots) into further pool pages, cut in page-sized
 //!   pieces: snapshots live inside the K/V pool and its budget, and eviction frees them when the
 //!   pool runs short. A model without full layers (a draft whose layers all have a window) has no
-//!   pool: its snapshots get their own device buffers, at most `SNAPS_PER_SEQ` a sequence slot.
+//!   pool: its snapshots get their own device buffers, at most `CudaOptions::own_snapshots` a
+//!   sequence slot, reserved inside the K/V budget (`CudaDraft::ring_bytes`).
 //! * Restore: the blocks' pages, a fresh page with the partial page's copy, the ring copied back
 //!   into the new sequence's ring slots, and the length and ring bookkeeping of the snapshot.
 use super::*;
 use crate::model::prefix::{CacheHandle, PrefixStore};
-
-/// Snapshots a model without a pool may hold per sequence slot (their buffers are not in the
-/// planned K/V budget).
-const SNAPS_PER_SEQ: usize = 4;
 
 enum Held {
     Block(u32),
@@ -138,7 +135,7 @@ impl CudaModel {
     fn snap_ring(&mut self, slot: u32) -> Result<(Vec<u32>, Option<u64>)> {
         let src = self.ring_pieces(slot);
         if self.full_layers == 0 {
-            if self.prefix.bufs >= SNAPS_PER_SEQ * self.opts.max_seqs.max(1) {
+            if self.prefix.bufs >= self.opts.own_snapshots * self.opts.max_seqs.max(1) {
                 return Err(EngineError::Request(
                     "no room for another ring snapshot".into(),
                 ));
@@ -350,7 +347,7 @@ impl PrefixStore for CudaModel {
     }
     fn free_blocks(&self) -> usize {
         if self.full_layers == 0 {
-            SNAPS_PER_SEQ * self.opts.max_seqs.max(1) - self.prefix.bufs
+            self.opts.own_snapshots * self.opts.max_seqs.max(1) - self.prefix.bufs
         } else {
             self.free_pages.len()
         }

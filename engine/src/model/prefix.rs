@@ -12,6 +12,11 @@
 use crate::error::Result;
 use crate::model::SeqId;
 
+/// Snapshots a store without a paged pool (a DFlash draft whose layers all keep a window) holds per
+/// sequence slot in buffers of its own; they are reserved inside the K/V budget when the prefix
+/// cache is on (`backend::LoadOptions::prefix_cache`, `laguna plan`).
+pub const OWN_SNAPSHOTS_PER_SEQ: usize = 4;
+
 /// A backend's handle to one exported block or snapshot (unique per store, never reused).
 pub type CacheHandle = u64;
 

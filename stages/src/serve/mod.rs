@@ -168,6 +168,7 @@ pub fn model_loader(
         max_model_len: o.max_model_len,
         num_speculative_tokens: Some(k),
         progress: false,
+        prefix_cache: o.enable_prefix_caching,
     };
     Ok(Box::new(move || {
         let t = std::time::Instant::now();
