@@ -585,6 +585,7 @@ async fn dflash_batched_equals_plain_greedy() {
         dflash: Some(Dflash {
             draft: Box::new(draft),
             k,
+            costs: None,
         }),
     };
     let s = Scheduler::start(cfg, loaded, None).unwrap();
@@ -698,6 +699,7 @@ async fn dflash_constrained_equals_plain() {
             dflash: Some(Dflash {
                 draft: Box::new(draft),
                 k: 3,
+                costs: None,
             }),
         },
         None,
