@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod bench_agent;
 pub mod bench_draft;
+pub mod bench_oracle;
 pub mod bench_grammar;
 pub mod device_dflash;
 pub mod device_prefix;

@@ -69,7 +69,8 @@ struct Graphs {
     /// The whole step (propose + verify + context) as one graph: used unless timing.
     step: device::Graph,
     /// The three segments as separate graphs, with events between them when timing.
-    propose: device::Graph,
+    /// None at k = 0 (no draft forward: nothing to capture).
+    propose: Option<device::Graph>,
     verify: device::Graph,
     ctx: device::Graph,
 }
@@ -274,7 +275,12 @@ impl CudaSpec {
                 Self::verify_body(target, k, nb, out, &mut None)?;
                 Self::ctx_body(target, draft, k, nb, &mut None)
             })?,
-            propose: one(&|| Self::propose_body(target, draft, k, nb, oracle, &mut None))?,
+            propose: match k {
+                0 => None,
+                _ => Some(one(&|| {
+                    Self::propose_body(target, draft, k, nb, oracle, &mut None)
+                })?),
+            },
             verify: one(&|| Self::verify_body(target, k, nb, out, &mut None))?,
             ctx: one(&|| Self::ctx_body(target, draft, k, nb, &mut None))?,
         })
@@ -415,7 +421,9 @@ impl CudaSpec {
         match self.graphs.get(&key).filter(|_| self.use_graphs) {
             Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
             Some(g) => {
-                g.propose.launch().map_err(cerr)?;
+                if let Some(p) = &g.propose {
+                    p.launch().map_err(cerr)?;
+                }
                 let e1 = ev(self.timing)?;
                 g.verify.launch().map_err(cerr)?;
                 let e2 = ev(self.timing)?;
