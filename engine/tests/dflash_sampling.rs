@@ -179,7 +179,12 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32,
     let mut drafted = 0;
     let mut ctl = adaptive.then(|| {
         SpecController::new(Arc::new(StepCosts {
-            by_batch: vec![(1, (0..=k).map(|j| 1.0 + 0.6 * j.min(1) as f64 + 0.05 * j as f64).collect())],
+            by_batch: vec![(
+                1,
+                (0..=k)
+                    .map(|j| 1.0 + 0.6 * j.min(1) as f64 + 0.05 * j as f64)
+                    .collect(),
+            )],
         }))
     });
     let mut ks_used = std::collections::BTreeSet::new();

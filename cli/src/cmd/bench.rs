@@ -311,7 +311,9 @@ pub fn run(a: Args) -> Result<()> {
             dir,
             &super::bench_oracle::parse_acceptances(acc)?,
             &super::bench_oracle::parse_k_choices(
-                a.sweep_k.as_deref().unwrap_or(&a.num_speculative_tokens.to_string()),
+                a.sweep_k
+                    .as_deref()
+                    .unwrap_or(&a.num_speculative_tokens.to_string()),
             )?,
             &prompt,
             a.gen,

@@ -13,7 +13,9 @@ use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
-use laguna_engine::spec::{step, Acceptance, DraftModel, Oracle, SpecController, SpecState, StepCosts};
+use laguna_engine::spec::{
+    step, Acceptance, DraftModel, Oracle, SpecController, SpecState, StepCosts,
+};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -153,7 +155,10 @@ pub fn run(
         eprintln!(
             "step-time table (batch 1, k = 0..={k_max}) measured in {:.1} s: {:?} ms",
             t0.elapsed().as_secs_f64(),
-            c.for_batch(1).iter().map(|x| (x * 1e3).round() / 1e3).collect::<Vec<_>>()
+            c.for_batch(1)
+                .iter()
+                .map(|x| (x * 1e3).round() / 1e3)
+                .collect::<Vec<_>>()
         );
         Some(Arc::new(c))
     } else {
@@ -163,9 +168,28 @@ pub fn run(
     for &acc in accs {
         for &k in ks {
             // A short run first: graph capture for this k (and the controller's ks).
-            one(m, &mut d, prompt, &reference, acc, k, costs.as_ref(), &sampling, 16.min(gen))?;
-            let (steps, ms, accepted, drafted, emitted) =
-                one(m, &mut d, prompt, &reference, acc, k, costs.as_ref(), &sampling, gen)?;
+            one(
+                m,
+                &mut d,
+                prompt,
+                &reference,
+                acc,
+                k,
+                costs.as_ref(),
+                &sampling,
+                16.min(gen),
+            )?;
+            let (steps, ms, accepted, drafted, emitted) = one(
+                m,
+                &mut d,
+                prompt,
+                &reference,
+                acc,
+                k,
+                costs.as_ref(),
+                &sampling,
+                gen,
+            )?;
             let steps_f = steps.max(1) as f64;
             let tok_s = emitted as f64 / (ms / 1e3);
             let row = Row {

@@ -516,10 +516,13 @@ impl DraftModel for CudaDraft {
             t.set_taps_on_device(false)?;
             let mut res = Vec::with_capacity(states.len());
             for (s, (a, emitted, d)) in states.iter_mut().zip(outs?) {
-                let v = s.oracle_verdict(k, Verdict {
-                    accepted: a,
-                    tokens: emitted,
-                })?;
+                let v = s.oracle_verdict(
+                    k,
+                    Verdict {
+                        accepted: a,
+                        tokens: emitted,
+                    },
+                )?;
                 res.push(s.commit(d, v));
             }
             Ok(res)

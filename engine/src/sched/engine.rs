@@ -714,7 +714,9 @@ impl Engine {
         let step_k = chosen
             .iter()
             .zip(&results)
-            .find(|(&i, res)| !res.tokens.is_empty() && self.running[i].computed == self.running[i].prompt_len)
+            .find(|(&i, res)| {
+                !res.tokens.is_empty() && self.running[i].computed == self.running[i].prompt_len
+            })
             .map(|(_, res)| res.proposals.len());
         if let Some(sk) = step_k {
             let mut m = self.shared.metrics.lock().unwrap();

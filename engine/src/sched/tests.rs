@@ -651,7 +651,11 @@ async fn dflash_batched(adaptive: bool) {
     );
     eprintln!(
         "dflash (adaptive {adaptive}, steps by k {:?}): {} steps for {} tokens, accepted {}/{}",
-        m.spec_k_steps, m.num_steps, m.generation_tokens_total, m.spec_num_accepted_tokens, m.spec_num_draft_tokens
+        m.spec_k_steps,
+        m.num_steps,
+        m.generation_tokens_total,
+        m.spec_num_accepted_tokens,
+        m.spec_num_draft_tokens
     );
 }
 

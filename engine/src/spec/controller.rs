@@ -86,7 +86,9 @@ impl StepCosts {
     ) -> Result<StepCosts> {
         draft.config().check_k(k_max)?;
         let vocab = target.config().vocab_size as u32;
-        let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| 1 + (i * 7919) % (vocab - 1)).collect();
+        let prompt: Vec<u32> = (0..prompt_len as u32)
+            .map(|i| 1 + (i * 7919) % (vocab - 1))
+            .collect();
         let mut by_batch = vec![];
         for &nb in batches {
             let mut states = vec![];
@@ -94,7 +96,9 @@ impl StepCosts {
                 match SpecState::new(target, draft, &prompt, k_max, SamplingParams::greedy()) {
                     Ok(s) => states.push(s),
                     Err(e) => {
-                        states.iter().for_each(|s: &SpecState| s.free(target, draft));
+                        states
+                            .iter()
+                            .for_each(|s: &SpecState| s.free(target, draft));
                         return Err(e);
                     }
                 }
@@ -256,7 +260,13 @@ mod tests {
     /// grows with k.
     fn linear(c0: f64, c_draft: f64, c1: f64, k_max: usize) -> Vec<f64> {
         (0..=k_max)
-            .map(|k| if k == 0 { c0 } else { c0 + c_draft + c1 * k as f64 })
+            .map(|k| {
+                if k == 0 {
+                    c0
+                } else {
+                    c0 + c_draft + c1 * k as f64
+                }
+            })
             .collect()
     }
 
@@ -270,17 +280,20 @@ mod tests {
                 // Drafting pays at all iff some k >= 1 beats decode; at the margin k=0 vs 1:
                 // alpha > cost[1]/cost[0] - 1.
                 if k == 0 {
-                    assert!(alpha <= cost[1] / cost[0] - 1.0 + 1e-12 || {
-                        // k = 1 loses but a larger k might not: check every k explicitly.
-                        (1..=15).all(|j| expected_tokens(alpha, j) / cost[j] <= 1.0 / cost[0])
-                    });
+                    assert!(
+                        alpha <= cost[1] / cost[0] - 1.0 + 1e-12 || {
+                            // k = 1 loses but a larger k might not: check every k explicitly.
+                            (1..=15).all(|j| expected_tokens(alpha, j) / cost[j] <= 1.0 / cost[0])
+                        }
+                    );
                 }
                 // Local optimality by the marginal condition: k + 1 does not beat k, k - 1 does not
                 // beat k.
                 let e = |k: usize| expected_tokens(alpha, k);
                 if k < 15 {
                     assert!(
-                        alpha.powi(k as i32 + 1) * cost[k] <= (cost[k + 1] - cost[k]) * e(k) + 1e-12,
+                        alpha.powi(k as i32 + 1) * cost[k]
+                            <= (cost[k + 1] - cost[k]) * e(k) + 1e-12,
                         "alpha {alpha} k {k}: k+1 is better"
                     );
                 }
@@ -321,7 +334,10 @@ mod tests {
             ctl.observe(k, 0);
             ks.push(k);
         }
-        let first_zero = ks.iter().position(|&k| k == 0).expect("falls back to decode");
+        let first_zero = ks
+            .iter()
+            .position(|&k| k == 0)
+            .expect("falls back to decode");
         assert!(first_zero < 20, "{ks:?}");
         let probes: Vec<usize> = ks[first_zero..]
             .iter()

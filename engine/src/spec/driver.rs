@@ -18,16 +18,16 @@
 //!
 //! The prefill step runs the prompt through the target with taps, samples the first token with
 //! the plain sampler and writes the whole prompt as draft context.
-use super::draft::{BlockInput, ContextInput, DraftModel};
 use super::controller::{choose_batch, SpecController};
+use super::draft::{BlockInput, ContextInput, DraftModel};
 use super::oracle::Oracle;
 use super::stats::{SpecStats, StepStats};
 use super::verify::{verify, verify_constrained, Verdict};
-use crate::sample::argmax;
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt, is_stop, FinishReason, GenerateRequest, GenerateResult};
 use crate::grammar::{prepare_beside, Constraint};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
+use crate::sample::argmax;
 use crate::sample::{sample, Rng, SamplingParams};
 
 /// Make the target capture the residual stream after the draft's tap layers. Call once per

@@ -27,7 +27,7 @@ pub use config::DraftConfig;
 pub use controller::{SpecController, StepCosts};
 pub use cpu_draft::CpuDraft;
 pub use draft::{BlockInput, ContextInput, DraftModel};
-pub use oracle::{Acceptance, Oracle};
 pub use driver::{enable_taps, generate_spec, step, SpecState, StepResult};
+pub use oracle::{Acceptance, Oracle};
 pub use stats::{SpecStats, StepStats};
 pub use verify::{verify, Verdict};

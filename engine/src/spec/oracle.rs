@@ -165,7 +165,10 @@ mod tests {
     #[test]
     fn parses_fixed_and_mean() {
         assert_eq!(Acceptance::parse("4").unwrap(), Acceptance::Fixed(4));
-        assert_eq!(Acceptance::parse("mean:4.03").unwrap(), Acceptance::Mean(4.03));
+        assert_eq!(
+            Acceptance::parse("mean:4.03").unwrap(),
+            Acceptance::Mean(4.03)
+        );
         assert!(Acceptance::parse("mean:-1").is_err());
         assert!(Acceptance::parse("x").is_err());
         assert!(Acceptance::parse("4.5").is_err());
@@ -208,7 +211,10 @@ mod tests {
             let want: f64 = (1..=k).map(|i| alpha.powi(i as i32)).sum();
             let got = sum as f64 / n as f64;
             // Standard error of the mean is below sqrt(var / n) <= k / sqrt(n) = 0.075 for k = 15.
-            assert!((got - want).abs() < 0.05 * want.max(1.0), "A={a} k={k}: {got} vs {want}");
+            assert!(
+                (got - want).abs() < 0.05 * want.max(1.0),
+                "A={a} k={k}: {got} vs {want}"
+            );
         }
     }
 }
