@@ -174,6 +174,34 @@ fn spec_k(draft: &dyn DraftModel, opts: &LoadOptions) -> Result<usize> {
 }
 
 impl Loaded {
+    /// Adaptive k's step-time table for this pair (`spec::StepCosts::measure`): k = 0..=the
+    /// loaded k, batch sizes 1, 2, 4, .. up to `max_seqs`, on throwaway sequences of a
+    /// `prompt_len`-token prompt. None without a draft.
+    pub fn step_costs(
+        &mut self,
+        max_seqs: usize,
+        prompt_len: usize,
+    ) -> Result<Option<crate::spec::StepCosts>> {
+        let batches: Vec<usize> = (0..)
+            .map(|i| 1usize << i)
+            .take_while(|&b| b <= max_seqs.max(1))
+            .collect();
+        let m = |t: &mut dyn Model, d: &mut dyn DraftModel, k: usize| {
+            crate::spec::StepCosts::measure(t, d, k, &batches, prompt_len, 2, 6)
+        };
+        match self {
+            Loaded::Cpu {
+                model,
+                draft: Some((d, k)),
+            } => m(model, d, *k).map(Some),
+            Loaded::Cuda {
+                model,
+                draft: Some((d, k)),
+            } => m(model, d, *k).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     /// The target model behind its trait.
     pub fn model(&mut self) -> &mut dyn Model {
         match self {
@@ -234,11 +262,19 @@ impl Loaded {
         let (model, dflash): (Box<dyn Model>, _) = match self {
             Loaded::Cpu { model, draft } => (
                 Box::new(model),
-                draft.map(|(d, k)| Dflash { draft: Box::new(d), k }),
+                draft.map(|(d, k)| Dflash {
+                    draft: Box::new(d),
+                    k,
+                    costs: None,
+                }),
             ),
             Loaded::Cuda { model, draft } => (
                 Box::new(model),
-                draft.map(|(d, k)| Dflash { draft: Box::new(d), k }),
+                draft.map(|(d, k)| Dflash {
+                    draft: Box::new(d),
+                    k,
+                    costs: None,
+                }),
             ),
         };
         SchedLoaded {

@@ -233,3 +233,62 @@ fn k_is_validated() {
         assert!(e.contains("num_speculative_tokens"), "{e}");
     }
 }
+
+/// Adaptive k (`SpecController`): greedy output identical to plain decoding on every pair, with
+/// step-time tables that make it draft a lot, fall back to decode (k = 0) and probe, and the
+/// table measured on this CPU; the draft context stays complete across steps without drafts.
+#[test]
+fn greedy_with_adaptive_k_is_token_identical() {
+    use laguna_engine::spec::{SpecController, StepCosts};
+    use std::sync::Arc;
+    for (draft_dir, target_dir) in pairs() {
+        let (mut t, mut d) = load_pair(&draft_dir, &target_dir);
+        let prompt = prompt_for(&target_dir, t.cfg.vocab_size);
+        let max_tokens = 40;
+        let plain = generate(&mut t, &request(&prompt, max_tokens), false).unwrap();
+        let k_max = 6.min(d.config().block_size - 1);
+        let measured =
+            StepCosts::measure(&mut t, &mut d, k_max, &[1, 2], prompt.len(), 1, 2).unwrap();
+        assert_eq!(measured.by_batch.len(), 2);
+        assert!(measured
+            .by_batch
+            .iter()
+            .all(|(_, c)| c.len() == k_max + 1 && c.iter().all(|&x| x > 0.0)));
+        let tables = [
+            // Drafting is nearly free: large k.
+            (0..=k_max)
+                .map(|j| 1.0 + 0.01 * j as f64)
+                .collect::<Vec<_>>(),
+            // Drafting is dear: k = 0 with probes unless acceptance is high.
+            (0..=k_max)
+                .map(|j| if j == 0 { 1.0 } else { 2.5 + 0.01 * j as f64 })
+                .collect(),
+            measured.for_batch(1).to_vec(),
+        ];
+        for (i, table) in tables.into_iter().enumerate() {
+            let costs = Arc::new(StepCosts {
+                by_batch: vec![(1, table)],
+            });
+            let mut s =
+                SpecState::new(&mut t, &mut d, &prompt, k_max, SamplingParams::greedy()).unwrap();
+            s.controller = Some(SpecController::new(costs));
+            let mut ks = vec![];
+            while s.completion().len() < max_tokens {
+                let r = step(&mut t, &mut d, &mut [&mut s]).unwrap();
+                ks.push(r[0].proposals.len());
+            }
+            assert_eq!(
+                &s.completion()[..max_tokens],
+                &plain.completion[..],
+                "{draft_dir:?} table {i}: ks {ks:?}"
+            );
+            if i == 1 {
+                assert!(
+                    ks[1..].contains(&0),
+                    "{draft_dir:?}: expected decode steps, ks {ks:?}"
+                );
+            }
+            s.free(&mut t, &mut d);
+        }
+    }
+}

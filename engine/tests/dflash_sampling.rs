@@ -5,8 +5,9 @@ mod dflash_support;
 use dflash_support::*;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::sample::SamplingParams;
-use laguna_engine::spec::{step, SpecState};
+use laguna_engine::spec::{step, SpecController, SpecState, StepCosts};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// ln Γ(x), Lanczos (g = 7, n = 9), |error| < 1e-13 for x > 0.
 fn ln_gamma(x: f64) -> f64 {
@@ -149,7 +150,9 @@ fn homogeneity<K: std::hash::Hash + Eq + Clone>(
 
 /// `flatten` scales the target's final-norm weight (a modified copy of the fixture) so that the
 /// tiny random targets, whose logits are very peaked, give a broad distribution at T = 0.8.
-fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32) {
+/// `adaptive`: k is chosen each step by a `SpecController` (k_max = k) carried from run to run,
+/// over a step-time table that makes the choice swing with the acceptance (k = 0 included).
+fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32, adaptive: bool) {
     let ps = pairs();
     let (draft_dir, target_dir) = &ps[pair];
     let (mut t, _) = load_pair(draft_dir, target_dir);
@@ -174,6 +177,17 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
     .completion;
     let mut accepted = 0;
     let mut drafted = 0;
+    let mut ctl = adaptive.then(|| {
+        SpecController::new(Arc::new(StepCosts {
+            by_batch: vec![(
+                1,
+                (0..=k)
+                    .map(|j| 1.0 + 0.6 * j.min(1) as f64 + 0.05 * j as f64)
+                    .collect(),
+            )],
+        }))
+    });
+    let mut ks_used = std::collections::BTreeSet::new();
     for i in 0..runs {
         let mut req = GenerateRequest {
             prompt: prompt.to_vec(),
@@ -189,14 +203,17 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
         // acceptance), the real draft otherwise. Any drafter that is a function of the committed
         // prefix must leave the output distribution unchanged.
         let mut s = SpecState::new(&mut t, &mut d, &req.prompt, k, req.sampling.clone()).unwrap();
+        s.controller = ctl.take();
         step(&mut t, &mut d, &mut [&mut s]).unwrap();
         while s.completion().len() < 3 {
             let done = s.completion().len();
             if s.completion() == &greedy[..done] {
                 s.force_next_drafts(greedy[done..done + k].to_vec());
             }
-            step(&mut t, &mut d, &mut [&mut s]).unwrap();
+            let r = step(&mut t, &mut d, &mut [&mut s]).unwrap();
+            ks_used.insert(r[0].proposals.len());
         }
+        ctl = s.controller.take();
         accepted += s.stats.num_accepted_tokens;
         drafted += s.stats.num_draft_tokens;
         *with.entry(s.completion()[..3].to_vec()).or_default() += 1;
@@ -233,6 +250,10 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32)
             "{name}: token {j} distribution differs (chi2 {x}, df {df}, p {p})"
         );
     }
+    if adaptive {
+        eprintln!("  k chosen: {ks_used:?}");
+        assert!(ks_used.len() >= 3, "adaptive k should vary: {ks_used:?}");
+    }
     // The test is only meaningful if drafts are both accepted and rejected sometimes.
     assert!(
         accepted > 0 && accepted < drafted,
@@ -253,6 +274,24 @@ fn temperature_sampling_matches_plain_sampling() {
         3,
         0,
         0.45,
+        false,
+    );
+}
+
+#[test]
+fn temperature_sampling_with_adaptive_k_matches_plain_sampling() {
+    run(
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+        },
+        2000,
+        4,
+        0,
+        0.45,
+        true,
     );
 }
 
@@ -269,5 +308,6 @@ fn temperature_top_k_top_p_sampling_matches_plain_sampling() {
         2,
         1,
         0.2,
+        false,
     );
 }

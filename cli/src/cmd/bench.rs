@@ -47,9 +47,20 @@ pub struct Args {
     /// Draft tokens per step with --draft.
     #[arg(long, default_value_t = 6, requires = "draft")]
     pub num_speculative_tokens: usize,
-    /// Time several k with --draft: a range `1..15` (inclusive) or a list `1,3,6,15`.
-    #[arg(long, requires = "draft")]
+    /// Time several k with --draft: a range `1..15` (inclusive) or a list `1,3,6,15`; with
+    /// --acceptance also `auto` (the adaptive controller), e.g. `1,2,4,6,8,15,auto`.
+    #[arg(long, visible_alias = "spec-k", requires = "draft")]
     pub sweep_k: Option<String>,
+    /// With --draft: measured DFlash at oracle acceptance instead of the draft's own. A list of
+    /// accepted drafts per step: `A` exactly min(A, k) every step, `mean:A` a seeded geometric
+    /// accepted length with mean A (per-token rate A/(1+A)) truncated at k; e.g.
+    /// `1,2,3,4,5,6,mean:1.4,mean:4.03`. The real draft forward and verify run; the proposals are
+    /// the plain decode's tokens up to the planned rejection (docs/design/dflash.md).
+    #[arg(long, requires = "draft")]
+    pub acceptance: Option<String>,
+    /// With --acceptance: sampling temperature (0 = greedy; > 0 runs the sampled DFlash path).
+    #[arg(long, default_value_t = 0.0, requires = "acceptance")]
+    pub temperature: f32,
     /// A synthetic agent session through the scheduler with the prefix cache: per turn, TTFT
     /// cold and cached (see the `--agent-*` options; `--max-rows` is the step's token budget).
     #[arg(long)]
@@ -304,7 +315,25 @@ pub fn run(a: Args) -> Result<()> {
     };
     let grid = super::device_sample::logits_grid(&m, 11)?;
     let tok_s_plain = median(&mut tps.clone());
+    let oracle = match (&a.draft, &a.acceptance) {
+        (Some(dir), Some(acc)) => Some(super::bench_oracle::run(
+            &mut m,
+            dir,
+            &super::bench_oracle::parse_acceptances(acc)?,
+            &super::bench_oracle::parse_k_choices(
+                a.sweep_k
+                    .as_deref()
+                    .unwrap_or(&a.num_speculative_tokens.to_string()),
+            )?,
+            &prompt,
+            a.gen,
+            a.temperature,
+            1e3 / tok_s_plain,
+        )?),
+        _ => None,
+    };
     let spec_rows = match &a.draft {
+        Some(_) if oracle.is_some() => None,
         Some(dir) => {
             let ks = match &a.sweep_k {
                 Some(s) => super::bench_draft::parse_ks(s)?,
@@ -413,7 +442,8 @@ pub fn run(a: Args) -> Result<()> {
                 "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "roofline_fraction_serving": roofline_serving, "finite": finite, "greedy_tokens": tokens_out.len(), "greedy_fnv64": format!("{greedy_fnv:016x}"), "graphs": !a.no_graph, "kernels": ks,
                 "kernel_ms_per_step_eager": kernel_total / steps as f64, "decode_graph_replay_ms": replay_ms,
                 "prefill_kernels": prefill_kernels.iter().map(|(n, t, c)| serde_json::json!({"kernel": n, "ms": t, "launches": c})).collect::<Vec<_>>(),
-                "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r)), "gb10_projection": gb10.as_ref().map(|g| g.to_json())})
+                "dflash": spec_rows.as_ref().map(|r| super::bench_draft::to_json(r)), "gb10_projection": gb10.as_ref().map(|g| g.to_json()),
+                "dflash_oracle": oracle.as_ref().map(super::bench_oracle::to_json)})
         );
     } else {
         let ptot: f64 = prefill_kernels.iter().map(|b| b.1).sum();
@@ -505,6 +535,9 @@ pub fn run(a: Args) -> Result<()> {
         }
         if let Some(g) = &gb10 {
             g.print();
+        }
+        if let Some(o) = &oracle {
+            super::bench_oracle::print_table(o);
         }
     }
     if !finite {

@@ -3,6 +3,7 @@ pub mod bench_agent;
 pub mod bench_draft;
 pub mod bench_gb10;
 pub mod bench_grammar;
+pub mod bench_oracle;
 pub mod device_dflash;
 pub mod device_prefix;
 pub mod device_sample;

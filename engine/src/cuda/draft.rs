@@ -22,7 +22,7 @@ use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
 use crate::spec::driver::{SpecState, StepResult};
-use crate::spec::stats::StepStats;
+use crate::spec::verify::Verdict;
 
 pub struct CudaDraft {
     cfg: DraftConfig,
@@ -508,27 +508,27 @@ impl DraftModel for CudaDraft {
                     tlen: s.tokens.len(),
                 })
                 .collect();
-            let outs = spec.step_batch(t, self, &seqs, k, &mut Default::default());
+            // The bench's acceptance oracle (all states have one, or none: `spec::step`).
+            let mut planned = vec![];
+            for s in states.iter_mut() {
+                if let Some(o) = s.oracle.as_mut() {
+                    planned.extend(o.proposals(&s.tokens, k)?);
+                }
+            }
+            let oracle = (!planned.is_empty()).then_some(planned.as_slice());
+            let outs = spec.step_batch(t, self, &seqs, k, oracle, &mut Default::default());
             // Later prefill or sampling steps run the generic driver, which takes taps on the host.
             t.set_taps_on_device(false)?;
             let mut res = Vec::with_capacity(states.len());
             for (s, (a, emitted, d)) in states.iter_mut().zip(outs?) {
-                let st = StepStats {
-                    num_draft_tokens: k,
-                    num_accepted_tokens: a,
-                };
-                s.stats.observe(&st);
-                s.stats.num_emitted_tokens += emitted.len() as u64;
-                if s.keep_history {
-                    s.stats.acceptance_lengths.push(a);
-                    s.stats.proposals.push(d.clone());
-                }
-                s.tokens.extend_from_slice(&emitted);
-                res.push(StepResult {
-                    tokens: emitted,
-                    proposals: d,
-                    stats: st,
-                });
+                let v = s.oracle_verdict(
+                    k,
+                    Verdict {
+                        accepted: a,
+                        tokens: emitted,
+                    },
+                )?;
+                res.push(s.commit(d, v));
             }
             Ok(res)
         })();

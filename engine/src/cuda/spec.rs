@@ -69,7 +69,8 @@ struct Graphs {
     /// The whole step (propose + verify + context) as one graph: used unless timing.
     step: device::Graph,
     /// The three segments as separate graphs, with events between them when timing.
-    propose: device::Graph,
+    /// None at k = 0 (no draft forward: nothing to capture).
+    propose: Option<device::Graph>,
     verify: device::Graph,
     ctx: device::Graph,
 }
@@ -77,7 +78,7 @@ struct Graphs {
 /// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch, the target's
 /// `attention_decode_tc` grid).
 pub struct CudaSpec {
-    graphs: HashMap<(usize, usize, usize), Graphs>,
+    graphs: HashMap<(usize, usize, usize, bool), Graphs>,
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
     pub timing: bool,
@@ -86,6 +87,9 @@ pub struct CudaSpec {
     /// Device buffer of `spec_accept`'s output (allocated on the target's device at first use;
     /// one CudaSpec serves one target).
     accept_buf: u64,
+    /// The acceptance oracle's proposals (`step_batch`'s `oracle`), copied into the target's token
+    /// slots after the draft's own scatter, so the draft forward and its argmax still run.
+    oracle_buf: u64,
 }
 
 impl Default for CudaSpec {
@@ -96,6 +100,7 @@ impl Default for CudaSpec {
             timing: false,
             prof: None,
             accept_buf: 0,
+            oracle_buf: 0,
         }
     }
 }
@@ -109,6 +114,9 @@ impl CudaSpec {
                 .dev
                 .alloc(4 * MAX_ROWS * (2 * MAX_ROWS + 2))
                 .map_err(cerr)?;
+        }
+        if self.oracle_buf == 0 {
+            self.oracle_buf = target.dev.alloc(4 * MAX_ROWS).map_err(cerr)?;
         }
         Ok(())
     }
@@ -162,8 +170,30 @@ impl CudaSpec {
         Ok(first)
     }
 
-    // Rows of sequence b sit at b*(k+1) ..= b*(k+1)+k in both passes.
+    // Rows of sequence b sit at b*(k+1) ..= b*(k+1)+k in both passes. With `oracle` (a device
+    // buffer of nb*(k+1) tokens) the oracle's rows replace the draft's after its scatter. k = 0
+    // (a plain decode step that keeps the draft's context) runs no draft.
     fn propose_body(
+        target: &CudaModel,
+        draft: &CudaDraft,
+        k: usize,
+        nb: usize,
+        oracle: Option<u64>,
+        prof: &mut Option<device::Prof>,
+    ) -> Result<()> {
+        if k == 0 {
+            return Ok(());
+        }
+        Self::draft_body(target, draft, k, nb, prof)?;
+        if let Some(src) = oracle {
+            target
+                .dev
+                .dtod(target.sc.tokens, src, 4 * nb * (k + 1))
+                .map_err(cerr)?;
+        }
+        Ok(())
+    }
+    fn draft_body(
         target: &CudaModel,
         draft: &CudaDraft,
         k: usize,
@@ -229,6 +259,7 @@ impl CudaSpec {
         k: usize,
         nb: usize,
         out: u64,
+        oracle: Option<u64>,
     ) -> std::result::Result<Graphs, String> {
         let dev = &target.dev;
         let one = |f: &dyn Fn() -> Result<()>| -> std::result::Result<device::Graph, String> {
@@ -240,11 +271,16 @@ impl CudaSpec {
         };
         Ok(Graphs {
             step: one(&|| {
-                Self::propose_body(target, draft, k, nb, &mut None)?;
+                Self::propose_body(target, draft, k, nb, oracle, &mut None)?;
                 Self::verify_body(target, k, nb, out, &mut None)?;
                 Self::ctx_body(target, draft, k, nb, &mut None)
             })?,
-            propose: one(&|| Self::propose_body(target, draft, k, nb, &mut None))?,
+            propose: match k {
+                0 => None,
+                _ => Some(one(&|| {
+                    Self::propose_body(target, draft, k, nb, oracle, &mut None)
+                })?),
+            },
             verify: one(&|| Self::verify_body(target, k, nb, out, &mut None))?,
             ctx: one(&|| Self::ctx_body(target, draft, k, nb, &mut None))?,
         })
@@ -266,14 +302,16 @@ impl CudaSpec {
 
     /// One propose + verify + accept + context step for `seqs` (k drafts each, all on the device,
     /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
-    /// Callers check [`CudaSpec::fits`] and call [`CudaSpec::prepare`] (via `generate` or
-    /// `fused_step`) first.
+    /// `oracle`: nb x k proposals that replace the draft's (the acceptance oracle). k = 0 is a
+    /// decode step that writes the draft's context. Callers check [`CudaSpec::fits`] and call
+    /// [`CudaSpec::prepare`] (via `generate` or `fused_step`) first.
     pub(super) fn step_batch(
         &mut self,
         target: &mut CudaModel,
         draft: &mut CudaDraft,
         seqs: &[SeqStep],
         k: usize,
+        oracle: Option<&[u32]>,
         times: &mut SpecTimes,
     ) -> Result<Vec<Accepted>> {
         // This step's argmaxes overwrite sc.amax: no pipelined decode step may feed from it.
@@ -335,11 +373,32 @@ impl CudaSpec {
         target.sc.staged.set(false);
         target.sc.solo.set(false);
         up(target.sc.sel, &tsel)?;
+        let obuf = match oracle {
+            Some(d) => {
+                if d.len() != nb * k {
+                    return Err(EngineError::Other(format!(
+                        "oracle gave {} proposals for {nb} sequences x k = {k}",
+                        d.len()
+                    )));
+                }
+                let rows: Vec<i32> = seqs
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(b, q)| {
+                        std::iter::once(q.t as i32)
+                            .chain(d[b * k..(b + 1) * k].iter().map(|&x| x as i32))
+                    })
+                    .collect();
+                up(self.oracle_buf, &rows)?;
+                Some(self.oracle_buf)
+            }
+            None => None,
+        };
 
-        // One set of graphs per (k, batch, the target's attention_tc grid).
-        let key = (k, nb, target.tc_cap.get());
+        // One set of graphs per (k, batch, the target's attention_tc grid, oracle).
+        let key = (k, nb, target.tc_cap.get(), obuf.is_some());
         if self.use_graphs && !self.graphs.contains_key(&key) {
-            match Self::capture(target, draft, k, nb, self.accept_buf) {
+            match Self::capture(target, draft, k, nb, self.accept_buf, obuf) {
                 Ok(g) => {
                     self.graphs.insert(key, g);
                 }
@@ -362,7 +421,9 @@ impl CudaSpec {
         match self.graphs.get(&key).filter(|_| self.use_graphs) {
             Some(g) if !self.timing => g.step.launch().map_err(cerr)?,
             Some(g) => {
-                g.propose.launch().map_err(cerr)?;
+                if let Some(p) = &g.propose {
+                    p.launch().map_err(cerr)?;
+                }
                 let e1 = ev(self.timing)?;
                 g.verify.launch().map_err(cerr)?;
                 let e2 = ev(self.timing)?;
@@ -380,7 +441,7 @@ impl CudaSpec {
                     Some([a, b, c]) => [Some(a), Some(b), Some(c)],
                     None => [None, None, None],
                 };
-                Self::propose_body(target, draft, k, nb, &mut ps[0])?;
+                Self::propose_body(target, draft, k, nb, obuf, &mut ps[0])?;
                 let e1 = ev(self.timing)?;
                 Self::verify_body(target, k, nb, self.accept_buf, &mut ps[1])?;
                 let e2 = ev(self.timing)?;
@@ -510,6 +571,7 @@ impl CudaSpec {
                         tlen,
                     }],
                     ke,
+                    None,
                     &mut times,
                 )?
                 .remove(0);

@@ -54,12 +54,14 @@ impl Default for SchedConfig {
     }
 }
 
-/// DFlash speculative decoding: the draft model and its block size k. With it, every step runs
-/// through `crate::spec::step` (draft propose, target verify, rollback, draft context) and a
-/// sequence emits 1..=k+1 tokens per step.
+/// DFlash speculative decoding: the draft model and its k. With it, every step runs through
+/// `crate::spec::step` (draft propose, target verify, rollback, draft context) and a sequence
+/// emits 1..=k+1 tokens per step. With `costs` (adaptive k) each sequence carries a
+/// `SpecController` over this step-time table and k is the largest it may choose.
 pub struct Dflash {
     pub draft: Box<dyn DraftModel>,
     pub k: usize,
+    pub costs: Option<std::sync::Arc<crate::spec::StepCosts>>,
 }
 
 pub(crate) struct Submission {
@@ -708,6 +710,22 @@ impl Engine {
                 return;
             }
         };
+        // The step's k (one for all its decoding sequences): the chosen-k gauge and histogram.
+        let step_k = chosen
+            .iter()
+            .zip(&results)
+            .find(|(&i, res)| {
+                !res.tokens.is_empty() && self.running[i].computed == self.running[i].prompt_len
+            })
+            .map(|(_, res)| res.proposals.len());
+        if let Some(sk) = step_k {
+            let mut m = self.shared.metrics.lock().unwrap();
+            m.spec_k = sk;
+            if m.spec_k_steps.len() <= sk {
+                m.spec_k_steps.resize(sk + 1, 0);
+            }
+            m.spec_k_steps[sk] += 1;
+        }
         let mut finished = vec![];
         for (&i, res) in chosen.iter().zip(results) {
             let r = &mut self.running[i];

@@ -69,6 +69,10 @@ pub struct MetricsSnapshot {
     pub spec_num_accepted_tokens: u64,
     /// Accepted draft tokens by position in the draft (0-based).
     pub spec_accepted_per_pos: Vec<u64>,
+    /// Drafts per step of the last DFlash decode step (the adaptive k's choice, or the fixed k),
+    /// and DFlash decode steps by k.
+    pub spec_k: usize,
+    pub spec_k_steps: Vec<u64>,
     /// Forward steps run and rows they carried (for debugging the batcher).
     pub num_steps: u64,
     pub max_batch_seqs_seen: usize,
@@ -96,6 +100,8 @@ impl Default for MetricsSnapshot {
             spec_num_draft_tokens: 0,
             spec_num_accepted_tokens: 0,
             spec_accepted_per_pos: vec![],
+            spec_k: 0,
+            spec_k_steps: vec![],
             num_steps: 0,
             max_batch_seqs_seen: 0,
             prefix_cache_queries: 0,

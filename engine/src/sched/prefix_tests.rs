@@ -72,6 +72,7 @@ fn start(s: Setup) -> Scheduler {
         Dflash {
             draft: Box::new(d),
             k: 3,
+            costs: None,
         }
     });
     let cfg = SchedConfig {

@@ -556,6 +556,17 @@ async fn spec_driver_emits_several_tokens_per_step_with_identical_output() {
 /// speculative decoding gives the plain greedy tokens, several per step.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dflash_batched_equals_plain_greedy() {
+    dflash_batched(false).await;
+}
+
+/// The same with adaptive k (`Dflash::costs`, a step-time table measured on this CPU): plain
+/// greedy tokens, and the chosen k on the metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dflash_adaptive_k_equals_plain_greedy() {
+    dflash_batched(true).await;
+}
+
+async fn dflash_batched(adaptive: bool) {
     use crate::cpu::CpuModel;
     use crate::spec::CpuDraft;
     let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures"));
@@ -567,11 +578,16 @@ async fn dflash_batched_equals_plain_greedy() {
         eprintln!("skipping: DFlash fixtures missing");
         return;
     }
-    let target = CpuModel::load(&tdir).unwrap();
-    let draft = CpuDraft::load(&ddir, &target).unwrap();
+    let mut target = CpuModel::load(&tdir).unwrap();
+    let mut draft = CpuDraft::load(&ddir, &target).unwrap();
     let vocab = target.cfg.vocab_size as u32;
     let mut plain = CpuModel::load(&tdir).unwrap();
     let k = 3;
+    let costs = adaptive.then(|| {
+        std::sync::Arc::new(
+            crate::spec::StepCosts::measure(&mut target, &mut draft, k, &[1, 2], 8, 1, 2).unwrap(),
+        )
+    });
     let cfg = SchedConfig {
         max_num_seqs: 3,
         max_num_batched_tokens: 12,
@@ -585,6 +601,7 @@ async fn dflash_batched_equals_plain_greedy() {
         dflash: Some(Dflash {
             draft: Box::new(draft),
             k,
+            costs,
         }),
     };
     let s = Scheduler::start(cfg, loaded, None).unwrap();
@@ -628,9 +645,17 @@ async fn dflash_batched_equals_plain_greedy() {
         m.spec_num_accepted_tokens
     );
     assert_eq!(m.num_running, 0);
+    assert!(
+        m.spec_k_steps.iter().sum::<u64>() > 0 && m.spec_k_steps.len() <= k + 1,
+        "{m:?}"
+    );
     eprintln!(
-        "dflash: {} steps for {} tokens, accepted {}/{}",
-        m.num_steps, m.generation_tokens_total, m.spec_num_accepted_tokens, m.spec_num_draft_tokens
+        "dflash (adaptive {adaptive}, steps by k {:?}): {} steps for {} tokens, accepted {}/{}",
+        m.spec_k_steps,
+        m.num_steps,
+        m.generation_tokens_total,
+        m.spec_num_accepted_tokens,
+        m.spec_num_draft_tokens
     );
 }
 
@@ -698,6 +723,7 @@ async fn dflash_constrained_equals_plain() {
             dflash: Some(Dflash {
                 draft: Box::new(draft),
                 k: 3,
+                costs: None,
             }),
         },
         None,

@@ -18,14 +18,16 @@
 //!
 //! The prefill step runs the prompt through the target with taps, samples the first token with
 //! the plain sampler and writes the whole prompt as draft context.
+use super::controller::{choose_batch, SpecController};
 use super::draft::{BlockInput, ContextInput, DraftModel};
+use super::oracle::Oracle;
 use super::stats::{SpecStats, StepStats};
-use super::verify::{verify, verify_constrained};
-use crate::sample::argmax;
+use super::verify::{verify, verify_constrained, Verdict};
 use crate::error::{EngineError, Result};
 use crate::generate::{check_prompt, is_stop, FinishReason, GenerateRequest, GenerateResult};
 use crate::grammar::{prepare_beside, Constraint};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
+use crate::sample::argmax;
 use crate::sample::{sample, Rng, SamplingParams};
 
 /// Make the target capture the residual stream after the draft's tap layers. Call once per
@@ -60,6 +62,13 @@ pub struct SpecState {
     pub keep_history: bool,
     /// Constrained decoding: every row is sampled under this grammar (`super::verify`).
     pub constraint: Option<Constraint>,
+    /// The bench's acceptance oracle: chooses the proposals (and, when sampling, the verdict)
+    /// so each step accepts a planned number of drafts ([`super::oracle`]).
+    pub oracle: Option<Oracle>,
+    /// Adaptive k (`--num-speculative-tokens auto`): chooses `k` before each step from this
+    /// sequence's acceptance and the measured step times ([`super::controller`]); `k` given to
+    /// [`SpecState::new`] is then the largest k allowed.
+    pub controller: Option<SpecController>,
 }
 
 /// What [`step`] produced for one sequence.
@@ -113,6 +122,8 @@ impl SpecState {
             stats: SpecStats::with_k(k),
             keep_history: false,
             constraint: None,
+            oracle: None,
+            controller: None,
         })
     }
 
@@ -143,8 +154,9 @@ impl SpecState {
         Ok(())
     }
 
-    /// Replace the next step's proposals with these tokens (the draft still runs and its context
-    /// stays in sync). For tests and external proposers; length must be k.
+    /// Replace the next step's proposals with the first k of these tokens (the draft still runs
+    /// and its context stays in sync). For tests and external proposers; at least k tokens (with a
+    /// controller, k is chosen at the step: give its largest).
     pub fn force_next_drafts(&mut self, drafts: Vec<u32>) {
         self.forced = Some(drafts);
     }
@@ -155,6 +167,47 @@ impl SpecState {
             n
         } else {
             n.min(self.prefill_pos + self.prefill_chunk)
+        }
+    }
+
+    /// A verify's verdict of k drafts under the bench's acceptance oracle: greedy verdicts must be the
+    /// reference's (the oracle proved the verify accepts exactly the planned drafts); sampled ones
+    /// are replaced by it ([`super::oracle`]).
+    pub(crate) fn oracle_verdict(&self, k: usize, v: Verdict) -> Result<Verdict> {
+        let Some(o) = &self.oracle else {
+            return Ok(v);
+        };
+        let t = self.tokens.len();
+        let want = o.verdict(t, k);
+        if self.sampling.is_greedy() && v != want {
+            return Err(EngineError::Other(format!(
+                "acceptance oracle: the greedy verify at position {t} gave {v:?}, the reference {want:?} (verify rows not identical to decode rows?)"
+            )));
+        }
+        Ok(want)
+    }
+
+    /// Record a verified step (drafts `d`, verdict `v`): counters, history, the k controller and
+    /// the committed tokens. Shared by the generic step and a backend's fused step.
+    pub(crate) fn commit(&mut self, d: Vec<u32>, v: Verdict) -> StepResult {
+        let st = StepStats {
+            num_draft_tokens: d.len(),
+            num_accepted_tokens: v.accepted,
+        };
+        self.stats.observe(&st);
+        self.stats.num_emitted_tokens += v.tokens.len() as u64;
+        if self.keep_history {
+            self.stats.acceptance_lengths.push(v.accepted);
+            self.stats.proposals.push(d.clone());
+        }
+        if let Some(c) = self.controller.as_mut() {
+            c.observe(d.len(), v.accepted);
+        }
+        self.tokens.extend_from_slice(&v.tokens);
+        StepResult {
+            tokens: v.tokens,
+            proposals: d,
+            stats: st,
         }
     }
 
@@ -173,6 +226,7 @@ pub fn step(
 ) -> Result<Vec<StepResult>> {
     let max_pos = target.config().max_position_embeddings;
     let mask = draft.config().mask_token_id;
+    choose_k(states);
 
     // A backend that runs whole greedy steps on its device (the CUDA draft with a CUDA target)
     // takes batches where every state is decoding greedily with its full k.
@@ -181,6 +235,7 @@ pub fn step(
             s.prefilled
                 && s.forced.is_none()
                 && s.constraint.is_none()
+                && s.oracle.is_some() == states[0].oracle.is_some()
                 && s.sampling.is_greedy()
                 && s.k == states[0].k
                 && s.k_eff(max_pos) == s.k
@@ -219,18 +274,28 @@ pub fn step(
                 let s = &mut *states[i];
                 let mut d: Vec<u32> = (1..=s.k).map(|j| argmax(out.row(j)) as u32).collect();
                 if let Some(f) = s.forced.take() {
-                    if f.len() != s.k {
+                    if f.len() < s.k {
                         return Err(EngineError::Other(format!(
-                            "forced drafts have {} tokens, expected k = {}",
+                            "forced drafts have {} tokens, expected at least k = {}",
                             f.len(),
                             s.k
                         )));
                     }
-                    d = f;
+                    d = f[..s.k].to_vec();
                 }
                 d.truncate(s.k_eff(max_pos));
+                if let Some(o) = s.oracle.as_mut() {
+                    d = o.proposals(&s.tokens, d.len())?;
+                }
                 drafts[i] = d;
             }
+        }
+    }
+
+    // Forced drafts are for the step that verifies drafts; a step without any drops them.
+    for (s, d) in states.iter_mut().zip(&drafts) {
+        if s.prefilled && d.is_empty() {
+            s.forced = None;
         }
     }
 
@@ -319,6 +384,7 @@ pub fn step(
             Some(c) => verify_constrained(&d, &rows, &s.sampling, &mut s.rng, c)?,
             None => verify(&d, &rows, &s.sampling, &mut s.rng),
         };
+        let v = s.oracle_verdict(d.len(), v)?;
         let t_len = s.tokens.len();
         // Positions T-1 ..= T-1+a are now committed with K/V; drop the rejected rows.
         target.truncate(s.target_seq, t_len + v.accepted);
@@ -327,22 +393,7 @@ pub fn step(
             t_len - 1,
             out.taps[..(v.accepted + 1) * ntaps_w].to_vec(),
         ));
-        s.tokens.extend_from_slice(&v.tokens);
-        let st = StepStats {
-            num_draft_tokens: d.len(),
-            num_accepted_tokens: v.accepted,
-        };
-        s.stats.observe(&st);
-        s.stats.num_emitted_tokens += v.tokens.len() as u64;
-        if s.keep_history {
-            s.stats.acceptance_lengths.push(v.accepted);
-            s.stats.proposals.push(d.clone());
-        }
-        results.push(StepResult {
-            tokens: v.tokens,
-            proposals: d,
-            stats: st,
-        });
+        results.push(s.commit(d, v));
     }
 
     // 4. Draft context for the committed rows.
@@ -356,6 +407,26 @@ pub fn step(
         .collect();
     draft.write_context(&cbatch)?;
     Ok(results)
+}
+
+/// Sets `k` of the prefilled states that have a controller: one k for all of them (one verify
+/// shape), chosen for the batch ([`super::controller::choose_batch`]).
+fn choose_k(states: &mut [&mut SpecState]) {
+    let nb = states.iter().filter(|s| s.prefilled).count();
+    let mut ctls: Vec<&mut SpecController> = states
+        .iter_mut()
+        .filter(|s| s.prefilled)
+        .filter_map(|s| s.controller.as_mut())
+        .collect();
+    if ctls.is_empty() {
+        return;
+    }
+    let k = choose_batch(&mut ctls, nb);
+    for s in states.iter_mut() {
+        if s.prefilled && s.controller.is_some() {
+            s.k = k;
+        }
+    }
 }
 
 /// Speculative generation of one request: token-identical to [`crate::generate::generate`] under

@@ -13,9 +13,9 @@
 //!   forbids has probability 0 under the masked row (greedy: is never its argmax), so it is
 //!   rejected like a mismatch, and the output is what constrained decoding without the draft
 //!   gives (greedy: the same tokens).
-use crate::sample::argmax;
 use crate::error::Result;
 use crate::grammar::Constraint;
+use crate::sample::argmax;
 use crate::sample::{draw, probs, Rng, SamplingParams};
 use std::borrow::Cow;
 

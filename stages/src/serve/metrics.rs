@@ -154,6 +154,25 @@ pub fn render(m: &MetricsSnapshot, model_name: &str) -> String {
         "Accepted tokens per draft position.",
         &pos,
     );
+    gauge(
+        &mut out,
+        "laguna:spec_k",
+        "Draft tokens per step of the last DFlash decode step (adaptive k's choice, or the fixed k).",
+        &l,
+        m.spec_k as f64,
+    );
+    let ks: Vec<(String, f64)> = m
+        .spec_k_steps
+        .iter()
+        .enumerate()
+        .map(|(k, v)| (format!("{l},k=\"{k}\""), *v as f64))
+        .collect();
+    counter(
+        &mut out,
+        "laguna:spec_k_steps",
+        "DFlash decode steps by draft tokens per step (k = 0: no draft that step).",
+        &ks,
+    );
     // laguna's own: how hard the batcher works.
     counter(
         &mut out,

@@ -136,6 +136,7 @@ pub fn load(
                 Some((d, k)) => Some(Dflash {
                     draft: Box::new(CpuDraft::load(d, &m).context("cpu draft load")?),
                     k,
+                    costs: None,
                 }),
                 None => None,
             };
@@ -154,6 +155,7 @@ pub fn load(
                             .context("cuda draft load")?,
                     ),
                     k,
+                    costs: None,
                 }),
                 None => None,
             };

@@ -98,7 +98,13 @@ impl Engine {
                 d.k,
                 req.sampling.clone(),
             )
-            .map(|st| (st.target_seq, Some(st))),
+            .map(|mut st| {
+                st.controller = d
+                    .costs
+                    .as_ref()
+                    .map(|c| crate::spec::SpecController::new(c.clone()));
+                (st.target_seq, Some(st))
+            }),
             None => self.model.new_seq().map(|s| (s, None)),
         }
     }

@@ -1,0 +1,406 @@
+//! Adaptive k (`--num-speculative-tokens auto`): each step, choose the number of drafts that
+//! maximises the expected tokens per second from each sequence's recent acceptance and the
+//! measured step time at each k on this device.
+//!
+//! Model. DFlash acceptance is a run of per-token successes: draft i + 1 is accepted with
+//! probability alpha once draft i was. The accepted length at k drafts is then a geometric run
+//! truncated at k, and a step emits
+//!
+//! ```text
+//!   E(alpha, k) = 1 + alpha + .. + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)
+//! ```
+//!
+//! tokens. With `cost[k]` the time of a step with k drafts (`cost[0]`: a decode step that still
+//! writes the draft's context, so drafting can resume at any step), the best k maximises
+//! `E(alpha, k) / cost[k]`. Two closed forms the tests check: drafting (k = 1) beats decoding
+//! iff `alpha > cost[1] / cost[0] - 1`, and k + 1 beats k iff `alpha^(k+1) * cost[k] >
+//! (cost[k+1] - cost[k]) * E(alpha, k)`.
+//!
+//! Estimate. Every verified draft is a Bernoulli(alpha) trial until the first rejection: a step
+//! with k drafts and a accepted holds a successes and `a < k` failures, so alpha's maximum
+//! likelihood estimate is successes / trials. [`SpecController`] keeps both as exponentially
+//! decaying sums (factor [`DECAY`] per step, starting from a prior of [`PRIOR_TRIALS`] trials at
+//! [`PRIOR_ALPHA`]), so it follows a sequence whose content changes.
+//!
+//! Hysteresis: the controller leaves its current k only for one whose expected rate is more than
+//! [`HYSTERESIS`] higher. At k = 0 nothing is learnt, so every [`PROBE_EVERY`]-th step drafts at
+//! the best k >= 1 (a probe) and its outcome updates the estimate.
+//!
+//! A batched step has one k for all its sequences (one verify shape); [`choose_batch`] picks the
+//! k that maximises the batch's summed expected tokens over the step time at that batch size.
+use super::draft::DraftModel;
+use super::driver::SpecState;
+use crate::error::Result;
+use crate::model::Model;
+use crate::sample::SamplingParams;
+use std::sync::Arc;
+
+/// Per-step decay of the acceptance counts (an effective memory of ~5 steps: a sequence that
+/// stops accepting falls back to decode within ~15 steps).
+pub const DECAY: f64 = 0.8;
+/// The estimate before any step: alpha = 0.5 worth this many trials.
+pub const PRIOR_ALPHA: f64 = 0.5;
+pub const PRIOR_TRIALS: f64 = 4.0;
+/// Switch k only for an expected rate this much higher (relative).
+pub const HYSTERESIS: f64 = 0.02;
+/// At k = 0, draft every this many steps to re-measure acceptance.
+pub const PROBE_EVERY: usize = 16;
+
+/// Expected tokens a step emits with k drafts at per-token acceptance alpha.
+pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
+    (0..=k).map(|i| alpha.powi(i as i32)).sum()
+}
+
+/// Step time by k, per batch size, measured on this device ([`StepCosts::measure`]).
+/// `by_batch[i] = (batch size, ms per step at k = 0..=k_max)`, sorted by batch.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepCosts {
+    pub by_batch: Vec<(usize, Vec<f64>)>,
+}
+
+impl StepCosts {
+    /// Step times at batch size `nb`: the largest measured batch size <= nb (the smallest
+    /// measured one below it).
+    pub fn for_batch(&self, nb: usize) -> &[f64] {
+        let i = self
+            .by_batch
+            .iter()
+            .rposition(|(b, _)| *b <= nb)
+            .unwrap_or(0);
+        &self.by_batch[i].1
+    }
+
+    /// Times greedy DFlash steps through [`super::step`] (so the fused device step where the
+    /// backend has one, exactly what decoding runs) for k = 0..=k_max at each batch size: per
+    /// (batch, k), `warm` untimed steps (graph capture) then `steps` timed ones, on throwaway
+    /// sequences with a `prompt_len`-token prompt. On the CPU this measures the CPU engine the same
+    /// way (cheap on fixture models, slow on real ones: prefer fixed k there).
+    pub fn measure(
+        target: &mut dyn Model,
+        draft: &mut dyn DraftModel,
+        k_max: usize,
+        batches: &[usize],
+        prompt_len: usize,
+        warm: usize,
+        steps: usize,
+    ) -> Result<StepCosts> {
+        draft.config().check_k(k_max)?;
+        let vocab = target.config().vocab_size as u32;
+        let prompt: Vec<u32> = (0..prompt_len as u32)
+            .map(|i| 1 + (i * 7919) % (vocab - 1))
+            .collect();
+        let mut by_batch = vec![];
+        for &nb in batches {
+            let mut states = vec![];
+            for _ in 0..nb {
+                match SpecState::new(target, draft, &prompt, k_max, SamplingParams::greedy()) {
+                    Ok(s) => states.push(s),
+                    Err(e) => {
+                        states
+                            .iter()
+                            .for_each(|s: &SpecState| s.free(target, draft));
+                        return Err(e);
+                    }
+                }
+            }
+            let r = (|| -> Result<Vec<f64>> {
+                let mut refs: Vec<&mut SpecState> = states.iter_mut().collect();
+                super::step(target, draft, &mut refs)?;
+                let mut ms = vec![];
+                for k in 0..=k_max {
+                    refs.iter_mut().for_each(|s| s.k = k);
+                    for _ in 0..warm {
+                        super::step(target, draft, &mut refs)?;
+                    }
+                    let t0 = std::time::Instant::now();
+                    for _ in 0..steps {
+                        super::step(target, draft, &mut refs)?;
+                    }
+                    ms.push(t0.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64);
+                }
+                Ok(ms)
+            })();
+            states.iter().for_each(|s| s.free(target, draft));
+            by_batch.push((nb, r?));
+        }
+        by_batch.sort_by_key(|x| x.0);
+        Ok(StepCosts { by_batch })
+    }
+
+    /// The largest k the table covers.
+    pub fn k_max(&self) -> usize {
+        self.by_batch
+            .iter()
+            .map(|(_, c)| c.len().saturating_sub(1))
+            .min()
+            .unwrap_or(0)
+    }
+}
+
+/// The k in `lo..cost.len()` with the highest `sum_b E(alpha_b, k) / cost[k]`, and that rate.
+fn best(alphas: &[f64], cost: &[f64], lo: usize) -> (usize, f64) {
+    let rate = |k: usize| alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>() / cost[k];
+    (lo..cost.len())
+        .map(|k| (k, rate(k)))
+        .fold((lo, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
+}
+
+/// The k maximising expected tokens per unit time for one sequence at acceptance alpha.
+pub fn best_k(alpha: f64, cost: &[f64]) -> usize {
+    best(&[alpha], cost, 0).0
+}
+
+/// One sequence's acceptance estimate and current k.
+#[derive(Debug, Clone)]
+pub struct SpecController {
+    costs: Arc<StepCosts>,
+    k: usize,
+    succ: f64,
+    trials: f64,
+    at_zero: usize,
+}
+
+impl SpecController {
+    /// Starts at the best k for the prior acceptance at batch size 1.
+    pub fn new(costs: Arc<StepCosts>) -> SpecController {
+        let k = best_k(PRIOR_ALPHA, costs.for_batch(1)).max(1);
+        SpecController {
+            costs,
+            k,
+            succ: PRIOR_ALPHA * PRIOR_TRIALS,
+            trials: PRIOR_TRIALS,
+            at_zero: 0,
+        }
+    }
+
+    /// The estimated per-token acceptance.
+    pub fn alpha(&self) -> f64 {
+        self.succ / self.trials
+    }
+
+    /// The k this sequence runs at (0: plain decode steps).
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    pub fn k_max(&self) -> usize {
+        self.costs.k_max()
+    }
+
+    /// A step verified `k` drafts and accepted `accepted` of them.
+    pub fn observe(&mut self, k: usize, accepted: usize) {
+        if k == 0 {
+            return;
+        }
+        self.succ = DECAY * self.succ + accepted as f64;
+        self.trials = DECAY * self.trials + accepted as f64 + (accepted < k) as u32 as f64;
+    }
+
+    /// The k for the next step of this sequence alone (batch size `nb`).
+    pub fn choose(&mut self, nb: usize) -> usize {
+        choose_batch(&mut [self], nb)
+    }
+}
+
+/// The one k for a batched step of these sequences (their current k is the previous step's):
+/// the best k for the summed expected tokens, with hysteresis against the first sequence's
+/// current k and probes from k = 0. Sets every controller's k to the choice.
+pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
+    let Some(first) = ctls.first() else {
+        return 0;
+    };
+    let cost = first.costs.for_batch(nb).to_vec();
+    let alphas: Vec<f64> = ctls.iter().map(|c| c.alpha()).collect();
+    let cur = first.k.min(cost.len() - 1);
+    let (bk, brate) = best(&alphas, &cost, 0);
+    let cur_rate = best(&alphas, &cost[..=cur], cur).1;
+    let mut k = if brate > cur_rate * (1.0 + HYSTERESIS) {
+        bk
+    } else {
+        cur
+    };
+    let mut probe = false;
+    if k == 0 {
+        let n = first.at_zero + 1;
+        if n >= PROBE_EVERY {
+            probe = true;
+            k = best(&alphas, &cost, 1).0;
+        }
+    }
+    for c in ctls.iter_mut() {
+        c.at_zero = if k == 0 { c.at_zero + 1 } else { 0 };
+        // A probe drafts once; the next choice starts again from k = 0.
+        c.k = if probe { 0 } else { k };
+    }
+    k
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn costs(c: Vec<f64>) -> Arc<StepCosts> {
+        Arc::new(StepCosts {
+            by_batch: vec![(1, c)],
+        })
+    }
+
+    #[test]
+    fn expected_tokens_closed_form() {
+        for alpha in [0.0, 0.3, 0.8, 0.99] {
+            for k in 0..16 {
+                let want = (1.0 - f64::powi(alpha, k as i32 + 1)) / (1.0 - alpha);
+                assert!((expected_tokens(alpha, k) - want).abs() < 1e-9);
+            }
+        }
+        assert_eq!(expected_tokens(1.0, 6), 7.0);
+    }
+
+    /// Step times shaped like a device's: a decode step, then a draft forward plus a verify that
+    /// grows with k.
+    fn linear(c0: f64, c_draft: f64, c1: f64, k_max: usize) -> Vec<f64> {
+        (0..=k_max)
+            .map(|k| {
+                if k == 0 {
+                    c0
+                } else {
+                    c0 + c_draft + c1 * k as f64
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn best_k_matches_the_closed_forms() {
+        for (c0, cd, c1) in [(2.08, 1.0, 0.5), (1.0, 0.2, 0.05), (1.0, 2.0, 0.01)] {
+            let cost = linear(c0, cd, c1, 15);
+            for i in 0..=100 {
+                let alpha = i as f64 / 100.0;
+                let k = best_k(alpha, &cost);
+                // Drafting pays at all iff some k >= 1 beats decode; at the margin k=0 vs 1:
+                // alpha > cost[1]/cost[0] - 1.
+                if k == 0 {
+                    assert!(
+                        alpha <= cost[1] / cost[0] - 1.0 + 1e-12 || {
+                            // k = 1 loses but a larger k might not: check every k explicitly.
+                            (1..=15).all(|j| expected_tokens(alpha, j) / cost[j] <= 1.0 / cost[0])
+                        }
+                    );
+                }
+                // Local optimality by the marginal condition: k + 1 does not beat k, k - 1 does not
+                // beat k.
+                let e = |k: usize| expected_tokens(alpha, k);
+                if k < 15 {
+                    assert!(
+                        alpha.powi(k as i32 + 1) * cost[k]
+                            <= (cost[k + 1] - cost[k]) * e(k) + 1e-12,
+                        "alpha {alpha} k {k}: k+1 is better"
+                    );
+                }
+                // Global: no k has a higher rate.
+                for j in 0..=15 {
+                    assert!(e(j) / cost[j] <= e(k) / cost[k] + 1e-12);
+                }
+            }
+            // Full acceptance with a draft cheaper than a token: the largest k.
+            assert_eq!(best_k(1.0, &cost), 15);
+            // No acceptance: decode.
+            assert_eq!(best_k(0.0, &cost), 0);
+        }
+        // Threshold for k = 1 with a two-entry table: cost[1]/cost[0] - 1 = 0.5.
+        let cost = vec![1.0, 1.5];
+        assert_eq!(best_k(0.49, &cost), 0);
+        assert_eq!(best_k(0.51, &cost), 1);
+    }
+
+    #[test]
+    fn controller_tracks_acceptance_and_falls_back_to_decode() {
+        let c = costs(linear(2.08, 1.5, 0.4, 15));
+        let mut ctl = SpecController::new(c.clone());
+        // High acceptance: alpha -> 0.9, k -> the optimum at 0.9 (within hysteresis).
+        for _ in 0..60 {
+            let k = ctl.choose(1);
+            // A truncated geometric with mean ~ alpha/(1-alpha) = 9: accept 9 or k.
+            ctl.observe(k, k.min(9));
+        }
+        let best = best_k(ctl.alpha(), c.for_batch(1));
+        let rate = |k| expected_tokens(ctl.alpha(), k) / c.for_batch(1)[k];
+        assert!(rate(ctl.k()) * (1.0 + HYSTERESIS) >= rate(best));
+        assert!(ctl.k() >= 6, "k {} alpha {}", ctl.k(), ctl.alpha());
+        // No acceptance: k = 0 within a few steps, then a probe every PROBE_EVERY steps.
+        let mut ks = vec![];
+        for _ in 0..80 {
+            let k = ctl.choose(1);
+            ctl.observe(k, 0);
+            ks.push(k);
+        }
+        let first_zero = ks
+            .iter()
+            .position(|&k| k == 0)
+            .expect("falls back to decode");
+        assert!(first_zero < 20, "{ks:?}");
+        let probes: Vec<usize> = ks[first_zero..]
+            .iter()
+            .enumerate()
+            .filter(|(_, &k)| k > 0)
+            .map(|(i, _)| i)
+            .collect();
+        assert!(!probes.is_empty(), "{ks:?}");
+        for w in probes.windows(2) {
+            assert_eq!(w[1] - w[0], PROBE_EVERY, "{ks:?}");
+        }
+        // Acceptance comes back: a probe sees it and drafting resumes.
+        for _ in 0..(3 * PROBE_EVERY) {
+            let k = ctl.choose(1);
+            ctl.observe(k, k);
+        }
+        assert!(ctl.k() > 0);
+    }
+
+    #[test]
+    fn hysteresis_holds_k_near_a_tie() {
+        // Two k with rates within 1 %: the controller keeps whichever it has.
+        let cost = vec![1.0, 1.0, 1.1];
+        let c = costs(cost.clone());
+        let mut ctl = SpecController::new(c);
+        ctl.k = 1;
+        // alpha with E(a,2)/1.1 = 1.005 * E(a,1)/1.0 (a ~ 0.38).
+        let a = {
+            let (mut lo, mut hi) = (0.0f64, 1.0f64);
+            for _ in 0..60 {
+                let m = (lo + hi) / 2.0;
+                if expected_tokens(m, 2) / 1.1 < 1.005 * expected_tokens(m, 1) {
+                    lo = m
+                } else {
+                    hi = m
+                }
+            }
+            hi
+        };
+        ctl.succ = a * 1e6;
+        ctl.trials = 1e6;
+        assert_eq!(best_k(ctl.alpha(), &cost), 2);
+        assert_eq!(ctl.choose(1), 1, "within hysteresis: stays");
+    }
+
+    #[test]
+    fn batch_choice_sums_expected_tokens() {
+        let c = Arc::new(StepCosts {
+            by_batch: vec![(1, linear(2.0, 1.0, 0.3, 8)), (4, linear(2.5, 1.2, 1.0, 8))],
+        });
+        assert_eq!(c.for_batch(3), c.by_batch[0].1.as_slice());
+        assert_eq!(c.for_batch(9), c.by_batch[1].1.as_slice());
+        let mut a = SpecController::new(c.clone());
+        let mut b = SpecController::new(c.clone());
+        (a.succ, a.trials) = (0.9e6, 1e6);
+        (b.succ, b.trials) = (0.1e6, 1e6);
+        let k = choose_batch(&mut [&mut a, &mut b], 4);
+        let cost = c.for_batch(4);
+        let rate = |k: usize| (expected_tokens(0.9, k) + expected_tokens(0.1, k)) / cost[k];
+        for j in 0..=8 {
+            assert!(rate(j) <= rate(k) * (1.0 + HYSTERESIS) + 1e-12);
+        }
+        assert_eq!(a.k(), k);
+        assert_eq!(b.k(), k);
+    }
+}
