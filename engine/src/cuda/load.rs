@@ -69,11 +69,8 @@ impl<'a> Loader<'a> {
         self.upload(&b)
     }
     pub(super) fn lin(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Lin> {
-        if inp % 16 != 0 {
-            return Err(EngineError::Other(format!(
-                "{prefix}: input width {inp} is not a multiple of 16 (CUDA kernels need it)"
-            )));
-        }
+        // Any width for BF16 (the kernels take K and N tails); NVFP4's 16-wide groups are checked
+        // by `linear` ("NVFP4 needs an input width divisible by 16").
         match self.store.linear(prefix, out, inp)? {
             LinearSource::Dense(t) => {
                 let b = bf16_bytes_of(&t)?;
@@ -264,11 +261,6 @@ impl CudaModel {
                 "head_dim {hd} > 256 is not supported by the CUDA attention kernel"
             )));
         }
-        if h % 16 != 0 {
-            return Err(EngineError::Other(format!(
-                "hidden_size {h} must be a multiple of 16 for the CUDA backend"
-            )));
-        }
         if !opts.page_size.max(1).is_power_of_two() {
             return Err(EngineError::Other(format!(
                 "K/V page size {} must be a power of two for the CUDA attention kernels",
@@ -377,11 +369,6 @@ impl CudaModel {
                         cfg.num_experts,
                     )?;
                     let im = cfg.moe_intermediate_size;
-                    if im % 16 != 0 {
-                        return Err(EngineError::Other(format!(
-                            "moe_intermediate_size {im} must be a multiple of 16"
-                        )));
-                    }
                     let ep = format!("{p}.mlp.experts");
                     let sp = format!("{p}.mlp.shared_expert");
                     // The shared expert rides along as expert E (one fixed extra slot per row) when
