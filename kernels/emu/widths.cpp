@@ -6,7 +6,9 @@
 //   * gemm_bf16 (the long-pass GEMM without cuBLAS) at the same K: against float64;
 //   * the BF16 experts of any width: moe_gate_up_bf16 / moe_down_bf16 (several rows) = their _1
 //     forms on each row alone, bit for bit, and against float64; moe_gemm_gate_up_bf16 +
-//     silu_mul_split + moe_gemm_down_bf16 (long passes) against float64.
+//     silu_mul_split + moe_gemm_down_bf16 (long passes) against float64;
+//   * attention_decode_head at head_dim % 8 != 0 (BF16 and FP8 caches), and reading a staged
+//     pass's keys from the stage, against float64.
 // Aligned widths keep their own (unchanged) code paths: invariance.cpp and moe_gemm.cpp.
 // Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -187,12 +189,94 @@ static bool experts(std::mt19937& rng, int H, int I) {
     return ok && eg < 1e-4;
 }
 
+// attention_decode_head (the decode attention of any head_dim the GQA / tensor-core forms do not
+// take) at hd % 8 != 0: one split, and 8 splits + attention_decode_merge16, against float64 on the
+// values the cache holds (BF16 or FP8 scaled), full and sliding window, a sink, the per-head gate.
+// Staged: the pass's two rows (one sequence) have their keys in the stage, not in the ring (whose
+// slots for them hold other values), as a staged ring pass the flash kernel cannot take runs it.
+template <typename KV>
+static bool head_attention(std::mt19937& rng, int hd, int window, bool staged) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    constexpr bool fp8 = sizeof(KV) == 1;
+    const int nh = 6, nkv = 2, G = nh / nkv, ps = 16, max_pages = 16, P = 150, R = 2;
+    const int qw = nh * hd, kvw = nkv * hd, slots = max_pages * ps, nsplit = 8;
+    const float kscale = fp8 ? 0.5f : 1.f, vscale = fp8 ? 0.25f : 1.f;
+    KV* kc = emu_alloc<KV>((size_t)slots * kvw);
+    KV* vc = emu_alloc<KV>((size_t)slots * kvw);
+    int* bt = emu_alloc<int>(max_pages);
+    for (int i = 0; i < max_pages; i++) bt[i] = (i * 5 + 3) % max_pages;
+    auto slot = [&](int t) { return ((size_t)bt[t / ps] * ps + t % ps) * kvw; };
+    for (int t = 0; t < P + R; t++)
+        for (int i = 0; i < kvw; i++) {
+            float kv = nd(rng), vv = nd(rng);
+            kc[slot(t) + i] = fp8 ? (KV)emu_f2e4m3(kv) : (KV)f2bf(kv);
+            vc[slot(t) + i] = fp8 ? (KV)emu_f2e4m3(vv) : (KV)f2bf(vv);
+        }
+    const int ld = qw + nh;  // q | per-head gate
+    float* q = emu_alloc<float>((size_t)R * ld);
+    for (int i = 0; i < R * ld; i++) q[i] = nd(rng);
+    float* sink = emu_alloc<float>(nh);
+    for (int h = 0; h < nh; h++) sink[h] = 0.5f * nd(rng);
+    int *pos = emu_alloc<int>(R), *seqrow = emu_alloc<int>(R), *sfirst = emu_alloc<int>(R);
+    for (int r = 0; r < R; r++) pos[r] = P + r;
+    const float scale = (float)((1.0 / std::sqrt((double)hd)) * kscale);
+    std::vector<double> ref((size_t)R * qw);
+    for (int r = 0; r < R; r++) {
+        int p = pos[r], lo = window > 0 ? std::max(0, p + 1 - window) : 0;
+        for (int h = 0; h < nh; h++) {
+            double gate = std::log1p(std::exp((double)q[(size_t)r * ld + qw + h]));
+            ref_attention(q + (size_t)r * ld + h * hd, kc, vc, bt, ps, kvw, h / G, hd, lo, p, scale, sink[h], gate, vscale,
+                          ref.data() + (size_t)r * qw + h * hd);
+        }
+    }
+    KV *ks = nullptr, *vs = nullptr;
+    if (staged) {  // the rows' keys to the stage [R, nkv, hd]; their ring slots overwritten
+        ks = emu_alloc<KV>((size_t)R * kvw);
+        vs = emu_alloc<KV>((size_t)R * kvw);
+        for (int r = 0; r < R; r++)
+            for (int i = 0; i < kvw; i++) {
+                ks[(size_t)r * kvw + i] = kc[slot(P + r) + i];
+                vs[(size_t)r * kvw + i] = vc[slot(P + r) + i];
+                kc[slot(P + r) + i] = fp8 ? (KV)emu_f2e4m3(3.f) : (KV)f2bf(3.f);
+                vc[slot(P + r) + i] = fp8 ? (KV)emu_f2e4m3(-2.f) : (KV)f2bf(-2.f);
+            }
+    }
+    float* part = emu_alloc<float>((size_t)R * nh * nsplit * (hd + 2));
+    bool ok = true;
+    double worst = 0;
+    for (int ns : {1, nsplit}) {
+        float* out = emu_alloc<float>((size_t)R * qw);
+        ok &= emu_launch({(unsigned)R, (unsigned)nh, (unsigned)ns}, 128, [&] {
+            if constexpr (fp8)
+                attention_decode_head_fp8(q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw,
+                                          ld, 1, scale, vscale, ns, part, nullptr, ks, vs, sfirst);
+            else
+                attention_decode_head(q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw, ld,
+                                      1, scale, vscale, ns, part, nullptr, ks, vs, sfirst);
+        }, 8);
+        if (ns > 1)
+            ok &= emu_launch({(unsigned)R, (unsigned)nh, 1}, (unsigned)ceil_div(hd, 32) * 32, [&] {
+                attention_decode_merge16(part, ns, out, qw, nh, hd, sink, q + qw, ld, 1, pos, window, nullptr, vscale);
+            });
+        worst = std::max(worst, rel_err(out, ref));
+    }
+    bool close = worst < 2e-5;
+    std::printf("attention_decode_head%s, head_dim %d, window %d%s: 1 and %d splits vs float64 %.1e %s\n", fp8 ? "_fp8" : "", hd,
+                window, staged ? ", staged" : "", nsplit, worst, close ? "ok" : "TOO LARGE");
+    return ok && close;
+}
+
 int main() {
     emu_init(size_t(256) << 20);
     std::mt19937 rng(49);
     bool ok = true;
     for (auto [k, n] : {std::pair{178, 37}, {50, 90}, {24, 16}, {31, 21}}) ok &= dense(rng, k, n);
     for (auto [h, i] : {std::pair{50, 22}, {178, 24}, {24, 40}}) ok &= experts(rng, h, i);
+    ok &= head_attention<unsigned short>(rng, 50, 0, false);
+    ok &= head_attention<unsigned short>(rng, 20, 40, false);
+    ok &= head_attention<unsigned char>(rng, 18, 0, false);
+    ok &= head_attention<unsigned short>(rng, 50, 40, true);
+    ok &= head_attention<unsigned char>(rng, 24, 0, true);
     std::printf(ok ? "width tails emulation: PASS\n" : "width tails emulation: FAIL\n");
     return ok ? 0 : 1;
 }
