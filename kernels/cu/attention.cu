@@ -197,15 +197,20 @@ extern "C" __global__ void ring_commit(const u8* ks, const u8* vs, const int* po
 // otherwise (max, sum, acc[hd]) partials go to `part` for attention_merge.
 // gate_mode: 0 none, 1 per head (g[m, h]), 2 per element (g[m, h*hd + d]); softplus applied here.
 // Tiles of blockDim keys: every thread scores one key (16-byte K loads, q from shared memory),
-// block-wide online softmax, then V accumulated by (key group, dim) threads. Needs hd % 8 == 0,
-// hd <= blockDim <= 256.
+// block-wide online softmax, then V accumulated by (key group, dim) threads. Any even hd <=
+// blockDim <= 256 (hd % 8 != 0: element loads, 2 dims a V thread).
 #define ATT_PARAMS(KV)                                                                                             \
     const float *q, int ldq, float *out, int ldo, const KV *kc, const KV *vc, const int *pos, const int *seqrow,   \
         const int *bt, int max_pages, int page_size, int nh, int nkv, int hd, int window, const float *sink,       \
         const float *g, int ldg, int gate_mode, float scale, float vscale
 #define ATT_ARGS q, ldq, out, ldo, kc, vc, pos, seqrow, bt, max_pages, page_size, nh, nkv, hd, window, sink, g, ldg, gate_mode, scale, vscale
+// Staged ring layers (ks set; a pass whose flash kernel cannot take the head_dim): keys at or
+// after the first position of the row's sequence in this pass come from the stage (row
+// sfirst[m] + key - s0; offset tagged with bit 31), older ones from the ring, as in
+// attention_prefill_t.
 template <typename KV>
-__device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
+__device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const KV* ks,
+                                            const KV* vs, const int* sfirst) {
     __shared__ float qs[256];
     __shared__ float ps[256];
     __shared__ float red[1024];
@@ -215,7 +220,9 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     int kvh = h / (nh / nkv);
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
     int T = blockDim.x;
-    int DV = hd >> 2;                    // threads per key in the V pass (4 dims each)
+    // Threads per key in the V pass: 4 dims each, 2 (element loads) where hd % 8 != 0.
+    const int VW = hd & 7 ? 2 : 4;
+    int DV = hd / VW;
     int G = T / DV, gi = tid / DV, dq = tid % DV;
     bool vact = gi < G;
     for (int d = tid; d < hd; d += blockDim.x) qs[d] = q[(size_t)m * ldq + h * hd + d];
@@ -229,6 +236,8 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     const int* btr = bt + (size_t)seqrow[m] * max_pages;
+    int srow = ks ? sfirst[m] : 0;
+    int s0 = ks ? pos[srow] : 0x7fffffff;
     bool final_ = nsplit == 1;
     float run_max = (final_ && sink) ? sink[h] : -INFINITY;
     float run_sum = (final_ && sink) ? 1.f : 0.f;
@@ -239,12 +248,21 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
         float s = -INFINITY;
         if (tid < tn) {
             int t = t0 + tid;
-            int page = btr[(t / page_size) % max_pages];
-            unsigned ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
+            unsigned ko;
+            if (t >= s0) {
+                ko = 0x80000000u | (unsigned)(((size_t)(srow + t - s0) * nkv + kvh) * hd);
+            } else {
+                int page = btr[(t / page_size) % max_pages];
+                ko = (unsigned)((((size_t)page * page_size + t % page_size) * nkv + kvh) * hd);
+            }
             koff[tid] = ko;
-            const KV* kr = kc + ko;
+            const KV* kr = (ko & 0x80000000u ? ks : kc) + (ko & 0x7fffffffu);
             float a = 0.f;
             int nc = hd >> 3;
+            if (hd & 7) {  // rows not 16-byte aligned: element loads, dot8_acc's order
+                for (int d = 0; d < hd; d++) a = fmaf(qs[d], bf2f(Kv<KV>::to_bf16(kr[d])), a);
+                nc = 0;
+            }
             for (int c0 = 0; c0 < nc; c0 += 8) {
                 uint4 ku[8];
 #pragma unroll
@@ -279,7 +297,15 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
         if (vact) {
 #pragma unroll 8
             for (int j = gi; j < tn; j += G) {
-                uint2 u = Kv<KV>::ld4(vc + (size_t)koff[j] + dq * 4);
+                const KV* vb = (koff[j] & 0x80000000u ? vs : vc) + (koff[j] & 0x7fffffffu);
+                if (VW == 2) {
+                    const KV* vr = vb + dq * 2;
+                    float pj = ps[j];
+                    acc0 = fmaf(pj, bf2f(Kv<KV>::to_bf16(vr[0])), acc0);
+                    acc1 = fmaf(pj, bf2f(Kv<KV>::to_bf16(vr[1])), acc1);
+                    continue;
+                }
+                uint2 u = Kv<KV>::ld4(vb + dq * 4);
                 float pj = ps[j];
                 acc0 = fmaf(pj, bflo(u.x), acc0);
                 acc1 = fmaf(pj, bfhi(u.x), acc1);
@@ -290,8 +316,9 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
         __syncthreads();
     }
     if (vact) {
-        float* rr = red + gi * hd + dq * 4;
-        rr[0] = acc0; rr[1] = acc1; rr[2] = acc2; rr[3] = acc3;
+        float* rr = red + gi * hd + dq * VW;
+        rr[0] = acc0; rr[1] = acc1;
+        if (VW == 4) { rr[2] = acc2; rr[3] = acc3; }
     }
     __syncthreads();
     if (tid >= hd) return;
@@ -308,11 +335,13 @@ __device__ __forceinline__ void attention_t(ATT_PARAMS(KV), int nsplit, float* p
     else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + tid]);
     out[(size_t)m * ldo + h * hd + tid] = o;
 }
-extern "C" __global__ void attention_decode_head(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
+extern "C" __global__ void attention_decode_head(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend, const bf16_t* ks,
+                                                 const bf16_t* vs, const int* sfirst) { PDL_ENTRY();
+    attention_t<bf16_t>(ATT_ARGS, nsplit, part, kend, ks, vs, sfirst);
 }
-extern "C" __global__ void attention_decode_head_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_t<u8>(ATT_ARGS, nsplit, part, kend);
+extern "C" __global__ void attention_decode_head_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend, const u8* ks,
+                                                     const u8* vs, const int* sfirst) { PDL_ENTRY();
+    attention_t<u8>(ATT_ARGS, nsplit, part, kend, ks, vs, sfirst);
 }
 
 // GQA-packed decode attention: one block per (row, KV head, split), one warp per query head of

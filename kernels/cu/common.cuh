@@ -546,7 +546,8 @@ __device__ __forceinline__ void merge_head_r(const float* part, int nsplit, floa
 }
 
 // ---- one 16-element block of a weight row, dotted with MR activation rows -------------------
-// BF16 weights: row-major [N, K]. NVFP4: packed [N, K/2] (element 2i low nibble), scales [N, K/16].
+// BF16 weights: row-major [N, K], any K (K % 16 != 0: dot16_bf16_tail). NVFP4: packed [N, K/2]
+// (element 2i low nibble), scales [N, K/16]; K % 16 == 0 (the format's groups).
 // Both accumulate sum_k w[k] * x[r][k] for the 16 columns of block `blk` into acc[r].
 // The 16 BF16 weights held in a, b dotted with x16[0..16) (dot16_bf16's products and sum).
 __device__ __forceinline__ float dot16_bf16_w(uint4 a, uint4 b, const float* x16) {
@@ -563,6 +564,33 @@ __device__ __forceinline__ float dot16_bf16_w(uint4 a, uint4 b, const float* x16
         s = fmaf(w[4 * q + 3], v.w, s);
     }
     return s;
+}
+// A BF16 row of width K % 16 != 0 (rows not 16-byte aligned, a last block past K): block `blk`'s
+// 16 weights by element loads, zeros past K. With x16_tail, the products in dot16_bf16_w's order
+// (x zero past K too), so a tail block sums as an aligned block of the same values would.
+__device__ __forceinline__ void w16_bf16_tail(const bf16_t* __restrict__ wrow, int blk, int K, float* w) {
+#pragma unroll
+    for (int q = 0; q < 16; q++) {
+        int k = blk * 16 + q;
+        w[q] = k < K ? bf2f(wrow[k]) : 0.f;
+    }
+}
+__device__ __forceinline__ float dot16_tail(const float* w, const float* __restrict__ x, int blk, int K) {
+    float s = 0.f;
+#pragma unroll
+    for (int q = 0; q < 16; q++) {
+        int k = blk * 16 + q;
+        s = fmaf(w[q], k < K ? x[k] : 0.f, s);
+    }
+    return s;
+}
+template <int MR>
+__device__ __forceinline__ void dot16_bf16_tail(const bf16_t* __restrict__ wrow, int blk, int K, const float* const* xr, int nr, float* acc) {
+    float w[16];
+    w16_bf16_tail(wrow, blk, K, w);
+#pragma unroll
+    for (int r = 0; r < MR; r++)
+        if (r < nr) acc[r] += dot16_tail(w, xr[r], blk, K);
 }
 template <int MR>
 __device__ __forceinline__ void dot16_bf16(const bf16_t* __restrict__ wrow, int blk, const float* const* xr, int nr, float* acc) {
@@ -622,8 +650,12 @@ __device__ __forceinline__ void row_dot(const void* w, const u8* s, float inv_gs
     for (int r = 0; r < MR; r++) acc[r] = 0.f;
     if (FMT == 0) {
         const bf16_t* wrow = reinterpret_cast<const bf16_t*>(w) + (size_t)n * K;
+        if (K & 15) {
+            for (int b = lane; b < (K + 15) >> 4; b += 32) dot16_bf16_tail<MR>(wrow, b, K, xr, nr, acc);
+        } else {
 #pragma unroll 4
-        for (int b = lane; b < nblk; b += 32) dot16_bf16<MR>(wrow, b, xr, nr, acc);
+            for (int b = lane; b < nblk; b += 32) dot16_bf16<MR>(wrow, b, xr, nr, acc);
+        }
     } else {
         const u8* prow = reinterpret_cast<const u8*>(w) + (size_t)n * (K >> 1);
         const u8* srow = s + (size_t)n * nblk;
@@ -649,10 +681,17 @@ __device__ __forceinline__ void row_dot2(const void* wa, const u8* sa, float inv
     if (FMT == 0) {
         const bf16_t* ra = reinterpret_cast<const bf16_t*>(wa) + (size_t)n * K;
         const bf16_t* rb = reinterpret_cast<const bf16_t*>(wb) + (size_t)n * K;
+        if (K & 15) {
+            for (int b = lane; b < (K + 15) >> 4; b += 32) {
+                dot16_bf16_tail<MR>(ra, b, K, xr, nr, acca);
+                dot16_bf16_tail<MR>(rb, b, K, xr, nr, accb);
+            }
+        } else {
 #pragma unroll 4
-        for (int b = lane; b < nblk; b += 32) {
-            dot16_bf16<MR>(ra, b, xr, nr, acca);
-            dot16_bf16<MR>(rb, b, xr, nr, accb);
+            for (int b = lane; b < nblk; b += 32) {
+                dot16_bf16<MR>(ra, b, xr, nr, acca);
+                dot16_bf16<MR>(rb, b, xr, nr, accb);
+            }
         }
     } else {
         const u8* pa = reinterpret_cast<const u8*>(wa) + (size_t)n * (K >> 1);

@@ -171,6 +171,17 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             int ar = arow[r];
             bool ok = ar >= 0 && k0 + c < K;
             size_t off = ok ? (size_t)ar * ldx + k0 + c : 0;
+            if (K & 7) {  // rows not 16-byte aligned: element copies, zeros past K
+                bf16_t* ah = &As[buf * GM * GLD + r * GLD + c];
+                bf16_t* al = &Al[buf * GM * GLD + r * GLD + c];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    bool in = ok && k0 + c + e < K;
+                    ah[e] = in ? X[off + e] : (bf16_t)0;
+                    if (SPLIT) al[e] = in ? XL[off + e] : (bf16_t)0;
+                }
+                continue;
+            }
             cp_async16(&As[buf * GM * GLD + r * GLD + c], X + off, ok ? 16u : 0u);
             if (SPLIT) cp_async16(&Al[buf * GM * GLD + r * GLD + c], XL + off, ok ? 16u : 0u);
         }
@@ -187,7 +198,19 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
                 int idx = tid + 128 * j;
                 int c = (idx % (GK / 8)) * 8;
                 rb4[j] = make_uint4(0, 0, 0, 0);
-                if (bval[j] && k0 + c < K) rb4[j] = __ldg(reinterpret_cast<const uint4*>(brow[j] + (size_t)(k0 + c) * 2));
+                if (K & 7) {  // element loads, zeros past K
+                    const bf16_t* wr = reinterpret_cast<const bf16_t*>(brow[j]);
+                    u32 q[4];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int k = k0 + c + 2 * e;
+                        u32 lo = bval[j] && k < K ? wr[k] : 0u, hi = bval[j] && k + 1 < K ? wr[k + 1] : 0u;
+                        q[e] = lo | (hi << 16);
+                    }
+                    rb4[j] = make_uint4(q[0], q[1], q[2], q[3]);
+                } else if (bval[j] && k0 + c < K) {
+                    rb4[j] = __ldg(reinterpret_cast<const uint4*>(brow[j] + (size_t)(k0 + c) * 2));
+                }
             }
         } else {
 #pragma unroll

@@ -1,5 +1,5 @@
-// Dense Linear y[m, n] (+)= sum_k W[n, k] x[m, k]: BF16 or NVFP4 weights, f32 activations,
-// f32 accumulation. One warp per output row n, MR activation rows per pass (weights are read once
+// Dense Linear y[m, n] (+)= sum_k W[n, k] x[m, k]: BF16 (any K) or NVFP4 (K % 16 == 0) weights,
+// f32 activations, f32 accumulation. One warp per output row n, MR activation rows per pass (weights are read once
 // per pass). A row's result never depends on how many rows are in the batch.
 template <int FMT, int LIN_MR>
 __device__ void linear_impl(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy,
@@ -95,6 +95,21 @@ __device__ void linear_m_impl(const void* w, const u8* s, float inv_gs, const fl
             }
         }
     };
+    if (FMT == 0 && (K & 15)) {
+        // A width K % 16 != 0: rows are not 16-byte aligned; element loads, zeros past K, each
+        // block's products in the order of the aligned loop below (= row_dot's tail).
+        for (int b = lane; b < (K + 15) >> 4; b += 32) {
+#pragma unroll
+            for (int j = 0; j < NR; j++) {
+                float wv[16];
+                w16_bf16_tail(reinterpret_cast<const bf16_t*>(w) + (size_t)min(n0 + j, N - 1) * K, b, K, wv);
+#pragma unroll
+                for (int r = 0; r < MR; r++)
+                    if (r < nr) acc[j][r] += dot16_tail(wv, x0 + (size_t)r * ldx, b, K);
+            }
+        }
+        nblk = 0;  // the aligned loop below does nothing
+    }
     if (lane < nblk) load(lane, pa, pb, sc);
     for (int b = lane; b < nblk; b += 32) {
         uint4 na[NR], nb[NR];

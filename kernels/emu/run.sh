@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kernels/cu sources as C++ with the CPU emulation in cuda_emu.h and runs the emulated
-# kernel tests (moe_block.cpp, invariance.cpp, attention.cpp, attention_tc.cpp, moe_gemm.cpp). Needs g++ with C++20 (std::barrier). Usage:
+# kernel tests (moe_block.cpp, invariance.cpp, attention.cpp, attention_tc.cpp, moe_gemm.cpp, widths.cpp). Needs g++ with C++20 (std::barrier). Usage:
 #   kernels/emu/run.sh [build dir]      (default: a temporary directory, removed afterwards)
 # Exit status 0 = every test passed.
 set -euo pipefail
@@ -23,7 +23,7 @@ mkdir -p "$out"
     done
 } > "$out/kernels.inc"
 status=0
-for t in moe_block invariance attention attention_tc moe_gemm; do
+for t in moe_block invariance attention attention_tc moe_gemm widths; do
     g++ -std=c++20 -O1 -ffp-contract=off -pthread -w -I"$out" -I"$here" "$here/$t.cpp" -o "$out/$t"
     "$out/$t" || status=1
 done

@@ -563,7 +563,8 @@ mod tests {
                 && text.contains("moe_decode_fused emulation: PASS")
                 && text.contains("weight-streaming invariance emulation: PASS")
                 && text.contains("attention emulation: PASS")
-                && text.contains("prefill MoE emulation: PASS"),
+                && text.contains("prefill MoE emulation: PASS")
+                && text.contains("width tails emulation: PASS"),
             "{text}"
         );
     }

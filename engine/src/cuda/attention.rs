@@ -39,12 +39,6 @@ impl CudaModel {
         } else {
             (0, 0)
         };
-        let flash = staged
-            || (m >= self.opts.gemm_min_rows
-                && hd % 16 == 0
-                && hd <= 128
-                && nh % nkv == 0
-                && !self.noncausal);
         let shape = sel::Shape {
             m,
             nh,
@@ -55,7 +49,10 @@ impl CudaModel {
             fp8: self.kv_elt == 1,
             // `solo` is never set for a non-causal model.
             solo: sc.solo.get(),
+            staged,
         };
+        let flash = sel::flash_takes(&shape)
+            && (staged || (m >= self.opts.gemm_min_rows && !self.noncausal));
         let dec = sel::select_decode(&shape);
         let rope = Rope {
             q_norm: l.q_norm,
@@ -147,6 +144,7 @@ impl CudaModel {
             vinv: 1.0 / l.vscale,
         };
         let kend = if self.noncausal { sc.kend } else { 0 };
+        let stage = if staged { [ks, vs, sc.sspan] } else { [0; 3] };
         la::decode(
             d,
             prof,
@@ -157,6 +155,7 @@ impl CudaModel {
             sc.part,
             dec.fused_qk.then_some(&fused),
             kend,
+            stage,
         )
         .map_err(cerr)?;
         if nsplit > 1 {
@@ -178,6 +177,9 @@ impl CudaModel {
             };
             let g = Geom::new((m as u32, nh as u32, 1), sel::merge_block(hd), 0);
             la::merge(d, prof, sel::merge_kernel(dec.form, nsplit), g, &merge).map_err(cerr)?;
+        }
+        if staged {
+            self.ring_commit(prof, l, m, (ks, vs), &kv)?;
         }
         Ok(())
     }
@@ -212,21 +214,34 @@ impl CudaModel {
         la::prefill(d, prof, name, g, attn, &p).map_err(cerr)?;
         self.xs_holds
             .set(if to_xs { (sc.attn, true) } else { (0, false) });
-        if stage.is_some() {
-            let a = la::RingCommit {
-                ks,
-                vs,
-                pos: sc.pos,
-                seqrow: sc.seqrow,
-                slast: sc.sspan + 4 * sc.rows as u64,
-                bt: kv.bt,
-                ring: kv.max_pages as i32,
-                kc: l.kc,
-                vc: l.vc,
-                rowb: (self.cfg.num_kv_heads * self.cfg.head_dim * self.kv_elt) as i32,
-            };
-            la::ring_commit(d, prof, m as u32, &a).map_err(cerr)?;
+        if let Some(st) = stage {
+            self.ring_commit(prof, l, m, st, kv)?;
         }
         Ok(())
+    }
+
+    /// A staged pass's rows (K / V in the stage `st`) into the layer's ring, after its attention.
+    fn ring_commit(
+        &self,
+        prof: &mut Option<device::Prof>,
+        l: &LayerW,
+        m: usize,
+        st: (u64, u64),
+        kv: &KvArgs,
+    ) -> Result<()> {
+        let sc = &self.sc;
+        let a = la::RingCommit {
+            ks: st.0,
+            vs: st.1,
+            pos: sc.pos,
+            seqrow: sc.seqrow,
+            slast: sc.sspan + 4 * sc.rows as u64,
+            bt: kv.bt,
+            ring: kv.max_pages as i32,
+            kc: l.kc,
+            vc: l.vc,
+            rowb: (self.cfg.num_kv_heads * self.cfg.head_dim * self.kv_elt) as i32,
+        };
+        la::ring_commit(&self.dev, prof, m as u32, &a).map_err(cerr)
     }
 }

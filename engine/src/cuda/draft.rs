@@ -124,11 +124,7 @@ impl CudaDraft {
             return Err(EngineError::Other(format!("draft hidden_size {h} differs from the target's {th}: the draft shares the target's embeddings")));
         }
         let hd = cfg.head_dim;
-        if hd % 8 != 0 || hd > 256 {
-            return Err(EngineError::Other(format!(
-                "draft head_dim {hd} must be a multiple of 8 and <= 256 for the CUDA kernels"
-            )));
-        }
+        super::load::check_head_dim(hd, "draft ")?;
         let kvw = cfg.num_kv_heads * hd;
         let ntaps = cfg.num_taps();
         let scfg = stack_config(&cfg, tcfg);

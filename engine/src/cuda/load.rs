@@ -78,11 +78,8 @@ impl<'a> Loader<'a> {
         self.upload(&b)
     }
     pub(super) fn lin(&mut self, prefix: &str, out: usize, inp: usize) -> Result<Lin> {
-        if inp % 16 != 0 {
-            return Err(EngineError::Other(format!(
-                "{prefix}: input width {inp} is not a multiple of 16 (CUDA kernels need it)"
-            )));
-        }
+        // Any width for BF16 (the kernels take K and N tails); NVFP4's 16-wide groups are checked
+        // by `linear` ("NVFP4 needs an input width divisible by 16").
         match self.store.linear(prefix, out, inp)? {
             LinearSource::Dense(t) => {
                 let b = bf16_bytes_of(&t)?;
@@ -239,6 +236,48 @@ impl<'a> Loader<'a> {
     }
 }
 
+/// A head_dim the CUDA attention kernels take: even (RoPE pairs; the decode kernels read two dims
+/// a thread where hd % 8 != 0), at most 256.
+pub fn check_head_dim(hd: usize, what: &str) -> Result<()> {
+    if hd == 0 || hd % 2 != 0 || hd > 256 {
+        return Err(EngineError::Other(format!(
+            "{what}head_dim {hd} is not supported by the CUDA attention kernels (an even number up to 256)"
+        )));
+    }
+    Ok(())
+}
+
+/// The model shapes the CUDA backend runs, checked from the config before any upload (a pure
+/// function: the random-config sweep's generator is tested against it). BF16 Linears and experts
+/// of any width run (the kernels take K and N tails). NVFP4 experts need hidden_size and the
+/// expert widths in the format's 16-wide groups (each NVFP4 tensor is checked again, by name, in
+/// `WeightStore::linear`).
+pub fn check_shapes(cfg: &LagunaConfig) -> Result<()> {
+    check_head_dim(cfg.head_dim, "")?;
+    if cfg.num_experts > 1024 || cfg.top_k > 32 {
+        return Err(EngineError::Other(format!(
+            "the CUDA router supports up to 1024 experts and top-k 32 (this model: {} experts, \
+             top-k {}); run it with --device cpu",
+            cfg.num_experts, cfg.top_k
+        )));
+    }
+    let sparse = cfg.layers.iter().any(|l| l.mlp == MlpKind::Sparse);
+    if sparse && cfg.quantization.is_some() {
+        let widths = [
+            ("hidden_size", cfg.hidden_size),
+            ("moe_intermediate_size", cfg.moe_intermediate_size),
+            ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
+        ];
+        if let Some((name, w)) = widths.iter().find(|(_, w)| w % 16 != 0) {
+            return Err(EngineError::Other(format!(
+                "{name} {w} is not a multiple of 16: NVFP4 experts (quantization_config) need \
+                 16-wide groups along their inputs; store the experts as BF16 for this width"
+            )));
+        }
+    }
+    Ok(())
+}
+
 impl CudaModel {
     /// Load a model folder onto GPU `opts.device`. Kernels come from the cubin cache (compiled
     /// with NVRTC on a miss: run `laguna warmup` ahead to make this instant).
@@ -264,32 +303,11 @@ impl CudaModel {
         let hd = cfg.head_dim;
         let nkv = cfg.num_kv_heads;
         let kvw = nkv * hd;
-        if hd % 8 != 0 {
-            return Err(EngineError::Other(format!(
-                "head_dim {hd} must be a multiple of 8 for the CUDA attention kernel"
-            )));
-        }
-        if hd > 256 {
-            return Err(EngineError::Other(format!(
-                "head_dim {hd} > 256 is not supported by the CUDA attention kernel"
-            )));
-        }
-        if h % 16 != 0 {
-            return Err(EngineError::Other(format!(
-                "hidden_size {h} must be a multiple of 16 for the CUDA backend"
-            )));
-        }
+        check_shapes(&cfg)?;
         if !opts.page_size.max(1).is_power_of_two() {
             return Err(EngineError::Other(format!(
                 "K/V page size {} must be a power of two for the CUDA attention kernels",
                 opts.page_size
-            )));
-        }
-        if cfg.num_experts > 1024 || cfg.top_k > 32 {
-            return Err(EngineError::Other(format!(
-                "the CUDA router supports up to 1024 experts and top-k 32 (this model: {} experts, \
-                 top-k {}); run it with --device cpu",
-                cfg.num_experts, cfg.top_k
             )));
         }
         let pb = if opts.progress {
@@ -388,11 +406,6 @@ impl CudaModel {
                         cfg.num_experts,
                     )?;
                     let im = cfg.moe_intermediate_size;
-                    if im % 16 != 0 {
-                        return Err(EngineError::Other(format!(
-                            "moe_intermediate_size {im} must be a multiple of 16"
-                        )));
-                    }
                     let ep = format!("{p}.mlp.experts");
                     let sp = format!("{p}.mlp.shared_expert");
                     // The shared expert rides along as expert E (one fixed extra slot per row) when

@@ -27,6 +27,7 @@ pub mod spec;
 pub mod stamp;
 
 pub use device::{Args, Dev, DevError, Prof};
+pub use load::{check_head_dim, check_shapes};
 
 use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
 use crate::error::{EngineError, Result};
@@ -662,16 +663,13 @@ impl CudaModel {
                     self.ring - self.ring_window
                 )));
             }
-            let hd = self.cfg.head_dim;
-            if hd % 16 != 0
-                || hd > 128
-                || self
-                    .layers
-                    .iter()
-                    .any(|l| l.ring && l.nh % self.cfg.num_kv_heads != 0)
+            if self
+                .layers
+                .iter()
+                .any(|l| l.ring && l.nh % self.cfg.num_kv_heads != 0)
             {
                 return Err(EngineError::Other(format!(
-                    "{longest} rows of one sequence in a pass need the staged ring path (attention_prefill: head_dim % 16 == 0, <= 128); use passes of at most {} rows",
+                    "{longest} rows of one sequence in a pass need the staged ring path (query heads a multiple of the KV heads); use passes of at most {} rows",
                     self.ring - self.ring_window + 1
                 )));
             }

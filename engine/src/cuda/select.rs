@@ -35,6 +35,8 @@ pub mod attention {
         pub fp8: bool,
         /// Every row of the pass is the only row of its sequence (a causal decode step).
         pub solo: bool,
+        /// A staged ring pass (some sequence has more rows than the ring's spare slots + 1).
+        pub staged: bool,
     }
 
     /// How a decode (split-KV) attention job runs.
@@ -65,11 +67,17 @@ pub mod attention {
         }
     }
 
+    /// Whether the flash prefill kernel takes the layer's heads.
+    pub fn flash_takes(s: &Shape) -> bool {
+        s.hd % 16 == 0 && s.hd <= 128 && group(s) > 0
+    }
+
     /// The decode form and the q/k fusion of a split-KV job (a pass that does not run the flash
-    /// prefill kernel).
+    /// prefill kernel). A staged pass the flash kernel cannot take reads the stage through the
+    /// one-block-a-head form.
     pub fn select_decode(s: &Shape) -> Decode {
         let group = group(s);
-        let gqa = s.hd % 8 == 0 && s.hd <= 128 && (1..=16).contains(&group);
+        let gqa = !s.staged && s.hd % 8 == 0 && s.hd <= 128 && (1..=16).contains(&group);
         // Tensor cores for the full layers (slower on the sliding ones: their few keys).
         let tc = gqa && s.hd % 16 == 0 && s.window == 0;
         let form = if tc {
@@ -523,6 +531,7 @@ mod tests {
             half: 64,
             fp8,
             solo,
+            staged: false,
         }
     }
 
@@ -565,6 +574,13 @@ mod tests {
         let big = attention::Shape { hd: 256, ..full };
         assert_eq!(select_decode(&big).form, Form::Head);
         assert_eq!(decode_kernel(&big, select_decode(&big), 1, &H200).1, 256);
+        // head_dim 40 / 50: no flash prefill; a staged pass reads the stage in the head form.
+        let hd40 = attention::Shape { hd: 40, window: 64, solo: false, ..full };
+        assert!(!flash_takes(&hd40) && flash_takes(&swa));
+        assert_eq!(select_decode(&hd40).form, Form::Gqa);
+        let staged = attention::Shape { staged: true, ..hd40 };
+        assert_eq!(select_decode(&staged).form, Form::Head);
+        assert_eq!(select_decode(&attention::Shape { hd: 50, ..hd40 }).form, Form::Head);
         assert_eq!(merge_kernel(Form::Tc, 16), "attention_decode_tc_merge16");
         assert_eq!(merge_kernel(Form::Gqa, 64), "attention_decode_merge64");
         assert_eq!(

@@ -36,6 +36,20 @@ impl Device {
     }
 }
 
+/// Whether the CUDA backend takes a case's shapes, decided from its configs alone (the loaders'
+/// own shape checks, run before any upload), so CI can prove the generator only produces shapes
+/// the device runs.
+pub fn cuda_takes_shapes(
+    target: &LagunaConfig,
+    draft: Option<&laguna_engine::spec::DraftConfig>,
+) -> Result<()> {
+    laguna_engine::cuda::check_shapes(target)?;
+    if let Some(d) = draft {
+        laguna_engine::cuda::check_head_dim(d.head_dim, "draft ")?;
+    }
+    Ok(())
+}
+
 /// Backend options varied per case (the CUDA backend's; the CPU engine has none).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceOpts {

@@ -26,6 +26,31 @@ fn settings(quick: bool) -> SweepSettings {
     }
 }
 
+/// Every shape the generator produces is one the CUDA backend takes (its loaders' shape checks,
+/// from the configs alone), over 1,000 seeds; and the widths the kernels' tails exist for do
+/// occur (BF16 hidden / expert / dense widths and head dims that are not multiples of 16 or 8).
+#[test]
+fn generated_shapes_load_on_cuda() {
+    let (mut odd_hidden, mut odd_hd8, mut odd_expert) = (0, 0, 0);
+    for seed in 0..1000u64 {
+        let c = config_gen::case(seed);
+        let t = LagunaConfig::from_value(c.target.clone()).unwrap();
+        let d = c
+            .draft
+            .as_ref()
+            .map(|d| laguna_engine::spec::DraftConfig::from_value(d.clone()).unwrap());
+        backend::cuda_takes_shapes(&t, d.as_ref())
+            .unwrap_or_else(|e| panic!("seed {seed}: the CUDA loader refuses {e:#}"));
+        odd_hidden += (!c.nvfp4 && t.hidden_size % 16 != 0) as usize;
+        odd_hd8 += (t.head_dim % 8 != 0) as usize;
+        odd_expert += (!c.nvfp4 && t.moe_intermediate_size % 16 != 0) as usize;
+    }
+    assert!(
+        odd_hidden > 100 && odd_hd8 > 100 && odd_expert > 100,
+        "{odd_hidden} {odd_hd8} {odd_expert}"
+    );
+}
+
 /// Synthesized weights of a sample of generated configs (BF16 and NVFP4 experts, with and
 /// without drafts) load in the CPU engine and give finite logits of the right shape.
 #[test]

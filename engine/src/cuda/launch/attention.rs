@@ -149,7 +149,9 @@ pub struct FusedQk {
 
 /// A split-KV decode attention (`attention_decode_*`): `nsplit` splits a row, partials in `part`
 /// (or the output when `nsplit` is 1). `qk`: the `_qk` kernels' fused q/k write (GQK_PARAMS);
-/// else the kernel takes the per-row key ends of a non-causal block (`kend`, 0 when causal).
+/// else the kernel takes the per-row key ends of a non-causal block (`kend`, 0 when causal), and
+/// `attention_decode_head*` the staged pass's K / V stage and first rows (`stage`: ks, vs,
+/// sfirst; zeros when the layer is not staged).
 #[allow(clippy::too_many_arguments)]
 pub fn decode(
     d: &Dev,
@@ -161,8 +163,11 @@ pub fn decode(
     part: u64,
     qk: Option<&FusedQk>,
     kend: u64,
+    stage: [u64; 3],
 ) -> R<()> {
     debug_assert_eq!(name.contains("_qk"), qk.is_some(), "{name}");
+    let head = name.starts_with("attention_decode_head");
+    debug_assert!(head || stage[0] == 0, "{name} reads no stage");
     d.launch_p(prof, name, g.grid, (g.block, 1, 1), g.smem, |b| {
         a.push(b);
         b.i32(nsplit).u64(part);
@@ -174,6 +179,9 @@ pub fn decode(
             }
             None => {
                 b.u64(kend);
+                if head {
+                    b.u64(stage[0]).u64(stage[1]).u64(stage[2]);
+                }
             }
         }
     })

@@ -134,11 +134,12 @@ fn attention(
             half: l.rope.rotary_dim / 2,
             fp8: false,
             solo: m == 1 && !model.noncausal,
+            staged: false,
         };
         let job = format!("{job} layer {li}");
         for fp8 in [false, true] {
             let s = sa::Shape { fp8, ..s };
-            if gemm && !model.noncausal {
+            if gemm && !model.noncausal && sa::flash_takes(&s) {
                 let name = sa::prefill_kernel(fp8, dev);
                 o.ask(name, 128, sa::big_smem(name), 0, false, &job);
                 continue;
