@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The device checks of the open issues in one device call, most important first, each step
-# bounded by what is left of BUDGET seconds (default 540). Logs under $OUT; a summary on stdout.
-# Needs dist/laguna (release build) and dist/cache (cubins from `laguna warmup --arch sm_90a`).
-# Steps: device-test on every fixture (CUDA vs CPU, DFlash pairs, prefix cache cached vs cold);
-# the random-config sweep (SWEEP_N configs from SWEEP_SEED, SWEEP_ARGS); bench --agent-replay on
-# the synthetic XS-2.1 shape; the XS-2.1 DFlash pair (verify bitwise) and prefix pair; bench
-# --grammar; the 2K decode bench.
+# The device checks of the open issues in one device call: the steps named in STEPS, in that
+# order, each bounded by what is left of BUDGET seconds (default 540). Logs under $OUT; a summary
+# on stdout. Needs dist/laguna (release build) and dist/cache (cubins from `laguna warmup --arch
+# sm_90a`); carry ["dist"].
+#   STEPS="fixtures prefix grammar oracle" BUDGET=560 bash scripts/device-session.sh
+# Steps:
+#   fixtures  device-test on every fixture (CUDA vs CPU, DFlash pairs, sampling, prefix cache)
+#   prefix    the prefix store seam bit for bit and the cached-vs-cold session, XS-2.1 synth pair
+#   grammar   bench --grammar (mask cost per token; tiny-chat's tokenizer: a lower bound)
+#   oracle    bench --acceptance: measured DFlash tok/s by accepted length and k, adaptive k
+#   bench     the 2K decode/TTFT bench (greedy fingerprint)
+#   gb10      device-test on the fixtures and the bench with its projection under --device-profile gb10
+#   sweep     device-test --random-configs SWEEP_N (default 40) from SWEEP_SEED (default 0)
+#   resume    bench --agent-resume 32768,131072 (cached turn vs new-token prefill)
+#   replay    bench --agent-replay (8 turns, 8K to 64K)
 set -u
 OUT="${OUT:-/tmp/laguna-out}"
 mkdir -p "$OUT"
@@ -16,8 +24,8 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64; do
 done
 A=dist/laguna
 M=/tmp/xs21-synth; D=/tmp/xs21-dflash-synth
-# step NAME SECONDS CMD...: run CMD with at most SECONDS (or what is left), log to $OUT/NAME.log.
-step() {
+# run NAME SECONDS CMD...: run CMD with at most SECONDS (or what is left), log to $OUT/NAME.log.
+run() {
     local name=$1 want=$2; shift 2
     local left=$(( DEADLINE - $(date +%s) - 5 ))
     if [ "$left" -lt 20 ]; then echo "$name: skipped (no time left)"; return 1; fi
@@ -27,30 +35,59 @@ step() {
     echo "$name: rc $rc at $(( $(date +%s) - T0 )) s"
     return $rc
 }
+synth() {
+    [ -f "$M/config.json" ] || "$A" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" > "$OUT/synth.log" 2>&1
+    [ -f "$D/config.json" ] || "$A" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" > "$OUT/synth-d.log" 2>&1
+    cp tests/fixtures/models/tiny-chat/tokenizer.json tests/fixtures/models/tiny-chat/tokenizer_config.json "$M/"
+}
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | tee "$OUT/gpu.txt"
-( "$A" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" > "$OUT/synth.log" 2>&1
-  "$A" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" > "$OUT/synth-d.log" 2>&1 ) &
-SY=$!
-step warmup 120 "$A" warmup; tail -2 "$OUT/warmup.log"
-step device-test 200 "$A" device-test --fixtures tests/fixtures/models
-echo "  $(grep -c 'OK |' "$OUT/device-test.log") OK rows, $(grep -c 'FAIL |' "$OUT/device-test.log") FAIL rows"
-grep -E "FAIL|ERROR|rror" "$OUT/device-test.log" | head -12
-grep -iE "prefix" "$OUT/device-test.log" | head -8
-if [ -n "${SWEEP_N:-}" ]; then
-    step sweep "${SWEEP_SECS:-150}" "$A" device-test --random-configs "$SWEEP_N" --seed "${SWEEP_SEED:-0}" ${SWEEP_ARGS:-} --keep-failures "$OUT/sweep-failures"
-    grep -vE "^\s*$" "$OUT/sweep.log" | tail -16
-fi
-wait $SY
-step replay 120 "$A" bench --model "$M" --agent-replay
-grep -E '^\|' "$OUT/replay.log" | tail -14; tail -3 "$OUT/replay.log"
-step pair 60 "$A" device-test --dflash-pair "$D,$M"
-grep -E 'verify-bitwise|rror' "$OUT/pair.log" | head -3
-step prefix-pair 90 "$A" device-test --prefix-pair "$D,$M"
-tail -6 "$OUT/prefix-pair.log"
-# The grammar needs a tokenizer: tiny-chat's (539 tokens; ids past it are masked), so the mask
-# cost measured is a lower bound of the real 100K-token vocabulary's.
-cp tests/fixtures/models/tiny-chat/tokenizer.json tests/fixtures/models/tiny-chat/tokenizer_config.json "$M/"
-step grammar 60 "$A" bench --model "$M" --grammar --prompt-len 2048 --gen 128 --runs 2
-grep -E '^\|' "$OUT/grammar.log" | tail -8; tail -2 "$OUT/grammar.log"
-step bench 60 "$A" bench --model "$M" --prompt-len 2048 --gen 64 --runs 3
-grep -E '^\| (decode|TTFT|greedy|roofline|copy)' "$OUT/bench.log" | head -10
+synth & SY=$!
+run warmup 150 "$A" warmup; tail -1 "$OUT/warmup.log"
+for s in ${STEPS:-fixtures prefix grammar oracle bench}; do
+    case $s in
+    fixtures)
+        run fixtures 200 "$A" device-test --fixtures tests/fixtures/models
+        echo "  $(grep -c 'OK |' "$OUT/fixtures.log") OK rows, $(grep -c 'FAIL |' "$OUT/fixtures.log") FAIL rows"
+        grep -E "FAIL|ERROR|prefix cache" "$OUT/fixtures.log" | head -12 ;;
+    prefix)
+        wait $SY
+        run prefix-store 120 "$A" device-test --prefix-store "$M"
+        grep -E "prefix store|rror" "$OUT/prefix-store.log" | head -40
+        run prefix-pair 150 "$A" device-test --prefix-pair "$D,$M"
+        grep -E "prefix cache|rror" "$OUT/prefix-pair.log" | tail -4 ;;
+    grammar)
+        wait $SY
+        run grammar 90 "$A" bench --model "$M" --grammar --prompt-len 2048 --gen 128 --runs 2
+        grep -E '^\|' "$OUT/grammar.log" | tail -8; tail -2 "$OUT/grammar.log" ;;
+    oracle)
+        wait $SY
+        run oracle 200 "$A" bench --model "$M" --draft "$D" --prompt-len 2048 --gen 64 --runs 1 \
+            --acceptance 1,2,3,4,5,6,mean:1.4,mean:4.03 --spec-k ${ORACLE_K:-1,2,4,6,8,15,auto}
+        grep -E '^\||step-time|oracle|rror|warn' "$OUT/oracle.log" | tail -70 ;;
+    bench)
+        wait $SY
+        run bench 90 "$A" bench --model "$M" --prompt-len 2048 --gen 64 --runs 3
+        grep -E '^\| (decode|TTFT|greedy|roofline|copy)|fnv|fingerprint' "$OUT/bench.log" | head -10 ;;
+    gb10)
+        wait $SY
+        run gb10-fixtures 200 env LAGUNA_DEVICE_PROFILE=gb10 "$A" device-test --fixtures tests/fixtures/models --no-prefix
+        echo "  $(grep -c 'OK |' "$OUT/gb10-fixtures.log") OK rows, $(grep -c 'FAIL |' "$OUT/gb10-fixtures.log") FAIL rows"
+        grep -iE "FAIL|ERROR|profile|green" "$OUT/gb10-fixtures.log" | head -8
+        run gb10-bench 200 "$A" --device-profile gb10 bench --model "$M" --draft "$D" --prompt-len 2048 --gen 64 --runs 2 --sweep-k 1..15
+        grep -iE "profile|green|projection|^\||agree|DIFFER" "$OUT/gb10-bench.log" | tail -45 ;;
+    sweep)
+        run sweep 400 "$A" device-test --random-configs "${SWEEP_N:-40}" --seed "${SWEEP_SEED:-0}" --quick \
+            --max-prompt 300 --gen-tokens 8 --keep-failures "$OUT/sweep-failures"
+        grep -vE "^\s*$" "$OUT/sweep.log" | tail -14 ;;
+    resume)
+        wait $SY
+        run resume 200 "$A" bench --model "$M" --agent-replay --agent-resume 32768,131072 --agent-new 2048
+        grep -E '^\|' "$OUT/resume.log"; tail -2 "$OUT/resume.log" ;;
+    replay)
+        wait $SY
+        run replay 150 "$A" bench --model "$M" --agent-replay
+        grep -E '^\|' "$OUT/replay.log" | tail -14; tail -2 "$OUT/replay.log" ;;
+    *) echo "unknown step $s" ;;
+    esac
+done
+wait
