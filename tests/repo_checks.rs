@@ -181,7 +181,6 @@ const LONG_FN_ALLOWED: &[&str] = &[
     "engine/src/cuda/load.rs::build",
     "engine/src/cuda/load.rs::finish",
     "engine/src/spec/config.rs::from_value",
-    "cli/src/cmd/bench.rs::run",
     "cli/src/cmd/device_test.rs::check_one",
     "cli/src/cmd/device_test.rs::run",
     "cli/src/cmd/kbench.rs::run",
