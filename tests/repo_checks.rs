@@ -179,8 +179,6 @@ const MAX_FN_LINES: usize = 200;
 const LONG_FN_ALLOWED: &[&str] = &[
     "engine/src/config.rs::from_value",
     "engine/src/spec/config.rs::from_value",
-    "cli/src/cmd/device_test.rs::check_one",
-    "cli/src/cmd/device_test.rs::run",
     "cli/src/cmd/kbench.rs::run",
     "cli/src/cmd/kbench.rs::attn_layer",
     "cli/src/cmd/kbench.rs::moe_layer",
