@@ -774,24 +774,6 @@ fn attn_layer(
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
 ) -> Result<()> {
-    let (nh, nkv, hd) = (64usize, 8usize, 128usize);
-    let (qw, kvw, g) = (nh * hd, nkv * hd, nh / nkv);
-    let ld = qw + 2 * kvw + nh;
-    let p = 2048 + 64usize;
-    let buf = |bytes: &[u8]| -> Result<u64> {
-        let p = d.alloc(bytes.len().max(4)).map_err(e)?;
-        d.htod(p, bytes).map_err(e)?;
-        Ok(p)
-    };
-    let bf16s = |rng: &mut Rng, n: usize| -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| {
-                let f = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                ((f.to_bits() >> 16) as u16).to_le_bytes()
-            })
-            .collect()
-    };
-    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     for (label, window, ps, max_pages, half, theta, factor, nsplit) in [
         (
             "full", 0usize, 64usize, 64usize, 32usize, 500000f32, 1.3466f32, 64usize,
@@ -809,6 +791,89 @@ fn attn_layer(
             16,
         ),
     ] {
+        let (c, q0) = AttnCase::new(
+            d, rng, label, window, ps, max_pages, half, theta, factor, nsplit,
+        )?;
+        attn_bits(&c, &q0)?;
+        attn_timings(&c, &q0, reps, rows)?;
+        c.free();
+    }
+    Ok(())
+}
+
+/// One attention case of [`attn_layer`] at the XS-2.1 decode shape (64 query heads, 8 K/V
+/// heads, head_dim 128, one row at position `p`): its device buffers and the launches of the
+/// chains it compares and times.
+#[derive(Clone, Copy)]
+struct AttnCase<'a> {
+    d: &'a Dev,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    qw: usize,
+    kvw: usize,
+    g: usize,
+    ld: usize,
+    p: usize,
+    label: &'static str,
+    window: usize,
+    ps: usize,
+    max_pages: usize,
+    half: usize,
+    factor: f32,
+    nsplit: usize,
+    tc_ns: usize,
+    kc: u64,
+    vc: u64,
+    bt: u64,
+    q: u64,
+    qn: u64,
+    kn: u64,
+    inv_freq: u64,
+    pos: u64,
+    seqrow: u64,
+    out: u64,
+    part: u64,
+    kp: u64,
+    vp: u64,
+    gp: u64,
+    scale: f32,
+}
+
+impl<'a> AttnCase<'a> {
+    /// The buffers of one case (random K/V, q|k|v|g row, norms, rotary table) and the row's
+    /// q|k|v|g values `q0`, so every chain can start from the same q.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        d: &'a Dev,
+        rng: &mut Rng,
+        label: &'static str,
+        window: usize,
+        ps: usize,
+        max_pages: usize,
+        half: usize,
+        theta: f32,
+        factor: f32,
+        nsplit: usize,
+    ) -> Result<(AttnCase<'a>, Vec<u8>)> {
+        let (nh, nkv, hd) = (64usize, 8usize, 128usize);
+        let (qw, kvw, g) = (nh * hd, nkv * hd, nh / nkv);
+        let ld = qw + 2 * kvw + nh;
+        let p = 2048 + 64usize;
+        let buf = |bytes: &[u8]| -> Result<u64> {
+            let p = d.alloc(bytes.len().max(4)).map_err(e)?;
+            d.htod(p, bytes).map_err(e)?;
+            Ok(p)
+        };
+        let bf16s = |rng: &mut Rng, n: usize| -> Vec<u8> {
+            (0..n)
+                .flat_map(|_| {
+                    let f = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    ((f.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect()
+        };
+        let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let kc = buf(&bf16s(rng, max_pages * ps * kvw))?;
         let vc = buf(&bf16s(rng, max_pages * ps * kvw))?;
         let bt = buf(&ints(&(0..max_pages as i32).collect::<Vec<_>>()))?;
@@ -830,372 +895,571 @@ fn attn_layer(
             q + 4 * (qw + 2 * kvw) as u64,
         );
         let scale = 1.0 / (hd as f32).sqrt();
-        let common = |b: &mut laguna_engine::cuda::Args| {
-            b.u64(q)
-                .i32(ld as i32)
-                .u64(out)
-                .i32(qw as i32)
-                .u64(kc)
-                .u64(vc)
-                .u64(pos)
-                .u64(seqrow)
-                .u64(bt)
-                .i32(max_pages as i32)
-                .i32(ps as i32)
-                .i32(nh as i32)
-                .i32(nkv as i32)
-                .i32(hd as i32)
-                .i32(window as i32)
-                .u64(0)
-                .u64(gp)
-                .i32(ld as i32)
-                .i32(1)
-                .f32(scale)
-                .f32(1.0);
-        };
-        // The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
-        let rope = |b: &mut laguna_engine::cuda::Args| {
-            b.u64(kp)
-                .u64(vp)
-                .i32(ld as i32)
-                .u64(qn)
-                .u64(kn)
-                .u64(inv_freq)
-                .i32(half as i32)
-                .f32(factor)
-                .f32(1e-6);
-        };
-        let qk = || {
-            d.launch_p(
-                &mut None,
-                "qk_norm_rope_store",
-                (1, (nh + nkv).div_ceil(4) as u32, 1),
-                (128, 1, 1),
-                0,
-                |b| {
-                    b.u64(q).i32(ld as i32);
-                    rope(b);
-                    b.u64(pos)
-                        .u64(seqrow)
-                        .u64(bt)
-                        .i32(max_pages as i32)
-                        .i32(ps as i32)
-                        .u64(kc)
-                        .u64(vc)
-                        .i32(nh as i32)
-                        .i32(nkv as i32)
-                        .i32(hd as i32)
-                        .u64(0)
-                        .u64(0)
-                        .f32(1.0)
-                        .f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
-        let gqa = || {
-            d.launch_p(
-                &mut None,
-                "attention_decode_gqa",
-                (1, nkv as u32, nsplit as u32),
-                (32 * g as u32, 1, 1),
-                0,
-                |b| {
-                    common(b);
-                    b.i32(nsplit as i32).u64(part).u64(0);
-                },
-            )
-            .map_err(e)
-        };
-        let fused = |name: &'static str| {
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nkv as u32, nsplit as u32),
-                (32 * (g as u32 + 1), 1, 1),
-                0,
-                |b| {
-                    common(b);
-                    b.i32(nsplit as i32).u64(part);
-                    rope(b);
-                    b.f32(1.0).f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
         // attention_decode_tc: the engine's grid of splits for it (64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
             use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
             split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false)
         };
-        // attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
-        let tc_launch = |qk: bool| {
-            let name = if qk {
-                "attention_decode_tc_qk"
+        let c = AttnCase {
+            d,
+            nh,
+            nkv,
+            hd,
+            qw,
+            kvw,
+            g,
+            ld,
+            p,
+            label,
+            window,
+            ps,
+            max_pages,
+            half,
+            factor,
+            nsplit,
+            tc_ns,
+            kc,
+            vc,
+            bt,
+            q,
+            qn,
+            kn,
+            inv_freq,
+            pos,
+            seqrow,
+            out,
+            part,
+            kp,
+            vp,
+            gp,
+            scale,
+        };
+        Ok((c, q0))
+    }
+
+    fn common(&self, b: &mut laguna_engine::cuda::Args) {
+        let AttnCase {
+            q,
+            ld,
+            out,
+            qw,
+            kc,
+            vc,
+            pos,
+            seqrow,
+            bt,
+            max_pages,
+            ps,
+            nh,
+            nkv,
+            hd,
+            window,
+            gp,
+            scale,
+            ..
+        } = *self;
+        b.u64(q)
+            .i32(ld as i32)
+            .u64(out)
+            .i32(qw as i32)
+            .u64(kc)
+            .u64(vc)
+            .u64(pos)
+            .u64(seqrow)
+            .u64(bt)
+            .i32(max_pages as i32)
+            .i32(ps as i32)
+            .i32(nh as i32)
+            .i32(nkv as i32)
+            .i32(hd as i32)
+            .i32(window as i32)
+            .u64(0)
+            .u64(gp)
+            .i32(ld as i32)
+            .i32(1)
+            .f32(scale)
+            .f32(1.0);
+    }
+
+    /// The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
+    fn rope(&self, b: &mut laguna_engine::cuda::Args) {
+        let AttnCase {
+            kp,
+            vp,
+            ld,
+            qn,
+            kn,
+            inv_freq,
+            half,
+            factor,
+            ..
+        } = *self;
+        b.u64(kp)
+            .u64(vp)
+            .i32(ld as i32)
+            .u64(qn)
+            .u64(kn)
+            .u64(inv_freq)
+            .i32(half as i32)
+            .f32(factor)
+            .f32(1e-6);
+    }
+
+    fn qk(&self) -> Result<()> {
+        let AttnCase {
+            d,
+            q,
+            ld,
+            nh,
+            nkv,
+            pos,
+            seqrow,
+            bt,
+            max_pages,
+            ps,
+            kc,
+            vc,
+            hd,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            "qk_norm_rope_store",
+            (1, (nh + nkv).div_ceil(4) as u32, 1),
+            (128, 1, 1),
+            0,
+            |b| {
+                b.u64(q).i32(ld as i32);
+                self.rope(b);
+                b.u64(pos)
+                    .u64(seqrow)
+                    .u64(bt)
+                    .i32(max_pages as i32)
+                    .i32(ps as i32)
+                    .u64(kc)
+                    .u64(vc)
+                    .i32(nh as i32)
+                    .i32(nkv as i32)
+                    .i32(hd as i32)
+                    .u64(0)
+                    .u64(0)
+                    .f32(1.0)
+                    .f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn gqa(&self) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            nsplit,
+            g,
+            part,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            "attention_decode_gqa",
+            (1, nkv as u32, nsplit as u32),
+            (32 * g as u32, 1, 1),
+            0,
+            |b| {
+                self.common(b);
+                b.i32(nsplit as i32).u64(part).u64(0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn fused(&self, name: &'static str) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            nsplit,
+            g,
+            part,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nkv as u32, nsplit as u32),
+            (32 * (g as u32 + 1), 1, 1),
+            0,
+            |b| {
+                self.common(b);
+                b.i32(nsplit as i32).u64(part);
+                self.rope(b);
+                b.f32(1.0).f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    /// attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
+    fn tc_launch(&self, qk: bool) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            tc_ns,
+            part,
+            ..
+        } = *self;
+        let name = if qk {
+            "attention_decode_tc_qk"
+        } else {
+            "attention_decode_tc"
+        };
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nkv as u32, tc_ns as u32),
+            (128, 1, 1),
+            laguna_engine::cuda::big_smem(name),
+            |b| {
+                self.common(b);
+                b.i32(tc_ns as i32).u64(part);
+                if qk {
+                    self.rope(b);
+                    b.f32(1.0).f32(1.0);
+                } else {
+                    b.u64(0);
+                }
+            },
+        )
+        .map_err(e)
+    }
+
+    fn tc(&self) -> Result<()> {
+        self.tc_launch(false)
+    }
+
+    fn tc_qk(&self) -> Result<()> {
+        self.tc_launch(true)
+    }
+
+    fn merge_n(&self, name: &'static str, ns: usize) -> Result<()> {
+        let AttnCase {
+            d,
+            nh,
+            hd,
+            part,
+            out,
+            qw,
+            gp,
+            ld,
+            pos,
+            window,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nh as u32, 1),
+            (hd as u32, 1, 1),
+            0,
+            |b| {
+                b.u64(part)
+                    .i32(ns as i32)
+                    .u64(out)
+                    .i32(qw as i32)
+                    .i32(nh as i32)
+                    .i32(hd as i32)
+                    .u64(0)
+                    .u64(gp)
+                    .i32(ld as i32)
+                    .i32(1)
+                    .u64(pos)
+                    .i32(window as i32)
+                    .u64(0)
+                    .f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn merge(&self, name: &'static str) -> Result<()> {
+        self.merge_n(name, self.nsplit)
+    }
+
+    fn merge_tc(&self) -> Result<()> {
+        self.merge_n(
+            if self.tc_ns > 16 {
+                "attention_decode_tc_merge64"
             } else {
-                "attention_decode_tc"
-            };
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nkv as u32, tc_ns as u32),
-                (128, 1, 1),
-                laguna_engine::cuda::big_smem(name),
-                |b| {
-                    common(b);
-                    b.i32(tc_ns as i32).u64(part);
-                    if qk {
-                        rope(b);
-                        b.f32(1.0).f32(1.0);
-                    } else {
-                        b.u64(0);
-                    }
-                },
-            )
-            .map_err(e)
-        };
-        let tc = || tc_launch(false);
-        let tc_qk = || tc_launch(true);
-        let merge_n = |name: &'static str, ns: usize| {
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nh as u32, 1),
-                (hd as u32, 1, 1),
-                0,
-                |b| {
-                    b.u64(part)
-                        .i32(ns as i32)
-                        .u64(out)
-                        .i32(qw as i32)
-                        .i32(nh as i32)
-                        .i32(hd as i32)
-                        .u64(0)
-                        .u64(gp)
-                        .i32(ld as i32)
-                        .i32(1)
-                        .u64(pos)
-                        .i32(window as i32)
-                        .u64(0)
-                        .f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
-        let merge = |name: &'static str| merge_n(name, nsplit);
-        let merge_tc = || {
-            merge_n(
-                if tc_ns > 16 {
-                    "attention_decode_tc_merge64"
-                } else {
-                    "attention_decode_tc_merge16"
-                },
-                tc_ns,
-            )
-        };
-        // The same merges again (kept for the timing rows below).
-        let merge_tcr = || {
-            merge_n(
-                if tc_ns > 16 {
-                    "attention_decode_tc_merge64"
-                } else {
-                    "attention_decode_tc_merge16"
-                },
-                tc_ns,
-            )
-        };
-        // Bits: both chains from the same q (the default chain norms q in place).
+                "attention_decode_tc_merge16"
+            },
+            self.tc_ns,
+        )
+    }
+
+    /// The same merges again (kept for the timing rows).
+    fn merge_tcr(&self) -> Result<()> {
+        self.merge_n(
+            if self.tc_ns > 16 {
+                "attention_decode_tc_merge64"
+            } else {
+                "attention_decode_tc_merge16"
+            },
+            self.tc_ns,
+        )
+    }
+
+    /// The K or V row (cache `c`) the step wrote, as bytes.
+    fn row(&self, c: u64) -> Result<Vec<u8>> {
+        let AttnCase {
+            d,
+            kvw,
+            window,
+            p,
+            max_pages,
+            ..
+        } = *self;
         let slot = if window > 0 { p % max_pages } else { p };
-        let row = |c: u64| -> Result<Vec<u8>> {
-            let mut b = vec![0u8; 2 * kvw];
-            d.dtoh(&mut b, c + (2 * slot * kvw) as u64).map_err(e)?;
-            Ok(b)
-        };
-        let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 3] = [
-            (None, "attention_decode_merge16"),
-            (Some("attention_decode_gqa_qk"), "attention_decode_merge16"),
-            (None, "attention_decode_merge64"),
-        ];
-        for (f, mname) in variants {
-            d.htod(q, &q0).map_err(e)?;
-            if let Some(fname) = f {
-                fused(fname)?;
-            } else {
-                qk()?;
-                gqa()?;
-            }
-            merge(mname)?;
-            d.sync().map_err(e)?;
-            let o: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            got.push((o, row(kc)?, row(vc)?));
-        }
-        let a = &got[0];
-        for (b, name) in got[1..].iter().zip([
-            "attention_decode_gqa_qk + attention_decode_merge16",
-            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
-        ]) {
-            println!(
-                "{name} vs qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
-                if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
-                if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
-                if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
-            );
-        }
-        // attention_decode_tc + attention_decode_tc_merge16: other arithmetic (tensor cores, its own splits), so
-        // its output against the default chain's as the largest difference relative to the
-        // largest output; K / V rows are written by the same qk_norm_rope_store.
-        {
-            d.htod(q, &q0).map_err(e)?;
-            qk()?;
-            tc()?;
-            merge_tc()?;
-            d.sync().map_err(e)?;
-            let o = dtoh_f32(d, out, qw)?;
-            let (mut dmax, mut mag) = (0f32, 0f32);
-            for (x, y) in o.iter().zip(&a.0) {
-                let y = f32::from_bits(*y);
-                dmax = if x.is_finite() {
-                    dmax.max((x - y).abs())
-                } else {
-                    f32::INFINITY
-                };
-                mag = mag.max(y.abs());
-            }
-            println!(
-                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16 (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
-                dmax / mag,
-                if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
-                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
-                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
-            );
-            // attention_decode_tc_qk (the norms inside the launch) against the three launches: the same bits.
-            let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
-            d.htod(q, &q0).map_err(e)?;
-            tc_qk()?;
-            merge_tc()?;
-            d.sync().map_err(e)?;
-            let o2: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            println!(
-                "attention_decode_tc_qk + attention_decode_tc_merge16 vs qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
-                if o2 == t3 { "bit-identical" } else { "DIFFERS" },
-                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
-                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
-            );
-            // merge_r's form of the tensor-core merge on the same partials: the same bits.
-            merge_tcr()?;
-            d.sync().map_err(e)?;
-            let o3: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            println!(
-                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r vs attention_decode_tc_qk + attention_decode_tc_merge16(64), {label}, XS-2.1 shape at {p}: output {}",
-                if o3 == t3 { "bit-identical" } else { "DIFFERS" }
-            );
-        }
-        d.htod(q, &q0).map_err(e)?;
-        let keys = if window > 0 { window } else { p + 1 };
-        let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
-            (
-                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16",
-                &|| {
-                    qk()?;
-                    gqa()?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("qk_norm_rope_store alone", &qk),
-            ("attention_decode_gqa alone", &gqa),
-            ("attention_decode_gqa_qk alone", &|| {
-                fused("attention_decode_gqa_qk")
-            }),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
-                &|| {
-                    qk()?;
-                    gqa()?;
-                    merge("attention_decode_merge64")
-                },
-            ),
-            ("attention_decode_merge64 alone", &|| {
-                merge("attention_decode_merge64")
-            }),
-            (
-                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
-                &|| {
-                    qk()?;
-                    tc()?;
-                    merge_tc()
-                },
-            ),
-            ("attention_decode_tc alone", &tc),
-            (
-                "attention_decode_tc_qk + attention_decode_tc_merge16",
-                &|| {
-                    tc_qk()?;
-                    merge_tc()
-                },
-            ),
-            ("attention_decode_tc_qk alone", &tc_qk),
-            ("attention_decode_tc_merge16 alone", &merge_tc),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
-                &|| {
-                    tc_qk()?;
-                    merge_tcr()
-                },
-            ),
-            ("attention_decode_tc_merge16(64)r alone", &merge_tcr),
-        ];
-        for (name, f) in chains {
-            let t = time_graph(d, reps, &|_| f())?;
-            rows.push((
-                format!("attention {label} at {p}: {name}"),
-                t,
-                bytes / t / 1e6,
-            ));
-        }
+        let mut b = vec![0u8; 2 * kvw];
+        d.dtoh(&mut b, c + (2 * slot * kvw) as u64).map_err(e)?;
+        Ok(b)
+    }
+
+    fn free(&self) {
+        let AttnCase {
+            d,
+            kc,
+            vc,
+            bt,
+            q,
+            qn,
+            kn,
+            inv_freq,
+            pos,
+            seqrow,
+            out,
+            part,
+            ..
+        } = *self;
         for x in [kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part] {
             d.free(x);
         }
+    }
+}
+
+/// Bits: the chains of [`attn_layer`] from the same q (the default chain norms q in place),
+/// printed against the default chain.
+fn attn_bits(c: &AttnCase, q0: &[u8]) -> Result<()> {
+    let AttnCase {
+        d,
+        q,
+        out,
+        qw,
+        kc,
+        vc,
+        label,
+        p,
+        tc_ns,
+        ..
+    } = *c;
+    let mut got = vec![];
+    let variants: [(Option<&'static str>, &'static str); 3] = [
+        (None, "attention_decode_merge16"),
+        (Some("attention_decode_gqa_qk"), "attention_decode_merge16"),
+        (None, "attention_decode_merge64"),
+    ];
+    for (f, mname) in variants {
+        d.htod(q, q0).map_err(e)?;
+        if let Some(fname) = f {
+            c.fused(fname)?;
+        } else {
+            c.qk()?;
+            c.gqa()?;
+        }
+        c.merge(mname)?;
+        d.sync().map_err(e)?;
+        let o: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        got.push((o, c.row(kc)?, c.row(vc)?));
+    }
+    let a = &got[0];
+    for (b, name) in got[1..].iter().zip([
+        "attention_decode_gqa_qk + attention_decode_merge16",
+        "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
+    ]) {
+        println!(
+            "{name} vs qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+            if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
+            if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
+            if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
+        );
+    }
+    // attention_decode_tc + attention_decode_tc_merge16: other arithmetic (tensor cores, its own splits), so
+    // its output against the default chain's as the largest difference relative to the
+    // largest output; K / V rows are written by the same qk_norm_rope_store.
+    {
+        d.htod(q, q0).map_err(e)?;
+        c.qk()?;
+        c.tc()?;
+        c.merge_tc()?;
+        d.sync().map_err(e)?;
+        let o = dtoh_f32(d, out, qw)?;
+        let (mut dmax, mut mag) = (0f32, 0f32);
+        for (x, y) in o.iter().zip(&a.0) {
+            let y = f32::from_bits(*y);
+            dmax = if x.is_finite() {
+                dmax.max((x - y).abs())
+            } else {
+                f32::INFINITY
+            };
+            mag = mag.max(y.abs());
+        }
+        println!(
+            "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16 (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
+            dmax / mag,
+            if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
+            if a.1 == c.row(kc)? { "bit-identical" } else { "DIFFERS" },
+            if a.2 == c.row(vc)? { "bit-identical" } else { "DIFFERS" }
+        );
+        // attention_decode_tc_qk (the norms inside the launch) against the three launches: the same bits.
+        let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
+        d.htod(q, q0).map_err(e)?;
+        c.tc_qk()?;
+        c.merge_tc()?;
+        d.sync().map_err(e)?;
+        let o2: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        println!(
+            "attention_decode_tc_qk + attention_decode_tc_merge16 vs qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+            if o2 == t3 { "bit-identical" } else { "DIFFERS" },
+            if a.1 == c.row(kc)? { "bit-identical" } else { "DIFFERS" },
+            if a.2 == c.row(vc)? { "bit-identical" } else { "DIFFERS" }
+        );
+        // merge_r's form of the tensor-core merge on the same partials: the same bits.
+        c.merge_tcr()?;
+        d.sync().map_err(e)?;
+        let o3: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        println!(
+            "attention_decode_tc_qk + attention_decode_tc_merge16(64)r vs attention_decode_tc_qk + attention_decode_tc_merge16(64), {label}, XS-2.1 shape at {p}: output {}",
+            if o3 == t3 { "bit-identical" } else { "DIFFERS" }
+        );
+    }
+    Ok(())
+}
+
+/// The timing rows of [`attn_layer`]'s chains for one case.
+fn attn_timings(
+    c: &AttnCase,
+    q0: &[u8],
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<()> {
+    let AttnCase {
+        d,
+        q,
+        kvw,
+        label,
+        p,
+        window,
+        ..
+    } = *c;
+    d.htod(q, q0).map_err(e)?;
+    let keys = if window > 0 { window } else { p + 1 };
+    let bytes = (keys * kvw * 2 * 2) as f64;
+    let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
+        (
+            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16",
+            &|| {
+                c.qk()?;
+                c.gqa()?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("qk_norm_rope_store alone", &|| c.qk()),
+        ("attention_decode_gqa alone", &|| c.gqa()),
+        ("attention_decode_gqa_qk alone", &|| {
+            c.fused("attention_decode_gqa_qk")
+        }),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
+            &|| {
+                c.qk()?;
+                c.gqa()?;
+                c.merge("attention_decode_merge64")
+            },
+        ),
+        ("attention_decode_merge64 alone", &|| {
+            c.merge("attention_decode_merge64")
+        }),
+        (
+            "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
+            &|| {
+                c.qk()?;
+                c.tc()?;
+                c.merge_tc()
+            },
+        ),
+        ("attention_decode_tc alone", &|| c.tc()),
+        (
+            "attention_decode_tc_qk + attention_decode_tc_merge16",
+            &|| {
+                c.tc_qk()?;
+                c.merge_tc()
+            },
+        ),
+        ("attention_decode_tc_qk alone", &|| c.tc_qk()),
+        ("attention_decode_tc_merge16 alone", &|| c.merge_tc()),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
+            &|| {
+                c.tc_qk()?;
+                c.merge_tcr()
+            },
+        ),
+        ("attention_decode_tc_merge16(64)r alone", &|| c.merge_tcr()),
+    ];
+    for (name, f) in chains {
+        let t = time_graph(d, reps, &|_| f())?;
+        rows.push((
+            format!("attention {label} at {p}: {name}"),
+            t,
+            bytes / t / 1e6,
+        ));
     }
     Ok(())
 }
