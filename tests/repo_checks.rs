@@ -1,7 +1,6 @@
 //! Checks on the repository itself, run by `cargo test -p laguna-cli --test repo_checks`:
 //! docs/ARCHITECTURE.md names only paths and modules that exist and stays a map (at most ~250
-//! lines), and no function in `engine/src` or `cli/src` is longer than [`MAX_FN_LINES`] lines
-//! except the ones in [`LONG_FN_ALLOWED`], a list that only shrinks.
+//! lines), and no function in `engine/src` or `cli/src` is longer than [`MAX_FN_LINES`] lines.
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -22,7 +21,9 @@ fn backticked(line: &str) -> Vec<&str> {
 /// paths relative to the root with `/` separators; directories end in `/`.
 fn repo_entries() -> Vec<String> {
     fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
-        let Ok(rd) = std::fs::read_dir(dir) else { return };
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             if name.starts_with('.') || (rel.is_empty() && name == "target") {
@@ -47,7 +48,9 @@ fn glob(pattern: &str, s: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == s,
         Some((head, tail)) => {
-            let Some(rest) = s.strip_prefix(head) else { return false };
+            let Some(rest) = s.strip_prefix(head) else {
+                return false;
+            };
             (0..=rest.len())
                 .filter(|&i| rest.is_char_boundary(i) && !rest[..i].contains('/'))
                 .any(|i| glob(tail, &rest[i..]))
@@ -60,7 +63,9 @@ fn glob(pattern: &str, s: &str) -> bool {
 /// (`$XDG_...`), an elision (`.../x`) or a template (`<name>.rs`). A `::item` suffix is dropped.
 fn path_like(span: &str) -> Option<&str> {
     let span = span.split("::").next().unwrap_or(span);
-    let exts = [".rs", ".cu", ".cuh", ".md", ".py", ".sh", ".toml", ".cpp", ".h", ".jinja"];
+    let exts = [
+        ".rs", ".cu", ".cuh", ".md", ".py", ".sh", ".toml", ".cpp", ".h", ".jinja",
+    ];
     let pathy = span.contains('/') || exts.iter().any(|e| span.ends_with(e));
     let bad = span.starts_with('/')
         || span.contains(['$', '<', ' ', '(', '='])
@@ -79,7 +84,11 @@ fn architecture_paths_exist() {
             // A path from the root must exist as written; a shorter one (`sched/engine.rs`,
             // `launch/`, `bench_*.rs`) must be the tail of some path.
             let found = entries.iter().any(|e| {
-                let e = if p.ends_with('/') { e.as_str() } else { e.trim_end_matches('/') };
+                let e = if p.ends_with('/') {
+                    e.as_str()
+                } else {
+                    e.trim_end_matches('/')
+                };
                 glob(p, e) || tail_glob(p, e)
             });
             if !found {
@@ -87,7 +96,10 @@ fn architecture_paths_exist() {
             }
         }
     }
-    assert!(missing.is_empty(), "docs/ARCHITECTURE.md names paths that do not exist: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
 }
 
 /// `p` matches the last components of `e` (`sched/engine.rs` in `engine/src/sched/engine.rs`).
@@ -153,32 +165,38 @@ fn architecture_maps_every_module() {
     let mut problems = Vec::new();
     for dir in MAPPED_DIRS {
         let named = section_modules(&doc, dir);
-        assert!(!named.is_empty(), "docs/ARCHITECTURE.md has no `### {dir}` section with module bullets");
+        assert!(
+            !named.is_empty(),
+            "docs/ARCHITECTURE.md has no `### {dir}` section with module bullets"
+        );
         let present = modules_in(&root().join(dir));
         for m in named.difference(&present) {
-            problems.push(format!("`### {dir}` names `{m}`, which is not a module there"));
+            problems.push(format!(
+                "`### {dir}` names `{m}`, which is not a module there"
+            ));
         }
         for m in present.difference(&named) {
             problems.push(format!("{dir}/{m} has no bullet under `### {dir}`"));
         }
     }
-    assert!(problems.is_empty(), "docs/ARCHITECTURE.md is out of date:\n{}", problems.join("\n"));
+    assert!(
+        problems.is_empty(),
+        "docs/ARCHITECTURE.md is out of date:\n{}",
+        problems.join("\n")
+    );
 }
 
 #[test]
 fn architecture_is_a_map() {
     let lines = architecture().lines().count();
-    assert!(lines <= 250, "docs/ARCHITECTURE.md has {lines} lines; move detail into docs/design/*.md");
+    assert!(
+        lines <= 250,
+        "docs/ARCHITECTURE.md has {lines} lines; move detail into docs/design/*.md"
+    );
 }
 
 /// The longest function body (signature to closing brace) allowed in `engine/src` and `cli/src`.
 const MAX_FN_LINES: usize = 200;
-
-/// Functions still longer than [`MAX_FN_LINES`], as `path::name`. Split them, then delete their
-/// entries; the test fails on an entry that is no longer needed.
-const LONG_FN_ALLOWED: &[&str] = &[
-    "cli/src/cmd/kbench.rs::moe_layer",
-];
 
 /// `(path::name, lines)` of every `fn` in the `.rs` files under `dir` longer than `max` lines.
 /// Relies on rustfmt's layout: a body ends at the first later line that is a `}` at the
@@ -200,7 +218,11 @@ fn long_functions(dir: &str, max: usize) -> Vec<(String, usize)> {
     let mut long = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        let rel = file.strip_prefix(root()).unwrap().to_string_lossy().replace('\\', "/");
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
         let lines: Vec<&str> = text.lines().collect();
         for (i, line) in lines.iter().enumerate() {
             let Some(name) = fn_name(line) else { continue };
@@ -240,10 +262,15 @@ fn fn_name(line: &str) -> Option<&str> {
         let word = &rest[..word_end];
         if word == "fn" {
             let name = rest[2..].trim_start();
-            let end = name.find(|c: char| !(c.is_alphanumeric() || c == '_')).unwrap_or(name.len());
+            let end = name
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
             return (end > 0).then(|| &name[..end]);
         }
-        let qualifier = ["pub", "const", "async", "unsafe", "extern", "\"C\"", "default"].contains(&word)
+        let qualifier = [
+            "pub", "const", "async", "unsafe", "extern", "\"C\"", "default",
+        ]
+        .contains(&word)
             || word.starts_with("pub(");
         if !qualifier {
             return None;
@@ -262,28 +289,30 @@ fn fn_name(line: &str) -> Option<&str> {
 fn no_long_functions() {
     let mut long = long_functions("engine/src", MAX_FN_LINES);
     long.extend(long_functions("cli/src", MAX_FN_LINES));
-    let found: BTreeSet<&str> = long.iter().map(|(n, _)| n.as_str()).collect();
     let over: Vec<String> = long
         .iter()
-        .filter(|(n, _)| !LONG_FN_ALLOWED.contains(&n.as_str()))
         .map(|(n, l)| format!("{n}: {l} lines"))
         .collect();
-    let stale: Vec<&&str> = LONG_FN_ALLOWED.iter().filter(|n| !found.contains(**n)).collect();
     assert!(
         over.is_empty(),
         "functions over {MAX_FN_LINES} lines (split them by concern):\n{}",
         over.join("\n")
     );
-    assert!(stale.is_empty(), "LONG_FN_ALLOWED lists functions no longer over {MAX_FN_LINES} lines: {stale:?}");
 }
 
 #[test]
 fn long_function_scanner_finds_what_it_should() {
-    assert_eq!(fn_name("    pub(crate) async fn run_layers<'a>("), Some("run_layers"));
+    assert_eq!(
+        fn_name("    pub(crate) async fn run_layers<'a>("),
+        Some("run_layers")
+    );
     assert_eq!(fn_name("pub unsafe extern \"C\" fn f() {"), Some("f"));
     assert_eq!(fn_name("    let fnord = 1;"), None);
     assert_eq!(fn_name("// fn commented()"), None);
     assert!(glob("bench_*.rs", "bench_gb10.rs") && !glob("bench_*.rs", "x/bench_gb10.rs"));
     assert!(tail_glob("sched/engine.rs", "engine/src/sched/engine.rs"));
-    assert!(tail_glob("launch/", "engine/src/cuda/launch/") && !tail_glob("launch/", "engine/src/cuda/launch.rs"));
+    assert!(
+        tail_glob("launch/", "engine/src/cuda/launch/")
+            && !tail_glob("launch/", "engine/src/cuda/launch.rs")
+    );
 }

@@ -1474,50 +1474,189 @@ fn moe_layer(
     rng: &mut Rng,
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
-    (gate, up, down): (DevStack, DevStack, DevStack),
+    stacks: (DevStack, DevStack, DevStack),
 ) -> Result<()> {
-    let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
-    let (eps, scale) = (1e-6f32, 2.5f32);
-    let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    let buf = |bytes: &[u8]| -> Result<u64> {
-        let p = d.alloc(bytes.len()).map_err(e)?;
-        d.htod(p, bytes).map_err(e)?;
-        Ok(p)
-    };
-    // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
-    let rw_bytes = e_n * h * 2;
-    let rw_all = rand_bf16_small(rng, reps * e_n * h);
-    let rw = buf(&rw_all)?;
-    let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
-    let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
-    let next_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
-    let x0 = rand_f32_in(rng, h, -1.0, 2.0);
-    let x = buf(&x0)?;
-    let z = |n: usize| -> Result<u64> {
-        let p = d.alloc(n.max(4)).map_err(e)?;
-        d.memset_d32(p, 0, n.max(4) / 4).map_err(e)?;
-        Ok(p)
-    };
-    let (hn, hn2, rlog) = (z(4 * h)?, z(4 * h)?, z(4 * e_n)?);
-    let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
-    let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
-    let gbar = z(16)?;
-    let tp = z(8 * 16 * reps)?;
-    let smem = (4 * (h + kk * im)) as u32;
-    let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    // moe_decode_fused's gate/up issue stagger (ns a warp index): off here (the engine derives
-    // its own from the memory bandwidth, `mk_stagger`).
-    let stag: i32 = 0;
-    // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
-    let rlog_mk = z(4 * e_n)?;
-    d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
-    let block_r = |name: &'static str, i: usize, tpp: u64, rl: u64| {
+    let (c, x0) = MoeCase::new(d, rng, reps, stacks)?;
+    moe_bits(&c, &x0)?;
+    moe_timings(&c, &x0, rows)?;
+    for vname in ["moe_decode_fused", "moe_decode_fused_tc"] {
+        moe_phases(&c, vname)?;
+    }
+    c.free();
+    Ok(())
+}
+
+/// [`moe_layer`]'s inputs at the XS-2.1 shape (H 2048, I 512, 256 experts, top-8 + the shared
+/// expert): the device buffers, and the two ways it runs a layer's MoE half.
+#[derive(Clone, Copy)]
+struct MoeCase<'a> {
+    d: &'a Dev,
+    h: usize,
+    im: usize,
+    e_n: usize,
+    k: usize,
+    kk: usize,
+    eps: f32,
+    scale: f32,
+    nb: u32,
+    reps: usize,
+    rw: u64,
+    rw_bytes: usize,
+    bias: u64,
+    post_w: u64,
+    next_w: u64,
+    x: u64,
+    hn: u64,
+    hn2: u64,
+    rlog: u64,
+    ids: u64,
+    wts: u64,
+    act: u64,
+    out: u64,
+    ge: u64,
+    gs: u64,
+    gc: u64,
+    perm: u64,
+    meta: u64,
+    gbar: u64,
+    tp: u64,
+    smem: u32,
+    stag: i32,
+    rlog_mk: u64,
+    xf: u64,
+    gate: DevStack,
+    up: DevStack,
+    down: DevStack,
+}
+
+impl<'a> MoeCase<'a> {
+    /// Random router matrices (one a launch), bias and norm weights, a residual row `x0`, and
+    /// zeroed work buffers.
+    fn new(
+        d: &'a Dev,
+        rng: &mut Rng,
+        reps: usize,
+        (gate, up, down): (DevStack, DevStack, DevStack),
+    ) -> Result<(MoeCase<'a>, Vec<u8>)> {
+        let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
+        let (eps, scale) = (1e-6f32, 2.5f32);
+        let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let buf = |bytes: &[u8]| -> Result<u64> {
+            let p = d.alloc(bytes.len()).map_err(e)?;
+            d.htod(p, bytes).map_err(e)?;
+            Ok(p)
+        };
+        // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
+        let rw_bytes = e_n * h * 2;
+        let rw_all = rand_bf16_small(rng, reps * e_n * h);
+        let rw = buf(&rw_all)?;
+        let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
+        let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+        let next_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+        let x0 = rand_f32_in(rng, h, -1.0, 2.0);
+        let x = buf(&x0)?;
+        let z = |n: usize| -> Result<u64> {
+            let p = d.alloc(n.max(4)).map_err(e)?;
+            d.memset_d32(p, 0, n.max(4) / 4).map_err(e)?;
+            Ok(p)
+        };
+        let (hn, hn2, rlog) = (z(4 * h)?, z(4 * h)?, z(4 * e_n)?);
+        let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
+        let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
+        let gbar = z(16)?;
+        let tp = z(8 * 16 * reps)?;
+        let smem = (4 * (h + kk * im)) as u32;
+        // moe_decode_fused's gate/up issue stagger (ns a warp index): off here (the engine derives
+        // its own from the memory bandwidth, `mk_stagger`).
+        let stag: i32 = 0;
+        // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
+        let rlog_mk = z(4 * e_n)?;
+        d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
+        // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
+        // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
+        let xf = z(4 * h)?;
+        let c = MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            kk,
+            eps,
+            scale,
+            nb,
+            reps,
+            rw,
+            rw_bytes,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            gbar,
+            tp,
+            smem,
+            stag,
+            rlog_mk,
+            xf,
+            gate,
+            up,
+            down,
+        };
+        Ok((c, x0))
+    }
+
+    /// Launch `i`'s router matrix.
+    fn rwi(&self, i: usize) -> u64 {
+        self.rw + ((i % self.reps) * self.rw_bytes) as u64
+    }
+
+    /// `moe_decode_fused[_tc]` (`name`) on launch `i`'s router, phase stamps to `tpp` (0: none),
+    /// logits in `rl`.
+    fn block_r(&self, name: &'static str, i: usize, tpp: u64, rl: u64) -> Result<()> {
+        let MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            eps,
+            scale,
+            nb,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn2,
+            ids,
+            wts,
+            act,
+            out,
+            gbar,
+            smem,
+            stag,
+            gate,
+            up,
+            down,
+            ..
+        } = *self;
         d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
             b.u64(x)
                 .u64(post_w)
                 .f32(eps)
                 .i32(nb as i32)
-                .u64(rwi(i))
+                .u64(self.rwi(i))
                 .u64(rl)
                 .u64(bias)
                 .i32(e_n as i32)
@@ -1549,11 +1688,43 @@ fn moe_layer(
                 .i32(stag);
         })
         .map_err(e)
-    };
-    // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
-    // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
-    let xf = z(4 * h)?;
-    let seven = |i: usize, tc: bool| -> Result<()> {
+    }
+
+    /// The seven launches a fused launch replaces (tc: the multi-row tensor-core expert
+    /// launches instead of the warp ones), on launch `i`'s router.
+    fn seven(&self, i: usize, tc: bool) -> Result<()> {
+        let MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            kk,
+            eps,
+            scale,
+            nb,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            xf,
+            gate,
+            up,
+            down,
+            ..
+        } = *self;
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
                 b.u64(x).u64(0).u64(w).u64(y).i32(h as i32).f32(eps);
@@ -1568,7 +1739,7 @@ fn moe_layer(
             (256, 1, 1),
             (h * 4) as u32,
             |b| {
-                b.u64(rwi(i))
+                b.u64(self.rwi(i))
                     .u64(0)
                     .f32(1.0)
                     .u64(hn)
@@ -1690,7 +1861,60 @@ fn moe_layer(
         )
         .map_err(e)?;
         norm(next_w, hn2)
-    };
+    }
+
+    fn free(&self) {
+        let MoeCase {
+            d,
+            rw,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            gbar,
+            tp,
+            xf,
+            ..
+        } = *self;
+        for p in [
+            rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
+            gbar, tp, xf,
+        ] {
+            d.free(p);
+        }
+    }
+}
+
+/// Same inputs, same bits: the seven launches, moe_decode_fused, moe_decode_fused_tc and the
+/// multi-row tensor-core launches on four router matrices from the same residual row `x0`.
+fn moe_bits(c: &MoeCase, x0: &[u8]) -> Result<()> {
+    let MoeCase {
+        d,
+        h,
+        im,
+        e_n,
+        kk,
+        x,
+        hn2,
+        ids,
+        wts,
+        act,
+        out,
+        rlog_mk,
+        ..
+    } = *c;
     // Same inputs, same bits: four router matrices, each from the same residual row.
     let ints = |p: u64, n: usize| -> Result<Vec<i32>> {
         let mut b = vec![0u8; 4 * n];
@@ -1711,12 +1935,12 @@ fn moe_layer(
         let mut got: Vec<(Vec<u32>, Vec<u32>, Vec<i32>, Vec<u32>)> = vec![Default::default(); 8];
         let (mut acts, mut outs) = (vec![], vec![]);
         for variant in [0usize, 5, 6, 7] {
-            d.htod(x, &x0).map_err(e)?;
+            d.htod(x, x0).map_err(e)?;
             match variant {
-                0 => seven(i, false)?,
-                7 => seven(i, true)?,
-                5 => block_r("moe_decode_fused", i, 0, rlog_mk)?,
-                _ => block_r(tc_name, i, 0, rlog_mk)?,
+                0 => c.seven(i, false)?,
+                7 => c.seven(i, true)?,
+                5 => c.block_r("moe_decode_fused", i, 0, rlog_mk)?,
+                _ => c.block_r(tc_name, i, 0, rlog_mk)?,
             }
             d.sync().map_err(e)?;
             if variant == 0 || variant == 6 {
@@ -1813,87 +2037,108 @@ fn moe_layer(
         if differ.iter().any(|d| d.starts_with("moe_decode_fused_tc")) { "DIFFERS" } else { "the same bits" },
         if differ.iter().any(|d| d.starts_with("moe_*_fp4_tc")) { "NO" } else { "yes" }
     );
-    d.htod(x, &x0).map_err(e)?;
+    Ok(())
+}
+
+/// The timing rows of [`moe_layer`]: the seven launches and each fused form.
+fn moe_timings(c: &MoeCase, x0: &[u8], rows: &mut Vec<(String, f64, f64)>) -> Result<()> {
+    let MoeCase {
+        d,
+        h,
+        im,
+        kk,
+        reps,
+        rw_bytes,
+        x,
+        rlog_mk,
+        ..
+    } = *c;
+    d.htod(x, x0).map_err(e)?;
     // Bytes a layer reads: router + 9 experts' gate, up, down (codes + scales).
     let bytes = (rw_bytes + kk * 3 * im * h * 9 / 16) as f64;
-    let t7 = time_graph(d, reps, &|i| seven(i, false))?;
+    let t7 = time_graph(d, reps, &|i| c.seven(i, false))?;
     rows.push((
         "moe layer, 1 row: seven launches".into(),
         t7,
         bytes / t7 / 1e6,
     ));
     for name in ["moe_decode_fused", "moe_decode_fused_tc"] {
-        let t = time_graph(d, reps, &|i| block_r(name, i, 0, rlog_mk))?;
+        let t = time_graph(d, reps, &|i| c.block_r(name, i, 0, rlog_mk))?;
         rows.push((format!("moe layer, 1 row: {name}"), t, bytes / t / 1e6));
     }
-    for vname in ["moe_decode_fused", "moe_decode_fused_tc"] {
-        // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
-        // up, then once more from fresh stamps.
-        let mut init = vec![0u8; 8 * 16 * reps];
-        for i in 0..reps {
-            init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        }
-        d.begin_capture().map_err(e)?;
-        for i in 0..reps {
-            let t = tp + (128 * i) as u64;
-            block_r(vname, i, t, rlog_mk)?;
-        }
-        let g = d.end_capture().map_err(e)?;
-        g.launch().map_err(e)?;
-        d.sync().map_err(e)?;
-        d.htod(tp, &init).map_err(e)?;
-        let a = d.event().map_err(e)?;
-        g.launch().map_err(e)?;
-        let b = d.event().map_err(e)?;
-        b.sync().map_err(e)?;
-        let tt = a.ms_to(&b) * 1e3 / reps as f64;
-        let mut raw = vec![0u8; 8 * 16 * reps];
-        d.dtoh(&mut raw, tp).map_err(e)?;
-        let t: Vec<u64> = raw
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
-        // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
-        // grid barrier there).
-        let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
-        let names = [
-            "norm + router GEMV",
-            "barrier 1",
-            "top-k",
-            "gate/up",
-            "barrier 2",
-            "down",
-            "barrier 3",
-            "combine",
-            "barrier 4",
-            "next norm",
-        ];
-        let mut sum = [0f64; 10];
-        let mut gap = 0f64;
-        for i in 0..reps {
-            let s = &t[16 * i..16 * i + 16];
-            for j in 0..10 {
-                sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
-            }
-            if i > 0 {
-                gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
-            }
-        }
-        println!("{vname} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
-        for (j, n) in names.iter().enumerate() {
-            println!("  {n}: {:.2}", sum[j] / reps as f64);
-        }
-        println!(
-            "  launch gap (last block end -> next launch's first start): {:.2}",
-            gap / (reps - 1) as f64
-        );
+    Ok(())
+}
+
+/// `vname`'s phases: one graph of `reps` launches, launch i stamping tp[16 i ..], printed as
+/// the mean time of each phase and the gap between launches.
+fn moe_phases(c: &MoeCase, vname: &'static str) -> Result<()> {
+    let MoeCase {
+        d,
+        reps,
+        tp,
+        rlog_mk,
+        ..
+    } = *c;
+    // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
+    // up, then once more from fresh stamps.
+    let mut init = vec![0u8; 8 * 16 * reps];
+    for i in 0..reps {
+        init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     }
-    for p in [
-        rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
-        gbar, tp, xf,
-    ] {
-        d.free(p);
+    d.begin_capture().map_err(e)?;
+    for i in 0..reps {
+        let t = tp + (128 * i) as u64;
+        c.block_r(vname, i, t, rlog_mk)?;
     }
+    let g = d.end_capture().map_err(e)?;
+    g.launch().map_err(e)?;
+    d.sync().map_err(e)?;
+    d.htod(tp, &init).map_err(e)?;
+    let a = d.event().map_err(e)?;
+    g.launch().map_err(e)?;
+    let b = d.event().map_err(e)?;
+    b.sync().map_err(e)?;
+    let tt = a.ms_to(&b) * 1e3 / reps as f64;
+    let mut raw = vec![0u8; 8 * 16 * reps];
+    d.dtoh(&mut raw, tp).map_err(e)?;
+    let t: Vec<u64> = raw
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
+    // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
+    // grid barrier there).
+    let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
+    let names = [
+        "norm + router GEMV",
+        "barrier 1",
+        "top-k",
+        "gate/up",
+        "barrier 2",
+        "down",
+        "barrier 3",
+        "combine",
+        "barrier 4",
+        "next norm",
+    ];
+    let mut sum = [0f64; 10];
+    let mut gap = 0f64;
+    for i in 0..reps {
+        let s = &t[16 * i..16 * i + 16];
+        for j in 0..10 {
+            sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
+        }
+        if i > 0 {
+            gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
+        }
+    }
+    println!("{vname} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
+    for (j, n) in names.iter().enumerate() {
+        println!("  {n}: {:.2}", sum[j] / reps as f64);
+    }
+    println!(
+        "  launch gap (last block end -> next launch's first start): {:.2}",
+        gap / (reps - 1) as f64
+    );
     Ok(())
 }
