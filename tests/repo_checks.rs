@@ -199,8 +199,6 @@ fn architecture_is_a_map() {
 const MAX_FN_LINES: usize = 200;
 
 /// `(path::name, lines)` of every `fn` in the `.rs` files under `dir` longer than `max` lines.
-/// Relies on rustfmt's layout: a body ends at the first later line that is a `}` at the
-/// indentation of its `fn` line.
 fn long_functions(dir: &str, max: usize) -> Vec<(String, usize)> {
     let mut files = Vec::new();
     fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -223,31 +221,49 @@ fn long_functions(dir: &str, max: usize) -> Vec<(String, usize)> {
             .unwrap()
             .to_string_lossy()
             .replace('\\', "/");
-        let lines: Vec<&str> = text.lines().collect();
-        for (i, line) in lines.iter().enumerate() {
-            let Some(name) = fn_name(line) else { continue };
-            let indent = line.len() - line.trim_start().len();
-            // The signature ends at the first line ending in `{` (a body) or `;` (a declaration).
-            let Some(open) = (i..lines.len()).find(|&j| {
-                let t = lines[j].trim_end();
-                t.ends_with('{') || t.ends_with(';')
-            }) else {
-                continue;
-            };
-            if lines[open].trim_end().ends_with(';') {
-                continue;
-            }
-            let close = (open + 1..lines.len()).find(|&j| {
-                let l = lines[j];
-                l.len() - l.trim_start().len() == indent && l.trim_start().starts_with('}')
-            });
-            let n = close.map_or(lines.len(), |c| c + 1) - i;
-            if n > max {
-                long.push((format!("{rel}::{name}"), n));
-            }
+        for (name, n) in long_in(&text, max) {
+            long.push((format!("{rel}::{name}"), n));
         }
     }
     long
+}
+
+/// `(name, lines)` of every `fn` in `text` longer than `max` lines, signature to closing brace.
+/// Relies on rustfmt's layout: a body ends at the first later line that is a `}` at the
+/// indentation of its `fn` line; a body opened and closed on one line is one line.
+fn long_in(text: &str, max: usize) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut long = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = fn_name(line) else { continue };
+        let indent = line.len() - line.trim_start().len();
+        // The signature ends at the first line ending in `{` (a body), `;` (a declaration) or
+        // `}` with its braces balanced (a one-line body).
+        let Some(open) = (i..lines.len()).find(|&j| {
+            let t = lines[j].trim_end();
+            t.ends_with('{') || t.ends_with(';') || (t.ends_with('}') && balanced(t))
+        }) else {
+            continue;
+        };
+        if !lines[open].trim_end().ends_with('{') {
+            continue;
+        }
+        let close = (open + 1..lines.len()).find(|&j| {
+            let l = lines[j];
+            l.len() - l.trim_start().len() == indent && l.trim_start().starts_with('}')
+        });
+        let n = close.map_or(lines.len(), |c| c + 1) - i;
+        if n > max {
+            long.push((name.to_string(), n));
+        }
+    }
+    long
+}
+
+/// A line that opens and closes as many braces as it opens, at least one.
+fn balanced(line: &str) -> bool {
+    let opens = line.matches('{').count();
+    opens > 0 && opens == line.matches('}').count()
 }
 
 /// The name of the function a line declares (`pub(crate) async fn name<...>(`), if it does.
