@@ -78,7 +78,14 @@ fn path_like(span: &str) -> Option<&str> {
 fn architecture_paths_exist() {
     let entries = repo_entries();
     let mut missing = BTreeSet::new();
-    for line in architecture().lines() {
+    for (n, line) in architecture().lines().enumerate() {
+        // A code span must not break across lines (the spans are read line by line).
+        let ticks = line.matches('`').count();
+        assert!(
+            line.starts_with("```") || ticks % 2 == 0,
+            "docs/ARCHITECTURE.md line {}: a code span breaks across lines",
+            n + 1
+        );
         for span in backticked(line) {
             let Some(p) = path_like(span) else { continue };
             // A path from the root must exist as written; a shorter one (`sched/engine.rs`,
