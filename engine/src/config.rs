@@ -285,138 +285,16 @@ impl LagunaConfig {
                 "num_key_value_heads, head_dim, hidden_size and vocab_size must be positive",
             ));
         }
-        for key in ["attention_bias", "qkv_bias"] {
-            if o.bool(key, false)? {
-                return Err(err(
-                    key,
-                    "attention biases are not supported by Laguna (expected false)",
-                ));
-            }
-        }
-        if let Some(act) = o.get("hidden_act") {
-            if act.as_str() != Some("silu") {
-                return Err(err(
-                    "hidden_act",
-                    format!("only \"silu\" is supported, found {act}"),
-                ));
-            }
-        }
-        if o.bool("moe_apply_router_weight_on_input", false)? {
-            return Err(err(
-                "moe_apply_router_weight_on_input",
-                "true is not supported (transformers raises too); expected false",
-            ));
-        }
-        if let Some(f) = o.get("moe_router_score_func") {
-            if f.as_str() != Some("sigmoid") {
-                return Err(err(
-                    "moe_router_score_func",
-                    format!("only \"sigmoid\" is supported, found {f}"),
-                ));
-            }
-        }
-        if let Some(false) = o.get("moe_router_use_sigmoid").and_then(Value::as_bool) {
-            return Err(err(
-                "moe_router_use_sigmoid",
-                "only sigmoid routing is supported, found false",
-            ));
-        }
+        refuse_unsupported(&o)?;
 
         // Per-layer attention kinds.
-        let layer_types = o
-            .str_list("layer_types")?
-            .unwrap_or_else(|| vec!["full_attention".into(); num_layers]);
-        if layer_types.len() != num_layers {
-            return Err(err(
-                "layer_types",
-                format!(
-                    "has {} entries but num_hidden_layers is {num_layers}",
-                    layer_types.len()
-                ),
-            ));
-        }
-        let attn_kinds = layer_types
-            .iter()
-            .map(|t| match t.as_str() {
-                "full_attention" => Ok(AttnKind::Full),
-                "sliding_attention" => Ok(AttnKind::Sliding),
-                other => Err(err("layer_types", format!("unknown layer type \"{other}\" (expected full_attention or sliding_attention)"))),
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let attn_kinds = attn_kinds(&o, num_layers)?;
 
-        let heads = o
-            .usize_list("num_attention_heads_per_layer")?
-            .unwrap_or_else(|| vec![num_heads_default; num_layers]);
-        if heads.len() != num_layers {
-            return Err(err(
-                "num_attention_heads_per_layer",
-                format!(
-                    "has {} entries but num_hidden_layers is {num_layers}",
-                    heads.len()
-                ),
-            ));
-        }
-        for (i, &h) in heads.iter().enumerate() {
-            if h == 0 || h % num_kv_heads != 0 {
-                return Err(err(
-                    "num_attention_heads_per_layer",
-                    format!("layer {i} has {h} heads, which is not a positive multiple of num_key_value_heads ({num_kv_heads})"),
-                ));
-            }
-        }
+        let heads = heads_per_layer(&o, num_layers, num_heads_default, num_kv_heads)?;
 
         // MLP kinds: mlp_layer_types, else vLLM's mlp_only_layers / decoder_sparse_step rule.
         let num_experts = o.usize("num_experts", 256)?;
-        let mlp_kinds: Vec<MlpKind> = match o.str_list("mlp_layer_types")? {
-            Some(list) => {
-                if list.len() != num_layers {
-                    return Err(err(
-                        "mlp_layer_types",
-                        format!(
-                            "has {} entries but num_hidden_layers is {num_layers}",
-                            list.len()
-                        ),
-                    ));
-                }
-                list.iter()
-                    .map(|t| match t.as_str() {
-                        "dense" => Ok(MlpKind::Dense),
-                        "sparse" => Ok(MlpKind::Sparse),
-                        other => Err(err(
-                            "mlp_layer_types",
-                            format!("unknown mlp type \"{other}\" (expected dense or sparse)"),
-                        )),
-                    })
-                    .collect::<Result<_>>()?
-            }
-            None if o.get("mlp_only_layers").is_some()
-                || o.get("decoder_sparse_step").is_some() =>
-            {
-                let only = o.usize_list("mlp_only_layers")?.unwrap_or_default();
-                let step = o.usize("decoder_sparse_step", 1)?;
-                if step == 0 {
-                    return Err(err("decoder_sparse_step", "must be at least 1"));
-                }
-                (0..num_layers)
-                    .map(|i| {
-                        if !only.contains(&i) && num_experts > 0 && (i + 1) % step == 0 {
-                            MlpKind::Sparse
-                        } else {
-                            MlpKind::Dense
-                        }
-                    })
-                    .collect()
-            }
-            None => (0..num_layers)
-                .map(|i| {
-                    if i == 0 {
-                        MlpKind::Dense
-                    } else {
-                        MlpKind::Sparse
-                    }
-                })
-                .collect(),
-        };
+        let mlp_kinds = mlp_kinds(&o, num_layers, num_experts)?;
         let top_k = o.usize("num_experts_per_tok", 8)?;
         if mlp_kinds.contains(&MlpKind::Sparse)
             && (num_experts == 0 || top_k == 0 || top_k > num_experts)
@@ -427,20 +305,7 @@ impl LagunaConfig {
             ));
         }
 
-        let gating = match o.get("gating") {
-            None => Gating::PerHead,
-            Some(Value::Bool(true)) => Gating::PerHead,
-            Some(Value::Bool(false)) => Gating::None,
-            // transformers and vLLM: per-head only for `true` or exactly "per-head"; vLLM: `false` means no gate.
-            Some(Value::String(s)) if s == "per-head" => Gating::PerHead,
-            Some(Value::String(s)) if s == "per-element" => Gating::PerElement,
-            Some(v) => {
-                return Err(err(
-                    "gating",
-                    format!("expected true, false, \"per-head\" or \"per-element\", found {v}"),
-                ))
-            }
-        };
+        let gating = gating(&o)?;
 
         let sliding_window =
             o.opt_usize("sliding_window")?
@@ -523,6 +388,179 @@ impl LagunaConfig {
 /// Rope parameters for one layer type, as vLLM resolves them: nested `rope_parameters[layer_type]`
 /// (falling back to `full_attention`), else the flat dict; `swa_rope_parameters` for sliding layers
 /// of a flat config; a top-level `partial_rotary_factor` or `rope_theta` fills what the dict lacks.
+/// Refuse the keys whose values Laguna does not implement (biases, activations, routing).
+fn refuse_unsupported(o: &Obj) -> Result<()> {
+    for key in ["attention_bias", "qkv_bias"] {
+        if o.bool(key, false)? {
+            return Err(err(
+                key,
+                "attention biases are not supported by Laguna (expected false)",
+            ));
+        }
+    }
+    if let Some(act) = o.get("hidden_act") {
+        if act.as_str() != Some("silu") {
+            return Err(err(
+                "hidden_act",
+                format!("only \"silu\" is supported, found {act}"),
+            ));
+        }
+    }
+    if o.bool("moe_apply_router_weight_on_input", false)? {
+        return Err(err(
+            "moe_apply_router_weight_on_input",
+            "true is not supported (transformers raises too); expected false",
+        ));
+    }
+    if let Some(f) = o.get("moe_router_score_func") {
+        if f.as_str() != Some("sigmoid") {
+            return Err(err(
+                "moe_router_score_func",
+                format!("only \"sigmoid\" is supported, found {f}"),
+            ));
+        }
+    }
+    if let Some(false) = o.get("moe_router_use_sigmoid").and_then(Value::as_bool) {
+        return Err(err(
+            "moe_router_use_sigmoid",
+            "only sigmoid routing is supported, found false",
+        ));
+    }
+    Ok(())
+}
+
+/// Per-layer attention kinds (`layer_types`; every layer full without it).
+fn attn_kinds(o: &Obj, num_layers: usize) -> Result<Vec<AttnKind>> {
+    let layer_types = o
+        .str_list("layer_types")?
+        .unwrap_or_else(|| vec!["full_attention".into(); num_layers]);
+    if layer_types.len() != num_layers {
+        return Err(err(
+            "layer_types",
+            format!(
+                "has {} entries but num_hidden_layers is {num_layers}",
+                layer_types.len()
+            ),
+        ));
+    }
+    layer_types
+        .iter()
+        .map(|t| match t.as_str() {
+            "full_attention" => Ok(AttnKind::Full),
+            "sliding_attention" => Ok(AttnKind::Sliding),
+            other => Err(err(
+                "layer_types",
+                format!(
+                    "unknown layer type \"{other}\" (expected full_attention or sliding_attention)"
+                ),
+            )),
+        })
+        .collect::<Result<Vec<_>>>()
+}
+
+/// Query heads per layer (`num_attention_heads_per_layer`, else `num_attention_heads`), each a
+/// positive multiple of the K/V heads.
+fn heads_per_layer(
+    o: &Obj,
+    num_layers: usize,
+    num_heads_default: usize,
+    num_kv_heads: usize,
+) -> Result<Vec<usize>> {
+    let heads = o
+        .usize_list("num_attention_heads_per_layer")?
+        .unwrap_or_else(|| vec![num_heads_default; num_layers]);
+    if heads.len() != num_layers {
+        return Err(err(
+            "num_attention_heads_per_layer",
+            format!(
+                "has {} entries but num_hidden_layers is {num_layers}",
+                heads.len()
+            ),
+        ));
+    }
+    for (i, &h) in heads.iter().enumerate() {
+        if h == 0 || h % num_kv_heads != 0 {
+            return Err(err(
+                "num_attention_heads_per_layer",
+                format!("layer {i} has {h} heads, which is not a positive multiple of num_key_value_heads ({num_kv_heads})"),
+            ));
+        }
+    }
+    Ok(heads)
+}
+
+/// MLP kinds: mlp_layer_types, else vLLM's mlp_only_layers / decoder_sparse_step rule, else
+/// layer 0 dense and the rest sparse.
+fn mlp_kinds(o: &Obj, num_layers: usize, num_experts: usize) -> Result<Vec<MlpKind>> {
+    let kinds: Vec<MlpKind> = match o.str_list("mlp_layer_types")? {
+        Some(list) => {
+            if list.len() != num_layers {
+                return Err(err(
+                    "mlp_layer_types",
+                    format!(
+                        "has {} entries but num_hidden_layers is {num_layers}",
+                        list.len()
+                    ),
+                ));
+            }
+            list.iter()
+                .map(|t| match t.as_str() {
+                    "dense" => Ok(MlpKind::Dense),
+                    "sparse" => Ok(MlpKind::Sparse),
+                    other => Err(err(
+                        "mlp_layer_types",
+                        format!("unknown mlp type \"{other}\" (expected dense or sparse)"),
+                    )),
+                })
+                .collect::<Result<_>>()?
+        }
+        None if o.get("mlp_only_layers").is_some() || o.get("decoder_sparse_step").is_some() => {
+            let only = o.usize_list("mlp_only_layers")?.unwrap_or_default();
+            let step = o.usize("decoder_sparse_step", 1)?;
+            if step == 0 {
+                return Err(err("decoder_sparse_step", "must be at least 1"));
+            }
+            (0..num_layers)
+                .map(|i| {
+                    if !only.contains(&i) && num_experts > 0 && (i + 1) % step == 0 {
+                        MlpKind::Sparse
+                    } else {
+                        MlpKind::Dense
+                    }
+                })
+                .collect()
+        }
+        None => (0..num_layers)
+            .map(|i| {
+                if i == 0 {
+                    MlpKind::Dense
+                } else {
+                    MlpKind::Sparse
+                }
+            })
+            .collect(),
+    };
+    Ok(kinds)
+}
+
+/// The attention output gate (`gating`).
+fn gating(o: &Obj) -> Result<Gating> {
+    Ok(match o.get("gating") {
+        None => Gating::PerHead,
+        Some(Value::Bool(true)) => Gating::PerHead,
+        Some(Value::Bool(false)) => Gating::None,
+        // transformers and vLLM: per-head only for `true` or exactly "per-head"; vLLM: `false` means no gate.
+        Some(Value::String(s)) if s == "per-head" => Gating::PerHead,
+        Some(Value::String(s)) if s == "per-element" => Gating::PerElement,
+        Some(v) => {
+            return Err(err(
+                "gating",
+                format!("expected true, false, \"per-head\" or \"per-element\", found {v}"),
+            ))
+        }
+    })
+}
+
 fn resolve_rope(o: &Obj, kind: AttnKind, head_dim: usize) -> Result<RopeSpec> {
     let type_key = match kind {
         AttnKind::Full => "full_attention",

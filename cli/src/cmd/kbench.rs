@@ -142,7 +142,6 @@ pub fn run(a: Args) -> Result<()> {
     let reps = a.reps.max(4);
     let mut rng = Rng(0x9e3779b97f4a7c15);
     let mut rows: Vec<(String, f64, f64)> = vec![];
-    let sms = d.sms;
 
     if a.moe_only {
         let mut stack = || expert_stack(&d, &mut rng).map(|s| s.0);
@@ -161,6 +160,42 @@ pub fn run(a: Args) -> Result<()> {
         return Ok(());
     }
 
+    gemv_rows(&d, &mut rng, reps, &mut rows)?;
+
+    let ((gate, up, down), hn) = expert_rows(&d, &mut rng, reps, &mut rows)?;
+    // ---- the MoE half of a decode layer: moe_decode_fused against the seven launches it replaces ----
+    moe_layer(&d, &mut rng, reps, &mut rows, (gate, up, down))?;
+
+    let (h, _, _) = XS_EXPERTS;
+    // ---- a tiny kernel: the floor of one graph node ------------------------------------------
+    let nw = d.alloc(4 * h).map_err(e)?;
+    d.htod(nw, &rand_f32s(&mut rng, h)).map_err(e)?;
+    let hn2 = d.alloc(4 * h).map_err(e)?;
+    let t = time_graph(&d, reps, &|_| {
+        d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (256, 1, 1), 0, |b| {
+            b.u64(hn).u64(0).u64(nw).u64(hn2).i32(h as i32).f32(1e-6);
+        })
+        .map_err(e)
+    })?;
+    rows.push((
+        "rmsnorm 1 x 2048 (graph node floor)".into(),
+        t,
+        (8 * h) as f64 / t / 1e6,
+    ));
+
+    print_rows(rows);
+    Ok(())
+}
+
+/// BF16 GEMV (one activation row) at the XS-2.1 shapes: `read_u4`, `read_tc_pattern` and
+/// `linear_tc_bf16[_tiled]` at several warp counts; the tiled layout checked bit for bit.
+fn gemv_rows(
+    d: &Dev,
+    rng: &mut Rng,
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<()> {
+    let sms = d.sms;
     // ---- BF16 GEMV (one activation row) -------------------------------------------------------
     let pool_bytes: usize = 1536 << 20;
     let wpool = d.alloc(pool_bytes).map_err(e)?;
@@ -168,7 +203,7 @@ pub fn run(a: Args) -> Result<()> {
     d.memset_d32(wpool, 0x3c00_3c00, pool_bytes / 4)
         .map_err(e)?;
     let x = d.alloc(4 * 8192 * 8).map_err(e)?;
-    d.htod(x, &rand_f32s(&mut rng, 8192 * 8)).map_err(e)?;
+    d.htod(x, &rand_f32s(rng, 8192 * 8)).map_err(e)?;
     let y = d.alloc(4 * 100352 * 8).map_err(e)?;
     let sink = d.alloc(4 * 4096).map_err(e)?;
     let shapes: [(&str, usize, usize); 5] = [
@@ -182,7 +217,7 @@ pub fn run(a: Args) -> Result<()> {
         let bytes = n * k * 2;
         let slots = (pool_bytes / bytes).max(1);
         let off = move |i: usize| wpool + ((i % slots) * bytes) as u64;
-        let t = time_graph(&d, reps, &|i| {
+        let t = time_graph(d, reps, &|i| {
             d.launch_p(&mut None, "read_u4", (sms * 4, 1, 1), (512, 1, 1), 0, |b| {
                 b.u64(off(i)).u64((bytes / 16) as u64).u64(sink);
             })
@@ -196,7 +231,7 @@ pub fn run(a: Args) -> Result<()> {
         // linear_tc_bf16's weight loads alone (read_tc_pattern): its own addresses, then the
         // same rounds reading each (16-row group, K tile) as one contiguous 1 KB piece.
         for (tiled, sw) in [(0, 4u32), (1, 4), (0, 16), (1, 16)] {
-            let t = time_graph(&d, reps, &|i| {
+            let t = time_graph(d, reps, &|i| {
                 d.launch_p(
                     &mut None,
                     "read_tc_pattern",
@@ -253,7 +288,7 @@ pub fn run(a: Args) -> Result<()> {
         if n <= 10304 {
             let wr = d.alloc(bytes).map_err(e)?;
             let wt = d.alloc(n.div_ceil(16) * 16 * k * 2).map_err(e)?;
-            d.htod(wr, &rand_bf16_small(&mut rng, n * k)).map_err(e)?;
+            d.htod(wr, &rand_bf16_small(rng, n * k)).map_err(e)?;
             d.launch_p(
                 &mut None,
                 "tile_bf16",
@@ -269,11 +304,11 @@ pub fn run(a: Args) -> Result<()> {
             for sw in [4u32, 16] {
                 tcn("linear_tc_bf16", wr, sw)?;
                 d.sync().map_err(e)?;
-                let a = dtoh_f32(&d, y, n)?;
+                let a = dtoh_f32(d, y, n)?;
                 d.memset_d32(y, 0, n).map_err(e)?;
                 tcn("linear_tc_bf16_tiled", wt, sw)?;
                 d.sync().map_err(e)?;
-                let b = dtoh_f32(&d, y, n)?;
+                let b = dtoh_f32(d, y, n)?;
                 same &= a.iter().zip(&b).all(|(p, q)| p.to_bits() == q.to_bits());
             }
             println!(
@@ -287,7 +322,7 @@ pub fn run(a: Args) -> Result<()> {
         // would gain from weights already in L2.
         if n <= 10304 {
             let sw: u32 = if n <= 2048 { 16 } else { 4 };
-            let t = time_graph(&d, reps, &|_| tc(wpool, sw))?;
+            let t = time_graph(d, reps, &|_| tc(wpool, sw))?;
             rows.push((
                 format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}, same weights (L2)"),
                 t,
@@ -295,7 +330,7 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         for sw in [2u32, 4, 8, 16] {
-            let t = time_graph(&d, reps, &|i| tc(off(i), sw))?;
+            let t = time_graph(d, reps, &|i| tc(off(i), sw))?;
             rows.push((
                 format!("{label} N={n} K={k}: linear_tc_bf16 S={sw}"),
                 t,
@@ -303,7 +338,7 @@ pub fn run(a: Args) -> Result<()> {
             ));
         }
         for sw in [4u32, 16] {
-            let t = time_graph(&d, reps, &|i| tcn("linear_tc_bf16_tiled", off(i), sw))?;
+            let t = time_graph(d, reps, &|i| tcn("linear_tc_bf16_tiled", off(i), sw))?;
             rows.push((
                 format!("{label} N={n} K={k}: linear_tc_bf16_tiled S={sw} (tiled layout)"),
                 t,
@@ -312,81 +347,29 @@ pub fn run(a: Args) -> Result<()> {
         }
     }
     d.free(wpool);
+    Ok(())
+}
 
+/// NVFP4 experts, one row (8 routed + the shared expert folded as expert 256) and the DFlash
+/// k = 6 verify regime (7 rows): the grouped and warp kernels checked against a float64
+/// reference and against each other, then timed. Returns the expert stacks (for
+/// [`moe_layer`]) and one row of activations.
+fn expert_rows(
+    d: &Dev,
+    rng: &mut Rng,
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<((DevStack, DevStack, DevStack), u64)> {
+    let sms = d.sms;
     // ---- NVFP4 experts, one row: 8 routed + the shared expert (folded as expert 256) ---------
     let (h, im, ne) = XS_EXPERTS;
     // Device stack (codes, scales, 1/global scale) and the host copies of codes and scales.
-    let mut stack = || expert_stack(&d, &mut rng);
+    let mut stack = || expert_stack(d, rng);
     let (gate, gate_c, gate_s) = stack()?;
     let (up, up_c, up_s) = stack()?;
     let (down, down_c, down_s) = stack()?;
     let kk = 9usize;
-    // Per launch i: its own grouping (experts (8i + 31j) % 256, then 256), one slot per group.
-    let ints = |f: &dyn Fn(usize, usize) -> i32, per: usize| -> Result<u64> {
-        let mut v = vec![];
-        for i in 0..reps {
-            for j in 0..per {
-                v.extend_from_slice(&f(i, j).to_le_bytes());
-            }
-        }
-        let p = d.alloc(v.len()).map_err(e)?;
-        d.htod(p, &v).map_err(e)?;
-        Ok(p)
-    };
-    // A grouping as the kernels read it, `reps` copies (launch i reads copy i): groups (expert,
-    // first slot in perm, slots), perm, meta; `x` rows of activations, `act` / `out` per slot.
-    struct Grp {
-        ge: u64,
-        gs: u64,
-        gc: u64,
-        perm: u64,
-        meta: u64,
-        groups: usize,
-        slots: usize,
-        x: u64,
-        act: u64,
-        out: u64,
-    }
-    // `rows` rows of one sequence: 8 routed experts a row of one slot each (group j: expert
-    // (8i + 37j) % 256, all distinct, slot 9 (j / 8) + j % 8), then the shared expert (256) with
-    // the rows' slot 8; groups in that order, as the kernels read them.
-    let mut grouping = |rows: usize| -> Result<Grp> {
-        let (groups, slots) = (rows * 8 + 1, rows * kk);
-        let sh = groups - 1;
-        let g = Grp {
-            ge: ints(
-                &|i, j| {
-                    if j == sh {
-                        256
-                    } else {
-                        ((8 * i + 37 * j) % 256) as i32
-                    }
-                },
-                groups,
-            )?,
-            gs: ints(&|_, j| j as i32, groups)?,
-            gc: ints(&|_, j| if j == sh { rows as i32 } else { 1 }, groups)?,
-            perm: ints(
-                &|_, j| {
-                    if j < sh {
-                        ((j / 8) * kk + j % 8) as i32
-                    } else {
-                        ((j - sh) * kk + 8) as i32
-                    }
-                },
-                slots,
-            )?,
-            meta: ints(&|_, _| groups as i32, 1)?,
-            groups,
-            slots,
-            x: d.alloc(4 * rows * h).map_err(e)?,
-            act: d.alloc(4 * slots * im).map_err(e)?,
-            out: d.alloc(4 * slots * h).map_err(e)?,
-        };
-        d.htod(g.x, &rand_f32s(&mut rng, rows * h)).map_err(e)?;
-        Ok(g)
-    };
-    let one = grouping(1)?;
+    let one = grouping(d, rng, reps, 1)?;
     let hn = one.x;
     let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
     // The `_warp` kernels run in blocks of 128 threads, the `_grouped` ones of 256.
@@ -449,10 +432,161 @@ pub fn run(a: Args) -> Result<()> {
     // Correctness at the real shapes: launch 0 against a float64 host reference (exact NVFP4
     // dequantisation: E2M1 code x E4M3 block scale / global scale).
     gu("moe_gate_up_fp4_grouped", s_gu_grid, 0, &one)?;
-    let act_d = dtoh_f32(&d, act, kk * im)?;
+    let act_d = dtoh_f32(d, act, kk * im)?;
     dn("moe_down_fp4_grouped", s_dn_grid, 0, &one)?;
-    let out_d = dtoh_f32(&d, out, kk * h)?;
-    let xh: Vec<f64> = dtoh_f32(&d, hn, h)?.into_iter().map(|v| v as f64).collect();
+    let out_d = dtoh_f32(d, out, kk * h)?;
+    fp4_reference_check(
+        d,
+        hn,
+        &act_d,
+        &out_d,
+        [(&gate_c, &gate_s), (&up_c, &up_s), (&down_c, &down_s)],
+    )?;
+    // The DFlash k = 6 verify regime: 7 rows, 56 routed experts + the shared one with 7 slots,
+    // 6.3x the decode row's weight bytes a launch.
+    let ver = grouping(d, rng, reps, 7)?;
+    // moe_sp: the same per-slot arithmetic as `_s`, so the same bits (checked in both regimes;
+    // reported, not fatal, so the timing rows still print).
+    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let word = |ok: bool| if ok { "bit-identical" } else { "DIFFER" };
+    for (label, g) in [("1 row", &one), ("7 rows", &ver)] {
+        let (sg, sd) = s_grids(g);
+        let (pg, pd) = sp_grids(g);
+        gu("moe_gate_up_fp4_grouped", sg, 0, g)?;
+        let a_s = dtoh_f32(d, g.act, g.slots * im)?;
+        dn("moe_down_fp4_grouped", sd, 0, g)?;
+        let o_s = dtoh_f32(d, g.out, g.slots * h)?;
+        gu("moe_gate_up_fp4_warp", pg, 0, g)?;
+        let a_sp = dtoh_f32(d, g.act, g.slots * im)?;
+        // down from the `_s` activations, so its check does not depend on gate/up's.
+        let bytes: Vec<u8> = a_s.iter().flat_map(|v| v.to_le_bytes()).collect();
+        d.htod(g.act, &bytes).map_err(e)?;
+        dn("moe_down_fp4_warp", pd, 0, g)?;
+        let o_sp = dtoh_f32(d, g.out, g.slots * h)?;
+        println!(
+            "moe_*_fp4_warp vs moe_*_fp4_grouped, {label}: gate_up+SiLU {}, down {}",
+            word(same(&a_sp, &a_s)),
+            word(same(&o_sp, &o_s))
+        );
+    }
+    for (label, g) in [("1 row, 9 experts", &one), ("7 rows, 57 experts", &ver)] {
+        let gu_bytes = (g.groups * 2 * im * (h / 2 + h / 16)) as f64;
+        let dn_bytes = (g.groups * h * (im / 2 + im / 16)) as f64;
+        let (sg, sd) = s_grids(g);
+        let (pg, pd) = sp_grids(g);
+        for (name, grid) in [
+            ("moe_gate_up_fp4_grouped", sg),
+            ("moe_gate_up_fp4_warp", pg),
+        ] {
+            let t = time_graph(d, reps, &|i| gu(name, grid, i, g))?;
+            rows.push((
+                format!("moe gate_up {label}: {name}"),
+                t,
+                gu_bytes / t / 1e6,
+            ));
+        }
+        for (name, grid) in [("moe_down_fp4_grouped", sd), ("moe_down_fp4_warp", pd)] {
+            let t = time_graph(d, reps, &|i| dn(name, grid, i, g))?;
+            rows.push((format!("moe down {label}: {name}"), t, dn_bytes / t / 1e6));
+        }
+    }
+    Ok(((gate, up, down), hn))
+}
+
+/// `reps` copies of `per` i32 values `f(i, j)` on the device (launch i reads copy i).
+fn ints(d: &Dev, reps: usize, f: &dyn Fn(usize, usize) -> i32, per: usize) -> Result<u64> {
+    let mut v = vec![];
+    for i in 0..reps {
+        for j in 0..per {
+            v.extend_from_slice(&f(i, j).to_le_bytes());
+        }
+    }
+    let p = d.alloc(v.len()).map_err(e)?;
+    d.htod(p, &v).map_err(e)?;
+    Ok(p)
+}
+
+// A grouping as the kernels read it, `reps` copies (launch i reads copy i): groups (expert,
+// first slot in perm, slots), perm, meta; `x` rows of activations, `act` / `out` per slot.
+struct Grp {
+    ge: u64,
+    gs: u64,
+    gc: u64,
+    perm: u64,
+    meta: u64,
+    groups: usize,
+    slots: usize,
+    x: u64,
+    act: u64,
+    out: u64,
+}
+
+/// `rows` rows of one sequence: 8 routed experts a row of one slot each (group j: expert
+/// (8i + 37j) % 256, all distinct, slot 9 (j / 8) + j % 8), then the shared expert (256) with
+/// the rows' slot 8; groups in that order, as the kernels read them.
+fn grouping(d: &Dev, rng: &mut Rng, reps: usize, rows: usize) -> Result<Grp> {
+    let (h, im, _) = XS_EXPERTS;
+    let kk = 9usize;
+    let (groups, slots) = (rows * 8 + 1, rows * kk);
+    let sh = groups - 1;
+    let g = Grp {
+        ge: ints(
+            d,
+            reps,
+            &|i, j| {
+                if j == sh {
+                    256
+                } else {
+                    ((8 * i + 37 * j) % 256) as i32
+                }
+            },
+            groups,
+        )?,
+        gs: ints(d, reps, &|_, j| j as i32, groups)?,
+        gc: ints(
+            d,
+            reps,
+            &|_, j| if j == sh { rows as i32 } else { 1 },
+            groups,
+        )?,
+        perm: ints(
+            d,
+            reps,
+            &|_, j| {
+                if j < sh {
+                    ((j / 8) * kk + j % 8) as i32
+                } else {
+                    ((j - sh) * kk + 8) as i32
+                }
+            },
+            slots,
+        )?,
+        meta: ints(d, reps, &|_, _| groups as i32, 1)?,
+        groups,
+        slots,
+        x: d.alloc(4 * rows * h).map_err(e)?,
+        act: d.alloc(4 * slots * im).map_err(e)?,
+        out: d.alloc(4 * slots * h).map_err(e)?,
+    };
+    d.htod(g.x, &rand_f32s(rng, rows * h)).map_err(e)?;
+    Ok(g)
+}
+
+/// Launch 0 of the grouped NVFP4 expert kernels (`act_d` after gate_up + SiLU, `out_d` after
+/// down, one row `hn`) against a float64 host reference with exact NVFP4 dequantisation
+/// (E2M1 code x E4M3 block scale / global scale), from the host copies of the gate, up and
+/// down stacks' codes and scales.
+fn fp4_reference_check(
+    d: &Dev,
+    hn: u64,
+    act_d: &[f32],
+    out_d: &[f32],
+    host: [(&[u8], &[u8]); 3],
+) -> Result<()> {
+    let (h, im, _) = XS_EXPERTS;
+    let kk = 9usize;
+    let [(gate_c, gate_s), (up_c, up_s), (down_c, down_s)] = host;
+    let xh: Vec<f64> = dtoh_f32(d, hn, h)?.into_iter().map(|v| v as f64).collect();
     let ex: Vec<usize> = (0..kk)
         .map(|j| if j == 8 { 256 } else { (37 * j) % 256 })
         .collect();
@@ -479,15 +613,13 @@ pub fn run(a: Args) -> Result<()> {
     let omax = out_d.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
     for (j, &ej) in ex.iter().enumerate() {
         for i in 0..im {
-            let g = row(&gate_c, &gate_s, ej, im, i, h, &|k| xh[k]);
-            let u = row(&up_c, &up_s, ej, im, i, h, &|k| xh[k]);
+            let g = row(gate_c, gate_s, ej, im, i, h, &|k| xh[k]);
+            let u = row(up_c, up_s, ej, im, i, h, &|k| xh[k]);
             let a_ref = g / (1.0 + (-g).exp()) * u;
             ea = ea.max((a_ref - act_d[j * im + i] as f64).abs() / amax);
         }
         for n in (0..h).step_by(7) {
-            let o = row(&down_c, &down_s, ej, h, n, im, &|k| {
-                act_d[j * im + k] as f64
-            });
+            let o = row(down_c, down_s, ej, h, n, im, &|k| act_d[j * im + k] as f64);
             eo = eo.max((o - out_d[j * h + n] as f64).abs() / omax);
         }
     }
@@ -495,74 +627,6 @@ pub fn run(a: Args) -> Result<()> {
     if ea > 1e-5 || eo > 1e-5 {
         bail!("the NVFP4 expert kernels disagree with the float64 reference ({ea:.2e} / {eo:.2e} > 1e-5)");
     }
-    // The DFlash k = 6 verify regime: 7 rows, 56 routed experts + the shared one with 7 slots,
-    // 6.3x the decode row's weight bytes a launch.
-    let ver = grouping(7)?;
-    // moe_sp: the same per-slot arithmetic as `_s`, so the same bits (checked in both regimes;
-    // reported, not fatal, so the timing rows still print).
-    let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-    let word = |ok: bool| if ok { "bit-identical" } else { "DIFFER" };
-    for (label, g) in [("1 row", &one), ("7 rows", &ver)] {
-        let (sg, sd) = s_grids(g);
-        let (pg, pd) = sp_grids(g);
-        gu("moe_gate_up_fp4_grouped", sg, 0, g)?;
-        let a_s = dtoh_f32(&d, g.act, g.slots * im)?;
-        dn("moe_down_fp4_grouped", sd, 0, g)?;
-        let o_s = dtoh_f32(&d, g.out, g.slots * h)?;
-        gu("moe_gate_up_fp4_warp", pg, 0, g)?;
-        let a_sp = dtoh_f32(&d, g.act, g.slots * im)?;
-        // down from the `_s` activations, so its check does not depend on gate/up's.
-        let bytes: Vec<u8> = a_s.iter().flat_map(|v| v.to_le_bytes()).collect();
-        d.htod(g.act, &bytes).map_err(e)?;
-        dn("moe_down_fp4_warp", pd, 0, g)?;
-        let o_sp = dtoh_f32(&d, g.out, g.slots * h)?;
-        println!(
-            "moe_*_fp4_warp vs moe_*_fp4_grouped, {label}: gate_up+SiLU {}, down {}",
-            word(same(&a_sp, &a_s)),
-            word(same(&o_sp, &o_s))
-        );
-    }
-    for (label, g) in [("1 row, 9 experts", &one), ("7 rows, 57 experts", &ver)] {
-        let gu_bytes = (g.groups * 2 * im * (h / 2 + h / 16)) as f64;
-        let dn_bytes = (g.groups * h * (im / 2 + im / 16)) as f64;
-        let (sg, sd) = s_grids(g);
-        let (pg, pd) = sp_grids(g);
-        for (name, grid) in [
-            ("moe_gate_up_fp4_grouped", sg),
-            ("moe_gate_up_fp4_warp", pg),
-        ] {
-            let t = time_graph(&d, reps, &|i| gu(name, grid, i, g))?;
-            rows.push((
-                format!("moe gate_up {label}: {name}"),
-                t,
-                gu_bytes / t / 1e6,
-            ));
-        }
-        for (name, grid) in [("moe_down_fp4_grouped", sd), ("moe_down_fp4_warp", pd)] {
-            let t = time_graph(&d, reps, &|i| dn(name, grid, i, g))?;
-            rows.push((format!("moe down {label}: {name}"), t, dn_bytes / t / 1e6));
-        }
-    }
-    // ---- the MoE half of a decode layer: moe_decode_fused against the seven launches it replaces ----
-    moe_layer(&d, &mut rng, reps, &mut rows, (gate, up, down))?;
-
-    // ---- a tiny kernel: the floor of one graph node ------------------------------------------
-    let nw = d.alloc(4 * h).map_err(e)?;
-    d.htod(nw, &rand_f32s(&mut rng, h)).map_err(e)?;
-    let hn2 = d.alloc(4 * h).map_err(e)?;
-    let t = time_graph(&d, reps, &|_| {
-        d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (256, 1, 1), 0, |b| {
-            b.u64(hn).u64(0).u64(nw).u64(hn2).i32(h as i32).f32(1e-6);
-        })
-        .map_err(e)
-    })?;
-    rows.push((
-        "rmsnorm 1 x 2048 (graph node floor)".into(),
-        t,
-        (8 * h) as f64 / t / 1e6,
-    ));
-
-    print_rows(rows);
     Ok(())
 }
 
@@ -710,24 +774,6 @@ fn attn_layer(
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
 ) -> Result<()> {
-    let (nh, nkv, hd) = (64usize, 8usize, 128usize);
-    let (qw, kvw, g) = (nh * hd, nkv * hd, nh / nkv);
-    let ld = qw + 2 * kvw + nh;
-    let p = 2048 + 64usize;
-    let buf = |bytes: &[u8]| -> Result<u64> {
-        let p = d.alloc(bytes.len().max(4)).map_err(e)?;
-        d.htod(p, bytes).map_err(e)?;
-        Ok(p)
-    };
-    let bf16s = |rng: &mut Rng, n: usize| -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| {
-                let f = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                ((f.to_bits() >> 16) as u16).to_le_bytes()
-            })
-            .collect()
-    };
-    let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     for (label, window, ps, max_pages, half, theta, factor, nsplit) in [
         (
             "full", 0usize, 64usize, 64usize, 32usize, 500000f32, 1.3466f32, 64usize,
@@ -745,6 +791,89 @@ fn attn_layer(
             16,
         ),
     ] {
+        let (c, q0) = AttnCase::new(
+            d, rng, label, window, ps, max_pages, half, theta, factor, nsplit,
+        )?;
+        attn_bits(&c, &q0)?;
+        attn_timings(&c, &q0, reps, rows)?;
+        c.free();
+    }
+    Ok(())
+}
+
+/// One attention case of [`attn_layer`] at the XS-2.1 decode shape (64 query heads, 8 K/V
+/// heads, head_dim 128, one row at position `p`): its device buffers and the launches of the
+/// chains it compares and times.
+#[derive(Clone, Copy)]
+struct AttnCase<'a> {
+    d: &'a Dev,
+    nh: usize,
+    nkv: usize,
+    hd: usize,
+    qw: usize,
+    kvw: usize,
+    g: usize,
+    ld: usize,
+    p: usize,
+    label: &'static str,
+    window: usize,
+    ps: usize,
+    max_pages: usize,
+    half: usize,
+    factor: f32,
+    nsplit: usize,
+    tc_ns: usize,
+    kc: u64,
+    vc: u64,
+    bt: u64,
+    q: u64,
+    qn: u64,
+    kn: u64,
+    inv_freq: u64,
+    pos: u64,
+    seqrow: u64,
+    out: u64,
+    part: u64,
+    kp: u64,
+    vp: u64,
+    gp: u64,
+    scale: f32,
+}
+
+impl<'a> AttnCase<'a> {
+    /// The buffers of one case (random K/V, q|k|v|g row, norms, rotary table) and the row's
+    /// q|k|v|g values `q0`, so every chain can start from the same q.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        d: &'a Dev,
+        rng: &mut Rng,
+        label: &'static str,
+        window: usize,
+        ps: usize,
+        max_pages: usize,
+        half: usize,
+        theta: f32,
+        factor: f32,
+        nsplit: usize,
+    ) -> Result<(AttnCase<'a>, Vec<u8>)> {
+        let (nh, nkv, hd) = (64usize, 8usize, 128usize);
+        let (qw, kvw, g) = (nh * hd, nkv * hd, nh / nkv);
+        let ld = qw + 2 * kvw + nh;
+        let p = 2048 + 64usize;
+        let buf = |bytes: &[u8]| -> Result<u64> {
+            let p = d.alloc(bytes.len().max(4)).map_err(e)?;
+            d.htod(p, bytes).map_err(e)?;
+            Ok(p)
+        };
+        let bf16s = |rng: &mut Rng, n: usize| -> Vec<u8> {
+            (0..n)
+                .flat_map(|_| {
+                    let f = (rng.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    ((f.to_bits() >> 16) as u16).to_le_bytes()
+                })
+                .collect()
+        };
+        let ints = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
         let kc = buf(&bf16s(rng, max_pages * ps * kvw))?;
         let vc = buf(&bf16s(rng, max_pages * ps * kvw))?;
         let bt = buf(&ints(&(0..max_pages as i32).collect::<Vec<_>>()))?;
@@ -766,372 +895,571 @@ fn attn_layer(
             q + 4 * (qw + 2 * kvw) as u64,
         );
         let scale = 1.0 / (hd as f32).sqrt();
-        let common = |b: &mut laguna_engine::cuda::Args| {
-            b.u64(q)
-                .i32(ld as i32)
-                .u64(out)
-                .i32(qw as i32)
-                .u64(kc)
-                .u64(vc)
-                .u64(pos)
-                .u64(seqrow)
-                .u64(bt)
-                .i32(max_pages as i32)
-                .i32(ps as i32)
-                .i32(nh as i32)
-                .i32(nkv as i32)
-                .i32(hd as i32)
-                .i32(window as i32)
-                .u64(0)
-                .u64(gp)
-                .i32(ld as i32)
-                .i32(1)
-                .f32(scale)
-                .f32(1.0);
-        };
-        // The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
-        let rope = |b: &mut laguna_engine::cuda::Args| {
-            b.u64(kp)
-                .u64(vp)
-                .i32(ld as i32)
-                .u64(qn)
-                .u64(kn)
-                .u64(inv_freq)
-                .i32(half as i32)
-                .f32(factor)
-                .f32(1e-6);
-        };
-        let qk = || {
-            d.launch_p(
-                &mut None,
-                "qk_norm_rope_store",
-                (1, (nh + nkv).div_ceil(4) as u32, 1),
-                (128, 1, 1),
-                0,
-                |b| {
-                    b.u64(q).i32(ld as i32);
-                    rope(b);
-                    b.u64(pos)
-                        .u64(seqrow)
-                        .u64(bt)
-                        .i32(max_pages as i32)
-                        .i32(ps as i32)
-                        .u64(kc)
-                        .u64(vc)
-                        .i32(nh as i32)
-                        .i32(nkv as i32)
-                        .i32(hd as i32)
-                        .u64(0)
-                        .u64(0)
-                        .f32(1.0)
-                        .f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
-        let gqa = || {
-            d.launch_p(
-                &mut None,
-                "attention_decode_gqa",
-                (1, nkv as u32, nsplit as u32),
-                (32 * g as u32, 1, 1),
-                0,
-                |b| {
-                    common(b);
-                    b.i32(nsplit as i32).u64(part).u64(0);
-                },
-            )
-            .map_err(e)
-        };
-        let fused = |name: &'static str| {
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nkv as u32, nsplit as u32),
-                (32 * (g as u32 + 1), 1, 1),
-                0,
-                |b| {
-                    common(b);
-                    b.i32(nsplit as i32).u64(part);
-                    rope(b);
-                    b.f32(1.0).f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
         // attention_decode_tc: the engine's grid of splits for it (64; a sliding layer's at most ceil(window / 64)); a row takes tc_splits of them.
         let tc_ns = {
             use laguna_engine::cuda::{nsplit_tc, split_grid, TC_CHUNK};
             split_grid(nsplit_tc(nsplit), TC_CHUNK, window, false)
         };
-        // attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
-        let tc_launch = |qk: bool| {
-            let name = if qk {
-                "attention_decode_tc_qk"
+        let c = AttnCase {
+            d,
+            nh,
+            nkv,
+            hd,
+            qw,
+            kvw,
+            g,
+            ld,
+            p,
+            label,
+            window,
+            ps,
+            max_pages,
+            half,
+            factor,
+            nsplit,
+            tc_ns,
+            kc,
+            vc,
+            bt,
+            q,
+            qn,
+            kn,
+            inv_freq,
+            pos,
+            seqrow,
+            out,
+            part,
+            kp,
+            vp,
+            gp,
+            scale,
+        };
+        Ok((c, q0))
+    }
+
+    fn common(&self, b: &mut laguna_engine::cuda::Args) {
+        let AttnCase {
+            q,
+            ld,
+            out,
+            qw,
+            kc,
+            vc,
+            pos,
+            seqrow,
+            bt,
+            max_pages,
+            ps,
+            nh,
+            nkv,
+            hd,
+            window,
+            gp,
+            scale,
+            ..
+        } = *self;
+        b.u64(q)
+            .i32(ld as i32)
+            .u64(out)
+            .i32(qw as i32)
+            .u64(kc)
+            .u64(vc)
+            .u64(pos)
+            .u64(seqrow)
+            .u64(bt)
+            .i32(max_pages as i32)
+            .i32(ps as i32)
+            .i32(nh as i32)
+            .i32(nkv as i32)
+            .i32(hd as i32)
+            .i32(window as i32)
+            .u64(0)
+            .u64(gp)
+            .i32(ld as i32)
+            .i32(1)
+            .f32(scale)
+            .f32(1.0);
+    }
+
+    /// The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
+    fn rope(&self, b: &mut laguna_engine::cuda::Args) {
+        let AttnCase {
+            kp,
+            vp,
+            ld,
+            qn,
+            kn,
+            inv_freq,
+            half,
+            factor,
+            ..
+        } = *self;
+        b.u64(kp)
+            .u64(vp)
+            .i32(ld as i32)
+            .u64(qn)
+            .u64(kn)
+            .u64(inv_freq)
+            .i32(half as i32)
+            .f32(factor)
+            .f32(1e-6);
+    }
+
+    fn qk(&self) -> Result<()> {
+        let AttnCase {
+            d,
+            q,
+            ld,
+            nh,
+            nkv,
+            pos,
+            seqrow,
+            bt,
+            max_pages,
+            ps,
+            kc,
+            vc,
+            hd,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            "qk_norm_rope_store",
+            (1, (nh + nkv).div_ceil(4) as u32, 1),
+            (128, 1, 1),
+            0,
+            |b| {
+                b.u64(q).i32(ld as i32);
+                self.rope(b);
+                b.u64(pos)
+                    .u64(seqrow)
+                    .u64(bt)
+                    .i32(max_pages as i32)
+                    .i32(ps as i32)
+                    .u64(kc)
+                    .u64(vc)
+                    .i32(nh as i32)
+                    .i32(nkv as i32)
+                    .i32(hd as i32)
+                    .u64(0)
+                    .u64(0)
+                    .f32(1.0)
+                    .f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn gqa(&self) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            nsplit,
+            g,
+            part,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            "attention_decode_gqa",
+            (1, nkv as u32, nsplit as u32),
+            (32 * g as u32, 1, 1),
+            0,
+            |b| {
+                self.common(b);
+                b.i32(nsplit as i32).u64(part).u64(0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn fused(&self, name: &'static str) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            nsplit,
+            g,
+            part,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nkv as u32, nsplit as u32),
+            (32 * (g as u32 + 1), 1, 1),
+            0,
+            |b| {
+                self.common(b);
+                b.i32(nsplit as i32).u64(part);
+                self.rope(b);
+                b.f32(1.0).f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    /// attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
+    fn tc_launch(&self, qk: bool) -> Result<()> {
+        let AttnCase {
+            d,
+            nkv,
+            tc_ns,
+            part,
+            ..
+        } = *self;
+        let name = if qk {
+            "attention_decode_tc_qk"
+        } else {
+            "attention_decode_tc"
+        };
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nkv as u32, tc_ns as u32),
+            (128, 1, 1),
+            laguna_engine::cuda::big_smem(name),
+            |b| {
+                self.common(b);
+                b.i32(tc_ns as i32).u64(part);
+                if qk {
+                    self.rope(b);
+                    b.f32(1.0).f32(1.0);
+                } else {
+                    b.u64(0);
+                }
+            },
+        )
+        .map_err(e)
+    }
+
+    fn tc(&self) -> Result<()> {
+        self.tc_launch(false)
+    }
+
+    fn tc_qk(&self) -> Result<()> {
+        self.tc_launch(true)
+    }
+
+    fn merge_n(&self, name: &'static str, ns: usize) -> Result<()> {
+        let AttnCase {
+            d,
+            nh,
+            hd,
+            part,
+            out,
+            qw,
+            gp,
+            ld,
+            pos,
+            window,
+            ..
+        } = *self;
+        d.launch_p(
+            &mut None,
+            name,
+            (1, nh as u32, 1),
+            (hd as u32, 1, 1),
+            0,
+            |b| {
+                b.u64(part)
+                    .i32(ns as i32)
+                    .u64(out)
+                    .i32(qw as i32)
+                    .i32(nh as i32)
+                    .i32(hd as i32)
+                    .u64(0)
+                    .u64(gp)
+                    .i32(ld as i32)
+                    .i32(1)
+                    .u64(pos)
+                    .i32(window as i32)
+                    .u64(0)
+                    .f32(1.0);
+            },
+        )
+        .map_err(e)
+    }
+
+    fn merge(&self, name: &'static str) -> Result<()> {
+        self.merge_n(name, self.nsplit)
+    }
+
+    fn merge_tc(&self) -> Result<()> {
+        self.merge_n(
+            if self.tc_ns > 16 {
+                "attention_decode_tc_merge64"
             } else {
-                "attention_decode_tc"
-            };
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nkv as u32, tc_ns as u32),
-                (128, 1, 1),
-                laguna_engine::cuda::big_smem(name),
-                |b| {
-                    common(b);
-                    b.i32(tc_ns as i32).u64(part);
-                    if qk {
-                        rope(b);
-                        b.f32(1.0).f32(1.0);
-                    } else {
-                        b.u64(0);
-                    }
-                },
-            )
-            .map_err(e)
-        };
-        let tc = || tc_launch(false);
-        let tc_qk = || tc_launch(true);
-        let merge_n = |name: &'static str, ns: usize| {
-            d.launch_p(
-                &mut None,
-                name,
-                (1, nh as u32, 1),
-                (hd as u32, 1, 1),
-                0,
-                |b| {
-                    b.u64(part)
-                        .i32(ns as i32)
-                        .u64(out)
-                        .i32(qw as i32)
-                        .i32(nh as i32)
-                        .i32(hd as i32)
-                        .u64(0)
-                        .u64(gp)
-                        .i32(ld as i32)
-                        .i32(1)
-                        .u64(pos)
-                        .i32(window as i32)
-                        .u64(0)
-                        .f32(1.0);
-                },
-            )
-            .map_err(e)
-        };
-        let merge = |name: &'static str| merge_n(name, nsplit);
-        let merge_tc = || {
-            merge_n(
-                if tc_ns > 16 {
-                    "attention_decode_tc_merge64"
-                } else {
-                    "attention_decode_tc_merge16"
-                },
-                tc_ns,
-            )
-        };
-        // The same merges again (kept for the timing rows below).
-        let merge_tcr = || {
-            merge_n(
-                if tc_ns > 16 {
-                    "attention_decode_tc_merge64"
-                } else {
-                    "attention_decode_tc_merge16"
-                },
-                tc_ns,
-            )
-        };
-        // Bits: both chains from the same q (the default chain norms q in place).
+                "attention_decode_tc_merge16"
+            },
+            self.tc_ns,
+        )
+    }
+
+    /// The same merges again (kept for the timing rows).
+    fn merge_tcr(&self) -> Result<()> {
+        self.merge_n(
+            if self.tc_ns > 16 {
+                "attention_decode_tc_merge64"
+            } else {
+                "attention_decode_tc_merge16"
+            },
+            self.tc_ns,
+        )
+    }
+
+    /// The K or V row (cache `c`) the step wrote, as bytes.
+    fn row(&self, c: u64) -> Result<Vec<u8>> {
+        let AttnCase {
+            d,
+            kvw,
+            window,
+            p,
+            max_pages,
+            ..
+        } = *self;
         let slot = if window > 0 { p % max_pages } else { p };
-        let row = |c: u64| -> Result<Vec<u8>> {
-            let mut b = vec![0u8; 2 * kvw];
-            d.dtoh(&mut b, c + (2 * slot * kvw) as u64).map_err(e)?;
-            Ok(b)
-        };
-        let mut got = vec![];
-        let variants: [(Option<&'static str>, &'static str); 3] = [
-            (None, "attention_decode_merge16"),
-            (Some("attention_decode_gqa_qk"), "attention_decode_merge16"),
-            (None, "attention_decode_merge64"),
-        ];
-        for (f, mname) in variants {
-            d.htod(q, &q0).map_err(e)?;
-            if let Some(fname) = f {
-                fused(fname)?;
-            } else {
-                qk()?;
-                gqa()?;
-            }
-            merge(mname)?;
-            d.sync().map_err(e)?;
-            let o: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            got.push((o, row(kc)?, row(vc)?));
-        }
-        let a = &got[0];
-        for (b, name) in got[1..].iter().zip([
-            "attention_decode_gqa_qk + attention_decode_merge16",
-            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
-        ]) {
-            println!(
-                "{name} vs qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
-                if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
-                if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
-                if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
-            );
-        }
-        // attention_decode_tc + attention_decode_tc_merge16: other arithmetic (tensor cores, its own splits), so
-        // its output against the default chain's as the largest difference relative to the
-        // largest output; K / V rows are written by the same qk_norm_rope_store.
-        {
-            d.htod(q, &q0).map_err(e)?;
-            qk()?;
-            tc()?;
-            merge_tc()?;
-            d.sync().map_err(e)?;
-            let o = dtoh_f32(d, out, qw)?;
-            let (mut dmax, mut mag) = (0f32, 0f32);
-            for (x, y) in o.iter().zip(&a.0) {
-                let y = f32::from_bits(*y);
-                dmax = if x.is_finite() {
-                    dmax.max((x - y).abs())
-                } else {
-                    f32::INFINITY
-                };
-                mag = mag.max(y.abs());
-            }
-            println!(
-                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16 (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
-                dmax / mag,
-                if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
-                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
-                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
-            );
-            // attention_decode_tc_qk (the norms inside the launch) against the three launches: the same bits.
-            let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
-            d.htod(q, &q0).map_err(e)?;
-            tc_qk()?;
-            merge_tc()?;
-            d.sync().map_err(e)?;
-            let o2: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            println!(
-                "attention_decode_tc_qk + attention_decode_tc_merge16 vs qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
-                if o2 == t3 { "bit-identical" } else { "DIFFERS" },
-                if a.1 == row(kc)? { "bit-identical" } else { "DIFFERS" },
-                if a.2 == row(vc)? { "bit-identical" } else { "DIFFERS" }
-            );
-            // merge_r's form of the tensor-core merge on the same partials: the same bits.
-            merge_tcr()?;
-            d.sync().map_err(e)?;
-            let o3: Vec<u32> = dtoh_f32(d, out, qw)?
-                .into_iter()
-                .map(f32::to_bits)
-                .collect();
-            println!(
-                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r vs attention_decode_tc_qk + attention_decode_tc_merge16(64), {label}, XS-2.1 shape at {p}: output {}",
-                if o3 == t3 { "bit-identical" } else { "DIFFERS" }
-            );
-        }
-        d.htod(q, &q0).map_err(e)?;
-        let keys = if window > 0 { window } else { p + 1 };
-        let bytes = (keys * kvw * 2 * 2) as f64;
-        let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
-            (
-                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16",
-                &|| {
-                    qk()?;
-                    gqa()?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("qk_norm_rope_store alone", &qk),
-            ("attention_decode_gqa alone", &gqa),
-            ("attention_decode_gqa_qk alone", &|| {
-                fused("attention_decode_gqa_qk")
-            }),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
-                &|| {
-                    qk()?;
-                    gqa()?;
-                    merge("attention_decode_merge64")
-                },
-            ),
-            ("attention_decode_merge64 alone", &|| {
-                merge("attention_decode_merge64")
-            }),
-            (
-                "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
-                &|| {
-                    qk()?;
-                    tc()?;
-                    merge_tc()
-                },
-            ),
-            ("attention_decode_tc alone", &tc),
-            (
-                "attention_decode_tc_qk + attention_decode_tc_merge16",
-                &|| {
-                    tc_qk()?;
-                    merge_tc()
-                },
-            ),
-            ("attention_decode_tc_qk alone", &tc_qk),
-            ("attention_decode_tc_merge16 alone", &merge_tc),
-            (
-                "attention_decode_gqa_qk + attention_decode_merge16",
-                &|| {
-                    fused("attention_decode_gqa_qk")?;
-                    merge("attention_decode_merge16")
-                },
-            ),
-            ("attention_decode_merge16 alone", &|| {
-                merge("attention_decode_merge16")
-            }),
-            (
-                "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
-                &|| {
-                    tc_qk()?;
-                    merge_tcr()
-                },
-            ),
-            ("attention_decode_tc_merge16(64)r alone", &merge_tcr),
-        ];
-        for (name, f) in chains {
-            let t = time_graph(d, reps, &|_| f())?;
-            rows.push((
-                format!("attention {label} at {p}: {name}"),
-                t,
-                bytes / t / 1e6,
-            ));
-        }
+        let mut b = vec![0u8; 2 * kvw];
+        d.dtoh(&mut b, c + (2 * slot * kvw) as u64).map_err(e)?;
+        Ok(b)
+    }
+
+    fn free(&self) {
+        let AttnCase {
+            d,
+            kc,
+            vc,
+            bt,
+            q,
+            qn,
+            kn,
+            inv_freq,
+            pos,
+            seqrow,
+            out,
+            part,
+            ..
+        } = *self;
         for x in [kc, vc, bt, q, qn, kn, inv_freq, pos, seqrow, out, part] {
             d.free(x);
         }
+    }
+}
+
+/// Bits: the chains of [`attn_layer`] from the same q (the default chain norms q in place),
+/// printed against the default chain.
+fn attn_bits(c: &AttnCase, q0: &[u8]) -> Result<()> {
+    let AttnCase {
+        d,
+        q,
+        out,
+        qw,
+        kc,
+        vc,
+        label,
+        p,
+        tc_ns,
+        ..
+    } = *c;
+    let mut got = vec![];
+    let variants: [(Option<&'static str>, &'static str); 3] = [
+        (None, "attention_decode_merge16"),
+        (Some("attention_decode_gqa_qk"), "attention_decode_merge16"),
+        (None, "attention_decode_merge64"),
+    ];
+    for (f, mname) in variants {
+        d.htod(q, q0).map_err(e)?;
+        if let Some(fname) = f {
+            c.fused(fname)?;
+        } else {
+            c.qk()?;
+            c.gqa()?;
+        }
+        c.merge(mname)?;
+        d.sync().map_err(e)?;
+        let o: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        got.push((o, c.row(kc)?, c.row(vc)?));
+    }
+    let a = &got[0];
+    for (b, name) in got[1..].iter().zip([
+        "attention_decode_gqa_qk + attention_decode_merge16",
+        "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
+    ]) {
+        println!(
+            "{name} vs qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+            if a.0 == b.0 { "bit-identical" } else { "DIFFERS" },
+            if a.1 == b.1 { "bit-identical" } else { "DIFFERS" },
+            if a.2 == b.2 { "bit-identical" } else { "DIFFERS" }
+        );
+    }
+    // attention_decode_tc + attention_decode_tc_merge16: other arithmetic (tensor cores, its own splits), so
+    // its output against the default chain's as the largest difference relative to the
+    // largest output; K / V rows are written by the same qk_norm_rope_store.
+    {
+        d.htod(q, q0).map_err(e)?;
+        c.qk()?;
+        c.tc()?;
+        c.merge_tc()?;
+        d.sync().map_err(e)?;
+        let o = dtoh_f32(d, out, qw)?;
+        let (mut dmax, mut mag) = (0f32, 0f32);
+        for (x, y) in o.iter().zip(&a.0) {
+            let y = f32::from_bits(*y);
+            dmax = if x.is_finite() {
+                dmax.max((x - y).abs())
+            } else {
+                f32::INFINITY
+            };
+            mag = mag.max(y.abs());
+        }
+        println!(
+            "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16 (grid of {tc_ns} splits) vs the default chain, {label}, XS-2.1 shape at {p}: largest difference {:.2e} of the largest output{}, K row {}, V row {}",
+            dmax / mag,
+            if dmax / mag < 1e-4 { "" } else { " (TOO LARGE)" },
+            if a.1 == c.row(kc)? { "bit-identical" } else { "DIFFERS" },
+            if a.2 == c.row(vc)? { "bit-identical" } else { "DIFFERS" }
+        );
+        // attention_decode_tc_qk (the norms inside the launch) against the three launches: the same bits.
+        let t3: Vec<u32> = o.iter().map(|x| x.to_bits()).collect();
+        d.htod(q, q0).map_err(e)?;
+        c.tc_qk()?;
+        c.merge_tc()?;
+        d.sync().map_err(e)?;
+        let o2: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        println!(
+            "attention_decode_tc_qk + attention_decode_tc_merge16 vs qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16, {label}, XS-2.1 shape at {p}: output {}, K row {}, V row {}",
+            if o2 == t3 { "bit-identical" } else { "DIFFERS" },
+            if a.1 == c.row(kc)? { "bit-identical" } else { "DIFFERS" },
+            if a.2 == c.row(vc)? { "bit-identical" } else { "DIFFERS" }
+        );
+        // merge_r's form of the tensor-core merge on the same partials: the same bits.
+        c.merge_tcr()?;
+        d.sync().map_err(e)?;
+        let o3: Vec<u32> = dtoh_f32(d, out, qw)?
+            .into_iter()
+            .map(f32::to_bits)
+            .collect();
+        println!(
+            "attention_decode_tc_qk + attention_decode_tc_merge16(64)r vs attention_decode_tc_qk + attention_decode_tc_merge16(64), {label}, XS-2.1 shape at {p}: output {}",
+            if o3 == t3 { "bit-identical" } else { "DIFFERS" }
+        );
+    }
+    Ok(())
+}
+
+/// The timing rows of [`attn_layer`]'s chains for one case.
+fn attn_timings(
+    c: &AttnCase,
+    q0: &[u8],
+    reps: usize,
+    rows: &mut Vec<(String, f64, f64)>,
+) -> Result<()> {
+    let AttnCase {
+        d,
+        q,
+        kvw,
+        label,
+        p,
+        window,
+        ..
+    } = *c;
+    d.htod(q, q0).map_err(e)?;
+    let keys = if window > 0 { window } else { p + 1 };
+    let bytes = (keys * kvw * 2 * 2) as f64;
+    let chains: [(&str, &dyn Fn() -> Result<()>); 19] = [
+        (
+            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge16",
+            &|| {
+                c.qk()?;
+                c.gqa()?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("qk_norm_rope_store alone", &|| c.qk()),
+        ("attention_decode_gqa alone", &|| c.gqa()),
+        ("attention_decode_gqa_qk alone", &|| {
+            c.fused("attention_decode_gqa_qk")
+        }),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "qk_norm_rope_store + attention_decode_gqa + attention_decode_merge64",
+            &|| {
+                c.qk()?;
+                c.gqa()?;
+                c.merge("attention_decode_merge64")
+            },
+        ),
+        ("attention_decode_merge64 alone", &|| {
+            c.merge("attention_decode_merge64")
+        }),
+        (
+            "qk_norm_rope_store + attention_decode_tc + attention_decode_tc_merge16",
+            &|| {
+                c.qk()?;
+                c.tc()?;
+                c.merge_tc()
+            },
+        ),
+        ("attention_decode_tc alone", &|| c.tc()),
+        (
+            "attention_decode_tc_qk + attention_decode_tc_merge16",
+            &|| {
+                c.tc_qk()?;
+                c.merge_tc()
+            },
+        ),
+        ("attention_decode_tc_qk alone", &|| c.tc_qk()),
+        ("attention_decode_tc_merge16 alone", &|| c.merge_tc()),
+        (
+            "attention_decode_gqa_qk + attention_decode_merge16",
+            &|| {
+                c.fused("attention_decode_gqa_qk")?;
+                c.merge("attention_decode_merge16")
+            },
+        ),
+        ("attention_decode_merge16 alone", &|| {
+            c.merge("attention_decode_merge16")
+        }),
+        (
+            "attention_decode_tc_qk + attention_decode_tc_merge16(64)r",
+            &|| {
+                c.tc_qk()?;
+                c.merge_tcr()
+            },
+        ),
+        ("attention_decode_tc_merge16(64)r alone", &|| c.merge_tcr()),
+    ];
+    for (name, f) in chains {
+        let t = time_graph(d, reps, &|_| f())?;
+        rows.push((
+            format!("attention {label} at {p}: {name}"),
+            t,
+            bytes / t / 1e6,
+        ));
     }
     Ok(())
 }
@@ -1146,50 +1474,189 @@ fn moe_layer(
     rng: &mut Rng,
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
-    (gate, up, down): (DevStack, DevStack, DevStack),
+    stacks: (DevStack, DevStack, DevStack),
 ) -> Result<()> {
-    let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
-    let (eps, scale) = (1e-6f32, 2.5f32);
-    let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
-    let buf = |bytes: &[u8]| -> Result<u64> {
-        let p = d.alloc(bytes.len()).map_err(e)?;
-        d.htod(p, bytes).map_err(e)?;
-        Ok(p)
-    };
-    // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
-    let rw_bytes = e_n * h * 2;
-    let rw_all = rand_bf16_small(rng, reps * e_n * h);
-    let rw = buf(&rw_all)?;
-    let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
-    let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
-    let next_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
-    let x0 = rand_f32_in(rng, h, -1.0, 2.0);
-    let x = buf(&x0)?;
-    let z = |n: usize| -> Result<u64> {
-        let p = d.alloc(n.max(4)).map_err(e)?;
-        d.memset_d32(p, 0, n.max(4) / 4).map_err(e)?;
-        Ok(p)
-    };
-    let (hn, hn2, rlog) = (z(4 * h)?, z(4 * h)?, z(4 * e_n)?);
-    let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
-    let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
-    let gbar = z(16)?;
-    let tp = z(8 * 16 * reps)?;
-    let smem = (4 * (h + kk * im)) as u32;
-    let rwi = |i: usize| rw + ((i % reps) * rw_bytes) as u64;
-    // moe_decode_fused's gate/up issue stagger (ns a warp index): off here (the engine derives
-    // its own from the memory bandwidth, `mk_stagger`).
-    let stag: i32 = 0;
-    // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
-    let rlog_mk = z(4 * e_n)?;
-    d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
-    let block_r = |name: &'static str, i: usize, tpp: u64, rl: u64| {
+    let (c, x0) = MoeCase::new(d, rng, reps, stacks)?;
+    moe_bits(&c, &x0)?;
+    moe_timings(&c, &x0, rows)?;
+    for vname in ["moe_decode_fused", "moe_decode_fused_tc"] {
+        moe_phases(&c, vname)?;
+    }
+    c.free();
+    Ok(())
+}
+
+/// [`moe_layer`]'s inputs at the XS-2.1 shape (H 2048, I 512, 256 experts, top-8 + the shared
+/// expert): the device buffers, and the two ways it runs a layer's MoE half.
+#[derive(Clone, Copy)]
+struct MoeCase<'a> {
+    d: &'a Dev,
+    h: usize,
+    im: usize,
+    e_n: usize,
+    k: usize,
+    kk: usize,
+    eps: f32,
+    scale: f32,
+    nb: u32,
+    reps: usize,
+    rw: u64,
+    rw_bytes: usize,
+    bias: u64,
+    post_w: u64,
+    next_w: u64,
+    x: u64,
+    hn: u64,
+    hn2: u64,
+    rlog: u64,
+    ids: u64,
+    wts: u64,
+    act: u64,
+    out: u64,
+    ge: u64,
+    gs: u64,
+    gc: u64,
+    perm: u64,
+    meta: u64,
+    gbar: u64,
+    tp: u64,
+    smem: u32,
+    stag: i32,
+    rlog_mk: u64,
+    xf: u64,
+    gate: DevStack,
+    up: DevStack,
+    down: DevStack,
+}
+
+impl<'a> MoeCase<'a> {
+    /// Random router matrices (one a launch), bias and norm weights, a residual row `x0`, and
+    /// zeroed work buffers.
+    fn new(
+        d: &'a Dev,
+        rng: &mut Rng,
+        reps: usize,
+        (gate, up, down): (DevStack, DevStack, DevStack),
+    ) -> Result<(MoeCase<'a>, Vec<u8>)> {
+        let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
+        let (eps, scale) = (1e-6f32, 2.5f32);
+        let nb = (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32;
+        let buf = |bytes: &[u8]| -> Result<u64> {
+            let p = d.alloc(bytes.len()).map_err(e)?;
+            d.htod(p, bytes).map_err(e)?;
+            Ok(p)
+        };
+        // Router matrices (BF16 in [-0.05, 0.05)), one a launch; bias small; norms' weights ~1.
+        let rw_bytes = e_n * h * 2;
+        let rw_all = rand_bf16_small(rng, reps * e_n * h);
+        let rw = buf(&rw_all)?;
+        let bias = buf(&rand_f32_in(rng, e_n, -0.01, 0.02))?;
+        let post_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+        let next_w = buf(&rand_f32_in(rng, h, 0.5, 1.0))?;
+        let x0 = rand_f32_in(rng, h, -1.0, 2.0);
+        let x = buf(&x0)?;
+        let z = |n: usize| -> Result<u64> {
+            let p = d.alloc(n.max(4)).map_err(e)?;
+            d.memset_d32(p, 0, n.max(4) / 4).map_err(e)?;
+            Ok(p)
+        };
+        let (hn, hn2, rlog) = (z(4 * h)?, z(4 * h)?, z(4 * e_n)?);
+        let (ids, wts, act, out) = (z(4 * 32)?, z(4 * 32)?, z(4 * kk * im)?, z(4 * kk * h)?);
+        let (ge, gs, gc, perm, meta) = (z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(4 * 32)?, z(16)?);
+        let gbar = z(16)?;
+        let tp = z(8 * 16 * reps)?;
+        let smem = (4 * (h + kk * im)) as u32;
+        // moe_decode_fused's gate/up issue stagger (ns a warp index): off here (the engine derives
+        // its own from the memory bandwidth, `mk_stagger`).
+        let stag: i32 = 0;
+        // The fused launches' own logits buffer: unset (all bits 1) before each launch, as each leaves it.
+        let rlog_mk = z(4 * e_n)?;
+        d.memset_d32(rlog_mk, 0xFFFF_FFFF, e_n).map_err(e)?;
+        // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
+        // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
+        let xf = z(4 * h)?;
+        let c = MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            kk,
+            eps,
+            scale,
+            nb,
+            reps,
+            rw,
+            rw_bytes,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            gbar,
+            tp,
+            smem,
+            stag,
+            rlog_mk,
+            xf,
+            gate,
+            up,
+            down,
+        };
+        Ok((c, x0))
+    }
+
+    /// Launch `i`'s router matrix.
+    fn rwi(&self, i: usize) -> u64 {
+        self.rw + ((i % self.reps) * self.rw_bytes) as u64
+    }
+
+    /// `moe_decode_fused[_tc]` (`name`) on launch `i`'s router, phase stamps to `tpp` (0: none),
+    /// logits in `rl`.
+    fn block_r(&self, name: &'static str, i: usize, tpp: u64, rl: u64) -> Result<()> {
+        let MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            eps,
+            scale,
+            nb,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn2,
+            ids,
+            wts,
+            act,
+            out,
+            gbar,
+            smem,
+            stag,
+            gate,
+            up,
+            down,
+            ..
+        } = *self;
         d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
             b.u64(x)
                 .u64(post_w)
                 .f32(eps)
                 .i32(nb as i32)
-                .u64(rwi(i))
+                .u64(self.rwi(i))
                 .u64(rl)
                 .u64(bias)
                 .i32(e_n as i32)
@@ -1221,11 +1688,43 @@ fn moe_layer(
                 .i32(stag);
         })
         .map_err(e)
-    };
-    // (tc: the multi-row tensor-core form, moe_tc: the row's B fragments, then
-    // moe_gate_up_fp4_tc / moe_down_fp4_tc instead of moe_*_fp4_sp.)
-    let xf = z(4 * h)?;
-    let seven = |i: usize, tc: bool| -> Result<()> {
+    }
+
+    /// The seven launches a fused launch replaces (tc: the multi-row tensor-core expert
+    /// launches instead of the warp ones), on launch `i`'s router.
+    fn seven(&self, i: usize, tc: bool) -> Result<()> {
+        let MoeCase {
+            d,
+            h,
+            im,
+            e_n,
+            k,
+            kk,
+            eps,
+            scale,
+            nb,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            xf,
+            gate,
+            up,
+            down,
+            ..
+        } = *self;
         let norm = |w: u64, y: u64| {
             d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
                 b.u64(x).u64(0).u64(w).u64(y).i32(h as i32).f32(eps);
@@ -1240,7 +1739,7 @@ fn moe_layer(
             (256, 1, 1),
             (h * 4) as u32,
             |b| {
-                b.u64(rwi(i))
+                b.u64(self.rwi(i))
                     .u64(0)
                     .f32(1.0)
                     .u64(hn)
@@ -1362,7 +1861,60 @@ fn moe_layer(
         )
         .map_err(e)?;
         norm(next_w, hn2)
-    };
+    }
+
+    fn free(&self) {
+        let MoeCase {
+            d,
+            rw,
+            bias,
+            post_w,
+            next_w,
+            x,
+            hn,
+            hn2,
+            rlog,
+            ids,
+            wts,
+            act,
+            out,
+            ge,
+            gs,
+            gc,
+            perm,
+            meta,
+            gbar,
+            tp,
+            xf,
+            ..
+        } = *self;
+        for p in [
+            rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
+            gbar, tp, xf,
+        ] {
+            d.free(p);
+        }
+    }
+}
+
+/// Same inputs, same bits: the seven launches, moe_decode_fused, moe_decode_fused_tc and the
+/// multi-row tensor-core launches on four router matrices from the same residual row `x0`.
+fn moe_bits(c: &MoeCase, x0: &[u8]) -> Result<()> {
+    let MoeCase {
+        d,
+        h,
+        im,
+        e_n,
+        kk,
+        x,
+        hn2,
+        ids,
+        wts,
+        act,
+        out,
+        rlog_mk,
+        ..
+    } = *c;
     // Same inputs, same bits: four router matrices, each from the same residual row.
     let ints = |p: u64, n: usize| -> Result<Vec<i32>> {
         let mut b = vec![0u8; 4 * n];
@@ -1383,12 +1935,12 @@ fn moe_layer(
         let mut got: Vec<(Vec<u32>, Vec<u32>, Vec<i32>, Vec<u32>)> = vec![Default::default(); 8];
         let (mut acts, mut outs) = (vec![], vec![]);
         for variant in [0usize, 5, 6, 7] {
-            d.htod(x, &x0).map_err(e)?;
+            d.htod(x, x0).map_err(e)?;
             match variant {
-                0 => seven(i, false)?,
-                7 => seven(i, true)?,
-                5 => block_r("moe_decode_fused", i, 0, rlog_mk)?,
-                _ => block_r(tc_name, i, 0, rlog_mk)?,
+                0 => c.seven(i, false)?,
+                7 => c.seven(i, true)?,
+                5 => c.block_r("moe_decode_fused", i, 0, rlog_mk)?,
+                _ => c.block_r(tc_name, i, 0, rlog_mk)?,
             }
             d.sync().map_err(e)?;
             if variant == 0 || variant == 6 {
@@ -1485,87 +2037,108 @@ fn moe_layer(
         if differ.iter().any(|d| d.starts_with("moe_decode_fused_tc")) { "DIFFERS" } else { "the same bits" },
         if differ.iter().any(|d| d.starts_with("moe_*_fp4_tc")) { "NO" } else { "yes" }
     );
-    d.htod(x, &x0).map_err(e)?;
+    Ok(())
+}
+
+/// The timing rows of [`moe_layer`]: the seven launches and each fused form.
+fn moe_timings(c: &MoeCase, x0: &[u8], rows: &mut Vec<(String, f64, f64)>) -> Result<()> {
+    let MoeCase {
+        d,
+        h,
+        im,
+        kk,
+        reps,
+        rw_bytes,
+        x,
+        rlog_mk,
+        ..
+    } = *c;
+    d.htod(x, x0).map_err(e)?;
     // Bytes a layer reads: router + 9 experts' gate, up, down (codes + scales).
     let bytes = (rw_bytes + kk * 3 * im * h * 9 / 16) as f64;
-    let t7 = time_graph(d, reps, &|i| seven(i, false))?;
+    let t7 = time_graph(d, reps, &|i| c.seven(i, false))?;
     rows.push((
         "moe layer, 1 row: seven launches".into(),
         t7,
         bytes / t7 / 1e6,
     ));
     for name in ["moe_decode_fused", "moe_decode_fused_tc"] {
-        let t = time_graph(d, reps, &|i| block_r(name, i, 0, rlog_mk))?;
+        let t = time_graph(d, reps, &|i| c.block_r(name, i, 0, rlog_mk))?;
         rows.push((format!("moe layer, 1 row: {name}"), t, bytes / t / 1e6));
     }
-    for vname in ["moe_decode_fused", "moe_decode_fused_tc"] {
-        // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
-        // up, then once more from fresh stamps.
-        let mut init = vec![0u8; 8 * 16 * reps];
-        for i in 0..reps {
-            init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
-        }
-        d.begin_capture().map_err(e)?;
-        for i in 0..reps {
-            let t = tp + (128 * i) as u64;
-            block_r(vname, i, t, rlog_mk)?;
-        }
-        let g = d.end_capture().map_err(e)?;
-        g.launch().map_err(e)?;
-        d.sync().map_err(e)?;
-        d.htod(tp, &init).map_err(e)?;
-        let a = d.event().map_err(e)?;
-        g.launch().map_err(e)?;
-        let b = d.event().map_err(e)?;
-        b.sync().map_err(e)?;
-        let tt = a.ms_to(&b) * 1e3 / reps as f64;
-        let mut raw = vec![0u8; 8 * 16 * reps];
-        d.dtoh(&mut raw, tp).map_err(e)?;
-        let t: Vec<u64> = raw
-            .chunks(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
-            .collect();
-        // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
-        // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
-        // grid barrier there).
-        let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
-        let names = [
-            "norm + router GEMV",
-            "barrier 1",
-            "top-k",
-            "gate/up",
-            "barrier 2",
-            "down",
-            "barrier 3",
-            "combine",
-            "barrier 4",
-            "next norm",
-        ];
-        let mut sum = [0f64; 10];
-        let mut gap = 0f64;
-        for i in 0..reps {
-            let s = &t[16 * i..16 * i + 16];
-            for j in 0..10 {
-                sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
-            }
-            if i > 0 {
-                gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
-            }
-        }
-        println!("{vname} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
-        for (j, n) in names.iter().enumerate() {
-            println!("  {n}: {:.2}", sum[j] / reps as f64);
-        }
-        println!(
-            "  launch gap (last block end -> next launch's first start): {:.2}",
-            gap / (reps - 1) as f64
-        );
+    Ok(())
+}
+
+/// `vname`'s phases: one graph of `reps` launches, launch i stamping tp[16 i ..], printed as
+/// the mean time of each phase and the gap between launches.
+fn moe_phases(c: &MoeCase, vname: &'static str) -> Result<()> {
+    let MoeCase {
+        d,
+        reps,
+        tp,
+        rlog_mk,
+        ..
+    } = *c;
+    // Phase stamps: one graph of reps launches, launch i stamping tp[16 i ..]; run once to warm
+    // up, then once more from fresh stamps.
+    let mut init = vec![0u8; 8 * 16 * reps];
+    for i in 0..reps {
+        init[128 * i..128 * i + 8].copy_from_slice(&u64::MAX.to_le_bytes());
     }
-    for p in [
-        rw, bias, post_w, next_w, x, hn, hn2, rlog, ids, wts, act, out, ge, gs, gc, perm, meta,
-        gbar, tp, xf,
-    ] {
-        d.free(p);
+    d.begin_capture().map_err(e)?;
+    for i in 0..reps {
+        let t = tp + (128 * i) as u64;
+        c.block_r(vname, i, t, rlog_mk)?;
     }
+    let g = d.end_capture().map_err(e)?;
+    g.launch().map_err(e)?;
+    d.sync().map_err(e)?;
+    d.htod(tp, &init).map_err(e)?;
+    let a = d.event().map_err(e)?;
+    g.launch().map_err(e)?;
+    let b = d.event().map_err(e)?;
+    b.sync().map_err(e)?;
+    let tt = a.ms_to(&b) * 1e3 / reps as f64;
+    let mut raw = vec![0u8; 8 * 16 * reps];
+    d.dtoh(&mut raw, tp).map_err(e)?;
+    let t: Vec<u64> = raw
+        .chunks(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
+    // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
+    // grid barrier there).
+    let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];
+    let names = [
+        "norm + router GEMV",
+        "barrier 1",
+        "top-k",
+        "gate/up",
+        "barrier 2",
+        "down",
+        "barrier 3",
+        "combine",
+        "barrier 4",
+        "next norm",
+    ];
+    let mut sum = [0f64; 10];
+    let mut gap = 0f64;
+    for i in 0..reps {
+        let s = &t[16 * i..16 * i + 16];
+        for j in 0..10 {
+            sum[j] += s[order[j + 1]].saturating_sub(s[order[j]]) as f64 / 1e3;
+        }
+        if i > 0 {
+            gap += s[0].saturating_sub(t[16 * (i - 1) + 9]) as f64 / 1e3;
+        }
+    }
+    println!("{vname} phases (us, mean of {reps} launches in a graph at {tt:.2} us a launch; globaltimer):");
+    for (j, n) in names.iter().enumerate() {
+        println!("  {n}: {:.2}", sum[j] / reps as f64);
+    }
+    println!(
+        "  launch gap (last block end -> next launch's first start): {:.2}",
+        gap / (reps - 1) as f64
+    );
     Ok(())
 }

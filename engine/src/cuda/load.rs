@@ -300,9 +300,6 @@ impl CudaModel {
         t0: std::time::Instant,
     ) -> Result<CudaModel> {
         let h = cfg.hidden_size;
-        let hd = cfg.head_dim;
-        let nkv = cfg.num_kv_heads;
-        let kvw = nkv * hd;
         check_shapes(&cfg)?;
         if !opts.page_size.max(1).is_power_of_two() {
             return Err(EngineError::Other(format!(
@@ -310,23 +307,10 @@ impl CudaModel {
                 opts.page_size
             )));
         }
-        let pb = if opts.progress {
-            let pb = indicatif::ProgressBar::new(store.data_bytes());
-            pb.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
-                )
-                .unwrap()
-                .progress_chars("=> "),
-            );
-            Some(pb)
-        } else {
-            None
-        };
         let mut ld = Loader {
             dev: &dev,
             store,
-            pb,
+            pb: progress_bar(store, opts.progress),
             bytes: 0,
             drop_pages: dev.integrated(),
         };
@@ -335,169 +319,9 @@ impl CudaModel {
         let embed = ld.upload(&eb)?;
         drop(eb);
         let mut decode_bytes = 0usize;
-        let lin_bytes = |l: &Lin| {
-            if l.fp4 {
-                l.n * l.k / 2 + l.n * l.k / 16
-            } else {
-                l.n * l.k * 2
-            }
-        };
         let mut layers = Vec::with_capacity(cfg.num_layers);
-        for (i, spec) in cfg.layers.iter().enumerate() {
-            let p = layer_prefix(i);
-            let kvs = kv_scale_pair(store, &p)?;
-            let nh = spec.num_heads;
-            let qw = nh * hd;
-            let gw = cfg.gate_width(i);
-            let mut parts = vec![
-                (format!("{p}.self_attn.q_proj"), qw),
-                (format!("{p}.self_attn.k_proj"), kvw),
-                (format!("{p}.self_attn.v_proj"), kvw),
-            ];
-            if gw > 0 {
-                parts.push((format!("{p}.self_attn.g_proj"), gw));
-            }
-            let qkvg = ld.lin_cat(&parts, h)?;
-            let dummy = |n: usize| Lin {
-                fp4: false,
-                w: 0,
-                s: 0,
-                inv_gs: 1.0,
-                n,
-                k: h,
-                t: 0,
-            };
-            let (q, k, v, g) = if let Some(f) = &qkvg {
-                decode_bytes += lin_bytes(f);
-                (
-                    dummy(qw),
-                    dummy(kvw),
-                    dummy(kvw),
-                    if gw > 0 { Some(dummy(gw)) } else { None },
-                )
-            } else {
-                let q = ld.lin(&format!("{p}.self_attn.q_proj"), qw, h)?;
-                let k = ld.lin(&format!("{p}.self_attn.k_proj"), kvw, h)?;
-                let v = ld.lin(&format!("{p}.self_attn.v_proj"), kvw, h)?;
-                let g = if gw > 0 {
-                    Some(ld.lin(&format!("{p}.self_attn.g_proj"), gw, h)?)
-                } else {
-                    None
-                };
-                for l in [&q, &k, &v].into_iter().chain(g.iter()) {
-                    decode_bytes += lin_bytes(l);
-                }
-                (q, k, v, g)
-            };
-            let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
-            decode_bytes += lin_bytes(&o);
-            let mlp = match spec.mlp {
-                MlpKind::Dense => {
-                    let mlp = ld.dense_mlp(&p, cfg.intermediate_size, h)?;
-                    if let MlpW::Dense { gate, up, down, .. } = &mlp {
-                        decode_bytes += lin_bytes(gate) + lin_bytes(up) + lin_bytes(down);
-                    }
-                    mlp
-                }
-                MlpKind::Sparse => {
-                    let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
-                    let bias = ld.vec_f32(
-                        &format!("{p}.mlp.experts.e_score_correction_bias"),
-                        cfg.num_experts,
-                    )?;
-                    let im = cfg.moe_intermediate_size;
-                    let ep = format!("{p}.mlp.experts");
-                    let sp = format!("{p}.mlp.shared_expert");
-                    // The shared expert rides along as expert E (one fixed extra slot per row) when
-                    // it has the routed experts' shape and storage: 4 fewer launches per layer.
-                    let is_fp4 = |name: String, o: usize, i: usize| -> Result<bool> {
-                        Ok(matches!(
-                            store.linear(&name, o, i)?,
-                            LinearSource::Nvfp4 { .. }
-                        ))
-                    };
-                    let folded = cfg.shared_expert_intermediate_size == im
-                        && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
-                            == is_fp4(format!("{sp}.gate_proj"), im, h)?
-                        && is_fp4(format!("{ep}.0.up_proj"), im, h)?
-                            == is_fp4(format!("{sp}.up_proj"), im, h)?
-                        && is_fp4(format!("{ep}.0.down_proj"), h, im)?
-                            == is_fp4(format!("{sp}.down_proj"), h, im)?;
-                    let mut prefixes: Vec<String> =
-                        (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
-                    if folded {
-                        prefixes.push(sp.clone());
-                    }
-                    let gate = ld.stack(&prefixes, "gate_proj", im, h)?;
-                    let up = ld.stack(&prefixes, "up_proj", im, h)?;
-                    let down = ld.stack(&prefixes, "down_proj", h, im)?;
-                    let per = |fp4: bool, n: usize, k: usize| {
-                        if fp4 {
-                            n * k / 2 + n * k / 16
-                        } else {
-                            n * k * 2
-                        }
-                    };
-                    decode_bytes += lin_bytes(&router)
-                        + (cfg.top_k + folded as usize)
-                            * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
-                    let shared = if folded {
-                        None
-                    } else if cfg.shared_expert_intermediate_size > 0 {
-                        let si = cfg.shared_expert_intermediate_size;
-                        let sp = format!("{p}.mlp.shared_expert");
-                        let a = ld.lin(&format!("{sp}.gate_proj"), si, h)?;
-                        let b = ld.lin(&format!("{sp}.up_proj"), si, h)?;
-                        let c = ld.lin(&format!("{sp}.down_proj"), h, si)?;
-                        decode_bytes += lin_bytes(&a) + lin_bytes(&b) + lin_bytes(&c);
-                        Some((a, b, c))
-                    } else {
-                        None
-                    };
-                    MlpW::Moe {
-                        router,
-                        bias,
-                        experts: Experts { gate, up, down },
-                        shared,
-                        folded,
-                    }
-                }
-            };
-            let inv_freq = spec.rope.inv_freq();
-            let half = inv_freq.len();
-            let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let window = match (spec.attn, cfg.sliding_window) {
-                (AttnKind::Sliding, Some(w)) => w,
-                _ => 0,
-            };
-            layers.push(LayerW {
-                input_norm: ld.vec_f32(&format!("{p}.input_layernorm.weight"), h)?,
-                post_norm: ld.vec_f32(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                q,
-                k,
-                v,
-                o,
-                g,
-                qkvg,
-                q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
-                k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
-                sink: if spec.sinks {
-                    ld.vec_f32(&format!("{p}.self_attn.sink"), nh)?
-                } else {
-                    0
-                },
-                inv_freq: ld.upload(&ifb)?,
-                half,
-                attn_factor: spec.rope.attention_factor as f32,
-                window,
-                nh,
-                mlp,
-                kc: 0,
-                vc: 0,
-                ring: false,
-                kscale: kvs.0,
-                vscale: kvs.1,
-            });
+        for i in 0..cfg.layers.len() {
+            layers.push(load_layer(&mut ld, &cfg, i, &mut decode_bytes)?);
         }
         let final_norm = ld.vec_f32("model.norm.weight", h)?;
         let lm_head = if cfg.tie_word_embeddings {
@@ -551,33 +375,8 @@ impl CudaModel {
             min_in,
         } = parts;
         let nsplit = NSPLIT;
-        let h = cfg.hidden_size;
-        let hd = cfg.head_dim;
-        let nkv = cfg.num_kv_heads;
-        let kvw = nkv * hd;
-        // Scratch.
-        let r = opts.max_rows.max(1);
-        let max_qw = cfg
-            .layers
-            .iter()
-            .map(|l| l.num_heads * hd)
-            .max()
-            .unwrap_or(0);
-        let max_gw = (0..cfg.num_layers)
-            .map(|i| cfg.gate_width(i))
-            .max()
-            .unwrap_or(0)
-            .max(1);
-        let inter = cfg
-            .intermediate_size
-            .max(cfg.shared_expert_intermediate_size)
-            .max(16);
-        let e = cfg.num_experts.max(1);
-        let kk = cfg.top_k.max(1) + 1;
-        let im = cfg.moe_intermediate_size.max(16);
-        let f = 4usize;
-        let lrows = r.min(256);
-        let bt_seqs = r.min(64);
+        let kvw = cfg.num_kv_heads * cfg.head_dim;
+        let dims = ScratchDims::of(&cfg, &opts, min_in);
         let page_size = opts.page_size.max(1);
         let max_pages_pos = ceil_div(cfg.max_position_embeddings.max(1), page_size);
         // K/V: rings for the sliding-window layers (window + spec_k slots per sequence, max_seqs
@@ -592,74 +391,10 @@ impl CudaModel {
         }
         // Before the K/V pool is sized: the tiled weight copies take device memory.
         let mut lm_head = lm_head;
-        {
-            // Tile-interleaved copies of the BF16 Linears the tensor-core GEMV reads (the
-            // row-major matrices stay for the prefill GEMMs). A copy that does not fit is skipped
-            // (that Linear's GEMV reads the row-major matrix: the same results, a little slower).
-            let short = std::cell::Cell::new(0usize);
-            let tile = |l: &mut Lin| -> Result<()> {
-                if l.fp4 || l.w == 0 || l.k % 32 != 0 || l.t != 0 {
-                    return Ok(());
-                }
-                let rg = l.n.div_ceil(16);
-                let bytes = rg * 16 * l.k * 2;
-                let Ok(t) = dev.alloc(bytes) else {
-                    short.set(short.get() + bytes);
-                    return Ok(());
-                };
-                super::launch::linear::tile_bf16(&dev, &mut None, l.w, t, l.n, l.k)
-                    .map_err(cerr)?;
-                l.t = t;
-                Ok(())
-            };
-            for l in layers.iter_mut() {
-                if let Some(f) = l.qkvg.as_mut() {
-                    tile(f)?;
-                } else {
-                    tile(&mut l.q)?;
-                    tile(&mut l.k)?;
-                    tile(&mut l.v)?;
-                    if let Some(g) = l.g.as_mut() {
-                        tile(g)?;
-                    }
-                }
-                tile(&mut l.o)?;
-                if let MlpW::Dense { gate, up, down, gu } = &mut l.mlp {
-                    match gu {
-                        // One copy of the stacked matrix: with n % 16 == 0 its row groups are
-                        // gate's then up's, so the halves' copies are views of it (the same
-                        // bytes tile_bf16 writes for each alone).
-                        Some(f) => {
-                            tile(f)?;
-                            if f.t != 0 {
-                                gate.t = f.t;
-                                up.t = f.t + (gate.n * gate.k * 2) as u64;
-                            }
-                        }
-                        None => {
-                            tile(gate)?;
-                            tile(up)?;
-                        }
-                    }
-                    tile(down)?;
-                }
-            }
-            tile(&mut lm_head)?;
-            dev.sync().map_err(cerr)?;
-            if short.get() > 0 {
-                tracing::warn!(
-                    "{} MB of tile-interleaved GEMV weight copies did not fit in device memory; \
-                     those Linears decode from the row-major weights (same results, slower)",
-                    short.get() >> 20
-                );
-            }
-        }
+        tile_copies(&dev, &mut layers, &mut lm_head)?;
         let max_seqs = opts.max_seqs.max(1);
         let (free, _total) = dev.mem_info().map_err(cerr)?;
-        let scratch_est =
-            f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
-                + lrows * (h + cfg.vocab_size) * 4
-                + DECODE_ROWS * cfg.vocab_size * 8;
+        let scratch_est = dims.estimate(&cfg);
         let windows: Vec<usize> = layers.iter().map(|l| l.window).collect();
         let pool = match opts.kv_pool_bytes {
             Some(b) => b,
@@ -690,6 +425,469 @@ impl CudaModel {
         let (ring, ring_window, full_layers, num_pages) =
             (lay.ring, lay.window, lay.full_layers, lay.pages);
         let max_pages = max_pages_pos.min(num_pages).max(1);
+        let sc = dims.alloc(&dev, &cfg, max_pages, ring, elt, nsplit)?;
+        let page_elems = num_pages * page_size * kvw;
+        let ring_elems = max_seqs * ring * kvw;
+        alloc_kv(&dev, &mut layers, num_pages, page_elems, ring_elems, full_layers, elt)?;
+        dev.sync().map_err(cerr)?;
+        let free_pages = (0..num_pages as u32).rev().collect();
+        let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
+        let mk_stag = mk_stagger(&cfg, &dev, mk_grid);
+        Ok(CudaModel {
+            cfg,
+            dev,
+            arch,
+            embed,
+            final_norm,
+            lm_head,
+            layers,
+            sc,
+            page_size,
+            num_pages,
+            max_pages,
+            free_pages,
+            ring,
+            ring_window,
+            free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
+                .rev()
+                .collect(),
+            full_layers,
+            kv_elt: elt,
+            seqs: HashMap::new(),
+            next_id: 1,
+            taps: vec![],
+            opts,
+            weight_bytes,
+            decode_weight_bytes: decode_bytes,
+            load_secs: t0.elapsed().as_secs_f64(),
+            graph: None,
+            graph_tc: 0,
+            graph_failed: false,
+            step_graphs: HashMap::new(),
+            pending: std::collections::VecDeque::new(),
+            fed: std::cell::RefCell::new(None),
+            adv_steps: 0,
+            fprof: None,
+            noncausal: false,
+            taps_on_device: false,
+            taps_dev: 0,
+            use_cublas: true,
+            nsplit,
+            nsplit_tc: nsplit_tc(nsplit),
+            tc_cap: std::cell::Cell::new(nsplit_tc(nsplit)),
+            mk_grid,
+            mk_smem,
+            mk_stag,
+            xs_holds: std::cell::Cell::new((0, false)),
+            final_normed: std::cell::Cell::new(false),
+            prefix: Default::default(),
+        })
+    }
+}
+
+/// The load's progress bar (`opts.progress`), over the checkpoint's data bytes.
+fn progress_bar(store: &WeightStore, on: bool) -> Option<indicatif::ProgressBar> {
+    if !on {
+        return None;
+    }
+    let pb = indicatif::ProgressBar::new(store.data_bytes());
+    pb.set_style(
+        indicatif::ProgressStyle::with_template(
+            "loading weights to the GPU [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec}",
+        )
+        .unwrap()
+        .progress_chars("=> "),
+    );
+    Some(pb)
+}
+
+/// Bytes a decode step reads of a Linear's weights (and NVFP4 block scales).
+fn lin_bytes(l: &Lin) -> usize {
+    if l.fp4 {
+        l.n * l.k / 2 + l.n * l.k / 16
+    } else {
+        l.n * l.k * 2
+    }
+}
+
+/// Layer `i`'s weights onto the device: attention (q|k|v|g fused where they can be), o_proj,
+/// the dense MLP or MoE, norms, sinks and RoPE frequencies. Adds what a decode step reads of
+/// them to `decode_bytes`.
+fn load_layer(
+    ld: &mut Loader<'_>,
+    cfg: &LagunaConfig,
+    i: usize,
+    decode_bytes: &mut usize,
+) -> Result<LayerW> {
+    let spec = &cfg.layers[i];
+    let h = cfg.hidden_size;
+    let hd = cfg.head_dim;
+    let kvw = cfg.num_kv_heads * hd;
+    let p = layer_prefix(i);
+    let kvs = kv_scale_pair(ld.store, &p)?;
+    let nh = spec.num_heads;
+    let qw = nh * hd;
+    let gw = cfg.gate_width(i);
+    let mut parts = vec![
+        (format!("{p}.self_attn.q_proj"), qw),
+        (format!("{p}.self_attn.k_proj"), kvw),
+        (format!("{p}.self_attn.v_proj"), kvw),
+    ];
+    if gw > 0 {
+        parts.push((format!("{p}.self_attn.g_proj"), gw));
+    }
+    let qkvg = ld.lin_cat(&parts, h)?;
+    let dummy = |n: usize| Lin {
+        fp4: false,
+        w: 0,
+        s: 0,
+        inv_gs: 1.0,
+        n,
+        k: h,
+        t: 0,
+    };
+    let (q, k, v, g) = if let Some(f) = &qkvg {
+        *decode_bytes += lin_bytes(f);
+        (
+            dummy(qw),
+            dummy(kvw),
+            dummy(kvw),
+            if gw > 0 { Some(dummy(gw)) } else { None },
+        )
+    } else {
+        let q = ld.lin(&format!("{p}.self_attn.q_proj"), qw, h)?;
+        let k = ld.lin(&format!("{p}.self_attn.k_proj"), kvw, h)?;
+        let v = ld.lin(&format!("{p}.self_attn.v_proj"), kvw, h)?;
+        let g = if gw > 0 {
+            Some(ld.lin(&format!("{p}.self_attn.g_proj"), gw, h)?)
+        } else {
+            None
+        };
+        for l in [&q, &k, &v].into_iter().chain(g.iter()) {
+            *decode_bytes += lin_bytes(l);
+        }
+        (q, k, v, g)
+    };
+    let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
+    *decode_bytes += lin_bytes(&o);
+    let mlp = match spec.mlp {
+        MlpKind::Dense => {
+            let mlp = ld.dense_mlp(&p, cfg.intermediate_size, h)?;
+            if let MlpW::Dense { gate, up, down, .. } = &mlp {
+                *decode_bytes += lin_bytes(gate) + lin_bytes(up) + lin_bytes(down);
+            }
+            mlp
+        }
+        MlpKind::Sparse => load_moe(ld, cfg, &p, decode_bytes)?,
+    };
+    let inv_freq = spec.rope.inv_freq();
+    let half = inv_freq.len();
+    let ifb: Vec<u8> = inv_freq.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let window = match (spec.attn, cfg.sliding_window) {
+        (AttnKind::Sliding, Some(w)) => w,
+        _ => 0,
+    };
+    Ok(LayerW {
+        input_norm: ld.vec_f32(&format!("{p}.input_layernorm.weight"), h)?,
+        post_norm: ld.vec_f32(&format!("{p}.post_attention_layernorm.weight"), h)?,
+        q,
+        k,
+        v,
+        o,
+        g,
+        qkvg,
+        q_norm: ld.vec_f32(&format!("{p}.self_attn.q_norm.weight"), hd)?,
+        k_norm: ld.vec_f32(&format!("{p}.self_attn.k_norm.weight"), hd)?,
+        sink: if spec.sinks {
+            ld.vec_f32(&format!("{p}.self_attn.sink"), nh)?
+        } else {
+            0
+        },
+        inv_freq: ld.upload(&ifb)?,
+        half,
+        attn_factor: spec.rope.attention_factor as f32,
+        window,
+        nh,
+        mlp,
+        kc: 0,
+        vc: 0,
+        ring: false,
+        kscale: kvs.0,
+        vscale: kvs.1,
+    })
+}
+
+/// A MoE layer's weights (prefix `p`): router and correction bias, the routed experts stacked,
+/// and the shared expert, folded in as expert E when it has their shape and storage.
+fn load_moe(
+    ld: &mut Loader<'_>,
+    cfg: &LagunaConfig,
+    p: &str,
+    decode_bytes: &mut usize,
+) -> Result<MlpW> {
+    let store = ld.store;
+    let h = cfg.hidden_size;
+    let router = ld.lin(&format!("{p}.mlp.gate"), cfg.num_experts, h)?;
+    let bias = ld.vec_f32(
+        &format!("{p}.mlp.experts.e_score_correction_bias"),
+        cfg.num_experts,
+    )?;
+    let im = cfg.moe_intermediate_size;
+    let ep = format!("{p}.mlp.experts");
+    let sp = format!("{p}.mlp.shared_expert");
+    // The shared expert rides along as expert E (one fixed extra slot per row) when
+    // it has the routed experts' shape and storage: 4 fewer launches per layer.
+    let is_fp4 = |name: String, o: usize, i: usize| -> Result<bool> {
+        Ok(matches!(
+            store.linear(&name, o, i)?,
+            LinearSource::Nvfp4 { .. }
+        ))
+    };
+    let folded = cfg.shared_expert_intermediate_size == im
+        && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
+            == is_fp4(format!("{sp}.gate_proj"), im, h)?
+        && is_fp4(format!("{ep}.0.up_proj"), im, h)?
+            == is_fp4(format!("{sp}.up_proj"), im, h)?
+        && is_fp4(format!("{ep}.0.down_proj"), h, im)?
+            == is_fp4(format!("{sp}.down_proj"), h, im)?;
+    let mut prefixes: Vec<String> = (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
+    if folded {
+        prefixes.push(sp.clone());
+    }
+    let gate = ld.stack(&prefixes, "gate_proj", im, h)?;
+    let up = ld.stack(&prefixes, "up_proj", im, h)?;
+    let down = ld.stack(&prefixes, "down_proj", h, im)?;
+    let per = |fp4: bool, n: usize, k: usize| {
+        if fp4 {
+            n * k / 2 + n * k / 16
+        } else {
+            n * k * 2
+        }
+    };
+    *decode_bytes += lin_bytes(&router)
+        + (cfg.top_k + folded as usize)
+            * (per(gate.fp4, im, h) + per(up.fp4, im, h) + per(down.fp4, h, im));
+    let shared = if folded {
+        None
+    } else if cfg.shared_expert_intermediate_size > 0 {
+        let si = cfg.shared_expert_intermediate_size;
+        let sp = format!("{p}.mlp.shared_expert");
+        let a = ld.lin(&format!("{sp}.gate_proj"), si, h)?;
+        let b = ld.lin(&format!("{sp}.up_proj"), si, h)?;
+        let c = ld.lin(&format!("{sp}.down_proj"), h, si)?;
+        *decode_bytes += lin_bytes(&a) + lin_bytes(&b) + lin_bytes(&c);
+        Some((a, b, c))
+    } else {
+        None
+    };
+    Ok(MlpW::Moe {
+        router,
+        bias,
+        experts: Experts { gate, up, down },
+        shared,
+        folded,
+    })
+}
+
+/// Tile-interleaved copies of the BF16 Linears the tensor-core GEMV reads (the row-major
+/// matrices stay for the prefill GEMMs). A copy that does not fit is skipped (that Linear's GEMV
+/// reads the row-major matrix: the same results, a little slower).
+fn tile_copies(dev: &Dev, layers: &mut [LayerW], lm_head: &mut Lin) -> Result<()> {
+    let short = std::cell::Cell::new(0usize);
+    let tile = |l: &mut Lin| -> Result<()> {
+        if l.fp4 || l.w == 0 || l.k % 32 != 0 || l.t != 0 {
+            return Ok(());
+        }
+        let rg = l.n.div_ceil(16);
+        let bytes = rg * 16 * l.k * 2;
+        let Ok(t) = dev.alloc(bytes) else {
+            short.set(short.get() + bytes);
+            return Ok(());
+        };
+        super::launch::linear::tile_bf16(dev, &mut None, l.w, t, l.n, l.k).map_err(cerr)?;
+        l.t = t;
+        Ok(())
+    };
+    for l in layers.iter_mut() {
+        if let Some(f) = l.qkvg.as_mut() {
+            tile(f)?;
+        } else {
+            tile(&mut l.q)?;
+            tile(&mut l.k)?;
+            tile(&mut l.v)?;
+            if let Some(g) = l.g.as_mut() {
+                tile(g)?;
+            }
+        }
+        tile(&mut l.o)?;
+        if let MlpW::Dense { gate, up, down, gu } = &mut l.mlp {
+            match gu {
+                // One copy of the stacked matrix: with n % 16 == 0 its row groups are
+                // gate's then up's, so the halves' copies are views of it (the same
+                // bytes tile_bf16 writes for each alone).
+                Some(f) => {
+                    tile(f)?;
+                    if f.t != 0 {
+                        gate.t = f.t;
+                        up.t = f.t + (gate.n * gate.k * 2) as u64;
+                    }
+                }
+                None => {
+                    tile(gate)?;
+                    tile(up)?;
+                }
+            }
+            tile(down)?;
+        }
+    }
+    tile(lm_head)?;
+    dev.sync().map_err(cerr)?;
+    if short.get() > 0 {
+        tracing::warn!(
+            "{} MB of tile-interleaved GEMV weight copies did not fit in device memory; \
+             those Linears decode from the row-major weights (same results, slower)",
+            short.get() >> 20
+        );
+    }
+    Ok(())
+}
+
+/// The K and V caches of every layer: a ring per sequence for ring layers, the paged pool for
+/// the full-attention ones. Refuses a pool too large for the kernels' 31-bit offsets.
+fn alloc_kv(
+    dev: &Dev,
+    layers: &mut [LayerW],
+    num_pages: usize,
+    page_elems: usize,
+    ring_elems: usize,
+    full_layers: usize,
+    elt: usize,
+) -> Result<()> {
+    if page_elems.max(ring_elems) >= 1 << 31 {
+        return Err(EngineError::Other(format!(
+            "K/V pool of {num_pages} pages is too large for 31-bit offsets; give a smaller pool"
+        )));
+    }
+    for l in layers.iter_mut() {
+        let n = if l.ring {
+            ring_elems
+        } else if full_layers > 0 {
+            page_elems
+        } else {
+            0
+        };
+        l.kc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
+        l.vc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
+    }
+    Ok(())
+}
+
+/// The widths the scratch buffers are sized by, from the config and the options.
+#[derive(Clone, Copy)]
+struct ScratchDims {
+    /// Rows a pass holds (`max_rows`).
+    r: usize,
+    h: usize,
+    hd: usize,
+    kvw: usize,
+    max_qw: usize,
+    max_gw: usize,
+    inter: usize,
+    e: usize,
+    /// Experts a row touches: top-k and the folded shared expert.
+    kk: usize,
+    im: usize,
+    /// Bytes of an f32 element.
+    f: usize,
+    /// Rows of logits a pass returns.
+    lrows: usize,
+    /// Sequences a pass's block table holds.
+    bt_seqs: usize,
+    /// Widest GEMM input beyond the model's own (the draft's fc).
+    min_in: usize,
+}
+
+impl ScratchDims {
+    fn of(cfg: &LagunaConfig, opts: &CudaOptions, min_in: usize) -> ScratchDims {
+        let hd = cfg.head_dim;
+        let r = opts.max_rows.max(1);
+        ScratchDims {
+            r,
+            h: cfg.hidden_size,
+            hd,
+            kvw: cfg.num_kv_heads * hd,
+            max_qw: cfg
+                .layers
+                .iter()
+                .map(|l| l.num_heads * hd)
+                .max()
+                .unwrap_or(0),
+            max_gw: (0..cfg.num_layers)
+                .map(|i| cfg.gate_width(i))
+                .max()
+                .unwrap_or(0)
+                .max(1),
+            inter: cfg
+                .intermediate_size
+                .max(cfg.shared_expert_intermediate_size)
+                .max(16),
+            e: cfg.num_experts.max(1),
+            kk: cfg.top_k.max(1) + 1,
+            im: cfg.moe_intermediate_size.max(16),
+            f: 4usize,
+            lrows: r.min(256),
+            bt_seqs: r.min(64),
+            min_in,
+        }
+    }
+
+    /// The scratch's device bytes, roughly (what the default K/V pool leaves room for).
+    fn estimate(&self, cfg: &LagunaConfig) -> usize {
+        let ScratchDims {
+            r,
+            h,
+            kvw,
+            max_qw,
+            max_gw,
+            inter,
+            e,
+            kk,
+            im,
+            f,
+            lrows,
+            ..
+        } = *self;
+        f * r * (4 * h + 2 * max_qw + 2 * kvw + max_gw + 3 * inter + e + kk * (3 * im + h) + 8)
+            + lrows * (h + cfg.vocab_size) * 4
+            + DECODE_ROWS * cfg.vocab_size * 8
+    }
+
+    /// The scratch buffers, allocated and the ones kernels expect initialised set.
+    fn alloc(
+        &self,
+        dev: &Dev,
+        cfg: &LagunaConfig,
+        max_pages: usize,
+        ring: usize,
+        elt: usize,
+        nsplit: usize,
+    ) -> Result<Scratch> {
+        let ScratchDims {
+            r,
+            h,
+            hd,
+            kvw,
+            max_qw,
+            max_gw,
+            inter,
+            e,
+            kk,
+            im,
+            f,
+            lrows,
+            bt_seqs,
+            min_in,
+        } = *self;
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let sc = Scratch {
             rows: r,
@@ -759,77 +957,7 @@ impl CudaModel {
         dev.htod(sc.adv_ctr, &[0u8; 4]).map_err(cerr)?;
         dev.htod(sc.samp_g, &vec![0u8; 8 * SAMP_G_STRIDE * DECODE_ROWS])
             .map_err(cerr)?;
-        let page_elems = num_pages * page_size * kvw;
-        let ring_elems = max_seqs * ring * kvw;
-        if page_elems.max(ring_elems) >= 1 << 31 {
-            return Err(EngineError::Other(format!(
-                "K/V pool of {num_pages} pages is too large for 31-bit offsets; give a smaller pool"
-            )));
-        }
-        for l in layers.iter_mut() {
-            let n = if l.ring {
-                ring_elems
-            } else if full_layers > 0 {
-                page_elems
-            } else {
-                0
-            };
-            l.kc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
-            l.vc = dev.alloc((n * elt).max(16)).map_err(cerr)?;
-        }
-        dev.sync().map_err(cerr)?;
-        let free_pages = (0..num_pages as u32).rev().collect();
-        let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
-        let mk_stag = mk_stagger(&cfg, &dev, mk_grid);
-        Ok(CudaModel {
-            cfg,
-            dev,
-            arch,
-            embed,
-            final_norm,
-            lm_head,
-            layers,
-            sc,
-            page_size,
-            num_pages,
-            max_pages,
-            free_pages,
-            ring,
-            ring_window,
-            free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
-                .rev()
-                .collect(),
-            full_layers,
-            kv_elt: elt,
-            seqs: HashMap::new(),
-            next_id: 1,
-            taps: vec![],
-            opts,
-            weight_bytes,
-            decode_weight_bytes: decode_bytes,
-            load_secs: t0.elapsed().as_secs_f64(),
-            graph: None,
-            graph_tc: 0,
-            graph_failed: false,
-            step_graphs: HashMap::new(),
-            pending: std::collections::VecDeque::new(),
-            fed: std::cell::RefCell::new(None),
-            adv_steps: 0,
-            fprof: None,
-            noncausal: false,
-            taps_on_device: false,
-            taps_dev: 0,
-            use_cublas: true,
-            nsplit,
-            nsplit_tc: nsplit_tc(nsplit),
-            tc_cap: std::cell::Cell::new(nsplit_tc(nsplit)),
-            mk_grid,
-            mk_smem,
-            mk_stag,
-            xs_holds: std::cell::Cell::new((0, false)),
-            final_normed: std::cell::Cell::new(false),
-            prefix: Default::default(),
-        })
+        Ok(sc)
     }
 }
 

@@ -87,38 +87,7 @@ impl DraftConfig {
                 ));
             }
         }
-        // vLLM requires explicit, uniform layer types.
-        let layer_types: Vec<String> =
-            match map.get("layer_types") {
-                Some(Value::Array(a)) => a
-                    .iter()
-                    .map(|v| {
-                        v.as_str().map(str::to_string).ok_or_else(|| {
-                            err("layer_types", format!("expected strings, found {v}"))
-                        })
-                    })
-                    .collect::<Result<_>>()?,
-                Some(v) => {
-                    return Err(err(
-                        "layer_types",
-                        format!("expected a list of strings, found {v}"),
-                    ))
-                }
-                None => return Err(err(
-                    "layer_types",
-                    "a Laguna DFlash draft config requires `layer_types` (vLLM raises without it)",
-                )),
-            };
-        if let Some(first) = layer_types.first() {
-            if layer_types.iter().any(|t| t != first) {
-                return Err(err(
-                    "layer_types",
-                    format!(
-                        "a Laguna DFlash draft needs uniform layer types, found {layer_types:?}"
-                    ),
-                ));
-            }
-        }
+        check_layer_types(map)?;
         // vLLM's own LagunaConfig defaults rope_theta to 500000 (flat); transformers' default is a
         // nested per-layer-type rope. Pin the vLLM default before handing the map to the parser.
         let mut fixed = map.clone();
@@ -184,46 +153,7 @@ impl DraftConfig {
         let mask_token_id = get_usize("mask_token_id")?
             .ok_or_else(|| err("dflash_config.mask_token_id", "required"))?
             as u32;
-        let mut target_layer_ids: Vec<usize> = match dflash.get("target_layer_ids") {
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|v| {
-                    v.as_u64().map(|x| x as usize).ok_or_else(|| {
-                        err(
-                            "dflash_config.target_layer_ids",
-                            format!("expected integers, found {v}"),
-                        )
-                    })
-                })
-                .collect::<Result<_>>()?,
-            Some(v) => {
-                return Err(err(
-                    "dflash_config.target_layer_ids",
-                    format!("expected a list of integers, found {v}"),
-                ))
-            }
-            None => {
-                return Err(err(
-                    "dflash_config.target_layer_ids",
-                    "required (0-based target layers to tap)",
-                ))
-            }
-        };
-        if target_layer_ids.is_empty() {
-            return Err(err(
-                "dflash_config.target_layer_ids",
-                "must not be empty (vLLM raises)",
-            ));
-        }
-        // vLLM collects aux hidden states as the target's forward reaches each layer, so the
-        // concatenation (and aux_hidden_norms.i) follows ascending layer order whatever the list order.
-        target_layer_ids.sort_unstable();
-        if target_layer_ids.windows(2).any(|w| w[0] == w[1]) {
-            return Err(err(
-                "dflash_config.target_layer_ids",
-                format!("lists a layer twice: {target_layer_ids:?}"),
-            ));
-        }
+        let target_layer_ids = target_layer_ids(dflash)?;
         let causal = match dflash.get("causal").filter(|v| !v.is_null()) {
             None => false,
             Some(Value::Bool(b)) => *b,
@@ -234,20 +164,7 @@ impl DraftConfig {
                 ))
             }
         };
-        let vocab_size = match map.get("draft_vocab_size").filter(|v| !v.is_null()) {
-            Some(v) => v.as_u64().ok_or_else(|| {
-                err(
-                    "draft_vocab_size",
-                    format!("expected a positive integer, found {v}"),
-                )
-            })? as usize,
-            None => {
-                return Err(err(
-                    "draft_vocab_size",
-                    "required: the draft shares the target lm_head (vLLM raises without it)",
-                ))
-            }
-        };
+        let vocab_size = draft_vocab_size(map)?;
         if vocab_size != base.vocab_size {
             return Err(err(
                 "draft_vocab_size",
@@ -348,6 +265,105 @@ impl DraftConfig {
             Gating::PerElement => self.num_heads[layer] * self.head_dim,
         }
     }
+}
+
+/// `layer_types`: required, and uniform (vLLM requires explicit, uniform layer types).
+fn check_layer_types(map: &serde_json::Map<String, Value>) -> Result<()> {
+    // vLLM requires explicit, uniform layer types.
+    let layer_types: Vec<String> = match map.get("layer_types") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| err("layer_types", format!("expected strings, found {v}")))
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => {
+            return Err(err(
+                "layer_types",
+                format!("expected a list of strings, found {v}"),
+            ))
+        }
+        None => {
+            return Err(err(
+                "layer_types",
+                "a Laguna DFlash draft config requires `layer_types` (vLLM raises without it)",
+            ))
+        }
+    };
+    if let Some(first) = layer_types.first() {
+        if layer_types.iter().any(|t| t != first) {
+            return Err(err(
+                "layer_types",
+                format!("a Laguna DFlash draft needs uniform layer types, found {layer_types:?}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `dflash_config.target_layer_ids`: required, non-empty, no layer twice; sorted ascending.
+fn target_layer_ids(dflash: &serde_json::Map<String, Value>) -> Result<Vec<usize>> {
+    let mut target_layer_ids: Vec<usize> = match dflash.get("target_layer_ids") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_u64().map(|x| x as usize).ok_or_else(|| {
+                    err(
+                        "dflash_config.target_layer_ids",
+                        format!("expected integers, found {v}"),
+                    )
+                })
+            })
+            .collect::<Result<_>>()?,
+        Some(v) => {
+            return Err(err(
+                "dflash_config.target_layer_ids",
+                format!("expected a list of integers, found {v}"),
+            ))
+        }
+        None => {
+            return Err(err(
+                "dflash_config.target_layer_ids",
+                "required (0-based target layers to tap)",
+            ))
+        }
+    };
+    if target_layer_ids.is_empty() {
+        return Err(err(
+            "dflash_config.target_layer_ids",
+            "must not be empty (vLLM raises)",
+        ));
+    }
+    // vLLM collects aux hidden states as the target's forward reaches each layer, so the
+    // concatenation (and aux_hidden_norms.i) follows ascending layer order whatever the list order.
+    target_layer_ids.sort_unstable();
+    if target_layer_ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err(err(
+            "dflash_config.target_layer_ids",
+            format!("lists a layer twice: {target_layer_ids:?}"),
+        ));
+    }
+    Ok(target_layer_ids)
+}
+
+/// `draft_vocab_size`: required (the draft shares the target's lm_head).
+fn draft_vocab_size(map: &serde_json::Map<String, Value>) -> Result<usize> {
+    Ok(match map.get("draft_vocab_size").filter(|v| !v.is_null()) {
+        Some(v) => v.as_u64().ok_or_else(|| {
+            err(
+                "draft_vocab_size",
+                format!("expected a positive integer, found {v}"),
+            )
+        })? as usize,
+        None => {
+            return Err(err(
+                "draft_vocab_size",
+                "required: the draft shares the target lm_head (vLLM raises without it)",
+            ))
+        }
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,341 @@
+//! Checks on the repository itself, run by `cargo test -p laguna-cli --test repo_checks`:
+//! docs/ARCHITECTURE.md names only paths and modules that exist and stays a map (at most ~250
+//! lines), and no function in `engine/src` or `cli/src` is longer than [`MAX_FN_LINES`] lines.
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn architecture() -> String {
+    std::fs::read_to_string(root().join("docs/ARCHITECTURE.md")).expect("docs/ARCHITECTURE.md")
+}
+
+/// The `backticked` spans of one line.
+fn backticked(line: &str) -> Vec<&str> {
+    line.split('`').skip(1).step_by(2).collect()
+}
+
+/// Every file and directory under the repository (without `target/` and hidden entries), as
+/// paths relative to the root with `/` separators; directories end in `/`.
+fn repo_entries() -> Vec<String> {
+    fn walk(dir: &Path, rel: &str, out: &mut Vec<String>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || (rel.is_empty() && name == "target") {
+                continue;
+            }
+            let path = format!("{rel}{name}");
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                out.push(format!("{path}/"));
+                walk(&e.path(), &format!("{path}/"), out);
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root(), "", &mut out);
+    out
+}
+
+/// `pattern` against `s`, where `*` matches any run of characters within one path component.
+fn glob(pattern: &str, s: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == s,
+        Some((head, tail)) => {
+            let Some(rest) = s.strip_prefix(head) else {
+                return false;
+            };
+            (0..=rest.len())
+                .filter(|&i| rest.is_char_boundary(i) && !rest[..i].contains('/'))
+                .any(|i| glob(tail, &rest[i..]))
+        }
+    }
+}
+
+/// A backticked span that names a file or directory of the repository: it contains a `/` or ends
+/// in a source or document extension, and is not a URL route (`/v1/...`), an environment path
+/// (`$XDG_...`), an elision (`.../x`) or a template (`<name>.rs`). A `::item` suffix is dropped.
+fn path_like(span: &str) -> Option<&str> {
+    let span = span.split("::").next().unwrap_or(span);
+    let exts = [
+        ".rs", ".cu", ".cuh", ".md", ".py", ".sh", ".toml", ".cpp", ".h", ".jinja",
+    ];
+    let pathy = span.contains('/') || exts.iter().any(|e| span.ends_with(e));
+    let bad = span.starts_with('/')
+        || span.contains(['$', '<', ' ', '(', '='])
+        || span.starts_with("...")
+        || span.starts_with("http");
+    (pathy && !bad).then_some(span)
+}
+
+#[test]
+fn architecture_paths_exist() {
+    let entries = repo_entries();
+    let mut missing = BTreeSet::new();
+    for (n, line) in architecture().lines().enumerate() {
+        // A code span must not break across lines (the spans are read line by line).
+        let ticks = line.matches('`').count();
+        assert!(
+            line.starts_with("```") || ticks % 2 == 0,
+            "docs/ARCHITECTURE.md line {}: a code span breaks across lines",
+            n + 1
+        );
+        for span in backticked(line) {
+            let Some(p) = path_like(span) else { continue };
+            // A path from the root must exist as written; a shorter one (`sched/engine.rs`,
+            // `launch/`, `bench_*.rs`) must be the tail of some path.
+            let found = entries.iter().any(|e| {
+                let e = if p.ends_with('/') {
+                    e.as_str()
+                } else {
+                    e.trim_end_matches('/')
+                };
+                glob(p, e) || tail_glob(p, e)
+            });
+            if !found {
+                missing.insert(p.to_string());
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/ARCHITECTURE.md names paths that do not exist: {missing:?}"
+    );
+}
+
+/// `p` matches the last components of `e` (`sched/engine.rs` in `engine/src/sched/engine.rs`).
+fn tail_glob(p: &str, e: &str) -> bool {
+    let depth = p.trim_end_matches('/').matches('/').count() + 1;
+    let comps: Vec<&str> = e.trim_end_matches('/').split('/').collect();
+    if comps.len() < depth {
+        return false;
+    }
+    let mut tail = comps[comps.len() - depth..].join("/");
+    if e.ends_with('/') {
+        tail.push('/');
+    }
+    glob(p, &tail)
+}
+
+/// The module directories the map's `### dir` sections describe, one bullet per module: each
+/// module there must exist, and each module that exists must have its bullet.
+const MAPPED_DIRS: [&str; 3] = ["engine/src", "engine/src/cuda", "stages/src"];
+
+/// The modules a section names: the backticked spans before the first `:` of each `- ` bullet.
+fn section_modules(doc: &str, heading: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut inside = false;
+    for line in doc.lines() {
+        if line.starts_with('#') {
+            inside = line.trim_start_matches('#').trim() == heading;
+            continue;
+        }
+        if inside && line.starts_with("- ") {
+            let head = line.split(": ").next().unwrap_or("");
+            for span in backticked(head) {
+                let name = span.trim_end_matches('/').trim_end_matches(".rs");
+                names.insert(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// `name` for `dir/name.rs` and `dir/name/`, without `lib.rs`, `main.rs` and tests-only files.
+fn modules_in(dir: &Path) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let module = if e.file_type().unwrap().is_dir() {
+            name
+        } else if let Some(stem) = name.strip_suffix(".rs") {
+            stem.to_string()
+        } else {
+            continue;
+        };
+        if !["lib", "main", "tests"].contains(&module.as_str()) && !module.ends_with("_tests") {
+            names.insert(module);
+        }
+    }
+    names
+}
+
+#[test]
+fn architecture_maps_every_module() {
+    let doc = architecture();
+    let mut problems = Vec::new();
+    for dir in MAPPED_DIRS {
+        let named = section_modules(&doc, dir);
+        assert!(
+            !named.is_empty(),
+            "docs/ARCHITECTURE.md has no `### {dir}` section with module bullets"
+        );
+        let present = modules_in(&root().join(dir));
+        for m in named.difference(&present) {
+            problems.push(format!(
+                "`### {dir}` names `{m}`, which is not a module there"
+            ));
+        }
+        for m in present.difference(&named) {
+            problems.push(format!("{dir}/{m} has no bullet under `### {dir}`"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "docs/ARCHITECTURE.md is out of date:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn architecture_is_a_map() {
+    let lines = architecture().lines().count();
+    assert!(
+        lines <= 250,
+        "docs/ARCHITECTURE.md has {lines} lines; move detail into docs/design/*.md"
+    );
+}
+
+/// The longest function body (signature to closing brace) allowed in `engine/src` and `cli/src`.
+const MAX_FN_LINES: usize = 200;
+
+/// `(path::name, lines)` of every `fn` in the `.rs` files under `dir` longer than `max` lines.
+fn long_functions(dir: &str, max: usize) -> Vec<(String, usize)> {
+    let mut files = Vec::new();
+    fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                collect(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    collect(&root().join(dir), &mut files);
+    files.sort();
+    let mut long = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        for (name, n) in long_in(&text, max) {
+            long.push((format!("{rel}::{name}"), n));
+        }
+    }
+    long
+}
+
+/// `(name, lines)` of every `fn` in `text` longer than `max` lines, signature to closing brace.
+/// Relies on rustfmt's layout: a body ends at the first later line that is a `}` at the
+/// indentation of its `fn` line; a body opened and closed on one line is one line.
+fn long_in(text: &str, max: usize) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut long = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        let Some(name) = fn_name(line) else { continue };
+        let indent = line.len() - line.trim_start().len();
+        // The signature ends at the first line ending in `{` (a body), `;` (a declaration) or
+        // `}` with its braces balanced (a one-line body).
+        let Some(open) = (i..lines.len()).find(|&j| {
+            let t = lines[j].trim_end();
+            t.ends_with('{') || t.ends_with(';') || (t.ends_with('}') && balanced(t))
+        }) else {
+            continue;
+        };
+        if !lines[open].trim_end().ends_with('{') {
+            continue;
+        }
+        let close = (open + 1..lines.len()).find(|&j| {
+            let l = lines[j];
+            l.len() - l.trim_start().len() == indent && l.trim_start().starts_with('}')
+        });
+        let n = close.map_or(lines.len(), |c| c + 1) - i;
+        if n > max {
+            long.push((name.to_string(), n));
+        }
+    }
+    long
+}
+
+/// A line that opens and closes as many braces as it opens, at least one.
+fn balanced(line: &str) -> bool {
+    let opens = line.matches('{').count();
+    opens > 0 && opens == line.matches('}').count()
+}
+
+/// The name of the function a line declares (`pub(crate) async fn name<...>(`), if it does.
+fn fn_name(line: &str) -> Option<&str> {
+    let t = line.trim_start();
+    if t.starts_with("//") {
+        return None;
+    }
+    let mut rest = t;
+    loop {
+        let word_end = rest.find([' ', '(']).unwrap_or(rest.len());
+        let word = &rest[..word_end];
+        if word == "fn" {
+            let name = rest[2..].trim_start();
+            let end = name
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(name.len());
+            return (end > 0).then(|| &name[..end]);
+        }
+        let qualifier = [
+            "pub", "const", "async", "unsafe", "extern", "\"C\"", "default",
+        ]
+        .contains(&word)
+            || word.starts_with("pub(");
+        if !qualifier {
+            return None;
+        }
+        // `pub(crate)` and friends: skip the parenthesised part with the word.
+        let skip = if word == "pub" && rest[word_end..].starts_with('(') {
+            rest.find(')').map_or(rest.len(), |p| p + 1)
+        } else {
+            word_end
+        };
+        rest = rest[skip..].trim_start();
+    }
+}
+
+#[test]
+fn no_long_functions() {
+    let mut long = long_functions("engine/src", MAX_FN_LINES);
+    long.extend(long_functions("cli/src", MAX_FN_LINES));
+    let over: Vec<String> = long
+        .iter()
+        .map(|(n, l)| format!("{n}: {l} lines"))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them by concern):\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn long_function_scanner_finds_what_it_should() {
+    assert_eq!(
+        fn_name("    pub(crate) async fn run_layers<'a>("),
+        Some("run_layers")
+    );
+    assert_eq!(fn_name("pub unsafe extern \"C\" fn f() {"), Some("f"));
+    assert_eq!(fn_name("    let fnord = 1;"), None);
+    assert_eq!(fn_name("// fn commented()"), None);
+    assert!(glob("bench_*.rs", "bench_gb10.rs") && !glob("bench_*.rs", "x/bench_gb10.rs"));
+    assert!(tail_glob("sched/engine.rs", "engine/src/sched/engine.rs"));
+    assert!(
+        tail_glob("launch/", "engine/src/cuda/launch/")
+            && !tail_glob("launch/", "engine/src/cuda/launch.rs")
+    );
+}
