@@ -9,6 +9,7 @@ use crate::sched::{Dflash, Loaded as SchedLoaded};
 use crate::spec::{generate_spec, CpuDraft, DraftModel, SpecStats};
 use crate::{EngineError, Result};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,11 +220,14 @@ impl Loaded {
     }
 
     /// One request start to finish. With a draft: DFlash (greedy on CUDA runs the device-resident
-    /// loop, whose tokens equal the plain greedy ones), with its acceptance statistics.
+    /// loop, whose tokens equal the plain greedy ones), with its acceptance statistics. With
+    /// `costs` (a table from [`Loaded::step_costs`]) k is adaptive up to the loaded k, through
+    /// `spec::step` (the fused device step where the backend has one).
     pub fn generate(
         &mut self,
         req: &GenerateRequest,
         keep_logits: bool,
+        costs: Option<Arc<crate::spec::StepCosts>>,
     ) -> Result<(GenerateResult, Option<SpecStats>)> {
         match self {
             Loaded::Cpu { model, draft: None } => Ok((generate(model, req, keep_logits)?, None)),
@@ -232,13 +236,13 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } => {
-                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                let (r, s) = generate_spec(model, d, req, *k, true, costs)?;
                 Ok((r, Some(s)))
             }
             Loaded::Cuda {
                 model,
                 draft: Some((d, k)),
-            } if req.sampling.is_greedy() => {
+            } if req.sampling.is_greedy() && costs.is_none() => {
                 let r = CudaSpec::default().generate(model, d, req, *k, true)?;
                 let res = GenerateResult {
                     completion: r.completion,
@@ -251,7 +255,7 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } => {
-                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                let (r, s) = generate_spec(model, d, req, *k, true, costs)?;
                 Ok((r, Some(s)))
             }
         }
