@@ -11,6 +11,10 @@ use crate::{EngineError, Result};
 use std::path::Path;
 use std::sync::Arc;
 
+/// [`Loaded::step_costs`]: untimed (graph capture) and timed steps per batch size and k.
+pub const STEP_COSTS_WARM: usize = 2;
+pub const STEP_COSTS_STEPS: usize = 6;
+
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -177,7 +181,8 @@ fn spec_k(draft: &dyn DraftModel, opts: &LoadOptions) -> Result<usize> {
 impl Loaded {
     /// Adaptive k's step-time table for this pair (`spec::StepCosts::measure`): k = 0..=the
     /// loaded k, batch sizes 1, 2, 4, .. up to `max_seqs`, on throwaway sequences of a
-    /// `prompt_len`-token prompt. None without a draft.
+    /// `prompt_len`-token prompt ([`STEP_COSTS_WARM`] + [`STEP_COSTS_STEPS`] steps per k; at most
+    /// `StepCosts::positions(prompt_len, k, ..)` positions each). None without a draft.
     pub fn step_costs(
         &mut self,
         max_seqs: usize,
@@ -188,7 +193,15 @@ impl Loaded {
             .take_while(|&b| b <= max_seqs.max(1))
             .collect();
         let m = |t: &mut dyn Model, d: &mut dyn DraftModel, k: usize| {
-            crate::spec::StepCosts::measure(t, d, k, &batches, prompt_len, 2, 6)
+            crate::spec::StepCosts::measure(
+                t,
+                d,
+                k,
+                &batches,
+                prompt_len,
+                STEP_COSTS_WARM,
+                STEP_COSTS_STEPS,
+            )
         };
         match self {
             Loaded::Cpu {

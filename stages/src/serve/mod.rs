@@ -215,8 +215,13 @@ fn measure_costs(
     max_model_len: usize,
     k_max: usize,
 ) -> laguna_engine::Result<laguna_engine::spec::StepCosts> {
-    // The measuring steps (StepCosts::measure: 1 + 8 per k) emit at most k + 1 tokens each.
-    let growth = 1 + 8 * (k_max + 1) * (k_max + 2) / 2;
+    // A measuring sequence holds its prompt plus what one k's steps emit (StepCosts::positions).
+    let growth = laguna_engine::spec::StepCosts::positions(
+        0,
+        k_max,
+        backend::STEP_COSTS_WARM,
+        backend::STEP_COSTS_STEPS,
+    );
     let prompt_len = AUTO_K_PROMPT_LEN.min(max_model_len.saturating_sub(growth)).max(1);
     let t = std::time::Instant::now();
     let costs = loaded
