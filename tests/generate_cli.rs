@@ -139,3 +139,61 @@ fn bad_input_gets_a_clear_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--num-speculative-tokens auto`: adaptive k over step times measured before generating, and
+/// the greedy output is still the target's float64 reference; junk k is refused by name.
+#[test]
+fn generate_with_auto_k_reproduces_reference_greedy() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures");
+    let (dir, draft) = (
+        root.join("models/swa-yarn-perhead"),
+        root.join("drafts/swa-yarn-perhead-causal-w8"),
+    );
+    if !dir.join("reference.safetensors").exists() || !draft.join("config.json").exists() {
+        return;
+    }
+    let prompt = reference_ids(&dir, "prompt_ids");
+    let greedy = reference_ids(&dir, "greedy_ids");
+    let ids: Vec<String> = prompt.iter().map(|t| t.to_string()).collect();
+    let n = greedy.len().to_string();
+    let args = |k: &'static str| {
+        vec![
+            "generate".to_string(),
+            "--model".into(),
+            dir.to_str().unwrap().into(),
+            "--draft".into(),
+            draft.to_str().unwrap().into(),
+            "--num-speculative-tokens".into(),
+            k.into(),
+            "--prompt-ids".into(),
+            ids.join(","),
+            "--max-tokens".into(),
+            n.clone(),
+            "--ignore-eos".into(),
+            "--json".into(),
+        ]
+    };
+    let a = args("auto");
+    let out = laguna(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("adaptive k: step ms at k = 0..=15"), "{err}");
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(stdout.trim().lines().last().unwrap()).unwrap();
+    let got: Vec<u32> = v["completion_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    assert_eq!(got, greedy);
+    assert_eq!(v["spec"]["adaptive_k"], true, "{v}");
+    assert_eq!(v["spec"]["num_speculative_tokens"], 15, "{v}");
+    for bad in ["fast", "0"] {
+        let a = args(bad);
+        let out = laguna(&a.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--num-speculative-tokens") && err.contains(bad), "{err}");
+    }
+}

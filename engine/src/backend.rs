@@ -9,6 +9,11 @@ use crate::sched::{Dflash, Loaded as SchedLoaded};
 use crate::spec::{generate_spec, CpuDraft, DraftModel, SpecStats};
 use crate::{EngineError, Result};
 use std::path::Path;
+use std::sync::Arc;
+
+/// [`Loaded::step_costs`]: untimed (graph capture) and timed steps per batch size and k.
+pub const STEP_COSTS_WARM: usize = 2;
+pub const STEP_COSTS_STEPS: usize = 6;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,7 +181,8 @@ fn spec_k(draft: &dyn DraftModel, opts: &LoadOptions) -> Result<usize> {
 impl Loaded {
     /// Adaptive k's step-time table for this pair (`spec::StepCosts::measure`): k = 0..=the
     /// loaded k, batch sizes 1, 2, 4, .. up to `max_seqs`, on throwaway sequences of a
-    /// `prompt_len`-token prompt. None without a draft.
+    /// `prompt_len`-token prompt ([`STEP_COSTS_WARM`] + [`STEP_COSTS_STEPS`] steps per k; at most
+    /// `StepCosts::positions(prompt_len, k, ..)` positions each). None without a draft.
     pub fn step_costs(
         &mut self,
         max_seqs: usize,
@@ -187,7 +193,15 @@ impl Loaded {
             .take_while(|&b| b <= max_seqs.max(1))
             .collect();
         let m = |t: &mut dyn Model, d: &mut dyn DraftModel, k: usize| {
-            crate::spec::StepCosts::measure(t, d, k, &batches, prompt_len, 2, 6)
+            crate::spec::StepCosts::measure(
+                t,
+                d,
+                k,
+                &batches,
+                prompt_len,
+                STEP_COSTS_WARM,
+                STEP_COSTS_STEPS,
+            )
         };
         match self {
             Loaded::Cpu {
@@ -219,11 +233,14 @@ impl Loaded {
     }
 
     /// One request start to finish. With a draft: DFlash (greedy on CUDA runs the device-resident
-    /// loop, whose tokens equal the plain greedy ones), with its acceptance statistics.
+    /// loop, whose tokens equal the plain greedy ones), with its acceptance statistics. With
+    /// `costs` (a table from [`Loaded::step_costs`]) k is adaptive up to the loaded k, through
+    /// `spec::step` (the fused device step where the backend has one).
     pub fn generate(
         &mut self,
         req: &GenerateRequest,
         keep_logits: bool,
+        costs: Option<Arc<crate::spec::StepCosts>>,
     ) -> Result<(GenerateResult, Option<SpecStats>)> {
         match self {
             Loaded::Cpu { model, draft: None } => Ok((generate(model, req, keep_logits)?, None)),
@@ -232,13 +249,13 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } => {
-                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                let (r, s) = generate_spec(model, d, req, *k, true, costs)?;
                 Ok((r, Some(s)))
             }
             Loaded::Cuda {
                 model,
                 draft: Some((d, k)),
-            } if req.sampling.is_greedy() => {
+            } if req.sampling.is_greedy() && costs.is_none() => {
                 let r = CudaSpec::default().generate(model, d, req, *k, true)?;
                 let res = GenerateResult {
                     completion: r.completion,
@@ -251,7 +268,7 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } => {
-                let (r, s) = generate_spec(model, d, req, *k, true)?;
+                let (r, s) = generate_spec(model, d, req, *k, true, costs)?;
                 Ok((r, Some(s)))
             }
         }

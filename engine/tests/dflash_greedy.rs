@@ -77,7 +77,7 @@ fn greedy_with_draft_is_token_identical() {
             );
         }
         for k in [1, 3, 6, 15] {
-            let (res, stats) = generate_spec(&mut t, &mut d, &req, k, true).unwrap();
+            let (res, stats) = generate_spec(&mut t, &mut d, &req, k, true, None).unwrap();
             assert_eq!(
                 res.completion,
                 plain.completion,
@@ -101,7 +101,7 @@ fn greedy_with_draft_is_token_identical() {
             .map(|s| s.to_vec())
             .unwrap_or_default();
         let plain2 = generate(&mut t, &req2, false).unwrap();
-        let (spec2, _) = generate_spec(&mut t, &mut d, &req2, 4, false).unwrap();
+        let (spec2, _) = generate_spec(&mut t, &mut d, &req2, 4, false, None).unwrap();
         assert_eq!(spec2.completion, plain2.completion);
         assert_eq!(spec2.finish_reason, plain2.finish_reason);
     }
@@ -181,7 +181,7 @@ fn constructed_agreeing_and_disagreeing_pairs() {
         let req = request(&prompt, max_tokens);
         let plain = generate(&mut t, &req, false).unwrap();
         assert!(plain.completion.iter().all(|&x| x == 0));
-        let (res, s) = generate_spec(&mut t, &mut d, &req, k, true).unwrap();
+        let (res, s) = generate_spec(&mut t, &mut d, &req, k, true, None).unwrap();
         assert_eq!(res.completion, plain.completion);
         assert_eq!(s.num_accepted_tokens, s.num_draft_tokens, "k={k}: {s:?}");
         assert!(s.num_drafts > 0);
@@ -210,7 +210,7 @@ fn constructed_agreeing_and_disagreeing_pairs() {
             "{:?}",
             plain.completion
         );
-        let (res, s) = generate_spec(&mut t, &mut d, &req, k, true).unwrap();
+        let (res, s) = generate_spec(&mut t, &mut d, &req, k, true, None).unwrap();
         assert_eq!(res.completion, plain.completion);
         assert_eq!(s.num_accepted_tokens, 0, "k={k}");
         assert!(s.num_accepted_tokens_per_pos.iter().all(|&c| c == 0));

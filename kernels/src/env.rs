@@ -95,7 +95,7 @@ pub const TABLE: &[Var] = {
     var("LAGUNA_MAX_NUM_SEQS", Recipe, "`max_num_seqs`: sequences in flight", "`8`"),
     var("LAGUNA_MAX_NUM_BATCHED_TOKENS", Recipe, "`max_num_batched_tokens`: tokens per engine step", "`8192`"),
     var("LAGUNA_SPECULATIVE_METHOD", Recipe, "`[speculative] method`", "`dflash` (the only one)"),
-    var("LAGUNA_NUM_SPECULATIVE_TOKENS", Recipe, "`[speculative] num_speculative_tokens`", "`6`"),
+    var("LAGUNA_NUM_SPECULATIVE_TOKENS", Recipe, "`[speculative] num_speculative_tokens`: k >= 1, or `auto` (adaptive k)", "`6`"),
     var("LAGUNA_MEMORY_CAP_BYTES", Recipe, "`memory_cap_bytes`: hard memory ceiling (bytes or `60GiB`)", "none"),
     var("LAGUNA_HOST", Recipe, "`host`: listen address of `serve`", "`127.0.0.1`"),
     var("LAGUNA_PORT", Recipe, "`port`: listen port of `serve`", "`8000`"),

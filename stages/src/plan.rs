@@ -2,7 +2,8 @@
 //! the paged KV pool of the full-attention layers, the sliding-window rings, the activation
 //! workspace — and whether it fits, decided before anything is loaded.
 //!
-//! Formulas (b = bytes per KV element: 2 for bf16/auto, 1 for fp8; k = num_speculative_tokens):
+//! Formulas (b = bytes per KV element: 2 for bf16/auto, 1 for fp8; k = num_speculative_tokens,
+//! with `auto` the largest k it may choose, the draft's block_size - 1):
 //! * KV per token per full-attention layer = 2 (K and V) · kv_heads · head_dim · b.
 //! * Sliding-window ring per sequence = sliding layers · (window + k) · 2 · kv_heads · head_dim · b
 //!   (the window plus the speculative slots of one verify step); the draft's layers likewise.
@@ -23,7 +24,7 @@ pub mod weights;
 
 use crate::fetch::progress::{commas, human};
 use crate::hub::HubEnv;
-use crate::recipe::{Device, KvCacheDtype, ModelSource, Recipe};
+use crate::recipe::{Device, KvCacheDtype, ModelSource, Recipe, SpecK};
 use laguna_engine::config::{AttnKind, LagunaConfig, MlpKind};
 pub use memory::DeviceMemory;
 use std::fmt;
@@ -68,7 +69,11 @@ pub struct KvPlan {
     /// All full-attention layers (target and draft) together.
     pub kv_bytes_per_token: u64,
     pub window: usize,
+    /// k the rings and activations are planned for: the fixed k, or with `auto` the largest
+    /// it may choose (the draft's block_size - 1).
     pub speculative_tokens: usize,
+    /// `num_speculative_tokens = "auto"` (adaptive k) with a draft config.
+    pub speculative_auto: bool,
     pub ring_slots: usize,
     pub ring_bytes_per_seq: u64,
     pub draft_ring_bytes_per_seq: u64,
@@ -150,6 +155,17 @@ fn round_down(x: u64, to: u64) -> u64 {
     x / to * to
 }
 
+/// The draft's trained block length: `dflash_config.block_size`, else a top-level `block_size`
+/// (as `laguna_engine::spec::DraftConfig` reads it).
+fn draft_block_size(d: &LagunaConfig) -> Option<usize> {
+    let raw = &d.raw;
+    raw.get("dflash_config")
+        .and_then(|c| c.get("block_size"))
+        .or_else(|| raw.get("block_size"))
+        .and_then(|b| b.as_u64())
+        .map(|b| b as usize)
+}
+
 fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }
@@ -164,7 +180,12 @@ impl KvPlan {
         memory: DeviceMemory,
     ) -> KvPlan {
         let b = recipe.kv_cache_dtype.bytes();
-        let k = recipe.num_speculative_tokens();
+        let draft_block_size = draft.and_then(draft_block_size);
+        // Auto plans the rings and activations for the largest k it may choose.
+        let k = match recipe.spec_k() {
+            None => 0,
+            Some(sk) => sk.max_k(draft_block_size.unwrap_or(0)),
+        };
         let per_layer = |c: &LagunaConfig| 2 * c.num_kv_heads as u64 * c.head_dim as u64 * b;
         let count =
             |c: &LagunaConfig, kind: AttnKind| c.layers.iter().filter(|l| l.attn == kind).count();
@@ -256,13 +277,8 @@ impl KvPlan {
             pool_tokens,
             max_model_len,
             max_position_embeddings: cfg.max_position_embeddings,
-            draft_block_size: draft.and_then(|d| {
-                d.raw
-                    .get("dflash_config")?
-                    .get("block_size")?
-                    .as_u64()
-                    .map(|b| b as usize)
-            }),
+            speculative_auto: draft.is_some() && recipe.spec_k() == Some(SpecK::Auto),
+            draft_block_size,
             activations,
             reserve,
             largest_tensor,
@@ -310,6 +326,11 @@ impl KvPlan {
                 commas(self.max_model_len as u64),
                 commas(self.max_position_embeddings as u64)
             )));
+        }
+        if self.speculative_auto && self.draft_block_size.is_none() {
+            return Err(PlanError::DoesNotFit(
+                "num_speculative_tokens = auto needs the draft's dflash_config.block_size (auto chooses k up to block_size - 1); give a fixed k or a DFlash draft config".into(),
+            ));
         }
         if let Some(b) = self.draft_block_size {
             if self.speculative_tokens >= b {
@@ -422,10 +443,11 @@ impl fmt::Display for KvPlan {
         )?;
         writeln!(
             f,
-            "  sliding rings:      {} layers x ({} window + {} speculative) slots = {} per sequence (+ draft {}), {} for {} sequences",
+            "  sliding rings:      {} layers x ({} window + {} speculative{}) slots = {} per sequence (+ draft {}), {} for {} sequences",
             self.sliding_layers,
             self.window,
             self.speculative_tokens,
+            if self.speculative_auto { ", auto's largest k" } else { "" },
             commas(self.ring_bytes_per_seq),
             commas(self.draft_ring_bytes_per_seq),
             commas(self.ring_bytes()),

@@ -176,11 +176,65 @@ impl fmt::Display for Device {
     }
 }
 
+/// Draft tokens per DFlash step (`num_speculative_tokens`): a fixed k, or `auto`, adaptive k
+/// chosen each step from the sequence's acceptance and step times measured at load
+/// (`laguna_engine::spec::controller`), up to the draft's `block_size - 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecK {
+    Fixed(usize),
+    Auto,
+}
+
+impl SpecK {
+    /// `auto` or a positive integer.
+    pub fn parse(s: &str) -> std::result::Result<SpecK, String> {
+        let t = s.trim();
+        if t.eq_ignore_ascii_case("auto") {
+            return Ok(SpecK::Auto);
+        }
+        match t.parse::<usize>() {
+            Ok(0) => Err(format!(
+                "`{s}`: k must be at least 1 (or `auto`; remove the draft to disable speculation)"
+            )),
+            Ok(k) => Ok(SpecK::Fixed(k)),
+            Err(_) => Err(format!(
+                "`{s}` is not a number of speculative tokens (expected `auto` or an integer >= 1)"
+            )),
+        }
+    }
+
+    /// The k the draft is loaded with, the most a step may run: the fixed k, or
+    /// `block_size - 1` of a draft with that `dflash_config.block_size` for `auto`.
+    pub fn max_k(self, block_size: usize) -> usize {
+        match self {
+            SpecK::Fixed(k) => k,
+            SpecK::Auto => block_size.saturating_sub(1),
+        }
+    }
+
+    /// The fixed k, `None` for `auto`.
+    pub fn fixed(self) -> Option<usize> {
+        match self {
+            SpecK::Fixed(k) => Some(k),
+            SpecK::Auto => None,
+        }
+    }
+}
+
+impl fmt::Display for SpecK {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpecK::Fixed(k) => write!(f, "{k}"),
+            SpecK::Auto => f.write_str("auto"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Speculative {
     /// Only `dflash` is implemented.
     pub method: String,
-    pub num_speculative_tokens: usize,
+    pub num_speculative_tokens: SpecK,
 }
 
 /// A fully resolved recipe: every field has its final value.
@@ -217,7 +271,7 @@ pub mod defaults {
     pub const GPU_MEMORY_UTILIZATION: f64 = 0.9;
     pub const MAX_NUM_SEQS: usize = 8;
     pub const MAX_NUM_BATCHED_TOKENS: usize = 8192;
-    pub const NUM_SPECULATIVE_TOKENS: usize = 6;
+    pub const NUM_SPECULATIVE_TOKENS: super::SpecK = super::SpecK::Fixed(6);
     pub const HOST: &str = "127.0.0.1";
     pub const PORT: u16 = 8000;
 }
@@ -253,11 +307,9 @@ impl Recipe {
         }
     }
 
-    /// Speculative tokens per step (0 without a draft).
-    pub fn num_speculative_tokens(&self) -> usize {
-        self.speculative
-            .as_ref()
-            .map_or(0, |s| s.num_speculative_tokens)
+    /// Speculative tokens per step (`None` without a draft).
+    pub fn spec_k(&self) -> Option<SpecK> {
+        self.speculative.as_ref().map(|s| s.num_speculative_tokens)
     }
 }
 
@@ -284,7 +336,7 @@ impl fmt::Display for Recipe {
         if let Some(s) = &self.speculative {
             writeln!(
                 f,
-                "speculative:       {} x{}",
+                "speculative:       {}, num_speculative_tokens {}",
                 s.method, s.num_speculative_tokens
             )?;
         }

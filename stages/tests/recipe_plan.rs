@@ -8,7 +8,7 @@ use laguna_stages::plan::{
     plan_recipe, DeviceMemory, KvPlan, PlanOptions, WeightBytes, WeightsSource,
 };
 use laguna_stages::recipe::overrides::{ModelSpec, Overrides};
-use laguna_stages::recipe::{Device, KvCacheDtype, ModelSource, Recipe};
+use laguna_stages::recipe::{Device, KvCacheDtype, ModelSource, Recipe, SpecK};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -52,7 +52,7 @@ fn xs_recipe_fields() {
     assert_eq!(r.max_num_seqs, 2);
     assert_eq!(r.max_num_batched_tokens, 8192);
     let s = r.speculative.as_ref().unwrap();
-    assert_eq!((s.method.as_str(), s.num_speculative_tokens), ("dflash", 6));
+    assert_eq!((s.method.as_str(), s.num_speculative_tokens), ("dflash", SpecK::Auto));
     assert_eq!(r.kv_cache_dtype, KvCacheDtype::Auto);
     assert_eq!(r.device, Device::Cuda(0));
 }
@@ -184,6 +184,49 @@ fn bad_values_name_their_source() {
     assert!(e.contains("model") && e.contains("--recipe"), "{e}");
 }
 
+/// `num_speculative_tokens`: `auto` or an integer >= 1 in the file, the environment and the
+/// flags; junk and 0 are refused naming the field and the value.
+#[test]
+fn num_speculative_tokens_auto_or_positive() {
+    let recipe = |k: &str| {
+        write_recipe(&format!(
+            "[model]\nrepo = \"a/b\"\n[draft]\nrepo = \"a/d\"\n[speculative]\nnum_speculative_tokens = {k}\n"
+        ))
+    };
+    let k_of = |p: &Path, env: &dyn Fn(&str) -> Option<String>, flags: &Overrides| {
+        Recipe::resolve(Some(p), env, flags).map(|r| r.spec_k())
+    };
+    for (text, want) in [("\"auto\"", SpecK::Auto), ("\"AUTO\"", SpecK::Auto), ("7", SpecK::Fixed(7)), ("\"3\"", SpecK::Fixed(3))] {
+        let (_d, p) = recipe(text);
+        assert_eq!(k_of(&p, &no_env, &Overrides::default()).unwrap(), Some(want), "{text}");
+    }
+    for (text, shown) in [("\"fast\"", "fast"), ("0", "0"), ("-2", "-2"), ("2.5", "")] {
+        let (_d, p) = recipe(text);
+        let e = k_of(&p, &no_env, &Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("num_speculative_tokens") && e.contains(shown), "{text}: {e}");
+    }
+    // A draft without [speculative] keeps the fixed default; env and flags override the file.
+    let (_d, p) = write_recipe("[model]\nrepo = \"a/b\"\n[draft]\nrepo = \"a/d\"\n");
+    assert_eq!(k_of(&p, &no_env, &Overrides::default()).unwrap(), Some(SpecK::Fixed(6)));
+    let env = |v: &'static str| move |k: &str| (k == "LAGUNA_NUM_SPECULATIVE_TOKENS").then(|| v.to_string());
+    assert_eq!(k_of(&p, &env("auto"), &Overrides::default()).unwrap(), Some(SpecK::Auto));
+    assert_eq!(k_of(&p, &env(" 4 "), &Overrides::default()).unwrap(), Some(SpecK::Fixed(4)));
+    for bad in ["fast", "0"] {
+        let e = k_of(&p, &env(bad), &Overrides::default()).unwrap_err().to_string();
+        assert!(e.contains("LAGUNA_NUM_SPECULATIVE_TOKENS") && e.contains(bad), "{e}");
+    }
+    let flags = Overrides { num_speculative_tokens: Some(SpecK::Fixed(2)), ..Default::default() };
+    assert_eq!(k_of(&p, &env("auto"), &flags).unwrap(), Some(SpecK::Fixed(2)), "flag beats env");
+    // The flag's text goes through the same parser.
+    assert_eq!(SpecK::parse("auto"), Ok(SpecK::Auto));
+    assert_eq!(SpecK::parse("15"), Ok(SpecK::Fixed(15)));
+    for bad in ["fast", "0", "", "-1", "6x"] {
+        let e = SpecK::parse(bad).unwrap_err();
+        assert!(e.contains(&format!("`{bad}`")), "{e}");
+    }
+    assert_eq!((SpecK::Auto.to_string(), SpecK::Fixed(6).to_string()), ("auto".into(), "6".into()));
+}
+
 // ---- plan ------------------------------------------------------------------------------------
 
 const GIB: u64 = 1 << 30;
@@ -237,24 +280,26 @@ fn xs21_plan_numbers() {
     assert_eq!(p.kv_bytes_per_token_layer, 4096);
     assert_eq!(p.kv_bytes_per_token, 40_960);
     assert_eq!((p.full_layers, p.sliding_layers), (10, 30));
-    // Rings: 30 SWA layers x (512 + 6) slots x 4096 B; draft 5 SWA layers likewise, and (prefix
+    // num_speculative_tokens = auto plans for its largest k, the draft's block_size 16 - 1 = 15.
+    assert_eq!((p.speculative_tokens, p.speculative_auto), (15, true));
+    // Rings: 30 SWA layers x (512 + 15) slots x 4096 B; draft 5 SWA layers likewise, and (prefix
     // cache on, every draft layer windowed) room for 4 snapshots of them: 5 copies.
-    assert_eq!(p.ring_bytes_per_seq, 30 * 518 * 4096);
-    assert_eq!(p.draft_ring_bytes_per_seq, 5 * 5 * 518 * 4096);
-    assert_eq!(p.ring_bytes(), 2 * (30 + 25) * 518 * 4096);
+    assert_eq!(p.ring_bytes_per_seq, 30 * 527 * 4096);
+    assert_eq!(p.draft_ring_bytes_per_seq, 5 * 5 * 527 * 4096);
+    assert_eq!(p.ring_bytes(), 2 * (30 + 25) * 527 * 4096);
     // Pool: (12 GiB - rings) / 40,960, rounded down to 16-token pages.
-    let pool = (12_884_901_888u64 - 2 * 55 * 518 * 4096) / 40_960 / 16 * 16;
-    assert_eq!(pool, 308_864);
+    let pool = (12_884_901_888u64 - 2 * 55 * 527 * 4096) / 40_960 / 16 * 16;
+    assert_eq!(pool, 308_768);
     assert_eq!(p.pool_tokens, Some(pool));
-    assert!((p.concurrency().unwrap() - 308_864.0 / 262_144.0).abs() < 1e-12);
+    assert!((p.concurrency().unwrap() - 308_768.0 / 262_144.0).abs() < 1e-12);
     // Activations: T = 8192; widest fused qkvg is a SWA layer: 64*128 + 2*8*128 + 64 gates = 10,304;
     // Q 8192; M = max(8192 dense, 8*512 + 512) = 8192; + router f32 [T, 256]; + logits f32 for
-    // 2 seqs x 7 rows x 100,352; + 5 tap rows of 2048 BF16 per token.
+    // 2 seqs x 16 rows (k = 15) x 100,352; + 5 tap rows of 2048 BF16 per token.
     let act: u64 = 8192 * (4 * 2048 + 10_304 + 8192 + 2 * 8192) * 2
         + 8192 * 256 * 4
-        + 2 * 7 * 100_352 * 4
+        + 2 * 16 * 100_352 * 4
         + 8192 * 5 * 2048 * 2;
-    assert_eq!(act, 887_472_128);
+    assert_eq!(act, 894_697_472);
     assert_eq!(p.activations, act);
     assert_eq!(p.reserve, GIB);
     // The CUDA GEMV's tile-interleaved copies: every BF16 Linear it reads once more (rows are
@@ -270,7 +315,7 @@ fn xs21_plan_numbers() {
     p.check().unwrap();
     let text = p.to_string();
     assert!(
-        text.contains("KV pool: 308,864 tokens, 1.18x of 262,144"),
+        text.contains("KV pool: 308,768 tokens, 1.18x of 262,144"),
         "{text}"
     );
     assert!(text.contains("40,960 B/token"), "{text}");
@@ -282,7 +327,7 @@ fn xs21_plan_numbers() {
     assert_eq!(p8.kv_bytes_per_token, 20_480);
     assert_eq!(
         p8.pool_tokens,
-        Some((12_884_901_888u64 - 2 * 55 * 518 * 2048) / 20_480 / 16 * 16)
+        Some((12_884_901_888u64 - 2 * 55 * 527 * 2048) / 20_480 / 16 * 16)
     );
 
     // Peak during load: weights + copies + reserve on a discrete GPU; on unified memory (GB10)
@@ -334,7 +379,7 @@ fn xs21_plan_from_recipe_uses_builtin_config_before_fetch() {
     );
     let (wt, wd) = xs_weights_by_hand();
     assert_eq!((p.weights.target, p.weights.draft), (wt, wd));
-    assert_eq!(p.pool_tokens, Some(308_864));
+    assert_eq!(p.pool_tokens, Some(308_768));
     p.check().unwrap();
 }
 
@@ -383,7 +428,7 @@ fn plan_refuses_with_the_number_to_change() {
         "{e}"
     );
     let mut many = r.clone();
-    many.speculative.as_mut().unwrap().num_speculative_tokens = 16;
+    many.speculative.as_mut().unwrap().num_speculative_tokens = SpecK::Fixed(16);
     let e = KvPlan::compute(&cfg, Some(&dcfg), &many, w, mem(128 * GIB))
         .check()
         .unwrap_err()
@@ -446,6 +491,41 @@ fn plan_reads_weights_from_headers_when_present() {
     let _ = Path::new("");
 }
 
+/// Auto plans exactly what a fixed k of block_size - 1 plans (the k the draft is loaded with),
+/// and says so; a fixed k plans its own k.
+#[test]
+fn plan_with_auto_k_is_the_largest_fixed_k() {
+    let (cfg, dcfg) = (
+        reference("laguna-xs-2.1-nvfp4.config.json"),
+        reference("laguna-xs-2.1-dflash.config.json"),
+    );
+    let (wt, wd) = xs_weights_by_hand();
+    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    let with = |k: SpecK| {
+        let mut r = xs_recipe();
+        r.speculative.as_mut().unwrap().num_speculative_tokens = k;
+        KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(128 * GIB))
+    };
+    let (auto, fixed15, fixed6) = (with(SpecK::Auto), with(SpecK::Fixed(15)), with(SpecK::Fixed(6)));
+    assert_eq!(auto.speculative_tokens, 15);
+    assert_eq!(fixed6.speculative_tokens, 6);
+    assert_eq!(
+        (auto.ring_bytes(), auto.activations, auto.pool_tokens),
+        (fixed15.ring_bytes(), fixed15.activations, fixed15.pool_tokens)
+    );
+    assert_eq!(fixed6.ring_slots, 512 + 6);
+    auto.check().unwrap();
+    assert!(auto.to_string().contains("15 speculative, auto's largest k"), "{auto}");
+    assert!(!fixed15.to_string().contains("auto's"), "{fixed15}");
+    // Auto without a block size to bound it is refused by name.
+    let mut dnob = dcfg.clone();
+    dnob.raw.as_object_mut().unwrap().remove("dflash_config");
+    let mut r = xs_recipe();
+    r.speculative.as_mut().unwrap().num_speculative_tokens = SpecK::Auto;
+    let e = KvPlan::compute(&cfg, Some(&dnob), &r, w, mem(128 * GIB)).check().unwrap_err().to_string();
+    assert!(e.contains("auto") && e.contains("block_size"), "{e}");
+}
+
 /// The CUDA backend splits the same budget the same way: `laguna serve` gives the target the
 /// budget minus the draft's rings, the target takes its rings and pages the rest (64-position
 /// pages, so at most one page below the plan's 16-token rounding).
@@ -481,7 +561,8 @@ fn cuda_kv_layout_matches_the_plan() {
         rr.kv_cache_dtype = dtype;
         let p = KvPlan::compute(&cfg, Some(&dcfg), &rr, w, mem(128 * GIB));
         let elt = dtype.bytes() as usize;
-        let k = rr.num_speculative_tokens();
+        // The engine loads an auto draft with k = block_size - 1 (`LoadOptions`: None).
+        let k = 16 - 1;
         let seqs = rr.max_num_seqs;
         let kvw = |c: &LagunaConfig| c.num_kv_heads * c.head_dim;
         let d = kv_layout(
@@ -507,7 +588,7 @@ fn cuda_kv_layout_matches_the_plan() {
             budget - d.ring_bytes * (1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ),
         )
         .unwrap();
-        assert_eq!(t.ring, 512 + 6);
+        assert_eq!(t.ring, 512 + 15);
         // The engine reserves the draft's own snapshot buffers (every draft layer has a window,
         // the recipe caches prefixes) beside its rings: `CudaDraft::ring_bytes`.
         let d_own = d.ring_bytes * (1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ);

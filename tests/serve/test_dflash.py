@@ -40,3 +40,36 @@ def test_draft_serving_matches_plain(target_dir):
         finally:
             s.stop()
     assert outs["dflash"] == outs["plain"]
+
+
+def test_auto_k_serving_matches_plain(target_dir):
+    """`--num-speculative-tokens auto`: the step-time table is measured at load (logged), the
+    controller picks k per step, greedy output equals the no-draft server's, and /metrics shows
+    the chosen k."""
+    prompts = [[(i * 13 + j * 5 + 1) % 384 for j in range(5 + 2 * i)] for i in range(3)]
+    outs = {}
+    for mode, extra in (("plain", []), ("auto", ["--draft", str(DRAFT), "--num-speculative-tokens", "auto"])):
+        s = Server(["--model", str(target_dir), "--device", "cpu", "--served-model-name", "t",
+                    "--max-num-seqs", "2", "--max-num-batched-tokens", "32", *extra], f"dflash-{mode}")
+        try:
+            r = requests.post(s.url + "/v1/completions", json={"prompt": prompts, "max_tokens": 24, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            outs[mode] = [c["text"] for c in r.json()["choices"]]
+            m = requests.get(s.url + "/metrics").text
+            if mode == "auto":
+                logs = s.logs()
+                assert "adaptive k: step ms at k = 0..=15" in logs, logs
+                assert "k = auto, at most 15" in logs, logs
+                k = metric(m, "laguna:spec_k", model_name="t")
+                assert 0 <= k <= 15, k
+                steps = [float(l.rpartition(" ")[2]) for l in m.splitlines() if l.startswith("laguna:spec_k_steps_total{")]
+                assert sum(steps) > 0, m
+        finally:
+            s.stop()
+    assert outs["auto"] == outs["plain"]
+
+
+def test_bad_num_speculative_tokens_is_refused(target_dir):
+    for bad in ["fast", "0"]:
+        with pytest.raises(RuntimeError, match="num-speculative-tokens"):
+            Server(["--model", str(target_dir), "--device", "cpu", "--draft", str(DRAFT), "--num-speculative-tokens", bad], f"bad-k-{bad}")

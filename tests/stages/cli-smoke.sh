@@ -12,8 +12,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 out="$("$laguna" plan --recipe "$root/recipes/xs-nvfp4-dflash.toml" --device-memory 128GiB)"
 echo "$out"
-# (12 GiB - 2 seqs x (30+5) SWA layers x 518 slots x 4096 B) / 40,960 B/token, rounded down to 16
-echo "$out" | grep -q "KV pool: 308,864 tokens, 1.18x of 262,144" || fail "plan pool line"
+# num_speculative_tokens = "auto" plans for block_size 16 - 1 = 15: rings of 512 + 15 = 527 slots.
+# (12 GiB - 2 seqs x (30 target + 5 x 5 draft) SWA ring layers x 527 slots x 4096 B) / 40,960 B/token, rounded down to 16
+echo "$out" | grep -q "KV pool: 308,768 tokens, 1.18x of 262,144" || fail "plan pool line"
+echo "$out" | grep -q "512 window + 15 speculative, auto's largest k" || fail "plan auto k"
 echo "$out" | grep -q "40,960 B/token" || fail "plan KV bytes per token"
 if "$laguna" plan --recipe "$root/recipes/xs-nvfp4-dflash.toml" --device-memory 48GiB >"$tmp/plan.txt" 2>&1; then
     fail "plan should refuse a 48 GiB device at gpu_memory_utilization 0.5"

@@ -9,6 +9,7 @@
 //! the time to prefill only those new tokens at C (cold C + new, minus cold C, in the same run).
 use anyhow::{bail, Context, Result};
 use laguna_engine::sched::{Backend, Event, GenRequest, Health, SchedConfig, Scheduler};
+use laguna_stages::recipe::SpecK;
 use laguna_stages::serve::{model_loader, ServeOptions};
 use std::time::Instant;
 
@@ -79,14 +80,20 @@ fn start(r: &Replay, max_len: usize) -> Result<Scheduler> {
     let opts = ServeOptions {
         model: Some(r.model.clone()),
         draft: r.draft.clone(),
-        num_speculative_tokens: r.k,
+        num_speculative_tokens: SpecK::Fixed(r.k),
         device: r.device.clone(),
         kv_cache_memory_bytes: r.pool_bytes,
         kv_cache_fp8: r.kv_fp8,
         max_num_seqs: 1,
         ..ServeOptions::default()
     };
-    let loader = model_loader(r.model.clone(), r.draft.clone(), r.k, &r.device, &opts)?;
+    let loader = model_loader(
+        r.model.clone(),
+        r.draft.clone(),
+        SpecK::Fixed(r.k),
+        &r.device,
+        &opts,
+    )?;
     let sched_cfg = SchedConfig {
         max_num_seqs: 1,
         max_num_batched_tokens: r.max_rows.max(1),

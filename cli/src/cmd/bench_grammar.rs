@@ -106,7 +106,13 @@ pub fn run(
         max_num_seqs: 1,
         ..Default::default()
     };
-    let loader = laguna_stages::serve::model_loader(model.to_path_buf(), None, 0, device, &opts)?;
+    let loader = laguna_stages::serve::model_loader(
+        model.to_path_buf(),
+        None,
+        laguna_stages::recipe::SpecK::Fixed(1),
+        device,
+        &opts,
+    )?;
     let sc = SchedConfig {
         max_num_seqs: 1,
         max_num_batched_tokens: 2048,

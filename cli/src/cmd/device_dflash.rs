@@ -130,6 +130,7 @@ pub fn check_pair(
         &req,
         k,
         true,
+        None,
     )?;
     dr.set_fused_steps(false);
     let generic = generate_spec(
@@ -138,6 +139,7 @@ pub fn check_pair(
         &req,
         k,
         true,
+        None,
     );
     dr.set_fused_steps(true);
     let (generic, gstats) = generic?;
@@ -146,7 +148,7 @@ pub fn check_pair(
     let cstats = if cpu {
         let mut cpu = CpuModel::load(tdir).context("cpu target")?;
         let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
-        generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true)?.1
+        generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true, None)?.1
     } else {
         fast.stats.clone()
     };

@@ -4,6 +4,7 @@
 use anyhow::{bail, Result};
 use laguna_engine::model::{DecodeItem, LogitRows, Model, SeqId, StepInput};
 use laguna_engine::sched::{Backend, Event, GenRequest, Health, SchedConfig, Scheduler};
+use laguna_stages::recipe::SpecK;
 use laguna_stages::serve::{model_loader, ServeOptions};
 use std::path::Path;
 
@@ -24,13 +25,19 @@ fn start(
     let opts = ServeOptions {
         model: Some(target.to_path_buf()),
         draft: draft.map(|d| d.to_path_buf()),
-        num_speculative_tokens: 3,
+        num_speculative_tokens: SpecK::Fixed(3),
         device: device.into(),
         kv_cache_memory_bytes: Some(2 << 30),
         max_num_seqs: 2,
         ..ServeOptions::default()
     };
-    let loader = model_loader(target.to_path_buf(), opts.draft.clone(), 3, device, &opts)?;
+    let loader = model_loader(
+        target.to_path_buf(),
+        opts.draft.clone(),
+        SpecK::Fixed(3),
+        device,
+        &opts,
+    )?;
     let cfg = SchedConfig {
         max_num_seqs: 2,
         max_num_batched_tokens: 64,

@@ -3,6 +3,7 @@ use laguna_engine::backend::{self, Device, LoadOptions};
 use laguna_engine::generate::GenerateRequest;
 use laguna_engine::sample::SamplingParams;
 use laguna_engine::tokenizer::Tokenizer;
+use laguna_stages::recipe::SpecK;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -38,9 +39,10 @@ pub struct Args {
     /// DFlash draft folder (DFlashLagunaForCausalLM config.json + *.safetensors) for speculative decoding.
     #[arg(long)]
     pub draft: Option<PathBuf>,
-    /// Draft tokens proposed per step (1 <= k < the draft's block_size; default block_size - 1).
-    #[arg(long, requires = "draft")]
-    pub num_speculative_tokens: Option<usize>,
+    /// Draft tokens proposed per step: 1 <= k < the draft's block_size (default block_size - 1),
+    /// or `auto` (adaptive k up to block_size - 1 over step times measured before generating).
+    #[arg(long, requires = "draft", value_name = "K|auto")]
+    pub num_speculative_tokens: Option<String>,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -82,14 +84,36 @@ pub fn run(a: Args) -> Result<()> {
         stop_token_ids: vec![],
     };
     let device = Device::parse(&a.device).map_err(anyhow::Error::msg)?;
+    let spec_k = a
+        .num_speculative_tokens
+        .as_deref()
+        .map(SpecK::parse)
+        .transpose()
+        .map_err(|m| anyhow::anyhow!("--num-speculative-tokens {m}"))?;
     let opts = LoadOptions {
-        num_speculative_tokens: a.num_speculative_tokens,
+        num_speculative_tokens: spec_k.and_then(SpecK::fixed),
         progress: true,
         ..Default::default()
     };
     let mut loaded = backend::load(device, &opts, &a.model, a.draft.as_deref())
         .with_context(|| format!("loading {} on {device}", a.model.display()))?;
-    let (res, stats) = loaded.generate(&req, false)?;
+    let costs = match (spec_k, loaded.spec_k()) {
+        (Some(SpecK::Auto), Some(k_max)) => {
+            // One sequence at this prompt's length: the table this request's steps run at.
+            let t = std::time::Instant::now();
+            let c = loaded
+                .step_costs(1, prompt.len())?
+                .expect("a draft is loaded");
+            eprintln!(
+                "adaptive k: step ms at k = 0..={k_max}: {:.2?} (measured in {:.1}s)",
+                c.for_batch(1),
+                t.elapsed().as_secs_f64()
+            );
+            Some(std::sync::Arc::new(c))
+        }
+        _ => None,
+    };
+    let (res, stats) = loaded.generate(&req, false, costs)?;
     let spec = stats.map(|s| (loaded.spec_k().unwrap_or(0), s));
     let text = match &tok {
         Some(t) => t.decode(&res.completion, true)?,
@@ -105,6 +129,7 @@ pub fn run(a: Args) -> Result<()> {
         if let Some((k, stats)) = &spec {
             let mut o = stats.to_json();
             o["num_speculative_tokens"] = serde_json::json!(k);
+            o["adaptive_k"] = serde_json::json!(spec_k == Some(SpecK::Auto));
             v["spec"] = o;
         }
         println!("{v}");
@@ -116,6 +141,10 @@ pub fn run(a: Args) -> Result<()> {
         }
         eprintln!("finish_reason: {}", res.finish_reason.as_str());
         if let Some((k, stats)) = &spec {
+            let k = match spec_k {
+                Some(SpecK::Auto) => format!("auto <= {k}"),
+                _ => k.to_string(),
+            };
             eprintln!("speculative decoding (DFlash, k={k}): {}", stats.summary());
             eprintln!(
                 "  drafts {}, draft tokens {}, accepted {}, accepted per position {:?}, acceptance lengths {:?}",

@@ -106,7 +106,9 @@ pub fn run(a: Args) -> Result<()> {
         ServeOptions {
             model: Some(model),
             draft,
-            num_speculative_tokens: recipe.num_speculative_tokens(),
+            num_speculative_tokens: recipe
+                .spec_k()
+                .unwrap_or(laguna_stages::recipe::defaults::NUM_SPECULATIVE_TOKENS),
             device,
             kv_cache_memory_bytes: recipe.kv_cache_memory_bytes.map(|b| b as usize),
             kv_cache_fp8: recipe.kv_cache_dtype == laguna_stages::recipe::KvCacheDtype::Fp8,

@@ -75,6 +75,9 @@ impl StepCosts {
     /// (batch, k), `warm` untimed steps (graph capture) then `steps` timed ones, on throwaway
     /// sequences with a `prompt_len`-token prompt. On the CPU this measures the CPU engine the same
     /// way (cheap on fixture models, slow on real ones: prefer fixed k there).
+    ///
+    /// No sequence grows past [`StepCosts::positions`]`(prompt_len, k_max, warm, steps)`: the
+    /// sequences start over (prompt again) before a k whose steps could run past it.
     pub fn measure(
         target: &mut dyn Model,
         draft: &mut dyn DraftModel,
@@ -89,25 +92,31 @@ impl StepCosts {
         let prompt: Vec<u32> = (0..prompt_len as u32)
             .map(|i| 1 + (i * 7919) % (vocab - 1))
             .collect();
+        let limit = Self::positions(prompt_len, k_max, warm, steps);
         let mut by_batch = vec![];
         for &nb in batches {
-            let mut states = vec![];
-            for _ in 0..nb {
-                match SpecState::new(target, draft, &prompt, k_max, SamplingParams::greedy()) {
-                    Ok(s) => states.push(s),
-                    Err(e) => {
-                        states
-                            .iter()
-                            .for_each(|s: &SpecState| s.free(target, draft));
-                        return Err(e);
-                    }
-                }
-            }
+            let mut states: Vec<SpecState> = vec![];
             let r = (|| -> Result<Vec<f64>> {
-                let mut refs: Vec<&mut SpecState> = states.iter_mut().collect();
-                super::step(target, draft, &mut refs)?;
                 let mut ms = vec![];
                 for k in 0..=k_max {
+                    let grow = (warm + steps) * (k + 1);
+                    if states.is_empty() || states.iter().any(|s| s.tokens.len() + grow > limit) {
+                        states.iter().for_each(|s| s.free(target, draft));
+                        states.clear();
+                        for _ in 0..nb {
+                            let s = SpecState::new(
+                                target,
+                                draft,
+                                &prompt,
+                                k_max,
+                                SamplingParams::greedy(),
+                            )?;
+                            states.push(s);
+                        }
+                        // The prefill step.
+                        super::step(target, draft, &mut states.iter_mut().collect::<Vec<_>>())?;
+                    }
+                    let mut refs: Vec<&mut SpecState> = states.iter_mut().collect();
                     refs.iter_mut().for_each(|s| s.k = k);
                     for _ in 0..warm {
                         super::step(target, draft, &mut refs)?;
@@ -125,6 +134,12 @@ impl StepCosts {
         }
         by_batch.sort_by_key(|x| x.0);
         Ok(StepCosts { by_batch })
+    }
+
+    /// The most positions a sequence of [`StepCosts::measure`] holds: the prompt, the prefill
+    /// step's token and one k_max block of steps emitting k_max + 1 tokens each.
+    pub fn positions(prompt_len: usize, k_max: usize, warm: usize, steps: usize) -> usize {
+        prompt_len + 1 + (warm + steps) * (k_max + 1)
     }
 
     /// The largest k the table covers.

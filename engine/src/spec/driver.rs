@@ -29,6 +29,7 @@ use crate::grammar::{prepare_beside, Constraint};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::sample::argmax;
 use crate::sample::{sample, Rng, SamplingParams};
+use std::sync::Arc;
 
 /// Make the target capture the residual stream after the draft's tap layers. Call once per
 /// (target, draft) pair before running [`step`]; [`SpecState::new`] calls it too.
@@ -430,16 +431,19 @@ fn choose_k(states: &mut [&mut SpecState]) {
 }
 
 /// Speculative generation of one request: token-identical to [`crate::generate::generate`] under
-/// greedy sampling, and equal in distribution under temperature sampling.
+/// greedy sampling, and equal in distribution under temperature sampling. With `costs`, k is
+/// adaptive (a [`SpecController`] over that step-time table) and `k` is the largest it may choose.
 pub fn generate_spec(
     target: &mut dyn Model,
     draft: &mut dyn DraftModel,
     req: &GenerateRequest,
     k: usize,
     keep_history: bool,
+    costs: Option<Arc<super::StepCosts>>,
 ) -> Result<(GenerateResult, SpecStats)> {
     let mut st = SpecState::new(target, draft, &req.prompt, k, req.sampling.clone())?;
     st.keep_history = keep_history;
+    st.controller = costs.map(SpecController::new);
     let res = (|| {
         let mut completion = vec![];
         let mut finish = FinishReason::Length;

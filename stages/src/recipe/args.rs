@@ -1,7 +1,7 @@
 //! Recipe flags shared by every stage subcommand (`#[command(flatten)]` them). Flags beat
 //! `LAGUNA_*` variables, which beat the recipe file, which beats the defaults.
 use super::overrides::{model_spec, parse_bytes, Overrides};
-use super::{Device, KvCacheDtype, Recipe, RecipeError, Result};
+use super::{Device, KvCacheDtype, Recipe, RecipeError, Result, SpecK};
 use std::path::PathBuf;
 
 /// Where the model and draft come from (every stage).
@@ -51,9 +51,10 @@ pub struct EngineArgs {
     /// Speculative decoding method (dflash). Env: LAGUNA_SPECULATIVE_METHOD.
     #[arg(long, value_name = "METHOD")]
     pub speculative_method: Option<String>,
-    /// Draft tokens proposed per step. Env: LAGUNA_NUM_SPECULATIVE_TOKENS.
-    #[arg(long, value_name = "K")]
-    pub num_speculative_tokens: Option<usize>,
+    /// Draft tokens proposed per step: K >= 1, or `auto` (adaptive k up to the draft's
+    /// block_size - 1, from step times measured at load). Env: LAGUNA_NUM_SPECULATIVE_TOKENS.
+    #[arg(long, value_name = "K|auto")]
+    pub num_speculative_tokens: Option<String>,
     /// Hard cap on device memory (bytes, or e.g. 40GiB). Env: LAGUNA_MEMORY_CAP_BYTES.
     #[arg(long, value_name = "BYTES")]
     pub memory_cap_bytes: Option<String>,
@@ -142,7 +143,10 @@ impl RecipeArgs {
         o.max_num_seqs = self.engine.max_num_seqs;
         o.max_num_batched_tokens = self.engine.max_num_batched_tokens;
         o.speculative_method = self.engine.speculative_method.clone();
-        o.num_speculative_tokens = self.engine.num_speculative_tokens;
+        if let Some(k) = &self.engine.num_speculative_tokens {
+            o.num_speculative_tokens =
+                Some(SpecK::parse(k).map_err(|m| invalid("--num-speculative-tokens", m))?);
+        }
         if let Some(b) = &self.engine.memory_cap_bytes {
             o.memory_cap_bytes =
                 Some(parse_bytes(b).map_err(|m| invalid("--memory-cap-bytes", m))?);

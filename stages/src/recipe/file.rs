@@ -1,7 +1,7 @@
 //! The TOML form of a recipe. Unknown keys are errors (the toml message names the key, line and
 //! column); relative model paths are resolved against the recipe file's folder.
 use super::overrides::{parse_bytes, ModelSpec, Overrides};
-use super::{Device, KvCacheDtype, RecipeError, Result};
+use super::{Device, KvCacheDtype, RecipeError, Result, SpecK};
 use serde::Deserialize;
 use std::path::Path;
 
@@ -38,7 +38,15 @@ struct ModelTable {
 #[serde(deny_unknown_fields)]
 struct SpecTable {
     method: Option<String>,
-    num_speculative_tokens: Option<usize>,
+    num_speculative_tokens: Option<KTable>,
+}
+
+/// `num_speculative_tokens`: an integer, or the string `"auto"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum KTable {
+    Int(i64),
+    Text(String),
 }
 
 /// An integer byte count, or a string with a unit ("12GiB").
@@ -163,7 +171,14 @@ pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
     o.max_num_batched_tokens = f.max_num_batched_tokens;
     if let Some(s) = f.speculative {
         o.speculative_method = s.method.or_else(|| Some("dflash".into()));
-        o.num_speculative_tokens = s.num_speculative_tokens;
+        let field = "speculative.num_speculative_tokens";
+        o.num_speculative_tokens = match s.num_speculative_tokens {
+            None => None,
+            Some(KTable::Int(k)) => Some(
+                SpecK::parse(&k.to_string()).map_err(|m| invalid(path, field, m))?,
+            ),
+            Some(KTable::Text(t)) => Some(SpecK::parse(&t).map_err(|m| invalid(path, field, m))?),
+        };
     }
     o.host = f.host;
     o.port = f.port;

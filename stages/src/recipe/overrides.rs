@@ -1,8 +1,8 @@
 //! One layer of recipe values (file, environment or flags), each field optional, and the merge
 //! that turns the stacked layers into a [`Recipe`].
 use super::{
-    defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, Speculative,
-    DEFAULT_REVISION,
+    defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, SpecK,
+    Speculative, DEFAULT_REVISION,
 };
 use std::path::{Path, PathBuf};
 
@@ -30,7 +30,7 @@ pub struct Overrides {
     pub max_num_seqs: Option<usize>,
     pub max_num_batched_tokens: Option<usize>,
     pub speculative_method: Option<String>,
-    pub num_speculative_tokens: Option<usize>,
+    pub num_speculative_tokens: Option<SpecK>,
     pub memory_cap_bytes: Option<u64>,
     pub host: Option<String>,
     pub port: Option<u16>,
@@ -151,11 +151,10 @@ impl Overrides {
         }
         o.speculative_method = get("LAGUNA_SPECULATIVE_METHOD");
         if let Some(v) = get("LAGUNA_NUM_SPECULATIVE_TOKENS") {
-            o.num_speculative_tokens = Some(num(
-                "LAGUNA_NUM_SPECULATIVE_TOKENS",
-                v,
-                "a positive integer",
-            )?);
+            o.num_speculative_tokens = Some(
+                SpecK::parse(&v)
+                    .map_err(|m| invalid("environment", "LAGUNA_NUM_SPECULATIVE_TOKENS", m))?,
+            );
         }
         if let Some(v) = get("LAGUNA_MEMORY_CAP_BYTES") {
             o.memory_cap_bytes = Some(
@@ -304,7 +303,7 @@ impl Overrides {
                     return Err(invalid(&origin, "speculative.method", format!("is `{method}`; only `dflash` is supported")));
                 }
                 let k = k.unwrap_or(defaults::NUM_SPECULATIVE_TOKENS);
-                if k == 0 {
+                if k == SpecK::Fixed(0) {
                     return Err(invalid(
                         &origin,
                         "speculative.num_speculative_tokens",

@@ -28,6 +28,7 @@ use laguna_engine::backend::{self, Device, LoadOptions};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::sched::{SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
+use crate::recipe::SpecK;
 use openai::SamplingDefaults;
 use state::AppState;
 use std::path::{Path, PathBuf};
@@ -54,8 +55,8 @@ pub struct ServeOptions {
     pub model: Option<PathBuf>,
     /// DFlash draft folder (speculative decoding through `laguna_engine::spec`).
     pub draft: Option<PathBuf>,
-    /// Draft tokens per step with a draft (DFlash k).
-    pub num_speculative_tokens: usize,
+    /// Draft tokens per step with a draft (DFlash k), or `auto` (adaptive k).
+    pub num_speculative_tokens: SpecK,
     /// cpu, cuda or cuda:N.
     pub device: String,
     /// K/V budget on CUDA: the target's pages and rings plus the draft's rings (None: the
@@ -88,7 +89,7 @@ impl Default for ServeOptions {
         ServeOptions {
             model: None,
             draft: None,
-            num_speculative_tokens: 6,
+            num_speculative_tokens: crate::recipe::defaults::NUM_SPECULATIVE_TOKENS,
             device: "cpu".into(),
             kv_cache_memory_bytes: None,
             kv_cache_fp8: false,
@@ -147,11 +148,17 @@ fn prefix_cache_on(opts: &ServeOptions) -> bool {
     opts.enable_prefix_caching
 }
 
-/// The model a device name stands for, loaded on the engine's thread (`backend::load`).
+/// The prompt length adaptive k's step-time table is measured at (`Loaded::step_costs`): a
+/// mid-sized context, within `max_model_len` with room for the measuring steps' tokens.
+pub const AUTO_K_PROMPT_LEN: usize = 1024;
+
+/// The model a device name stands for, loaded on the engine's thread (`backend::load`). With
+/// `k = auto` the draft is loaded with its largest k (block_size - 1) and the step-time table of
+/// adaptive k is measured once, right after the load.
 pub fn model_loader(
     dir: PathBuf,
     draft: Option<PathBuf>,
-    k: usize,
+    k: SpecK,
     device: &str,
     o: &ServeOptions,
 ) -> Result<laguna_engine::sched::ModelLoader, ServeError> {
@@ -166,23 +173,79 @@ pub fn model_loader(
         kv_fp8: o.kv_cache_fp8,
         max_seqs: o.max_num_seqs,
         max_model_len: o.max_model_len,
-        num_speculative_tokens: Some(k),
+        // None: the draft's block_size - 1, auto's largest k.
+        num_speculative_tokens: k.fixed(),
         progress: false,
         prefix_cache: o.enable_prefix_caching,
     };
+    let (max_seqs, max_model_len) = (o.max_num_seqs, o.max_model_len);
     Ok(Box::new(move || {
         let t = std::time::Instant::now();
-        let loaded = backend::load(device, &opts, &dir, draft.as_deref())?;
+        let mut loaded = backend::load(device, &opts, &dir, draft.as_deref())?;
         tracing::info!(
             "model loaded on {device} from {} in {:.1}s",
             dir.display(),
             t.elapsed().as_secs_f64()
         );
-        if let (Some(d), Some(k)) = (&draft, loaded.spec_k()) {
-            tracing::info!("DFlash draft loaded from {} (k = {k})", d.display());
+        let Some(k_max) = loaded.spec_k() else {
+            return Ok(loaded.into_scheduler());
+        };
+        if let Some(d) = &draft {
+            tracing::info!("DFlash draft loaded from {} (k = {k}, at most {k_max})", d.display());
         }
-        Ok(loaded.into_scheduler())
+        let costs = match k {
+            SpecK::Fixed(_) => None,
+            SpecK::Auto => {
+                let len = max_model_len.unwrap_or(loaded.model().config().max_position_embeddings);
+                Some(measure_costs(&mut loaded, max_seqs, len, k_max)?)
+            }
+        };
+        let mut sched = loaded.into_scheduler();
+        if let Some(d) = sched.dflash.as_mut() {
+            d.costs = costs.map(Arc::new);
+        }
+        Ok(sched)
     }))
+}
+
+/// Adaptive k's step-time table on this device, logged once with the time it took.
+fn measure_costs(
+    loaded: &mut backend::Loaded,
+    max_seqs: usize,
+    max_model_len: usize,
+    k_max: usize,
+) -> laguna_engine::Result<laguna_engine::spec::StepCosts> {
+    // A measuring sequence holds its prompt plus what one k's steps emit (StepCosts::positions).
+    let growth = laguna_engine::spec::StepCosts::positions(
+        0,
+        k_max,
+        backend::STEP_COSTS_WARM,
+        backend::STEP_COSTS_STEPS,
+    );
+    let prompt_len = AUTO_K_PROMPT_LEN.min(max_model_len.saturating_sub(growth)).max(1);
+    let t = std::time::Instant::now();
+    let costs = loaded
+        .step_costs(max_seqs, prompt_len)
+        .map_err(|e| {
+            laguna_engine::EngineError::Other(format!(
+                "num_speculative_tokens = auto: measuring the step times failed ({e}); give a fixed k"
+            ))
+        })?
+        .expect("a draft is loaded");
+    let table: Vec<String> = costs
+        .by_batch
+        .iter()
+        .map(|(b, ms)| {
+            let ms: Vec<String> = ms.iter().map(|m| format!("{m:.2}")).collect();
+            format!("batch {b}: [{}]", ms.join(", "))
+        })
+        .collect();
+    tracing::info!(
+        "adaptive k: step ms at k = 0..={k_max}, {prompt_len}-token prompt, measured in {:.1}s: {}",
+        t.elapsed().as_secs_f64(),
+        table.join("; ")
+    );
+    Ok(costs)
 }
 
 /// The grammar compiler of constrained requests (tool_choice required / named, response_format).
@@ -261,9 +324,9 @@ pub fn run(opts: ServeOptions) -> Result<(), ServeError> {
                 d.display()
             )));
         }
-        if opts.num_speculative_tokens == 0 {
+        if opts.num_speculative_tokens == SpecK::Fixed(0) {
             return Err(ServeError::Config(
-                "num_speculative_tokens must be at least 1 with a draft".into(),
+                "num_speculative_tokens must be at least 1 (or auto) with a draft".into(),
             ));
         }
     }

@@ -271,6 +271,7 @@ pub fn spec_identity(
                 &req,
                 k,
                 false,
+                None,
             )?;
             Ok((
                 spec.completion == plain,
