@@ -67,8 +67,9 @@ fn timed(
     })
 }
 
-/// The scheduler with the prefix cache on, one sequence at a time, for sessions up to `max_len`.
-fn start(r: &Replay, max_len: usize) -> Result<Scheduler> {
+/// The scheduler with the prefix cache on, one sequence at a time, for sessions up to `max_len`;
+/// and the model's vocabulary size.
+fn start(r: &Replay, max_len: usize) -> Result<(Scheduler, u64)> {
     let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))
         .with_context(|| format!("reading {}", r.model.display()))?;
     if max_len > cfg.max_position_embeddings {
@@ -105,7 +106,7 @@ fn start(r: &Replay, max_len: usize) -> Result<Scheduler> {
     let s = Scheduler::start_loading(sched_cfg, loader, None)?;
     loop {
         match s.health() {
-            Health::Ready => return Ok(s),
+            Health::Ready => return Ok((s, cfg.vocab_size as u64)),
             Health::Failed(e) => bail!("the model failed to load: {e}"),
             Health::Loading => std::thread::sleep(std::time::Duration::from_millis(50)),
         }
@@ -138,12 +139,10 @@ pub fn run(r: &Replay) -> Result<()> {
     if r.turns == 0 || r.first == 0 || r.last < r.first {
         bail!("--agent-turns must be >= 1 and --agent-first <= --agent-last");
     }
-    let s = start(r, r.last + r.output + 1)?;
-    let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))?;
+    let (s, v) = start(r, r.last + r.output + 1)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let v = cfg.vocab_size as u64;
     let mut fresh = Fresh {
         x: 0x9E3779B97F4A7C15,
         v,
@@ -204,9 +203,7 @@ fn resume(r: &Replay) -> Result<()> {
     if r.resume.contains(&0) || r.new < 2 {
         bail!("--agent-resume lengths must be >= 1 and --agent-new >= 2");
     }
-    let s = start(r, top + r.new + 2)?;
-    let cfg = laguna_engine::LagunaConfig::from_file(&r.model.join("config.json"))?;
-    let v = cfg.vocab_size as u64;
+    let (s, v) = start(r, top + r.new + 2)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

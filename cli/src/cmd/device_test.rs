@@ -630,10 +630,10 @@ fn prefix_rows(a: &Args) -> Vec<super::device_prefix::PrefixRow> {
         a.drafts.join("swa-yarn-perhead-causal-w8"),
     );
     if !a.no_prefix && !a.only_dflash && pt.join("config.json").exists() {
-        let drafts = [
-            None,
-            Some(pd.as_path()).filter(|d| d.join("config.json").exists()),
-        ];
+        let mut drafts = vec![None];
+        if pd.join("config.json").exists() {
+            drafts.push(Some(pd.as_path()));
+        }
         let rows = super::device_prefix::check("cuda", &pt, &drafts, 20).unwrap_or_else(|e| {
             vec![super::device_prefix::PrefixRow {
                 name: pt.display().to_string(),

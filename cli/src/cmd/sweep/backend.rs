@@ -39,6 +39,7 @@ impl Device {
 /// Whether the CUDA backend takes a case's shapes, decided from its configs alone (the loaders'
 /// own shape checks, run before any upload), so CI can prove the generator only produces shapes
 /// the device runs.
+#[cfg(test)]
 pub fn cuda_takes_shapes(
     target: &LagunaConfig,
     draft: Option<&laguna_engine::spec::DraftConfig>,
