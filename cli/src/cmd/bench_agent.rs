@@ -212,7 +212,7 @@ fn resume(r: &Replay) -> Result<()> {
         v,
     };
     // One short request first, so no timed one pays for first-use setup.
-    let mut req = GenRequest::greedy(fresh.take(64), 1);
+    let mut req = GenRequest::greedy(fresh.take(64.min(top)), 1);
     req.ignore_eos = true;
     timed(&s, &rt, req)?;
     println!(
