@@ -1,4 +1,4 @@
-//! `laguna kbench`: kernel micro-benchmarks at the Laguna-XS 2.1 decode shapes (device machines).
+//! `laguna-dev kbench`: kernel micro-benchmarks at the Laguna-XS 2.1 decode shapes (device machines).
 //! Each case is captured as a CUDA graph of `reps` launches (with PDL, as in a decode step) whose
 //! weights rotate through buffers larger than L2, so every launch streams from HBM. Reports
 //! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
@@ -136,7 +136,7 @@ fn dtoh_f32(d: &Dev, p: u64, n: usize) -> Result<Vec<f32>> {
 
 pub fn run(a: Args) -> Result<()> {
     if let Err(err) = laguna_engine::cuda::gpu_available() {
-        bail!("laguna kbench needs a CUDA GPU: {err}");
+        bail!("laguna-dev kbench needs a CUDA GPU: {err}");
     }
     let d = Dev::new(0).map_err(e)?;
     let reps = a.reps.max(4);
