@@ -1,6 +1,7 @@
 //! Checks on the repository itself, run by `cargo test -p laguna-cli --test repo_checks`:
 //! docs/ARCHITECTURE.md names only paths and modules that exist and stays a map (at most ~250
-//! lines), and no function in `engine/src` or `cli/src` is longer than [`MAX_FN_LINES`] lines.
+//! lines), no function in `engine/src`, `cli/src` or `dev/src` is longer than [`MAX_FN_LINES`]
+//! lines, and no backend type is named above the engine outside the listed tools.
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -202,7 +203,8 @@ fn architecture_is_a_map() {
     );
 }
 
-/// The longest function body (signature to closing brace) allowed in `engine/src` and `cli/src`.
+/// The longest function body (signature to closing brace) allowed in `engine/src`, `cli/src` and
+/// `dev/src`.
 const MAX_FN_LINES: usize = 200;
 
 /// `(path::name, lines)` of every `fn` in the `.rs` files under `dir` longer than `max` lines.
@@ -312,6 +314,7 @@ fn fn_name(line: &str) -> Option<&str> {
 fn no_long_functions() {
     let mut long = long_functions("engine/src", MAX_FN_LINES);
     long.extend(long_functions("cli/src", MAX_FN_LINES));
+    long.extend(long_functions("dev/src", MAX_FN_LINES));
     let over: Vec<String> = long
         .iter()
         .map(|(n, l)| format!("{n}: {l} lines"))
@@ -337,5 +340,93 @@ fn long_function_scanner_finds_what_it_should() {
     assert!(
         tail_glob("launch/", "engine/src/cuda/launch/")
             && !tail_glob("launch/", "engine/src/cuda/launch.rs")
+    );
+}
+
+/// The engine's backend types: above the engine, code loads through `engine::backend` and uses the
+/// model traits.
+const BACKEND_TYPES: [&str; 5] = ["CpuModel", "CudaModel", "CpuDraft", "CudaDraft", "CudaSpec"];
+
+/// The files above the engine that still name a backend type: the tools that check or measure the
+/// CUDA backend itself (its own methods: the device sampler, the fused DFlash step, graph replay).
+/// This list only shrinks.
+const NAMES_BACKEND_TYPES: [&str; 8] = [
+    "cli/src/cmd/bench.rs",
+    "cli/src/cmd/bench_draft.rs",
+    "cli/src/cmd/bench_gb10.rs",
+    "cli/src/cmd/bench_oracle.rs",
+    "dev/src/cmd/device_dflash.rs",
+    "dev/src/cmd/device_sample.rs",
+    "dev/src/cmd/device_test.rs",
+    "dev/src/cmd/sweep/backend.rs",
+];
+
+/// `path` of every `.rs` file under `dir` (relative to the root) whose code (comments aside)
+/// names one of `words` as a whole word.
+fn files_naming(dir: &str, words: &[&str]) -> Vec<String> {
+    fn collect(dir: &Path, out: &mut Vec<PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                collect(&p, out);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    let mut files = Vec::new();
+    collect(&root().join(dir), &mut files);
+    files.sort();
+    let word = |line: &str, w: &str| {
+        line.match_indices(w).any(|(i, _)| {
+            let ident = |c: char| c.is_alphanumeric() || c == '_';
+            !line[..i].ends_with(ident) && !line[i + w.len()..].starts_with(ident)
+        })
+    };
+    files
+        .into_iter()
+        .filter(|f| {
+            let text = std::fs::read_to_string(f).unwrap();
+            text.lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .any(|code| words.iter().any(|w| word(code, w)))
+        })
+        .map(|f| {
+            f.strip_prefix(root())
+                .unwrap()
+                .to_string_lossy()
+                .replace('\\', "/")
+        })
+        .collect()
+}
+
+#[test]
+fn backend_types_stay_in_the_engine() {
+    let mut named = Vec::new();
+    for dir in ["stages/src", "cli/src", "dev/src"] {
+        named.extend(files_naming(dir, &BACKEND_TYPES));
+    }
+    let new: Vec<&String> = named
+        .iter()
+        .filter(|f| !NAMES_BACKEND_TYPES.contains(&f.as_str()))
+        .collect();
+    assert!(
+        new.is_empty(),
+        "these files name an engine backend type ({BACKEND_TYPES:?}); load through \
+         laguna_engine::backend and use the model traits: {new:?}"
+    );
+    let gone: Vec<&&str> = NAMES_BACKEND_TYPES
+        .iter()
+        .filter(|f| !named.iter().any(|n| n == *f))
+        .collect();
+    assert!(
+        gone.is_empty(),
+        "no longer name a backend type: take them off NAMES_BACKEND_TYPES: {gone:?}"
+    );
+    // The scanner sees what it should: the engine's backend choice names the CUDA model.
+    let engine = files_naming("engine/src", &["CudaModel"]);
+    assert!(
+        engine.iter().any(|f| f == "engine/src/backend.rs"),
+        "{engine:?}"
     );
 }

@@ -981,7 +981,7 @@ impl CudaModel {
         });
     }
     /// Run the dense BF16 GEMMs of long passes on cuBLAS when it loads (the default) or on
-    /// laguna's own GEMM kernels (`laguna device-test` checks both).
+    /// laguna's own GEMM kernels (`laguna-dev device-test` checks both).
     pub fn set_cublas(&mut self, on: bool) {
         self.use_cublas = on;
         self.graph = None;
@@ -1179,7 +1179,7 @@ mod tests {
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
-    /// agree with the CPU on its prompt (the full device checks live in `laguna device-test`).
+    /// agree with the CPU on its prompt (the full device checks live in `laguna-dev device-test`).
     #[test]
     fn cuda_matches_cpu_on_a_fixture_or_skips() {
         if let Err(e) = gpu_available() {

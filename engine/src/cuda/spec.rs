@@ -22,7 +22,7 @@
 //!    overwritten by the next step before anything reads them: no K/V moves).
 //!
 //! Greedy output is token-identical to plain greedy decoding when the target's k+1-row verify
-//! computes every row bit-identically to a 1-row decode step (`laguna device-test` checks both).
+//! computes every row bit-identically to a 1-row decode step (`laguna-dev device-test` checks both).
 use super::draft::CudaDraft;
 use super::*;
 use crate::generate::{FinishReason, GenerateRequest};

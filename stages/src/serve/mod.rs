@@ -135,7 +135,7 @@ fn sampling_defaults(dir: &Path) -> SamplingDefaults {
 }
 
 /// Whether the prefix cache runs. Off on CUDA for now: on the synthetic XS-2.1 shape a turn resumed
-/// from the CUDA store gave other tokens than a cold run (`laguna device-test --prefix-pair`,
+/// from the CUDA store gave other tokens than a cold run (`laguna-dev device-test --prefix-pair`,
 /// H100, 2026-12-07), though the fixtures pass; the CPU store is exact.
 fn prefix_cache_on(opts: &ServeOptions) -> bool {
     if opts.enable_prefix_caching && opts.device != "cpu" {

@@ -1,4 +1,4 @@
-//! DFlash checks of `laguna device-test`, for every draft fixture pair under
+//! DFlash checks of `laguna-dev device-test`, for every draft fixture pair under
 //! `tests/fixtures/drafts` and k in {1, 3, 6, 15} (k < block_size):
 //! 1. verify batch invariance, directly: the target's logits for `[t, d_1..d_k]` verified in one
 //!    k+1-row pass are bit-identical to the same rows decoded one at a time;
