@@ -39,7 +39,7 @@ impl CudaModel {
                 prof,
                 "embed_norm",
                 (m as u32, 1, 1),
-                (ops::norm_block(h), 1, 1),
+                (launch::norm::norm_block(h), 1, 1),
                 0,
                 |b| {
                     b.u64(self.embed)

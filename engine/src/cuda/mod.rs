@@ -23,7 +23,6 @@ mod prefix;
 pub mod profile;
 pub mod ring;
 pub mod select;
-pub mod spec;
 pub mod stamp;
 
 pub use device::{Args, Dev, DevError, Prof};
@@ -1170,12 +1169,12 @@ mod tests {
             "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
         ));
         let mut cfg = LagunaConfig::from_file(path).unwrap();
-        assert_eq!(load::mk_smem(&cfg), Some(4 * (2048 + 9 * 512)));
+        assert_eq!(select::moe::mk_smem(&cfg), Some(4 * (2048 + 9 * 512)));
         cfg.moe_intermediate_size = 1024;
-        assert_eq!(load::mk_smem(&cfg), None);
+        assert_eq!(select::moe::mk_smem(&cfg), None);
         cfg.moe_intermediate_size = 512;
         cfg.hidden_size = 4096;
-        assert_eq!(load::mk_smem(&cfg), None);
+        assert_eq!(select::moe::mk_smem(&cfg), None);
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and

@@ -139,7 +139,7 @@ impl CudaModel {
                 hn: sc.hn,
                 eps,
                 xs: sc.xs,
-                block: ops::norm_block(h),
+                block: launch::norm::norm_block(h),
             };
             lm::combine(d, prof, m as u32, &comb, Some(&n)).map_err(cerr)?;
             self.xs_holds.set((sc.hn, true));
@@ -276,7 +276,7 @@ impl CudaModel {
             router.fp4,
             shared.is_some(),
             self.mk_grid,
-            load::MK_BLOCK,
+            sel::MK_BLOCK,
         )
     }
 
@@ -315,7 +315,7 @@ impl CudaModel {
             x: sc.x,
             post_w: l.post_norm,
             eps: cfg.rms_norm_eps as f32,
-            nb: ops::norm_block(h) as i32,
+            nb: launch::norm::norm_block(h) as i32,
             router: router.w,
             rlog: sc.rlog_mk,
             topk: self.topk(*bias, *folded),
@@ -335,7 +335,7 @@ impl CudaModel {
             tp: 0,
             stag: self.mk_stag,
         };
-        let g = Geom::new((self.mk_grid, 1, 1), load::MK_BLOCK, self.mk_smem);
+        let g = Geom::new((self.mk_grid, 1, 1), sel::MK_BLOCK, self.mk_smem);
         lm::decode_fused(&self.dev, prof, name, g, &a).map_err(cerr)
     }
 }

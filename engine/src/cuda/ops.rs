@@ -2,6 +2,7 @@
 //! Linear (GEMM / cuBLAS for long passes, tensor-core or SIMT GEMV below), the dense MLP and the
 //! final norm + lm_head.
 use super::launch::linear as ll;
+use super::launch::norm::norm_block;
 use super::launch::Geom;
 use super::*;
 
@@ -138,8 +139,8 @@ impl CudaModel {
                     let beta = if acc { 1.0 } else { 0.0 };
                     // hi, then lo accumulated.
                     for (xpart, beta) in [(xs, beta), (xs + 2 * (m * l.k) as u64, 1.0)] {
-                        blas.gemm_bf16(
-                            &self.dev,
+                        self.dev.blas_gemm_bf16(
+                            blas,
                             prof,
                             "cublas_bf16",
                             l.w,
@@ -294,11 +295,6 @@ impl CudaModel {
         )?;
         Ok(false)
     }
-}
-
-/// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
-pub(super) fn norm_block(h: usize) -> u32 {
-    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// The arguments every Linear kernel takes (x: the activations it reads, w: the weights).

@@ -2,7 +2,7 @@
 //! (dense Laguna layers, fused `qkv_proj` + `g_proj` as one GEMV) on the target's device and
 //! stream, sharing the target's `embed_tokens` and `lm_head` on the device. It implements the same
 //! [`DraftModel`] seam as the CPU reference ([`crate::spec::CpuDraft`]), so the backend-agnostic
-//! driver ([`crate::spec::step`]) runs it unchanged; [`super::spec`] adds a device-resident greedy
+//! driver ([`crate::spec::step`]) runs it unchanged; [`fused_step`] adds a device-resident greedy
 //! loop (taps, proposals and verification never leave the GPU) for batch-1 decoding.
 //!
 //! Context write (per committed token): `rmsnorm_taps` (aux_hidden_norms) → `fc` → `hidden_norm`,
@@ -14,10 +14,13 @@
 //! the cache at those positions, then the length is set back, so the context is unchanged and the
 //! next context write overwrites them). Causal drafts see keys up to their own position, which is
 //! the target's rule; non-causal drafts see the whole block (`kend`, [`CudaModel::noncausal`]).
+pub mod fused_step;
+
 use super::launch::attention as la;
 use super::launch::Geom;
-use super::load::Loader;
+use load::Loader;
 use super::*;
+use fused_step::{FusedStep, SeqStep};
 use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
@@ -47,7 +50,7 @@ pub struct CudaDraft {
     /// Bytes one propose reads from weights (layers, fc, lm_head once).
     pub step_weight_bytes: usize,
     /// The device-resident greedy step (graphs per (k, batch, grid)) used by `fused_greedy_step`.
-    spec: super::spec::CudaSpec,
+    fused: FusedStep,
     /// Whether `fused_greedy_step` may run (true; the device check turns it off to run the
     /// generic driver on the same batches).
     fused_steps: bool,
@@ -92,7 +95,7 @@ impl CudaDraft {
         let windows = vec![cfg.window.unwrap_or(0); cfg.num_layers];
         let elt = if opts.kv_fp8 { 1 } else { 2 };
         let kvw = cfg.num_kv_heads * cfg.head_dim;
-        let l = super::ring::kv_layout(
+        let l = ring::kv_layout(
             &windows,
             opts.rings,
             opts.spec_k,
@@ -116,7 +119,7 @@ impl CudaDraft {
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
         let store = WeightStore::open(dir)?;
         cfg.validate_target(&target.cfg)?;
-        super::load::refuse_unless_fits(&target.dev, store.data_bytes(), dir)?;
+        load::refuse_unless_fits(&target.dev, store.data_bytes(), dir)?;
         let tcfg = &target.cfg;
         let h = cfg.hidden_size;
         let th = tcfg.hidden_size;
@@ -124,7 +127,7 @@ impl CudaDraft {
             return Err(EngineError::Other(format!("draft hidden_size {h} differs from the target's {th}: the draft shares the target's embeddings")));
         }
         let hd = cfg.head_dim;
-        super::load::check_head_dim(hd, "draft ")?;
+        load::check_head_dim(hd, "draft ")?;
         let kvw = cfg.num_kv_heads * hd;
         let ntaps = cfg.num_taps();
         let scfg = stack_config(&cfg, tcfg);
@@ -234,7 +237,7 @@ impl CudaDraft {
         }
         let weight_bytes = ld.bytes;
         drop(ld);
-        super::load::log_load_peak(&dev, &store, "draft");
+        load::log_load_peak(&dev, &store, "draft");
         // K/V: rings for as many sequences as the target (all draft layers share one window), or
         // as many pages as the target's pool when the draft has no window.
         let (tpages, tps, _) = target.kv_pool();
@@ -280,7 +283,7 @@ impl CudaDraft {
             cpos: a(4 * r)?,
             cseq: a(4 * r)?,
             step_weight_bytes: step_bytes + lin_bytes(&fc),
-            spec: Default::default(),
+            fused: Default::default(),
             fused_steps: true,
             cfg,
             m,
@@ -340,7 +343,7 @@ impl CudaDraft {
                 .map_err(cerr)?;
             self.tbuf
         };
-        let blk = ops::norm_block(th);
+        let blk = launch::norm::norm_block(th);
         m.dev
             .launch_p(
                 prof,
@@ -479,7 +482,7 @@ impl DraftModel for CudaDraft {
         }
         Ok(())
     }
-    /// Greedy batches of a CUDA target run as one device step (`CudaSpec::step_batch`: proposals,
+    /// Greedy batches of a CUDA target run as one device step (`FusedStep::step_batch`: proposals,
     /// verification, acceptance and context on the GPU, one CUDA graph per (k, batch), one
     /// read-back) when all rows fit one weight-streaming pass; the driver's generic step otherwise.
     fn fused_greedy_step(
@@ -489,15 +492,15 @@ impl DraftModel for CudaDraft {
     ) -> Option<Result<Vec<StepResult>>> {
         let t = target.as_any_mut()?.downcast_mut::<CudaModel>()?;
         let k = states.first()?.k;
-        if !self.fused_steps || !super::spec::CudaSpec::fits(t, self, k, states.len()) {
+        if !self.fused_steps || !FusedStep::fits(t, self, k, states.len()) {
             return None;
         }
-        let mut spec = std::mem::take(&mut self.spec);
+        let mut fused = std::mem::take(&mut self.fused);
         let r = (|| -> Result<Vec<StepResult>> {
-            spec.prepare(t, self)?;
-            let seqs: Vec<super::spec::SeqStep> = states
+            fused.prepare(t, self)?;
+            let seqs: Vec<SeqStep> = states
                 .iter()
-                .map(|s| super::spec::SeqStep {
+                .map(|s| SeqStep {
                     tseq: s.target_seq,
                     dseq: s.draft_seq,
                     t: *s.tokens.last().expect("prefilled"),
@@ -512,7 +515,7 @@ impl DraftModel for CudaDraft {
                 }
             }
             let oracle = (!planned.is_empty()).then_some(planned.as_slice());
-            let outs = spec.step_batch(t, self, &seqs, k, oracle, &mut Default::default());
+            let outs = fused.step_batch(t, self, &seqs, k, oracle, &mut Default::default());
             // Later prefill or sampling steps run the generic driver, which takes taps on the host.
             t.set_taps_on_device(false)?;
             let mut res = Vec::with_capacity(states.len());
@@ -528,7 +531,7 @@ impl DraftModel for CudaDraft {
             }
             Ok(res)
         })();
-        self.spec = spec;
+        self.fused = fused;
         Some(r)
     }
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {

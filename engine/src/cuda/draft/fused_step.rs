@@ -23,8 +23,8 @@
 //!
 //! Greedy output is token-identical to plain greedy decoding when the target's k+1-row verify
 //! computes every row bit-identically to a 1-row decode step (`laguna device-test` checks both).
-use super::draft::CudaDraft;
-use super::*;
+use super::CudaDraft;
+use crate::cuda::*;
 use crate::generate::{FinishReason, GenerateRequest};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
@@ -47,7 +47,7 @@ pub struct SeqStep {
 
 /// Device time per step segment (CUDA events), summed over `steps` (timing on).
 #[derive(Debug, Default, Clone)]
-pub struct SpecTimes {
+pub struct FusedTimes {
     pub steps: usize,
     pub draft_ms: f64,
     pub verify_ms: f64,
@@ -56,11 +56,11 @@ pub struct SpecTimes {
     pub wall_ms: f64,
 }
 
-pub struct SpecRun {
+pub struct FusedRun {
     pub completion: Vec<u32>,
     pub finish: FinishReason,
     pub stats: SpecStats,
-    pub times: SpecTimes,
+    pub times: FusedTimes,
     /// Wall time of the prefill (prompt through the target + draft context), ms.
     pub prefill_ms: f64,
 }
@@ -77,7 +77,7 @@ struct Graphs {
 
 /// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch, the target's
 /// `attention_decode_tc` grid).
-pub struct CudaSpec {
+pub struct FusedStep {
     graphs: HashMap<(usize, usize, usize, bool), Graphs>,
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
@@ -85,16 +85,16 @@ pub struct CudaSpec {
     /// Per-kernel timing of eager steps (use_graphs = false): propose, verify, context.
     pub prof: Option<[device::Prof; 3]>,
     /// Device buffer of `spec_accept`'s output (allocated on the target's device at first use;
-    /// one CudaSpec serves one target).
+    /// one FusedStep serves one target).
     accept_buf: u64,
     /// The acceptance oracle's proposals (`step_batch`'s `oracle`), copied into the target's token
     /// slots after the draft's own scatter, so the draft forward and its argmax still run.
     oracle_buf: u64,
 }
 
-impl Default for CudaSpec {
+impl Default for FusedStep {
     fn default() -> Self {
-        CudaSpec {
+        FusedStep {
             graphs: HashMap::new(),
             use_graphs: true,
             timing: false,
@@ -105,7 +105,7 @@ impl Default for CudaSpec {
     }
 }
 
-impl CudaSpec {
+impl FusedStep {
     pub(super) fn prepare(&mut self, target: &mut CudaModel, draft: &CudaDraft) -> Result<()> {
         crate::spec::enable_taps(target, draft)?;
         target.set_taps_on_device(true)?;
@@ -303,8 +303,8 @@ impl CudaSpec {
     /// One propose + verify + accept + context step for `seqs` (k drafts each, all on the device,
     /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
     /// `oracle`: nb x k proposals that replace the draft's (the acceptance oracle). k = 0 is a
-    /// decode step that writes the draft's context. Callers check [`CudaSpec::fits`] and call
-    /// [`CudaSpec::prepare`] (via `generate` or `fused_step`) first.
+    /// decode step that writes the draft's context. Callers check [`FusedStep::fits`] and call
+    /// [`FusedStep::prepare`] (via `generate` or `fused_step`) first.
     pub(super) fn step_batch(
         &mut self,
         target: &mut CudaModel,
@@ -312,7 +312,7 @@ impl CudaSpec {
         seqs: &[SeqStep],
         k: usize,
         oracle: Option<&[u32]>,
-        times: &mut SpecTimes,
+        times: &mut FusedTimes,
     ) -> Result<Vec<Accepted>> {
         // This step's argmaxes overwrite sc.amax: no pipelined decode step may feed from it.
         target.fed.replace(None);
@@ -501,7 +501,7 @@ impl CudaSpec {
         req: &GenerateRequest,
         k: usize,
         keep_history: bool,
-    ) -> Result<SpecRun> {
+    ) -> Result<FusedRun> {
         draft.config().check_k(k)?;
         crate::generate::check_prompt(target, &req.prompt)?;
         self.prepare(target, draft)?;
@@ -529,7 +529,7 @@ impl CudaSpec {
         keep_history: bool,
         tseq: SeqId,
         dseq: SeqId,
-    ) -> Result<SpecRun> {
+    ) -> Result<FusedRun> {
         let max_pos = target.cfg.max_position_embeddings;
         let t0 = std::time::Instant::now();
         let first = self.prefill(target, draft, tseq, dseq, &req.prompt)?;
@@ -537,7 +537,7 @@ impl CudaSpec {
         let mut tokens = req.prompt.clone();
         let mut completion = vec![];
         let mut stats = SpecStats::with_k(k);
-        let mut times = SpecTimes::default();
+        let mut times = FusedTimes::default();
         let mut finish = FinishReason::Length;
         let cfg = target.cfg.clone();
         let stop =
@@ -592,7 +592,7 @@ impl CudaSpec {
                 }
             }
         }
-        Ok(SpecRun {
+        Ok(FusedRun {
             completion,
             finish,
             stats,
