@@ -5,8 +5,8 @@
 //! random weights acceptance is ~0, so the table also gives the projected tok/s at a = 4.03
 //! accepted drafts per step (the 5.03 tokens per step of the real pair at k = 6), labelled so.
 use anyhow::{bail, Context, Result};
-use laguna_engine::cuda::draft::CudaDraft;
 use laguna_engine::cuda::draft::fused_step::FusedStep;
+use laguna_engine::cuda::draft::CudaDraft;
 use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::GenerateRequest;
 use laguna_engine::sample::SamplingParams;

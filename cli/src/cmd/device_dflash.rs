@@ -10,8 +10,8 @@
 //!    first step where the two drafts propose different tokens.
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
-use laguna_engine::cuda::draft::CudaDraft;
 use laguna_engine::cuda::draft::fused_step::FusedStep;
+use laguna_engine::cuda::draft::CudaDraft;
 use laguna_engine::cuda::{CudaModel, CudaOptions};
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::{LogitRows, Model, StepInput};

@@ -142,7 +142,7 @@ impl CudaModel {
                 block: launch::norm::norm_block(h),
             };
             lm::combine(d, prof, m as u32, &comb, Some(&n)).map_err(cerr)?;
-            self.xs_holds.set((sc.hn, true));
+            self.pass.xs_holds.set((sc.hn, true));
             return Ok(true);
         }
         lm::combine(d, prof, m as u32, &comb, None).map_err(cerr)?;
@@ -233,7 +233,7 @@ impl CudaModel {
             // The rows' B fragments into sc.xs (free here: the router has run), then the
             // tensor-core items (the fused decode launch's arithmetic).
             lm::tc_bfrag_rows(d, prof, m as u32, sc.hn, sc.xs).map_err(cerr)?;
-            self.xs_holds.set((0, false));
+            self.pass.xs_holds.set((0, false));
         }
         let a = lm::GateUp {
             gate: stack(&experts.gate),
@@ -275,7 +275,7 @@ impl CudaModel {
             m,
             router.fp4,
             shared.is_some(),
-            self.mk_grid,
+            self.shape.mk_grid,
             sel::MK_BLOCK,
         )
     }
@@ -303,12 +303,12 @@ impl CudaModel {
         };
         let (cfg, sc) = (&self.cfg, &self.sc);
         let h = cfg.hidden_size;
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         let (next_w, hn_out) = match next {
             Some(n) => (n.input_norm, sc.hn),
             None => {
-                self.final_normed.set(true);
-                (self.final_norm, sc.hsel)
+                self.pass.final_normed.set(true);
+                (self.w.final_norm, sc.hsel)
             }
         };
         let a = lm::DecodeFused {
@@ -333,9 +333,13 @@ impl CudaModel {
             next_w,
             hn_out,
             tp: 0,
-            stag: self.mk_stag,
+            stag: self.shape.mk_stag,
         };
-        let g = Geom::new((self.mk_grid, 1, 1), sel::MK_BLOCK, self.mk_smem);
+        let g = Geom::new(
+            (self.shape.mk_grid, 1, 1),
+            sel::MK_BLOCK,
+            self.shape.mk_smem,
+        );
         lm::decode_fused(&self.dev, prof, name, g, &a).map_err(cerr)
     }
 }

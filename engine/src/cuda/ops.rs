@@ -17,7 +17,7 @@ impl CudaModel {
         k: usize,
         lo: bool,
     ) -> Result<()> {
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         ll::split_bf16(&self.dev, prof, x, ldx, m, k, self.sc.xs, lo).map_err(cerr)
     }
 
@@ -36,7 +36,7 @@ impl CudaModel {
         let xs = split.then_some(sc.xs);
         self.launch_rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps, xs)?;
         if split {
-            self.xs_holds.set((sc.hn, true));
+            self.pass.xs_holds.set((sc.hn, true));
         }
         Ok(())
     }
@@ -71,7 +71,7 @@ impl CudaModel {
         eps: f32,
         xs: Option<u64>,
     ) -> Result<()> {
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         let name = if xs.is_some() {
             "rmsnorm_split"
         } else {
@@ -126,11 +126,11 @@ impl CudaModel {
         if m >= self.opts.gemm_min_rows {
             // The router keeps ~f32 precision too (hi + lo BF16 split) so top-k picks match the
             // reference.
-            let held = self.xs_holds.get();
+            let held = self.pass.xs_holds.get();
             if !(held.0 == x && ldx == l.k && held.1) {
                 self.split(prof, x, ldx, m, l.k, true)?;
             }
-            let cublas = !l.fp4 && self.use_cublas && self.dev.blas().is_some();
+            let cublas = !l.fp4 && self.shape.use_cublas && self.dev.blas().is_some();
             let name = match select::linear::gemm(l.fp4, tag == "router", cublas) {
                 select::linear::Gemm::Kernel(name) => name,
                 select::linear::Gemm::Cublas => {
@@ -139,20 +139,21 @@ impl CudaModel {
                     let beta = if acc { 1.0 } else { 0.0 };
                     // hi, then lo accumulated.
                     for (xpart, beta) in [(xs, beta), (xs + 2 * (m * l.k) as u64, 1.0)] {
-                        self.dev.blas_gemm_bf16(
-                            blas,
-                            prof,
-                            "cublas_bf16",
-                            l.w,
-                            xpart,
-                            y,
-                            m,
-                            l.n,
-                            l.k,
-                            ldy,
-                            beta,
-                        )
-                        .map_err(cerr)?;
+                        self.dev
+                            .blas_gemm_bf16(
+                                blas,
+                                prof,
+                                "cublas_bf16",
+                                l.w,
+                                xpart,
+                                y,
+                                m,
+                                l.n,
+                                l.k,
+                                ldy,
+                                beta,
+                            )
+                            .map_err(cerr)?;
                     }
                     return Ok(());
                 }
@@ -257,19 +258,19 @@ impl CudaModel {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
         // A one-row pass whose last fused MoE launch wrote the final norm of row 0 into hsel.
-        if !(n == 1 && self.final_normed.get()) {
+        if !(n == 1 && self.pass.final_normed.get()) {
             self.rmsnorm(
                 prof,
                 sc.x,
                 sc.sel,
-                self.final_norm,
+                self.w.final_norm,
                 sc.hsel,
                 n,
                 h,
                 self.cfg.rms_norm_eps as f32,
             )?;
         }
-        let l = &self.lm_head;
+        let l = &self.w.lm_head;
         // Where `linear` would launch linear_tc_bf16_tiled for the lm_head (its tests, in order).
         let tc = (fold && self.tc_takes(l, n))
             .then(|| self.tc_gemv(l, n))

@@ -160,8 +160,8 @@ impl FusedStep {
                 .dev
                 .htod(draft.cseq, as_bytes(&vec![0i32; end - start]))
                 .map_err(cerr)?;
-            draft.context_pass(&mut None, target.taps_dev, w, end - start)?;
-            draft.m.note_written(dseq, end);
+            draft.context_pass(&mut None, target.fwd.taps_dev, w, end - start)?;
+            draft.m.kv.note_written(dseq, end);
             draft.set_context_len(dseq, end);
             start = end;
         }
@@ -250,7 +250,7 @@ impl FusedStep {
         prof: &mut Option<device::Prof>,
     ) -> Result<()> {
         let w = draft.config().num_taps() * target.cfg.hidden_size;
-        draft.context_pass(prof, target.taps_dev, w, nb * (k + 1))
+        draft.context_pass(prof, target.fwd.taps_dev, w, nb * (k + 1))
     }
 
     fn capture(
@@ -315,7 +315,7 @@ impl FusedStep {
         times: &mut FusedTimes,
     ) -> Result<Vec<Accepted>> {
         // This step's argmaxes overwrite sc.amax: no pipelined decode step may feed from it.
-        target.fed.replace(None);
+        target.dec.fed.replace(None);
         let t0 = std::time::Instant::now();
         let nb = seqs.len();
         if !Self::fits(target, draft, k, nb) {
@@ -332,8 +332,8 @@ impl FusedStep {
         for (b, q) in seqs.iter().enumerate() {
             // Committed positions 0..tlen-1 hold K/V; this sequence's rows sit at tlen-1 ..= tlen-1+k.
             let p0 = q.tlen - 1;
-            target.check_ring(q.tseq, p0)?;
-            draft.m.check_ring(q.dseq, p0)?;
+            target.kv.check_ring(q.tseq, p0)?;
+            draft.m.kv.check_ring(q.dseq, p0)?;
             target.ensure_pages(q.tseq, p0 + k + 1)?;
             draft.m.ensure_pages(q.dseq, p0 + k + 1)?;
             for i in 0..=k {
@@ -359,10 +359,10 @@ impl FusedStep {
         up(draft.cpos, &pos)?;
         up(draft.cseq, &seqrow)?;
         dm.upload_tables(&dseqs)?;
-        dm.sc.staged.set(false);
-        dm.sc.solo.set(false);
+        dm.pass.staged.set(false);
+        dm.pass.solo.set(false);
         up(dm.sc.sel, &dsel)?;
-        if dm.noncausal {
+        if dm.fwd.noncausal {
             up(dm.sc.kend, &kend)?;
         }
         up(target.sc.tokens, &tt)?;
@@ -370,8 +370,8 @@ impl FusedStep {
         target.set_tc_cap(&pos);
         up(target.sc.seqrow, &seqrow)?;
         target.upload_tables(&tseqs)?;
-        target.sc.staged.set(false);
-        target.sc.solo.set(false);
+        target.pass.staged.set(false);
+        target.pass.solo.set(false);
         up(target.sc.sel, &tsel)?;
         let obuf = match oracle {
             Some(d) => {
@@ -396,7 +396,7 @@ impl FusedStep {
         };
 
         // One set of graphs per (k, batch, the target's attention_tc grid, oracle).
-        let key = (k, nb, target.tc_cap.get(), obuf.is_some());
+        let key = (k, nb, target.pass.tc_cap.get(), obuf.is_some());
         if self.use_graphs && !self.graphs.contains_key(&key) {
             match Self::capture(target, draft, k, nb, self.accept_buf, obuf) {
                 Ok(g) => {
@@ -477,9 +477,9 @@ impl FusedStep {
                 )));
             }
             // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
-            target.note_written(q.tseq, q.tlen + k);
-            draft.m.note_written(q.dseq, q.tlen + k);
-            target.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
+            target.kv.note_written(q.tseq, q.tlen + k);
+            draft.m.kv.note_written(q.dseq, q.tlen + k);
+            target.kv.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
             target.truncate(q.tseq, q.tlen + a);
             draft.set_context_len(q.dseq, q.tlen + k);
             draft.truncate(q.dseq, q.tlen + a);

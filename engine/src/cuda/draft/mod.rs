@@ -18,14 +18,14 @@ pub mod fused_step;
 
 use super::launch::attention as la;
 use super::launch::Geom;
-use load::Loader;
 use super::*;
-use fused_step::{FusedStep, SeqStep};
 use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
 use crate::spec::driver::{SpecState, StepResult};
 use crate::spec::verify::Verdict;
+use fused_step::{FusedStep, SeqStep};
+use load::Loader;
 
 pub struct CudaDraft {
     cfg: DraftConfig,
@@ -107,7 +107,11 @@ impl CudaDraft {
         )
         .map_err(EngineError::Other)?;
         // A draft whose layers all keep a window snapshots its rings into buffers of its own.
-        let snaps = if cfg.window.is_some() { opts.own_snapshots } else { 0 };
+        let snaps = if cfg.window.is_some() {
+            opts.own_snapshots
+        } else {
+            0
+        };
         Ok(l.ring_bytes * (1 + snaps))
     }
 
@@ -164,7 +168,7 @@ impl CudaDraft {
         let aux = ld.upload(&auxv)?;
         let hidden_norm = ld.vec_f32("hidden_norm.weight", h)?;
         let final_norm = ld.vec_f32("norm.weight", h)?;
-        let mut step_bytes = lin_bytes(&target.lm_head);
+        let mut step_bytes = lin_bytes(&target.w.lm_head);
         let mut layers = vec![];
         let mut kv = vec![];
         for l in 0..cfg.num_layers {
@@ -257,16 +261,16 @@ impl CudaDraft {
             ..target.opts.clone()
         };
         let parts = Parts {
-            embed: target.embed,
+            embed: target.w.embed,
             final_norm,
-            lm_head: target.lm_head,
+            lm_head: target.w.lm_head,
             layers,
             weight_bytes,
             decode_bytes: step_bytes,
             min_in: ntaps * th,
         };
-        let mut m = CudaModel::finish(scfg, dev.clone(), target.arch.clone(), opts, t0, parts)?;
-        m.noncausal = !cfg.causal;
+        let mut m = CudaModel::finish(scfg, dev.clone(), opts, t0, parts)?;
+        m.fwd.noncausal = !cfg.causal;
         let r = m.sc.rows;
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let d = CudaDraft {
@@ -302,8 +306,8 @@ impl CudaDraft {
     /// Rows per context pass: the pass size, at most the ring's slots (rows of one context write
     /// land in distinct ring slots; a newer row's slot is never written by an older row after it).
     pub fn max_rows(&self) -> usize {
-        if self.m.ring > 0 {
-            self.m.sc.rows.min(self.m.ring)
+        if self.m.kv.ring > 0 {
+            self.m.sc.rows.min(self.m.kv.ring)
         } else {
             self.m.sc.rows
         }
@@ -363,7 +367,7 @@ impl CudaDraft {
             .map_err(cerr)?;
         m.linear(prof, "fc", &self.fc, self.tnorm, w, self.c, h, n, false)?;
         m.rmsnorm(prof, self.c, 0, self.hidden_norm, self.c2, n, h, eps)?;
-        for (l, kv) in self.m.layers.iter().zip(&self.kv) {
+        for (l, kv) in self.m.w.layers.iter().zip(&self.kv) {
             m.rmsnorm(prof, self.c2, 0, l.input_norm, m.sc.hn, n, h, eps)?;
             m.linear(
                 prof,
@@ -410,7 +414,7 @@ impl CudaDraft {
                 vinv: 1.0 / l.vscale,
             };
             let grid = (n as u32, nkv.div_ceil(4) as u32, 1);
-            let fp8 = m.kv_elt == 1;
+            let fp8 = m.kv.elt == 1;
             la::qk_norm_rope_store(&m.dev, prof, fp8, Geom::new(grid, 128, 0), &a).map_err(cerr)?;
         }
         Ok(())
@@ -418,7 +422,7 @@ impl CudaDraft {
 
     /// Context length bookkeeping after a device-side context write of rows `start..start+n`.
     pub(super) fn set_context_len(&mut self, seq: SeqId, len: usize) {
-        if let Some(s) = self.m.seqs.get_mut(&seq) {
+        if let Some(s) = self.m.kv.seqs.get_mut(&seq) {
             s.len = len;
         }
     }
@@ -449,12 +453,12 @@ impl DraftModel for CudaDraft {
     fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {
         let width = self.cfg.num_taps() * self.target_hidden;
         for item in batch {
-            let n = item.rows(width, self.m.seqs.get(&item.seq).map(|s| s.len))?;
+            let n = item.rows(width, self.m.kv.seqs.get(&item.seq).map(|s| s.len))?;
             self.m.truncate(item.seq, item.start_pos);
-            self.m.check_ring(item.seq, item.start_pos)?;
+            self.m.kv.check_ring(item.seq, item.start_pos)?;
             self.m.ensure_pages(item.seq, item.start_pos + n)?;
             self.m.upload_tables(&[item.seq])?;
-            let mut prof = self.m.fprof.take();
+            let mut prof = self.m.fwd.prof.take();
             let rows = self.max_rows();
             let mut r0 = 0;
             while r0 < n {
@@ -476,8 +480,8 @@ impl DraftModel for CudaDraft {
                 self.context_pass(&mut prof, self.tbuf, width, cnt)?;
                 r0 += cnt;
             }
-            self.m.fprof = prof;
-            self.m.note_written(item.seq, item.start_pos + n);
+            self.m.fwd.prof = prof;
+            self.m.kv.note_written(item.seq, item.start_pos + n);
             self.set_context_len(item.seq, item.start_pos + n);
         }
         Ok(())
@@ -557,7 +561,12 @@ impl DraftModel for CudaDraft {
         }
         let outs = self.m.forward(&inputs)?;
         for b in batch {
-            self.m.seqs.get_mut(&b.seq).expect("forward checked it").len = b.start_pos;
+            self.m
+                .kv
+                .seqs
+                .get_mut(&b.seq)
+                .expect("forward checked it")
+                .len = b.start_pos;
         }
         Ok(outs)
     }

@@ -6,8 +6,8 @@
 //! ptxas' report. Launches of fixed geometry (norms, routers, combines: at most 256 threads and
 //! no dynamic shared memory but `moe_group`'s) are listed with the launchers' sizes.
 use crate::config::{AttnKind, LagunaConfig, MlpKind};
-use crate::cuda::select::{self, attention as sa, DevProps};
 use crate::cuda::launch::norm;
+use crate::cuda::select::{self, attention as sa, DevProps};
 use crate::cuda::{split_grid, tc_grid, ATT_CHUNK};
 use laguna_kernels::audit::Ask;
 
@@ -290,7 +290,9 @@ fn moe(
         // What the engine launches where a block fits; where none does, what it would have
         // asked (the audit then names the limit).
         let (grid, smem) = select::moe::mk_geom(cfg, dev.sms, per_sm.max(1)).unwrap_or((0, 0));
-        if let Some(name) = select::moe::fused_decode(&s, 1, false, false, grid, select::moe::MK_BLOCK) {
+        if let Some(name) =
+            select::moe::fused_decode(&s, 1, false, false, grid, select::moe::MK_BLOCK)
+        {
             o.ask(
                 name,
                 select::moe::MK_BLOCK,
