@@ -376,13 +376,28 @@ fn rust_paths(src: &str) -> Vec<Vec<String>> {
             }
             i += 2;
             if code[i..].starts_with('{') {
-                let end = code[i..].find('}').map_or(b.len(), |e| i + e);
-                for name in code[i + 1..end].split([',', ' ', '\n', '{']) {
-                    let name = name.trim();
-                    if !name.is_empty() && name.bytes().all(ident) {
-                        let mut p = path.clone();
-                        p.push(name.to_string());
-                        out.push(p);
+                // The group's items at its top level (`a`, `b::{C, D}`, `c as d`): their first name.
+                let (mut depth, mut start) = (0, i + 1);
+                let mut end = b.len();
+                for (j, c) in code[i..].char_indices() {
+                    match c {
+                        '{' => depth += 1,
+                        '}' | ',' if depth == 1 => {
+                            let item = code[start..i + j].trim();
+                            let name = item.split([':', ' ']).next().unwrap_or("");
+                            if !name.is_empty() && name.bytes().all(ident) {
+                                let mut p = path.clone();
+                                p.push(name.to_string());
+                                out.push(p);
+                            }
+                            start = i + j + 1;
+                            if c == '}' {
+                                end = i + j;
+                                break;
+                            }
+                        }
+                        '}' => depth -= 1,
+                        _ => {}
                     }
                 }
                 i = end;
@@ -536,7 +551,7 @@ fn import_circle_scanner_finds_what_it_should() {
     let k = ["crate", "cuda"];
     let used = |depth: usize, src: &str| sibling_uses(&k, "me", &sib, &[(depth, src.into())]);
     assert_eq!(
-        used(0, "use super::{a, b::C};"),
+        used(0, "use super::{a, b::{C, D}};"),
         ["a", "b"].map(String::from).into()
     );
     assert_eq!(

@@ -4,7 +4,9 @@
 use super::launch::attention::{self as la, Attn, Cache, FusedQk, Merge, Prefill, QkStore, Rope};
 use super::launch::Geom;
 use super::select::attention::{self as sel, Form};
-use super::*;
+use super::{cerr, device, split_grid, CudaModel, KvArgs, LayerW, ATT_CHUNK, SPLIT_ROWS, TC_CHUNK};
+use crate::config::Gating;
+use crate::error::Result;
 
 /// Where a layer's projections left q, k, v and the gate (row strides in floats).
 pub(super) struct Proj {

@@ -1,7 +1,11 @@
 //! Decode steps from captured CUDA graphs (`decode_greedy`, `decode_step` with `sample_rows`)
 //! and the device sampler's launch.
-use super::*;
+use super::{as_bytes, as_bytes_mut, cerr, device, select, CudaModel, DECODE_ROWS};
+use crate::error::{EngineError, Result};
+use crate::model::{DecodeItem, Model, SeqId};
+use crate::sample::SamplingParams;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::collections::VecDeque;
 
 /// What a decode step leaves on the device for the next: its rows' tokens in `sc.amax` (what

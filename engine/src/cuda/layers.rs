@@ -2,7 +2,8 @@
 //! (q/k norm + RoPE + K/V write, split-KV decode or flash prefill), then the dense MLP or the
 //! MoE (router, top-k, grouped experts in the weight-streaming or the GEMM regime, combine).
 use super::attention::Proj;
-use super::*;
+use super::{cerr, device, launch, CudaModel, KvArgs, LayerW, MlpW};
+use crate::error::Result;
 
 impl CudaModel {
     /// Launch every layer for the `m` rows whose metadata is already on the device.

@@ -1,7 +1,20 @@
 //! Loading a checkpoint onto the device: weights streamed tensor by tensor from the mmap (BF16
 //! as stored, NVFP4 packed), K/V pool and rings sized, scratch allocated.
 use super::select::moe::{mk_geom, mk_smem, MK_BLOCK};
-use super::*;
+use super::{
+    ceil_div, cerr, nsplit_tc, ring, CudaModel, CudaOptions, Dev, Experts, ForwardMode, KvPool,
+    LaunchShape, LayerW, Lin, MlpW, Parts, PassState, Scratch, Stack, Weights, DECODE_ROWS, NSPLIT,
+    SAMP_G_STRIDE, SPLIT_ROWS,
+};
+use crate::config::{AttnKind, LagunaConfig, MlpKind};
+use crate::error::{EngineError, Result};
+use crate::model::schema::layer_prefix;
+use crate::weights::linear::{kv_scale_pair, LinearSource};
+use crate::weights::store::{TensorView, WeightStore};
+use safetensors::Dtype;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
     Ok(match t.dtype {

@@ -31,17 +31,10 @@ pub use load::{check_head_dim, check_shapes};
 
 use kv::{KvPool, SeqState};
 
-use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
+use crate::config::LagunaConfig;
 use crate::error::{EngineError, Result};
-use crate::model::schema::layer_prefix;
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput, StepOutput};
-use crate::sample::SamplingParams;
-use crate::weights::linear::{kv_scale_pair, LinearSource};
-use crate::weights::store::{TensorView, WeightStore};
-use safetensors::Dtype;
 use std::cell::Cell;
-use std::collections::HashMap;
-use std::path::Path;
 use std::sync::Arc;
 
 /// Options for [`CudaModel::load`].
@@ -1077,6 +1070,7 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     /// `tc_grid` may shrink `attention_decode_tc`'s grid only where no row of the pass loses a split:
     /// every row up to the pass's longest gets from the smaller grid the splits common.cuh's

@@ -5,7 +5,8 @@
 use super::launch::moe::{self as lm, Groups, Stack as LStack, TopK};
 use super::launch::Geom;
 use super::select::moe as sel;
-use super::*;
+use super::{cerr, device, launch, CudaModel, Experts, LayerW, MlpW, Stack};
+use crate::error::Result;
 
 impl CudaModel {
     fn moe_shape(&self, experts: &Experts) -> sel::Shape {

@@ -4,7 +4,8 @@
 use super::launch::linear as ll;
 use super::launch::norm::norm_block;
 use super::launch::Geom;
-use super::*;
+use super::{as_bytes, ceil_div, cerr, device, select, CudaModel, Lin};
+use crate::error::Result;
 
 impl CudaModel {
     /// x (f32 [m, k], row stride ldx) -> sc.xs as BF16 hi [m, k] then lo [m, k] (lo only when `lo`).

@@ -13,8 +13,11 @@
 //!   sequence slot, reserved inside the K/V budget (`CudaDraft::ring_bytes`).
 //! * Restore: the blocks' pages, a fresh page with the partial page's copy, the ring copied back
 //!   into the new sequence's ring slots, and the length and ring bookkeeping of the snapshot.
-use super::*;
+use super::{cerr, ring, CudaModel};
+use crate::error::{EngineError, Result};
 use crate::model::prefix::{CacheHandle, PrefixStore};
+use crate::model::SeqId;
+use std::collections::HashMap;
 
 enum Held {
     Block(u32),

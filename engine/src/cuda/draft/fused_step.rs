@@ -24,10 +24,13 @@
 //! Greedy output is token-identical to plain greedy decoding when the target's k+1-row verify
 //! computes every row bit-identically to a 1-row decode step (`laguna device-test` checks both).
 use super::CudaDraft;
-use crate::cuda::*;
+use crate::cuda::{as_bytes, as_bytes_mut, cerr, device, CudaModel};
+use crate::error::{EngineError, Result};
 use crate::generate::{FinishReason, GenerateRequest};
+use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
+use std::collections::HashMap;
 
 /// What a device step returns per sequence: (accepted a, the a + 1 emitted tokens, the k drafts).
 pub type Accepted = (usize, Vec<u32>, Vec<u32>);

@@ -18,14 +18,22 @@ pub mod fused_step;
 
 use super::launch::attention as la;
 use super::launch::Geom;
-use super::*;
+use super::{
+    as_bytes, cerr, device, launch, load, ring, CudaModel, CudaOptions, LayerW, Lin, MlpW, Parts,
+};
+use crate::config::LagunaConfig;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
+use crate::error::{EngineError, Result};
+use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
 use crate::spec::driver::{SpecState, StepResult};
 use crate::spec::verify::Verdict;
+use crate::weights::linear::kv_scale_pair;
+use crate::weights::store::WeightStore;
 use fused_step::{FusedStep, SeqStep};
 use load::Loader;
+use std::path::Path;
 
 pub struct CudaDraft {
     cfg: DraftConfig,
