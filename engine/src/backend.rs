@@ -2,7 +2,8 @@
 //! backend or a CUDA GPU and hands them back behind the engine's traits, so nothing above the engine
 //! names a backend type. `generate`, `serve` and the benches all load through here.
 use crate::cpu::CpuModel;
-use crate::cuda::{self, draft::CudaDraft, spec::CudaSpec, CudaModel, CudaOptions};
+use crate::cuda::draft::{fused_step::FusedStep, CudaDraft};
+use crate::cuda::{self, CudaModel, CudaOptions};
 use crate::generate::{generate, GenerateRequest, GenerateResult};
 use crate::model::Model;
 use crate::sched::{Dflash, Loaded as SchedLoaded};
@@ -256,7 +257,7 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } if req.sampling.is_greedy() && costs.is_none() => {
-                let r = CudaSpec::default().generate(model, d, req, *k, true)?;
+                let r = FusedStep::default().generate(model, d, req, *k, true)?;
                 let res = GenerateResult {
                     completion: r.completion,
                     finish_reason: r.finish,
