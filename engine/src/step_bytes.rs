@@ -142,7 +142,7 @@ fn bf16(out: u64, inp: u64) -> u64 {
 /// Weight passes of a GEMV over `rows` rows as launched: the tensor-core GEMV (BF16, K % 32 ==
 /// 0) one per 8 rows, the SIMT GEMV one for up to 8 rows, then one per 16.
 fn gemv_passes(fp4: bool, inp: u64, rows: usize) -> u64 {
-    if !fp4 && inp % 32 == 0 {
+    if !fp4 && inp.is_multiple_of(32) {
         rows.div_ceil(8) as u64
     } else if rows <= 8 {
         1
