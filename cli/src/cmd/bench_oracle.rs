@@ -156,6 +156,9 @@ pub fn run(
     let reference: Vec<u32> = prompt.iter().chain(&reference).copied().collect();
     // Sampled rows against sampled decoding (the reference's run captured its graphs).
     let baseline_step_ms = if temperature > 0.0 {
+        // Plain decoding as without a draft: no taps.
+        m.set_taps(&[]);
+        m.set_taps_on_device(false)?;
         let ms = sampled_decode_ms(m, prompt, &sampling, gen)?;
         eprintln!(
             "no-draft sampled decode (T = {temperature}): {ms:.3} ms/step (greedy {decode_step_ms:.3})"
@@ -245,7 +248,7 @@ pub fn run(
 /// pipelined, as `laguna serve` decodes) of `gen` + 1 tokens less that of 1 token (the prefill
 /// and the first token), the median of three pairs.
 fn sampled_decode_ms(
-    m: &mut CudaModel,
+    m: &mut dyn Model,
     prompt: &[u32],
     sampling: &SamplingParams,
     gen: usize,
@@ -349,5 +352,25 @@ mod tests {
             vec![Acceptance::Fixed(1), Acceptance::Mean(4.03)]
         );
         assert!(parse_acceptances("1,mean:x").is_err());
+    }
+
+    /// The sampled baseline on the CPU engine (a fixture): plain sampled decoding runs its
+    /// `gen` + 1 and 1 tokens (EOS ignored) and gives a positive per-step time.
+    #[test]
+    fn sampled_baseline_times_plain_decoding() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/models/swa-yarn-perhead");
+        if !dir.join("config.json").exists() {
+            return;
+        }
+        let mut m = laguna_engine::cpu::CpuModel::load(&dir).unwrap();
+        let sampling = SamplingParams {
+            temperature: 0.8,
+            top_k: 0,
+            top_p: 1.0,
+            seed: Some(1),
+        };
+        let ms = sampled_decode_ms(&mut m, &[1, 2, 3, 4], &sampling, 8).unwrap();
+        assert!(ms.is_finite() && ms > 0.0, "{ms}");
     }
 }
