@@ -16,6 +16,10 @@
 #   sweep     device-test --random-configs SWEEP_N (default 40) from SWEEP_SEED (default 0)
 #   resume    bench --agent-resume 32768,131072 (cached turn vs new-token prefill)
 #   replay    bench --agent-replay (8 turns, 8K to 64K)
+#   ab        the same bench with dist/base/laguna (BASE, e.g. a build of the commit before a refactor)
+#             and dist/laguna, alternating twice: fingerprint, decode and TTFT rows of each
+#   kvrows    the DFlash k=6 step at 2K and 32K: does the verify's per-row K/V re-read reach DRAM?
+# Binaries may come gzipped (dist/NAME.gz, to stay under the carry limit): they are unpacked first.
 set -u
 OUT="${OUT:-/tmp/laguna-out}"
 mkdir -p "$OUT"
@@ -24,7 +28,10 @@ export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$PWD/dist/cache}"
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 done
-A=dist/laguna; DEV=dist/laguna-dev
+for z in dist/*.gz dist/base/*.gz; do
+    [ -f "$z" ] && { gunzip -c "$z" > "${z%.gz}"; chmod +x "${z%.gz}"; }
+done
+A=dist/laguna; DEV=dist/laguna-dev; BASE=dist/base/laguna
 M=/tmp/xs21-synth; D=/tmp/xs21-dflash-synth
 # run NAME SECONDS CMD...: run CMD with at most SECONDS (or what is left), log to $OUT/NAME.log.
 run() {
@@ -89,6 +96,22 @@ for s in ${STEPS:-fixtures prefix grammar oracle bench}; do
         wait $SY
         run replay 150 "$A" bench --model "$M" --agent-replay
         grep -E '^\|' "$OUT/replay.log" | tail -14; tail -2 "$OUT/replay.log" ;;
+    ab)
+        wait $SY
+        run warmup-base 200 "$BASE" warmup; tail -1 "$OUT/warmup-base.log"
+        for i in 1 2; do
+            for b in base main; do
+                bin=$A; [ $b = base ] && bin=$BASE
+                run ab-$b-$i 90 "$bin" bench --model "$M" --prompt-len 2048 --gen 64 --runs 3
+                echo "  $b $i:"; grep -E '^\| (decode|TTFT|greedy)|fnv|fingerprint' "$OUT/ab-$b-$i.log" | head -6
+            done
+        done ;;
+    kvrows)
+        wait $SY
+        run kvrows-2k 150 "$A" bench --model "$M" --draft "$D" --sweep-k 6 --prompt-len 2048 --gen 64 --runs 1
+        run kvrows-32k 250 "$A" bench --model "$M" --draft "$D" --sweep-k 6 --prompt-len 32768 --gen 64 --runs 1 \
+            --pool-gib 12 --max-rows 8192
+        for f in kvrows-2k kvrows-32k; do echo "  $f:"; grep -E '^\|' "$OUT/$f.log" | tail -12; done ;;
     *) echo "unknown step $s" ;;
     esac
 done
