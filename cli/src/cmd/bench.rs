@@ -145,8 +145,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|r| bytes as f64 * r.1 / bw);
     let kernel_total: f64 = prof.decode.iter().map(|b| b.1).sum();
     let gb10 = super::bench_gb10::from_bench(
-        &cfg,
-        &info,
+        m,
         &a,
         bw,
         &step_rows,

@@ -11,7 +11,7 @@
 use anyhow::{Context, Result};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::cuda::profile;
-use laguna_engine::model::device::DeviceInfo;
+use laguna_engine::model::device::DeviceModel;
 use laguna_engine::spec::config::DraftConfig;
 use laguna_engine::step_bytes::{Reads, StepBytes};
 
@@ -116,8 +116,7 @@ impl Projection {
 /// The decode step is the serving path's (`decode_step` greedy, one sequence, pipelined), else
 /// the graph replayed back to back, else the timed decode.
 pub fn from_bench(
-    cfg: &LagunaConfig,
-    info: &DeviceInfo,
+    m: &dyn DeviceModel,
     a: &super::bench::Args,
     copy_bw: f64,
     step_rows: &[(String, f64, f64)],
@@ -140,6 +139,7 @@ pub fn from_bench(
         (None, Some(ms)) => (ms, "the decode graph replayed back to back"),
         (None, None) => (1e3 / tok_s, "the timed greedy decode"),
     };
+    let info = m.info();
     let draft = match &a.draft {
         Some(dir) => Some(
             DraftConfig::from_file(&dir.join("config.json"))
@@ -159,7 +159,7 @@ pub fn from_bench(
         kv_elt: if info.kv_fp8 { 1 } else { 2 },
         ctx: a.prompt_len + a.gen / 2,
     };
-    let rows = rows(cfg, draft.as_ref(), &measured);
+    let rows = rows(m.config(), draft.as_ref(), &measured);
     let notes = assumptions(&measured, info.decode_weight_bytes, &rows);
     Ok(Some(Projection {
         rows,
