@@ -1,10 +1,12 @@
 //! Backend choice in one place: `load` reads a model (and a DFlash draft) onto the CPU reference
 //! backend or a CUDA GPU and hands them back behind the engine's traits, so nothing above the engine
-//! names a backend type. `generate`, `serve` and the benches all load through here.
+//! names a backend type. `generate`, `serve`, the benches and the device checks all load through
+//! here; the tools reach what only a device backend has through [`Loaded::device`].
 use crate::cpu::CpuModel;
-use crate::cuda::draft::{fused_step::FusedStep, CudaDraft};
+use crate::cuda::draft::CudaDraft;
 use crate::cuda::{self, CudaModel, CudaOptions};
 use crate::generate::{generate, GenerateRequest, GenerateResult};
+use crate::model::device::{DeviceDraft, DeviceModel, LoopTiming};
 use crate::model::Model;
 use crate::sched::{Dflash, Loaded as SchedLoaded};
 use crate::spec::{generate_spec, CpuDraft, DraftModel, SpecStats};
@@ -55,10 +57,19 @@ impl std::fmt::Display for Device {
     }
 }
 
+/// Passes of at least this many rows take the long-pass regime (tensor-core GEMMs, flash prefill
+/// attention) unless [`LoadOptions::gemm_min_rows`] says otherwise (docs/design/numerics.md).
+pub use crate::cuda::GEMM_MIN_ROWS;
+
+/// The largest DFlash k (a block of 16 tokens): the spare rows of a model loaded for any draft's
+/// k ([`LoadOptions::spare_rows`]), as the benches and device checks load it.
+pub const MAX_SPEC_K: usize = 15;
+
 /// What the CPU's prefix cache may hold when no K/V budget is given.
 pub const CPU_PREFIX_CACHE_BYTES: usize = 2 << 30;
 
-/// How to load: the knobs `serve` and `generate` set; everything else is the backend's default.
+/// How to load: the knobs `serve` and `generate` set, then how a device backend runs its passes
+/// (the benches and device checks set those; the CPU reference ignores them).
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     /// K/V budget in bytes, covering the draft's rings too (None: the backend sizes it).
@@ -76,6 +87,23 @@ pub struct LoadOptions {
     /// The prefix cache will run: reserve what its stores keep outside the pool (the draft's
     /// own snapshot buffers) inside the K/V budget.
     pub prefix_cache: bool,
+    /// Rows per device pass (a prefill chunk; longer batches run in several); None: the
+    /// backend's default.
+    pub pass_rows: Option<usize>,
+    /// Positions per K/V page; None: the backend's default.
+    pub page_size: Option<usize>,
+    /// Passes of at least this many rows take the long-pass regime; None: [`GEMM_MIN_ROWS`].
+    pub gemm_min_rows: Option<usize>,
+    /// Rows a sequence may write past what the next step keeps: a sliding-window ring's spare
+    /// slots, at least the DFlash k it serves. None: the draft's k (0 without a draft).
+    pub spare_rows: Option<usize>,
+    /// Replay single-row decode steps from captured graphs (off: every step eager).
+    pub decode_graphs: bool,
+    /// Sliding-window layers keep a ring per sequence (off: they store every position, like
+    /// full-attention layers; for A/B checks).
+    pub sliding_rings: bool,
+    /// Long passes' dense BF16 GEMMs through the vendor's BLAS when it loads (off: laguna's own).
+    pub vendor_blas: bool,
 }
 
 impl Default for LoadOptions {
@@ -88,6 +116,13 @@ impl Default for LoadOptions {
             num_speculative_tokens: None,
             progress: false,
             prefix_cache: false,
+            pass_rows: None,
+            page_size: None,
+            gemm_min_rows: None,
+            spare_rows: None,
+            decode_graphs: true,
+            sliding_rings: true,
+            vendor_blas: true,
         }
     }
 }
@@ -141,21 +176,7 @@ pub fn load(
                 }
                 None => 0,
             };
-            let mut copts = CudaOptions {
-                device: ordinal,
-                kv_pool_bytes: opts.kv_cache_bytes,
-                max_model_len: opts.max_model_len,
-                progress: opts.progress,
-                max_seqs: opts.max_seqs,
-                spec_k: k,
-                kv_fp8: opts.kv_fp8,
-                own_snapshots: if opts.prefix_cache {
-                    crate::model::prefix::OWN_SNAPSHOTS_PER_SEQ
-                } else {
-                    0
-                },
-                ..Default::default()
-            };
+            let mut copts = cuda_options(ordinal, opts, k);
             // The budget covers the draft's rings too (as `laguna plan` counts them).
             if let (Some(d), Some(b)) = (draft_dir, opts.kv_cache_bytes) {
                 copts.kv_pool_bytes = Some(b.saturating_sub(CudaDraft::ring_bytes(d, &copts)?));
@@ -168,6 +189,31 @@ pub fn load(
             };
             Ok(Loaded::Cuda { model, draft })
         }
+    }
+}
+
+/// The CUDA backend's options for `opts` with a draft of k (0: none).
+fn cuda_options(ordinal: usize, opts: &LoadOptions, k: usize) -> CudaOptions {
+    let d = CudaOptions::default();
+    CudaOptions {
+        device: ordinal,
+        kv_pool_bytes: opts.kv_cache_bytes,
+        max_model_len: opts.max_model_len,
+        page_size: opts.page_size.unwrap_or(d.page_size),
+        max_rows: opts.pass_rows.unwrap_or(d.max_rows),
+        progress: opts.progress,
+        graphs: opts.decode_graphs,
+        gemm_min_rows: opts.gemm_min_rows.unwrap_or(GEMM_MIN_ROWS),
+        cublas: opts.vendor_blas,
+        max_seqs: opts.max_seqs,
+        spec_k: opts.spare_rows.unwrap_or(k),
+        kv_fp8: opts.kv_fp8,
+        rings: opts.sliding_rings,
+        own_snapshots: if opts.prefix_cache {
+            crate::model::prefix::OWN_SNAPSHOTS_PER_SEQ
+        } else {
+            0
+        },
     }
 }
 
@@ -228,6 +274,15 @@ impl Loaded {
         }
     }
 
+    /// The target's device capabilities (the benches and device checks); None on the CPU
+    /// reference.
+    pub fn device(&mut self) -> Option<&mut dyn DeviceModel> {
+        match self {
+            Loaded::Cpu { .. } => None,
+            Loaded::Cuda { model, .. } => Some(model),
+        }
+    }
+
     /// The draft's k, when a draft is loaded.
     pub fn spec_k(&self) -> Option<usize> {
         match self {
@@ -260,7 +315,7 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } if req.sampling.is_greedy() && costs.is_none() => {
-                let r = FusedStep::default().generate(model, d, req, *k, true)?;
+                let r = d.generate_on_device(model, req, *k, true, LoopTiming::Wall)?;
                 let res = GenerateResult {
                     completion: r.completion,
                     finish_reason: r.finish,

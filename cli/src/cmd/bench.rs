@@ -2,9 +2,10 @@
 //! CUDA graph replay, the host reads only the sampled token), bytes a decode step reads, device
 //! copy bandwidth measured in the same run, roofline fraction and a per-kernel time breakdown.
 use anyhow::{bail, Context, Result};
+use laguna_engine::backend::{self, Device, LoadOptions, Loaded};
 use laguna_engine::config::AttnKind;
-use laguna_engine::cuda::{CudaModel, CudaOptions};
-use laguna_engine::model::{LogitRows, Model, StepInput};
+use laguna_engine::model::device::{DeviceInfo, DeviceModel};
+use laguna_engine::model::{LogitRows, StepInput};
 use laguna_engine::sample_check;
 use std::path::PathBuf;
 
@@ -108,29 +109,33 @@ pub fn run(a: Args) -> Result<()> {
     if let Some(schema) = a.grammar.clone() {
         return super::bench_grammar::run(&a.model, schema, a.prompt_len, a.gen, a.runs, a.json);
     }
-    if let Err(e) = laguna_engine::cuda::gpu_available() {
+    if let Err(e) = Device::Cuda(0).check() {
         bail!("laguna bench needs a CUDA GPU: {e}");
     }
-    let mut m = load(&a)?;
+    let mut loaded = load(&a)?;
+    let m = loaded
+        .device()
+        .context("the CUDA backend measures its own steps")?;
+    let info = m.info();
     let cfg = m.config().clone();
     let v = cfg.vocab_size;
     let bw = m.copy_bandwidth(2 << 30)?;
     let prompt = random_prompt(a.prompt_len, v);
     if a.long_context {
-        return long_run(&mut m, &prompt, &a);
+        return long_run(m, &info, &prompt, &a);
     }
-    let mut greedy = greedy_runs(&mut m, &prompt, &a)?;
-    let step_rows = decode_step_rows(&mut m, &prompt, &a)?;
+    let mut greedy = greedy_runs(m, &prompt, &a)?;
+    let step_rows = decode_step_rows(m, &prompt, &a)?;
     let grid = sample_check::grid(v, 11, |rows, items| m.sample_logits(rows, items))?;
     let tok_s_plain = median(&mut greedy.tps.clone());
-    let (oracle, spec_rows) = dflash_rows(&mut m, &prompt, &a, 1e3 / tok_s_plain)?;
-    let prof = kernel_profiles(&mut m, &prompt, &greedy.tokens)?;
+    let (oracle, spec_rows) = dflash_rows(m, &prompt, &a, 1e3 / tok_s_plain)?;
+    let prof = kernel_profiles(m, &prompt, &greedy.tokens)?;
     let finite = greedy.finite && prof.finite;
     let ttft = median(&mut greedy.ttfts);
     let tok_s = median(&mut greedy.tps);
     // Bytes per decode step at the mean context of the timed decode.
-    let kv_bytes = kv_bytes_per_step(&m, &cfg, a.prompt_len + a.gen / 2);
-    let bytes = m.decode_weight_bytes + kv_bytes;
+    let kv_bytes = kv_bytes_per_step(info.kv_fp8, &cfg, a.prompt_len + a.gen / 2);
+    let bytes = info.decode_weight_bytes + kv_bytes;
     let roofline = bytes as f64 * tok_s / bw;
     // The same fraction for the serving path: `decode_step` greedy, one sequence, pipelined (what
     // `laguna serve` and `generate` run once a prompt is in; no host round trip between steps).
@@ -140,7 +145,7 @@ pub fn run(a: Args) -> Result<()> {
         .map(|r| bytes as f64 * r.1 / bw);
     let kernel_total: f64 = prof.decode.iter().map(|b| b.1).sum();
     let gb10 = super::bench_gb10::from_bench(
-        &m,
+        m,
         &a,
         bw,
         &step_rows,
@@ -170,9 +175,9 @@ pub fn run(a: Args) -> Result<()> {
         oracle,
     };
     if a.json {
-        report.print_json(&m, &a);
+        report.print_json(&info, &a);
     } else {
-        report.print_table(&m, &a, v);
+        report.print_table(&info, &a, v);
     }
     if !finite {
         bail!("non-finite logits");
@@ -208,37 +213,40 @@ fn agent_replay(a: &Args) -> Result<()> {
 }
 
 /// The model on the GPU with the bench's options, its load and K/V sizes reported on stderr.
-fn load(a: &Args) -> Result<CudaModel> {
-    let opts = CudaOptions {
-        kv_pool_bytes: a.pool_gib.map(|g| (g * (1u64 << 30) as f64) as usize),
-        max_rows: a.max_rows,
-        graphs: !a.no_graph,
+fn load(a: &Args) -> Result<Loaded> {
+    let opts = LoadOptions {
+        kv_cache_bytes: a.pool_gib.map(|g| (g * (1u64 << 30) as f64) as usize),
+        pass_rows: Some(a.max_rows),
+        decode_graphs: !a.no_graph,
         progress: !a.json,
         max_seqs: a.max_seqs,
         kv_fp8: a.kv_cache_dtype == "fp8",
+        // Any k a draft is timed at (`--draft`, loaded later onto this model).
+        spare_rows: Some(backend::MAX_SPEC_K),
         ..Default::default()
     };
-    let m = CudaModel::load(&a.model, opts)
+    let mut loaded = backend::load(Device::Cuda(0), &opts, &a.model, None)
         .with_context(|| format!("loading {}", a.model.display()))?;
+    let m = loaded.device().context("a CUDA model")?.info();
     eprintln!(
         "loaded {:.2} GB of weights in {:.1}s on {} ({})",
         m.weight_bytes as f64 / 1e9,
         m.load_secs,
-        m.device_name(),
-        m.arch()
+        m.name,
+        m.arch
     );
-    let (pages, ps, pool_bytes) = m.kv_pool();
-    let (ring, ring_seqs, ring_bytes) = m.kv_rings();
+    let (pages, ps, pool_bytes) = m.kv_pool;
+    let (ring, ring_seqs, ring_bytes) = m.kv_rings;
     eprintln!(
         "K/V ({}): {} positions per sequence, pool {} pages x {ps} = {} positions ({:.2} GiB), rings {ring} slots x {ring_seqs} sequences ({:.3} GiB)",
         a.kv_cache_dtype,
-        m.kv_capacity(),
+        m.kv_capacity,
         pages,
         pages * ps,
         pool_bytes as f64 / (1u64 << 30) as f64,
         ring_bytes as f64 / (1u64 << 30) as f64
     );
-    Ok(m)
+    Ok(loaded)
 }
 
 /// Deterministic pseudo-random prompt of `len` tokens below `vocab`, above the first 16 ids.
@@ -267,7 +275,7 @@ struct GreedyRuns {
 
 /// `runs` + 1 greedy runs (the first a warm-up): a prefill of the prompt (TTFT), then `gen`
 /// `decode_greedy` steps.
-fn greedy_runs(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<GreedyRuns> {
+fn greedy_runs(m: &mut dyn DeviceModel, prompt: &[u32], a: &Args) -> Result<GreedyRuns> {
     let mut ttfts = vec![];
     let mut tps = vec![];
     let mut replay_ms: Option<f64> = None;
@@ -297,9 +305,8 @@ fn greedy_runs(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<GreedyRuns
             .0 as u32;
         let t1 = std::time::Instant::now();
         let mut toks = vec![tok];
-        let mut none = None;
         for _ in 0..a.gen {
-            tok = m.decode_greedy(s, tok, &mut none)?;
+            tok = m.decode_greedy(s, tok)?;
             toks.push(tok);
         }
         let dt = t1.elapsed().as_secs_f64();
@@ -333,7 +340,7 @@ fn greedy_runs(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<GreedyRuns
 /// prompt is in) with tokens drawn on the device, 1 and 4 sequences, greedy and T = 0.8 /
 /// top-p 0.95. Rows of (label, tok/s, ms a step).
 fn decode_step_rows(
-    m: &mut CudaModel,
+    m: &mut dyn DeviceModel,
     prompt: &[u32],
     a: &Args,
 ) -> Result<Vec<(String, f64, f64)>> {
@@ -427,7 +434,7 @@ fn decode_step_rows(
 
 /// With `--draft`: the acceptance oracle's table (with `--acceptance`) or the DFlash step rows.
 fn dflash_rows(
-    m: &mut CudaModel,
+    m: &mut dyn DeviceModel,
     prompt: &[u32],
     a: &Args,
     decode_step_ms: f64,
@@ -488,7 +495,7 @@ const PROFILED_STEPS: usize = 16;
 /// A finite check of decode logits (one teacher-forced step through the Model trait), then the
 /// per-kernel breakdowns of one prefill and of [`PROFILED_STEPS`] eager decode steps.
 fn kernel_profiles(
-    m: &mut CudaModel,
+    m: &mut dyn DeviceModel,
     prompt: &[u32],
     tokens_out: &[u32],
 ) -> Result<KernelProfiles> {
@@ -519,12 +526,13 @@ fn kernel_profiles(
     m.set_profiling(false);
     m.free_seq(sp);
     // Per-kernel breakdown over 16 eager decode steps.
-    let mut prof = Some(laguna_engine::cuda::Prof::default());
+    m.set_profiling(true);
     let mut tok = *tokens_out.last().unwrap_or(&1);
     for _ in 0..PROFILED_STEPS {
-        tok = m.decode_greedy(s, tok, &mut prof)?;
+        tok = m.decode_greedy(s, tok)?;
     }
-    let decode = prof.unwrap().summary();
+    let decode = m.take_profile();
+    m.set_profiling(false);
     m.free_seq(s);
     Ok(KernelProfiles {
         finite,
@@ -534,11 +542,7 @@ fn kernel_profiles(
 }
 
 /// K/V bytes a decode step reads at context `ctx` (sliding layers capped at the window).
-fn kv_bytes_per_step(
-    m: &CudaModel,
-    cfg: &laguna_engine::config::LagunaConfig,
-    ctx: usize,
-) -> usize {
+fn kv_bytes_per_step(kv_fp8: bool, cfg: &laguna_engine::config::LagunaConfig, ctx: usize) -> usize {
     let kvw = cfg.num_kv_heads * cfg.head_dim;
     cfg.layers
         .iter()
@@ -547,7 +551,7 @@ fn kv_bytes_per_step(
                 (AttnKind::Sliding, Some(w)) => ctx.min(w),
                 _ => ctx,
             };
-            n * kvw * 2 * if m.kv_fp8() { 1 } else { 2 }
+            n * kvw * 2 * if kv_fp8 { 1 } else { 2 }
         })
         .sum()
 }
@@ -586,7 +590,7 @@ struct Report {
 }
 
 impl Report {
-    fn print_json(&self, m: &CudaModel, a: &Args) {
+    fn print_json(&self, m: &DeviceInfo, a: &Args) {
         let Report {
             ttft,
             tok_s,
@@ -608,7 +612,7 @@ impl Report {
             .collect();
         println!(
             "{}",
-            serde_json::json!({"device": m.device_name(), "arch": m.arch(), "load_s": m.load_secs, "weight_bytes": m.weight_bytes,
+            serde_json::json!({"device": m.name, "arch": m.arch, "load_s": m.load_secs, "weight_bytes": m.weight_bytes,
                 "prompt_len": a.prompt_len, "gen": a.gen, "ttft_ms": ttft * 1e3, "decode_tok_s": tok_s, "bytes_per_token": bytes,
                 "weight_bytes_per_token": m.decode_weight_bytes, "kv_bytes_per_token": kv_bytes,
                 "copy_bw_bytes_s": bw, "roofline_fraction": roofline, "roofline_fraction_serving": roofline_serving, "finite": finite, "greedy_tokens": self.greedy_tokens, "greedy_fnv64": format!("{greedy_fnv:016x}"), "graphs": !a.no_graph, "kernels": ks,
@@ -619,7 +623,7 @@ impl Report {
         );
     }
 
-    fn print_table(&self, m: &CudaModel, a: &Args, v: usize) {
+    fn print_table(&self, m: &DeviceInfo, a: &Args, v: usize) {
         let Report {
             ttft,
             tok_s,
@@ -661,8 +665,8 @@ impl Report {
             );
         }
         println!("\n| metric | value |\n|---|---|");
-        println!("| device | {} ({}) |", m.device_name(), m.arch());
-        let (stag, peak) = m.moe_stagger();
+        println!("| device | {} ({}) |", m.name, m.arch);
+        let (stag, peak) = m.moe_stagger;
         println!(
             "| moe_block_1 issue stagger | {stag} ns a warp (peak DRAM {:.2} TB/s) |",
             peak / 1e12
@@ -734,10 +738,10 @@ impl Report {
 }
 
 /// `--long-context`: one cold prefill of the whole prompt, then `gen` greedy decode steps.
-fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
+fn long_run(m: &mut dyn DeviceModel, info: &DeviceInfo, prompt: &[u32], a: &Args) -> Result<()> {
     let n = prompt.len();
-    if n + a.gen > m.kv_capacity() {
-        bail!("a {n}-token prompt + {} tokens does not fit the K/V pool ({} positions); give a larger --pool-gib", a.gen, m.kv_capacity());
+    if n + a.gen > info.kv_capacity {
+        bail!("a {n}-token prompt + {} tokens does not fit the K/V pool ({} positions); give a larger --pool-gib", a.gen, info.kv_capacity);
     }
     let s = m.new_seq()?;
     let t0 = std::time::Instant::now();
@@ -752,15 +756,14 @@ fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
     let ttft = t0.elapsed().as_secs_f64();
     let mut finite = out.logits.iter().all(|x| x.is_finite());
     let mut tok = laguna_engine::sample::argmax(&out.logits) as u32;
-    let mut none = None;
     // First steps capture the graph; time the rest.
     let warm = 4.min(a.gen);
     for _ in 0..warm {
-        tok = m.decode_greedy(s, tok, &mut none)?;
+        tok = m.decode_greedy(s, tok)?;
     }
     let t1 = std::time::Instant::now();
     for _ in warm..a.gen {
-        tok = m.decode_greedy(s, tok, &mut none)?;
+        tok = m.decode_greedy(s, tok)?;
     }
     let dt = t1.elapsed().as_secs_f64();
     let steps = a.gen - warm;
@@ -776,16 +779,15 @@ fn long_run(m: &mut CudaModel, prompt: &[u32], a: &Args) -> Result<()> {
     if a.json {
         println!(
             "{}",
-            serde_json::json!({"device": m.device_name(), "prompt_len": n, "kv_cache_dtype": a.kv_cache_dtype, "kv_positions": m.kv_capacity(),
+            serde_json::json!({"device": info.name, "prompt_len": n, "kv_cache_dtype": a.kv_cache_dtype, "kv_positions": info.kv_capacity,
                 "ttft_s": ttft, "prefill_tok_s": n as f64 / ttft, "decode_steps": steps, "decode_tok_s": tok_s, "finite": finite})
         );
     } else {
         println!("\n| metric | value |\n|---|---|");
-        println!("| device | {} ({}) |", m.device_name(), m.arch());
+        println!("| device | {} ({}) |", info.name, info.arch);
         println!(
             "| prompt | {n} tokens, K/V {} ({} positions per sequence) |",
-            a.kv_cache_dtype,
-            m.kv_capacity()
+            a.kv_cache_dtype, info.kv_capacity
         );
         println!(
             "| TTFT (cold, passes of {} rows) | {:.1} s ({:.0} tok/s) |",

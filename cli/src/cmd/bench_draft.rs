@@ -1,14 +1,12 @@
-//! `laguna bench --draft DIR`: DFlash steps on the device (batch 1, greedy, `FusedStep`), one row
+//! `laguna bench --draft DIR`: DFlash steps on the device (batch 1, greedy, the device loop), one row
 //! per k: wall time per step, its split into draft / verify / context (CUDA events between the
 //! step's three graphs, from a second pass with timing on), accepted tokens per step, measured
 //! tok/s, and the step's ratio to the no-draft decode step measured earlier in the same run. With
 //! random weights acceptance is ~0, so the table also gives the projected tok/s at a = 4.03
 //! accepted drafts per step (the 5.03 tokens per step of the real pair at k = 6), labelled so.
 use anyhow::{bail, Context, Result};
-use laguna_engine::cuda::draft::fused_step::FusedStep;
-use laguna_engine::cuda::draft::CudaDraft;
-use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::GenerateRequest;
+use laguna_engine::model::device::{DeviceModel, LoopTiming};
 use laguna_engine::sample::SamplingParams;
 use std::path::Path;
 
@@ -53,18 +51,19 @@ pub fn parse_ks(s: &str) -> Result<Vec<usize>> {
 }
 
 pub fn run(
-    m: &mut CudaModel,
+    m: &mut dyn DeviceModel,
     dir: &Path,
     ks: &[usize],
     prompt: &[u32],
     gen: usize,
     decode_step_ms: f64,
 ) -> Result<Vec<KRow>> {
-    let mut d = CudaDraft::load(dir, m)
+    let mut d = m
+        .load_draft(dir)
         .with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
     eprintln!(
         "draft loaded: {:.2} GB read per propose (layers + fc + lm_head)",
-        d.step_weight_bytes as f64 / 1e9
+        d.step_weight_bytes() as f64 / 1e9
     );
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
@@ -78,28 +77,25 @@ pub fn run(
         ignore_eos: true,
         stop_token_ids: vec![],
     };
-    let mut spec = FusedStep::default();
     let mut rows = vec![];
     for &k in ks {
         // Warm-up (graph capture), then a timed pass without events, then one with events.
-        spec.timing = false;
-        spec.generate(
+        d.generate_on_device(
             m,
-            &mut d,
             &GenerateRequest {
                 max_tokens: 8.min(gen),
                 ..req.clone()
             },
             k,
             false,
+            LoopTiming::Wall,
         )?;
-        let r = spec.generate(m, &mut d, &req, k, false)?;
+        let r = d.generate_on_device(m, &req, k, false, LoopTiming::Wall)?;
         let steps = r.times.steps.max(1);
         let step_ms = r.times.wall_ms / steps as f64;
         let emitted = r.completion.len().saturating_sub(1).max(1);
         let tok_s = emitted as f64 / (r.times.wall_ms / 1e3);
-        spec.timing = true;
-        let t = spec.generate(m, &mut d, &req, k, false)?;
+        let t = d.generate_on_device(m, &req, k, false, LoopTiming::Segments)?;
         let ts = t.times.steps.max(1) as f64;
         rows.push(KRow {
             k,
@@ -121,23 +117,19 @@ pub fn run(
     }
     // Per-kernel breakdown of eager steps at k = 6 (the seed's k) when timed, else the last k.
     if let Some(&k) = ks.iter().find(|&&k| k == 6).or(ks.last()) {
-        spec.use_graphs = false;
-        spec.timing = false;
-        spec.prof = Some(Default::default());
-        let r = spec.generate(
+        let r = d.generate_on_device(
             m,
-            &mut d,
             &GenerateRequest {
                 max_tokens: 17,
                 ..req.clone()
             },
             k,
             false,
+            LoopTiming::Kernels,
         )?;
         let steps = r.times.steps.max(1) as f64;
-        if let Some(ps) = spec.prof.take() {
-            for (name, mut p) in ["propose", "verify", "context"].into_iter().zip(ps) {
-                let v = p.summary();
+        if let Some(ps) = r.kernels {
+            for (name, v) in ["propose", "verify", "context"].into_iter().zip(ps) {
                 let tot: f64 = v.iter().map(|x| x.1).sum();
                 eprintln!("k={k} {name} (eager, per step): {:.3} ms", tot / steps);
                 for (n, t, c) in v {
@@ -151,7 +143,6 @@ pub fn run(
             }
         }
     }
-    use laguna_engine::model::Model;
     m.set_taps(&[]);
     m.set_taps_on_device(false)?;
     Ok(rows)

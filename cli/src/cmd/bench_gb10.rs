@@ -10,8 +10,8 @@
 //! host's share, and whatever part of the step streams below the copy kernel's rate.
 use anyhow::{Context, Result};
 use laguna_engine::config::LagunaConfig;
-use laguna_engine::cuda::{profile, CudaModel};
-use laguna_engine::model::Model;
+use laguna_engine::cuda::profile;
+use laguna_engine::model::device::DeviceModel;
 use laguna_engine::spec::config::DraftConfig;
 use laguna_engine::step_bytes::{Reads, StepBytes};
 
@@ -116,7 +116,7 @@ impl Projection {
 /// The decode step is the serving path's (`decode_step` greedy, one sequence, pipelined), else
 /// the graph replayed back to back, else the timed decode.
 pub fn from_bench(
-    m: &CudaModel,
+    m: &dyn DeviceModel,
     a: &super::bench::Args,
     copy_bw: f64,
     step_rows: &[(String, f64, f64)],
@@ -139,6 +139,7 @@ pub fn from_bench(
         (None, Some(ms)) => (ms, "the decode graph replayed back to back"),
         (None, None) => (1e3 / tok_s, "the timed greedy decode"),
     };
+    let info = m.info();
     let draft = match &a.draft {
         Some(dir) => Some(
             DraftConfig::from_file(&dir.join("config.json"))
@@ -155,11 +156,11 @@ pub fn from_bench(
             .iter()
             .map(|r| (r.k, r.step_ms))
             .collect(),
-        kv_elt: if m.kv_fp8() { 1 } else { 2 },
+        kv_elt: if info.kv_fp8 { 1 } else { 2 },
         ctx: a.prompt_len + a.gen / 2,
     };
     let rows = rows(m.config(), draft.as_ref(), &measured);
-    let notes = assumptions(&measured, m.decode_weight_bytes, &rows);
+    let notes = assumptions(&measured, info.decode_weight_bytes, &rows);
     Ok(Some(Projection {
         rows,
         measured,

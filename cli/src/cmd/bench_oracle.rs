@@ -9,9 +9,8 @@
 //! sampled decode measured here (`sampled_decode_ms`) for T > 0.
 use super::bench_draft::parse_ks;
 use anyhow::{Context, Result};
-use laguna_engine::cuda::draft::CudaDraft;
-use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::model::device::DeviceModel;
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
 use laguna_engine::spec::{
@@ -71,8 +70,8 @@ pub struct Oracled {
 /// One oracle run of `gen` tokens; returns (steps, wall ms, accepted, drafted k summed, emitted).
 #[allow(clippy::too_many_arguments)]
 fn one(
-    m: &mut CudaModel,
-    d: &mut CudaDraft,
+    m: &mut dyn Model,
+    d: &mut dyn DraftModel,
     prompt: &[u32],
     reference: &[u32],
     acc: Acceptance,
@@ -117,7 +116,7 @@ fn one(
 
 #[allow(clippy::too_many_arguments)]
 pub fn run(
-    m: &mut CudaModel,
+    m: &mut dyn DeviceModel,
     dir: &Path,
     accs: &[Acceptance],
     ks: &[KChoice],
@@ -126,7 +125,8 @@ pub fn run(
     temperature: f32,
     decode_step_ms: f64,
 ) -> Result<Oracled> {
-    let mut d = CudaDraft::load(dir, m)
+    let mut d = m
+        .load_draft(dir)
         .with_context(|| format!("loading DFlash draft from {}", dir.display()))?;
     let k_max = d.config().block_size - 1;
     for k in ks {
@@ -169,7 +169,7 @@ pub fn run(
     };
     let costs = if ks.contains(&KChoice::Auto) {
         let t0 = std::time::Instant::now();
-        let c = StepCosts::measure(m, &mut d, k_max, &[1], prompt.len(), 2, 8)?;
+        let c = StepCosts::measure(m, d.as_mut(), k_max, &[1], prompt.len(), 2, 8)?;
         eprintln!(
             "step-time table (batch 1, k = 0..={k_max}) measured in {:.1} s: {:?} ms",
             t0.elapsed().as_secs_f64(),
@@ -188,7 +188,7 @@ pub fn run(
             // A short run first: graph capture for this k (and the controller's ks).
             one(
                 m,
-                &mut d,
+                d.as_mut(),
                 prompt,
                 &reference,
                 acc,
@@ -199,7 +199,7 @@ pub fn run(
             )?;
             let (steps, ms, accepted, drafted, emitted) = one(
                 m,
-                &mut d,
+                d.as_mut(),
                 prompt,
                 &reference,
                 acc,
@@ -363,14 +363,18 @@ mod tests {
         if !dir.join("config.json").exists() {
             return;
         }
-        let mut m = laguna_engine::cpu::CpuModel::load(&dir).unwrap();
+        let opts = laguna_engine::backend::LoadOptions::default();
+        let mut loaded =
+            laguna_engine::backend::load(laguna_engine::backend::Device::Cpu, &opts, &dir, None)
+                .unwrap();
+        let m = loaded.model();
         let sampling = SamplingParams {
             temperature: 0.8,
             top_k: 0,
             top_p: 1.0,
             seed: Some(1),
         };
-        let ms = sampled_decode_ms(&mut m, &[1, 2, 3, 4], &sampling, 8).unwrap();
+        let ms = sampled_decode_ms(m, &[1, 2, 3, 4], &sampling, 8).unwrap();
         assert!(ms.is_finite() && ms > 0.0, "{ms}");
     }
 }

@@ -141,7 +141,7 @@ fn audit(archs: &[String]) -> Result<()> {
     let draft = LagunaConfig::from_json_str(include_str!(
         "../../../tests/fixtures/reference/laguna-xs-2.1-dflash.config.json"
     ))?;
-    let gemm_min_rows = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
+    let gemm_min_rows = laguna_engine::backend::GEMM_MIN_ROWS;
     let mut all = vec![];
     for (cfg, fp4, noncausal, label) in [
         (&xs, true, false, "xs-2.1"),

@@ -3,20 +3,19 @@
 //! 1. verify batch invariance, directly: the target's logits for `[t, d_1..d_k]` verified in one
 //!    k+1-row pass are bit-identical to the same rows decoded one at a time;
 //! 2. greedy output with the CUDA draft is token-identical to greedy output without it: on the
-//!    device-resident loop (`FusedStep`, CUDA graphs), and through the backend-agnostic driver
-//!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`) both with its decode steps fused
-//!    into device steps and with every step generic (`CudaDraft::set_fused_steps(false)`);
+//!    device-resident loop (`DeviceDraft::generate_on_device`, CUDA graphs), and through the
+//!    backend-agnostic driver (`spec::generate_spec` with the CUDA draft as a `DraftModel`) both
+//!    with its decode steps fused into device steps and with every step generic
+//!    (`DeviceDraft::set_fused_steps(false)`);
 //! 3. acceptance statistics match the CPU engine (CPU target + CPU draft) on every step until the
 //!    first step where the two drafts propose different tokens.
 use anyhow::{Context, Result};
-use laguna_engine::cpu::CpuModel;
-use laguna_engine::cuda::draft::fused_step::FusedStep;
-use laguna_engine::cuda::draft::CudaDraft;
-use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::backend::{self, Device, LoadOptions};
 use laguna_engine::generate::{generate, GenerateRequest};
-use laguna_engine::model::{LogitRows, Model, StepInput};
+use laguna_engine::model::device::LoopTiming;
+use laguna_engine::model::{LogitRows, StepInput};
 use laguna_engine::sample::SamplingParams;
-use laguna_engine::spec::{generate_spec, CpuDraft, DraftModel};
+use laguna_engine::spec::generate_spec;
 use std::path::{Path, PathBuf};
 
 pub struct DRow {
@@ -41,13 +40,14 @@ fn read_target(draft_dir: &Path) -> Result<String> {
         .with_context(|| format!("SUMMARY.json has no target for {name}"))
 }
 
-/// CUDA options for the tiny fixtures (small pool and passes; device-test uses them too).
-pub fn opts() -> CudaOptions {
-    CudaOptions {
-        progress: false,
-        max_rows: 64,
-        kv_pool_bytes: Some(64 << 20),
-        page_size: 16,
+/// Load options for the tiny fixtures on the device (small pool and passes, rings for any k;
+/// device-test uses them too).
+pub fn opts() -> LoadOptions {
+    LoadOptions {
+        pass_rows: Some(64),
+        kv_cache_bytes: Some(64 << 20),
+        page_size: Some(16),
+        spare_rows: Some(backend::MAX_SPEC_K),
         ..Default::default()
     }
 }
@@ -60,7 +60,7 @@ pub fn check_pair(
     prompt: &[u32],
     k: usize,
     gen: usize,
-    o: CudaOptions,
+    o: LoadOptions,
     cpu: bool,
 ) -> Result<DRow> {
     let name = ddir.file_name().unwrap().to_string_lossy().to_string();
@@ -77,8 +77,9 @@ pub fn check_pair(
         stop_token_ids: vec![],
     };
     // Plain greedy on the device.
-    let mut cu = CudaModel::load(tdir, o).context("cuda target")?;
-    let plain = generate(&mut cu, &req, false)?.completion;
+    let mut loaded = backend::load(Device::Cuda(0), &o, tdir, None).context("cuda target")?;
+    let cu = loaded.device().context("a CUDA target")?;
+    let plain = generate(cu, &req, false)?.completion;
     // 1. Verify rows vs one-row decode, bitwise, for [t, plain continuation...].
     let s = cu.new_seq()?;
     cu.forward(&[StepInput {
@@ -116,39 +117,29 @@ pub fn check_pair(
     cu.free_seq(s);
     let verify_bitwise = many == one;
     // 2a. Device-resident loop.
-    let mut dr = CudaDraft::load(ddir, &cu).context("cuda draft")?;
-    let mut spec = FusedStep::default();
-    let fast = spec.generate(&mut cu, &mut dr, &req, k, true)?;
+    let mut dr = cu.load_draft(ddir).context("cuda draft")?;
+    let fast = dr.generate_on_device(cu, &req, k, true, LoopTiming::Wall)?;
     let fast_same = fast.completion == plain;
     // 2b. The backend-agnostic driver (what the server runs) with the CUDA draft: its greedy
     // decode steps are fused into device steps (`DraftModel::fused_greedy_step`), and with
     // `set_fused_steps(false)` every step takes the generic path (taps and logits through the host).
     cu.set_taps_on_device(false)?;
-    let (fused, fstats) = generate_spec(
-        &mut cu as &mut dyn Model,
-        &mut dr as &mut dyn DraftModel,
-        &req,
-        k,
-        true,
-        None,
-    )?;
+    let (fused, fstats) = generate_spec(cu, dr.as_mut(), &req, k, true, None)?;
     dr.set_fused_steps(false);
-    let generic = generate_spec(
-        &mut cu as &mut dyn Model,
-        &mut dr as &mut dyn DraftModel,
-        &req,
-        k,
-        true,
-        None,
-    );
+    let generic = generate_spec(cu, dr.as_mut(), &req, k, true, None);
     dr.set_fused_steps(true);
     let (generic, gstats) = generic?;
     let generic_same = generic.completion == plain && fused.completion == plain;
     // 3. Acceptance vs the CPU engine.
     let cstats = if cpu {
-        let mut cpu = CpuModel::load(tdir).context("cpu target")?;
-        let mut cd = CpuDraft::load(ddir, &cpu).context("cpu draft")?;
-        generate_spec(&mut cpu as &mut dyn Model, &mut cd, &req, k, true, None)?.1
+        let o = LoadOptions {
+            num_speculative_tokens: Some(k),
+            ..Default::default()
+        };
+        let mut cpu = backend::load(Device::Cpu, &o, tdir, Some(ddir)).context("cpu pair")?;
+        cpu.generate(&req, false, None)?
+            .1
+            .context("the CPU pair's statistics")?
     } else {
         fast.stats.clone()
     };

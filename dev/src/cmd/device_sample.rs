@@ -5,14 +5,14 @@
 //! host-sampled path produces, token for token.
 
 use anyhow::Result;
-use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::{generate, GenerateRequest};
+use laguna_engine::model::device::DeviceModel;
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
 use laguna_engine::sample_check::{self, SampleCheck};
 
 /// The device sampler against the host sampler over the grid of `laguna_engine::sample_check`.
-pub fn logits_grid(m: &CudaModel, seed: u64) -> Result<SampleCheck> {
+pub fn logits_grid(m: &dyn DeviceModel, seed: u64) -> Result<SampleCheck> {
     let v = m.config().vocab_size;
     Ok(sample_check::grid(v, seed, |rows, items| {
         m.sample_logits(rows, items)
@@ -23,7 +23,7 @@ pub fn logits_grid(m: &CudaModel, seed: u64) -> Result<SampleCheck> {
 /// on the same model: identical completions for greedy and seeded sampling. Returns the number
 /// of parameter sets that differed and a description of the first.
 pub fn generate_same(
-    m: &mut CudaModel,
+    m: &mut dyn Model,
     prompt: &[u32],
     n: usize,
 ) -> Result<(usize, usize, String)> {

@@ -1,8 +1,8 @@
 //! `laguna-dev device-test`: the CUDA backend against the CPU reference, in-process, on every
 //! fixture model. For device machines without cargo. Prints one line per check and a table last.
 use anyhow::{Context, Result};
-use laguna_engine::cpu::CpuModel;
-use laguna_engine::cuda::{CudaModel, CudaOptions};
+use laguna_engine::backend::{self, Device, LoadOptions, Loaded};
+use laguna_engine::model::device::DeviceModel;
 use laguna_engine::model::{LogitRows, Model, SeqId, StepInput};
 use std::path::{Path, PathBuf};
 
@@ -123,11 +123,11 @@ struct Row {
 
 /// Kernel regimes checked: every pass on the f32 weight-streaming kernels ("gemv"), and every pass
 /// (decode steps too) on the tensor-core GEMMs ("gemm"). Production mixes them by pass size
-/// (`CudaOptions::gemm_min_rows`); each regime is batch-invariant on its own. "fp8": K/V stored
+/// (`LoadOptions::gemm_min_rows`); each regime is batch-invariant on its own. "fp8": K/V stored
 /// as FP8 E4M3 with the production mix, against a CPU reference that rounds its K/V the same way.
 /// "cublas": every pass on the GEMM path with the dense BF16 Linears through cuBLAS (production
 /// prefill when libcublas loads; "gemm" then checks laguna's own GEMM kernels, the fallback).
-/// Third field: FP8 K/V; fourth: cuBLAS allowed.
+/// Third field: FP8 K/V; fourth: cuBLAS allowed (`LoadOptions::vendor_blas`).
 const MODES: &[(&str, usize, bool, bool)] = &[
     ("gemv", usize::MAX, false, false),
     ("gemm", 1, false, false),
@@ -135,8 +135,18 @@ const MODES: &[(&str, usize, bool, bool)] = &[
     ("fp8", 32, true, true),
 ];
 
+/// The model on the device with these options.
+fn load_cuda(dir: &Path, opts: &LoadOptions) -> Result<Loaded> {
+    Ok(backend::load(Device::Cuda(0), opts, dir, None)?)
+}
+
+/// The device model of a [`load_cuda`].
+fn device(l: &mut Loaded) -> Result<&mut dyn DeviceModel> {
+    l.device().context("a CUDA model")
+}
+
 /// All logits of `tokens` at `start` of `seq` in one forward.
-fn pass_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+fn pass_logits(m: &mut dyn Model, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
     Ok(m.forward(&[StepInput {
         seq,
         tokens,
@@ -148,7 +158,7 @@ fn pass_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> R
 }
 
 /// Logits of `tokens` fed one row per forward from `start` on `seq` (1-row decode steps).
-fn step_logits(m: &mut CudaModel, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
+fn step_logits(m: &mut dyn Model, seq: SeqId, tokens: &[u32], start: usize) -> Result<Vec<f32>> {
     let mut out = Vec::with_capacity(tokens.len() * m.config().vocab_size);
     for (i, &t) in tokens.iter().enumerate() {
         out.extend(
@@ -176,8 +186,12 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
     let greedy = read_ids(&reff, "greedy_ids")?;
     let mut all = prompt.clone();
     all.extend_from_slice(&greedy[..greedy.len().saturating_sub(1)]);
-    let mut cpu = CpuModel::load(dir).context("cpu load")?;
-    cpu.set_kv_fp8(mode.2);
+    let cpu_opts = LoadOptions {
+        kv_fp8: mode.2,
+        ..Default::default()
+    };
+    let mut cpu_loaded = backend::load(Device::Cpu, &cpu_opts, dir, None).context("cpu load")?;
+    let cpu = cpu_loaded.model();
     let v = cpu.config().vocab_size;
     let cs = cpu.new_seq()?;
     let cref = cpu
@@ -190,34 +204,31 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
         .remove(0)
         .logits;
 
-    let opts = CudaOptions {
-        gemm_min_rows: mode.1,
+    let opts = LoadOptions {
+        gemm_min_rows: Some(mode.1),
         kv_fp8: mode.2,
+        vendor_blas: mode.3,
         ..super::device_dflash::opts()
     };
-    let mut cu = CudaModel::load(dir, opts.clone()).context("cuda load")?;
-    cu.set_cublas(mode.3);
+    let mut loaded = load_cuda(dir, &opts).context("cuda load")?;
+    let cu = device(&mut loaded)?;
+    let ring_spare = cu.info().ring_spare;
     // A: one pass over everything.
     let s1 = cu.new_seq()?;
-    let a = pass_logits(&mut cu, s1, &all, 0)?;
+    let a = pass_logits(cu, s1, &all, 0)?;
     let (err_pass, abs_pass) = rel_err(&a, &cref, v);
     // B: prefill the prompt, then one token at a time.
     let s2 = cu.new_seq()?;
-    let mut b = pass_logits(&mut cu, s2, &prompt, 0)?;
-    b.extend(step_logits(
-        &mut cu,
-        s2,
-        &all[prompt.len()..],
-        prompt.len(),
-    )?);
+    let mut b = pass_logits(cu, s2, &prompt, 0)?;
+    b.extend(step_logits(cu, s2, &all[prompt.len()..], prompt.len())?);
     let (err_decode, abs_dec) = rel_err(&b, &cref, v);
     // R: sliding-window rings against storing every position (rings off), in the gemm regime
     // (every pass on attention_prefill, which reads a ring, the stage or the paged pool with the
     // same arithmetic): identical logits bit for bit, one pass and prefill + 1-row steps. (In the
     // other regimes a long pass takes attention_prefill with rings and the split-KV kernels
     // without, so they agree only to rounding; the CPU comparison covers them.)
-    let ring_ok = if cu.ring_spare().is_some() && mode.1 == 1 {
-        Some(rings_bitwise(dir, &opts, mode.3, &all, &prompt, &a, &b)?)
+    let ring_ok = if ring_spare.is_some() && mode.1 == 1 {
+        Some(rings_bitwise(dir, &opts, &all, &prompt, &a, &b)?)
     } else {
         None
     };
@@ -247,12 +258,12 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
     // speculative decoding needs); F: rewinding further is refused with an error instead of
     // reading overwritten keys.
     let cont = all.len() - prompt.len();
-    let back = cu.ring_spare().map_or(cont, |s| cont.min(s + 1));
+    let back = ring_spare.map_or(cont, |s| cont.min(s + 1));
     let keep = all.len() - back;
     cu.truncate(s2, keep);
-    let redo = step_logits(&mut cu, s2, &all[keep..], keep)?;
+    let redo = step_logits(cu, s2, &all[keep..], keep)?;
     let mut trunc_ok = redo[..] == b[keep * v..];
-    if let Some(spare) = cu.ring_spare() {
+    if let Some(spare) = ring_spare {
         if cont > spare + 1 {
             cu.truncate(s1, prompt.len());
             let r = cu.forward(&[StepInput {
@@ -268,7 +279,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
     // E: greedy through the on-device decode step (CUDA graph): compare with the CPU's greedy
     // picks where the CPU's top-2 gap exceeds the measured error.
     let measured = abs_pass.max(abs_dec);
-    let (greedy_s, mism) = greedy_check(&mut cu, &prompt, &greedy, &cref, v, measured)?;
+    let (greedy_s, mism) = greedy_check(cu, &prompt, &greedy, &cref, v, measured)?;
     let ok = err_pass <= tol
         && err_decode <= tol
         && mism == 0
@@ -281,7 +292,7 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
             None => String::new(),
             Some(r) => format!(
                 " rings (spare {}) = no rings bitwise: {r}",
-                cu.ring_spare().unwrap_or(0)
+                ring_spare.unwrap_or(0)
             ),
         },
         if trunc_ok { "" } else { " truncate-mismatch" }
@@ -302,32 +313,23 @@ fn check_one(dir: &Path, tol: f64, mode: (&str, usize, bool, bool)) -> Result<Ro
 /// bit-identical to `a` (one pass over `all`) and `b` (prefill of `prompt`, then 1-row steps).
 fn rings_bitwise(
     dir: &Path,
-    opts: &CudaOptions,
-    cublas: bool,
+    opts: &LoadOptions,
     all: &[u32],
     prompt: &[u32],
     a: &[f32],
     b: &[f32],
 ) -> Result<bool> {
-    let mut nr = CudaModel::load(
-        dir,
-        CudaOptions {
-            rings: false,
-            ..opts.clone()
-        },
-    )
-    .context("cuda load (no rings)")?;
-    nr.set_cublas(cublas);
+    let no_rings = LoadOptions {
+        sliding_rings: false,
+        ..opts.clone()
+    };
+    let mut loaded = load_cuda(dir, &no_rings).context("cuda load (no rings)")?;
+    let nr = loaded.model();
     let t1 = nr.new_seq()?;
-    let a2 = pass_logits(&mut nr, t1, all, 0)?;
+    let a2 = pass_logits(nr, t1, all, 0)?;
     let t2 = nr.new_seq()?;
-    let mut b2 = pass_logits(&mut nr, t2, prompt, 0)?;
-    b2.extend(step_logits(
-        &mut nr,
-        t2,
-        &all[prompt.len()..],
-        prompt.len(),
-    )?);
+    let mut b2 = pass_logits(nr, t2, prompt, 0)?;
+    b2.extend(step_logits(nr, t2, &all[prompt.len()..], prompt.len())?);
     Ok(a == a2 && b == b2)
 }
 
@@ -335,7 +337,7 @@ fn rings_bitwise(
 /// CPU's greedy picks in `cref` (teacher-forced rows of `v` logits), counted as a mismatch only
 /// where the CPU's top-2 gap exceeds the `measured` error. The summary and the mismatches.
 fn greedy_check(
-    cu: &mut CudaModel,
+    cu: &mut dyn DeviceModel,
     prompt: &[u32],
     greedy: &[u32],
     cref: &[f32],
@@ -357,7 +359,6 @@ fn greedy_check(
     let mut checked = 0;
     let mut diverged_at = None;
     let mut left_ref = None;
-    let mut none = None;
     for step in 0..greedy.len() {
         let crow = &cref[(prompt.len() - 1 + step) * v..(prompt.len() + step) * v];
         let cpu_tok = argmax(crow) as u32;
@@ -377,7 +378,7 @@ fn greedy_check(
             break;
         }
         if step + 1 < greedy.len() {
-            tok = cu.decode_greedy(s5, tok, &mut none)?;
+            tok = cu.decode_greedy(s5, tok)?;
         }
     }
     let greedy_s = match diverged_at {
@@ -405,7 +406,7 @@ pub fn run(a: Args) -> Result<()> {
     if a.sweep.random_configs.is_some() {
         return super::device_sweep::run(&a.sweep, a.tol, a.json);
     }
-    if let Err(e) = laguna_engine::cuda::gpu_available() {
+    if let Err(e) = Device::Cuda(0).check() {
         println!("SKIP device-test: {e}");
         return Ok(());
     }
@@ -461,8 +462,8 @@ fn dflash_pair(pair: &str) -> Result<()> {
         .context("--dflash-pair takes DRAFT,TARGET")?;
     let prompt: Vec<u32> = (0..64u32).map(|i| 100 + 37 * i).collect();
     // (A K/V budget for the XS-2.1 shape's 30 sliding-window rings of 8 sequences.)
-    let o = CudaOptions {
-        kv_pool_bytes: Some(2 << 30),
+    let o = LoadOptions {
+        kv_cache_bytes: Some(2 << 30),
         ..super::device_dflash::opts()
     };
     let r =
@@ -595,10 +596,11 @@ fn sampling_rows(dirs: &[PathBuf]) -> Vec<(String, String, bool)> {
     for d in dirs {
         let name = d.file_name().unwrap().to_string_lossy().to_string();
         let r = (|| -> Result<(String, bool)> {
-            let mut cu = CudaModel::load(d, super::device_dflash::opts())?;
-            let g = super::device_sample::logits_grid(&cu, 5)?;
+            let mut loaded = load_cuda(d, &super::device_dflash::opts())?;
+            let cu = device(&mut loaded)?;
+            let g = super::device_sample::logits_grid(cu, 5)?;
             let prompt = read_ids(&d.join("reference.safetensors"), "prompt_ids")?;
-            let (sets, bad, first) = super::device_sample::generate_same(&mut cu, &prompt, 24)?;
+            let (sets, bad, first) = super::device_sample::generate_same(cu, &prompt, 24)?;
             let ok = g.mismatches == 0 && bad == 0;
             let mut note = format!(
                 "device sampler = host sampler: {} of {} differ; generate via pipelined decode steps = host-sampled: {} of {sets} parameter sets differ",

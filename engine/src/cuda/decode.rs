@@ -47,9 +47,10 @@ fn sample_params(sp: &SamplingParams, u: f64) -> [f64; 4] {
 
 impl CudaModel {
     /// One greedy decode step for one sequence entirely on the device: returns the argmax token.
-    /// Replays a CUDA graph of the whole step when graphs are on (the step's only host syncs are
-    /// the metadata upload and reading the sampled token).
-    pub fn decode_greedy(
+    /// Replays a CUDA graph of the whole step when graphs are on and `prof` is None (the step's
+    /// only host syncs are the metadata upload and reading the sampled token), else runs it
+    /// eagerly, its kernels timed into `prof` (`DeviceModel::decode_greedy`).
+    pub(super) fn decode_greedy_step(
         &mut self,
         seq: SeqId,
         token: u32,
@@ -103,7 +104,7 @@ impl CudaModel {
     /// Diagnostic (`laguna bench`): the captured greedy decode graph replayed n times back to
     /// back with the last step's inputs (the same position, its K/V slot rewritten with the same
     /// values; nothing read back in between): ms a replay, None before a graph exists.
-    pub fn replay_decode_graph(&self, n: usize) -> Result<Option<f64>> {
+    pub(super) fn replay_decode_graph(&self, n: usize) -> Result<Option<f64>> {
         let Some(g) = self.dec.graph.as_ref() else {
             return Ok(None);
         };
@@ -120,7 +121,7 @@ impl CudaModel {
     /// Diagnostic (`laguna bench` under LAGUNA_STAMP): the decode graph replayed three times back
     /// to back with the kernels recording a timeline; the middle replay's launches as a table
     /// (None without a graph or a LAGUNA_STAMP build).
-    pub fn decode_timeline(&self) -> Result<Option<String>> {
+    pub(super) fn decode_timeline(&self) -> Result<Option<String>> {
         let Some(g) = self.dec.graph.as_ref() else {
             return Ok(None);
         };
@@ -414,7 +415,7 @@ impl CudaModel {
 
     /// Draw one token from each of the given logits rows with `sample_rows` (device sampling
     /// checks: the rows are uploaded to the logits buffer).
-    pub fn sample_logits(
+    pub(super) fn sample_logits(
         &self,
         rows: &[&[f32]],
         items: &[(SamplingParams, f64)],

@@ -455,6 +455,7 @@ impl CudaModel {
         let free_pages = (0..num_pages as u32).rev().collect();
         let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
         let mk_stag = mk_stagger(&cfg, &dev, mk_grid);
+        let use_cublas = opts.cublas;
         Ok(CudaModel {
             cfg,
             dev,
@@ -488,7 +489,7 @@ impl CudaModel {
                 mk_grid,
                 mk_smem,
                 mk_stag,
-                use_cublas: true,
+                use_cublas,
             },
             fwd: ForwardMode {
                 taps: vec![],

@@ -25,6 +25,7 @@ pub mod profile;
 pub mod ring;
 pub mod select;
 pub mod stamp;
+mod tools;
 
 pub use device::{Args, Dev, DevError, Prof};
 pub use load::{check_head_dim, check_shapes};
@@ -60,6 +61,9 @@ pub struct CudaOptions {
     /// through cuBLAS when it loads); smaller passes use
     /// the f32 weight-streaming kernels. Rows are bitwise batch-invariant within each regime.
     pub gemm_min_rows: usize,
+    /// Dense BF16 GEMMs of long passes through cuBLAS when it loads (off: laguna's own GEMMs,
+    /// which `laguna-dev device-test` checks too).
+    pub cublas: bool,
     /// Sequences live at once: each owns a sliding-window ring per sliding layer (recipe
     /// `max_num_seqs`; the draft's sequences are counted by the draft).
     pub max_seqs: usize,
@@ -86,7 +90,8 @@ impl Default for CudaOptions {
             max_rows: 2048,
             progress: true,
             graphs: true,
-            gemm_min_rows: 32,
+            gemm_min_rows: GEMM_MIN_ROWS,
+            cublas: true,
             max_seqs: 8,
             spec_k: 15,
             kv_fp8: false,
@@ -95,6 +100,10 @@ impl Default for CudaOptions {
         }
     }
 }
+
+/// Passes of at least this many rows take the long-pass regime by default
+/// ([`CudaOptions::gemm_min_rows`]).
+pub const GEMM_MIN_ROWS: usize = 32;
 
 /// Whether a CUDA driver and at least one GPU are present (never panics).
 pub fn gpu_available() -> std::result::Result<(), String> {
@@ -258,12 +267,6 @@ struct KvArgs {
     page_size: usize,
 }
 
-/// Per-kernel-name timing, filled when profiling is on.
-#[derive(Debug, Default, Clone)]
-pub struct KernelTimes {
-    pub by_name: Vec<(String, f64, usize)>,
-}
-
 /// Loaded weights handed to [`CudaModel::finish`].
 struct Parts {
     embed: u64,
@@ -323,7 +326,7 @@ struct LaunchShape {
     /// `moe_decode_fused`'s gate/up issue stagger, ns a warp index (`mk_stagger`; 0: none).
     mk_stag: i32,
     /// Dense BF16 GEMMs of long passes on cuBLAS when it loads (else laguna's own GEMMs;
-    /// `set_cublas`).
+    /// `CudaOptions::cublas`).
     use_cublas: bool,
 }
 
@@ -460,36 +463,8 @@ fn ceil_div(a: usize, b: usize) -> usize {
 }
 
 impl CudaModel {
-    /// Time every kernel of later `forward` calls with CUDA events (slows them down a little).
-    pub fn set_profiling(&mut self, on: bool) {
-        self.fwd.prof = if on {
-            Some(device::Prof::default())
-        } else {
-            None
-        };
-    }
-    /// (kernel, total ms, launches) accumulated since `set_profiling(true)`, largest first.
-    pub fn take_profile(&mut self) -> Vec<(String, f64, usize)> {
-        self.fwd
-            .prof
-            .as_mut()
-            .map(|p| p.summary())
-            .unwrap_or_default()
-    }
-
-    pub fn arch(&self) -> &str {
-        &self.dev.arch
-    }
-    pub fn device_name(&self) -> String {
-        self.dev.name.clone()
-    }
-    /// `moe_decode_fused`'s gate/up issue stagger (ns a warp index) and the peak DRAM bandwidth it was
-    /// sized from (bytes/s; 0 when the driver reports none).
-    pub fn moe_stagger(&self) -> (i32, f64) {
-        (self.shape.mk_stag, self.dev.mem_bw)
-    }
     /// K/V pool of the full-attention layers: (pages, positions per page, bytes).
-    pub fn kv_pool(&self) -> (usize, usize, usize) {
+    pub(crate) fn kv_pool(&self) -> (usize, usize, usize) {
         let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
         (
             self.kv.num_pages,
@@ -497,36 +472,13 @@ impl CudaModel {
             self.kv.num_pages * self.kv.page_size * kvw * 2 * self.kv.elt * self.kv.full_layers,
         )
     }
-    /// Sliding-window rings: (slots per sequence, sequences, bytes); slots 0 when none.
-    pub fn kv_rings(&self) -> (usize, usize, usize) {
-        let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
-        let n = self.w.layers.iter().filter(|l| l.ring).count();
-        let seqs = if self.kv.ring > 0 {
-            self.opts.max_seqs.max(1)
-        } else {
-            0
-        };
-        (
-            self.kv.ring,
-            seqs,
-            n * seqs * self.kv.ring * kvw * 2 * self.kv.elt,
-        )
-    }
-    /// Positions one sequence can hold (the paged pool's, or the model's limit with no full layer).
-    pub fn kv_capacity(&self) -> usize {
-        if self.kv.full_layers == 0 {
-            self.cfg.max_position_embeddings
-        } else {
-            self.kv.max_pages * self.kv.page_size
-        }
-    }
     /// Rows a sequence may write beyond what it keeps without losing a visible key (rings), or
     /// None when no layer has a ring (any rewind is safe).
-    pub fn ring_spare(&self) -> Option<usize> {
+    pub(crate) fn ring_spare(&self) -> Option<usize> {
         (self.kv.ring > 0).then(|| self.kv.ring - self.kv.ring_window)
     }
     /// Whether K/V are stored as FP8 E4M3.
-    pub fn kv_fp8(&self) -> bool {
+    pub(crate) fn kv_fp8(&self) -> bool {
         self.kv.elt == 1
     }
     pub fn dev(&self) -> &Dev {
@@ -679,11 +631,6 @@ impl CudaModel {
             .map_err(cerr)?;
         self.pass.natiles.set(tl.len() / 2);
         self.upload_tables(seqs)
-    }
-
-    /// Device copy bandwidth (bytes read + written per second) over a `bytes`-sized buffer.
-    pub fn copy_bandwidth(&self, bytes: usize) -> Result<f64> {
-        self.dev.copy_bandwidth(bytes).map_err(cerr)
     }
 }
 
@@ -941,14 +888,6 @@ impl CudaModel {
             tc_grid(keys, self.shape.nsplit_tc)
         });
     }
-    /// Run the dense BF16 GEMMs of long passes on cuBLAS when it loads (the default) or on
-    /// laguna's own GEMM kernels (`laguna-dev device-test` checks both).
-    pub fn set_cublas(&mut self, on: bool) {
-        self.shape.use_cublas = on;
-        self.dec.graph = None;
-        self.dec.step_graphs.clear();
-    }
-
     /// What the kernel selects read of this device.
     pub(super) fn props(&self) -> select::DevProps {
         select::DevProps {

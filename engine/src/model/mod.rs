@@ -1,5 +1,6 @@
 //! The engine ↔ backend seam: a Laguna target model that runs batches of token rows for
 //! sequences whose KV it owns. The CPU backend is the reference; the CUDA backend must agree.
+pub mod device;
 pub mod prefix;
 pub mod schema;
 

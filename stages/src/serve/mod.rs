@@ -177,6 +177,7 @@ pub fn model_loader(
         num_speculative_tokens: k.fixed(),
         progress: false,
         prefix_cache: o.enable_prefix_caching,
+        ..Default::default()
     };
     let (max_seqs, max_model_len) = (o.max_num_seqs, o.max_model_len);
     Ok(Box::new(move || {

@@ -1,15 +1,16 @@
-//! The one place the sweep names backends: loading a target (and draft) on the device under
-//! test, which rows that device promises bit for bit, and its speculative-decoding identity
-//! check. Everything else in the sweep works on `dyn Model` / `dyn DraftModel`.
+//! The one place the sweep tells devices apart: loading a target (and draft) on the device under
+//! test (through `engine::backend`), which rows that device promises bit for bit, and its
+//! speculative-decoding identity check. Everything else in the sweep works on `dyn Model` /
+//! `dyn DraftModel`.
 use super::config_gen::Rand;
 use anyhow::{Context, Result};
+use laguna_engine::backend::{self, LoadOptions};
 use laguna_engine::config::{AttnKind, LagunaConfig};
-use laguna_engine::cpu::CpuModel;
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::Model;
 use laguna_engine::sample::SamplingParams;
-use laguna_engine::sched::{Dflash, Loaded};
-use laguna_engine::spec::{generate_spec, CpuDraft, DraftModel};
+use laguna_engine::sched::Loaded;
+use laguna_engine::spec::{generate_spec, DraftModel};
 use std::path::Path;
 
 /// The device under test; the CPU engine is always the reference.
@@ -34,6 +35,13 @@ impl Device {
             Device::Cpu => "cpu",
         }
     }
+    /// The engine's device.
+    fn engine(self) -> backend::Device {
+        match self {
+            Device::Cuda => backend::Device::Cuda(0),
+            Device::Cpu => backend::Device::Cpu,
+        }
+    }
 }
 
 /// Whether the CUDA backend takes a case's shapes, decided from its configs alone (the loaders'
@@ -51,7 +59,8 @@ pub fn cuda_takes_shapes(
     Ok(())
 }
 
-/// Backend options varied per case (the CUDA backend's; the CPU engine has none).
+/// Backend options varied per case (how the device runs its passes; the CPU engine's K/V
+/// budget bounds only its prefix cache).
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeviceOpts {
     pub page_size: usize,
@@ -119,14 +128,13 @@ impl DeviceOpts {
         )
     }
 
-    fn cuda(&self) -> laguna_engine::cuda::CudaOptions {
-        laguna_engine::cuda::CudaOptions {
-            progress: false,
-            page_size: self.page_size,
-            max_rows: self.max_rows,
-            spec_k: self.spec_k,
+    fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            page_size: Some(self.page_size),
+            pass_rows: Some(self.max_rows),
+            spare_rows: Some(self.spec_k),
             max_seqs: self.max_seqs,
-            kv_pool_bytes: self.kv_pool_bytes,
+            kv_cache_bytes: self.kv_pool_bytes,
             ..Default::default()
         }
     }
@@ -134,53 +142,26 @@ impl DeviceOpts {
 
 /// The CPU reference engine.
 pub fn load_reference(dir: &Path) -> Result<Box<dyn Model>> {
-    Ok(Box::new(CpuModel::load(dir).context("CPU reference load")?))
+    let l = backend::load(backend::Device::Cpu, &LoadOptions::default(), dir, None)
+        .context("CPU reference load")?;
+    Ok(l.into_scheduler().model)
 }
 
-/// Target (and draft with its k) on the device.
+/// Target (and draft with its k) on the device; with an explicit K/V pool the draft's rings come
+/// out of it, as in `serve`.
 pub fn load(
     dev: Device,
     dir: &Path,
     draft: Option<(&Path, usize)>,
     o: &DeviceOpts,
 ) -> Result<Loaded> {
-    match dev {
-        Device::Cpu => {
-            let m = CpuModel::load(dir).context("cpu load")?;
-            let dflash = match draft {
-                Some((d, k)) => Some(Dflash {
-                    draft: Box::new(CpuDraft::load(d, &m).context("cpu draft load")?),
-                    k,
-                    costs: None,
-                }),
-                None => None,
-            };
-            Ok(Loaded {
-                model: Box::new(m),
-                spec: None,
-                dflash,
-            })
-        }
-        Device::Cuda => {
-            let m = laguna_engine::cuda::CudaModel::load(dir, o.cuda()).context("cuda load")?;
-            let dflash = match draft {
-                Some((d, k)) => Some(Dflash {
-                    draft: Box::new(
-                        laguna_engine::cuda::draft::CudaDraft::load(d, &m)
-                            .context("cuda draft load")?,
-                    ),
-                    k,
-                    costs: None,
-                }),
-                None => None,
-            };
-            Ok(Loaded {
-                model: Box::new(m),
-                spec: None,
-                dflash,
-            })
-        }
-    }
+    let opts = LoadOptions {
+        num_speculative_tokens: draft.map(|d| d.1),
+        ..o.load_options()
+    };
+    let l = backend::load(dev.engine(), &opts, dir, draft.map(|d| d.0))
+        .with_context(|| format!("{} load", dev.name()))?;
+    Ok(l.into_scheduler())
 }
 
 /// Whether the device promises bit-identical rows for one sequence's rows computed in several
@@ -200,7 +181,7 @@ pub fn bitwise_expected(
     if dev == Device::Cpu {
         return true;
     }
-    let g = laguna_engine::cuda::CudaOptions::default().gemm_min_rows;
+    let g = backend::GEMM_MIN_ROWS;
     let r = o.max_rows.max(1);
     let mut classes = vec![];
     for &(seqs, ours) in forwards {
@@ -245,8 +226,15 @@ pub fn spec_identity(
 ) -> Result<(bool, String)> {
     match dev {
         Device::Cuda => {
-            let r =
-                crate::cmd::device_dflash::check_pair(ddir, tdir, prompt, k, gen, o.cuda(), false)?;
+            let r = crate::cmd::device_dflash::check_pair(
+                ddir,
+                tdir,
+                prompt,
+                k,
+                gen,
+                o.load_options(),
+                false,
+            )?;
             Ok((
                 r.ok,
                 format!(

@@ -27,6 +27,7 @@ use super::CudaDraft;
 use crate::cuda::{as_bytes, as_bytes_mut, cerr, device, CudaModel};
 use crate::error::{EngineError, Result};
 use crate::generate::{FinishReason, GenerateRequest};
+use crate::model::device::{FusedRun, FusedTimes};
 use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
@@ -46,26 +47,6 @@ pub struct SeqStep {
     pub dseq: SeqId,
     pub t: u32,
     pub tlen: usize,
-}
-
-/// Device time per step segment (CUDA events), summed over `steps` (timing on).
-#[derive(Debug, Default, Clone)]
-pub struct FusedTimes {
-    pub steps: usize,
-    pub draft_ms: f64,
-    pub verify_ms: f64,
-    pub ctx_ms: f64,
-    /// Wall time of whole steps (uploads, graphs, read-back, host bookkeeping).
-    pub wall_ms: f64,
-}
-
-pub struct FusedRun {
-    pub completion: Vec<u32>,
-    pub finish: FinishReason,
-    pub stats: SpecStats,
-    pub times: FusedTimes,
-    /// Wall time of the prefill (prompt through the target + draft context), ms.
-    pub prefill_ms: f64,
 }
 
 struct Graphs {
@@ -601,6 +582,7 @@ impl FusedStep {
             stats,
             times,
             prefill_ms,
+            kernels: None,
         })
     }
 }

@@ -24,6 +24,8 @@ use super::{
 use crate::config::LagunaConfig;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
 use crate::error::{EngineError, Result};
+use crate::generate::GenerateRequest;
+use crate::model::device::{DeviceDraft, FusedRun, LoopTiming};
 use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
@@ -56,9 +58,12 @@ pub struct CudaDraft {
     pub(super) cpos: u64,
     pub(super) cseq: u64,
     /// Bytes one propose reads from weights (layers, fc, lm_head once).
-    pub step_weight_bytes: usize,
+    step_weight_bytes: usize,
     /// The device-resident greedy step (graphs per (k, batch, grid)) used by `fused_greedy_step`.
     fused: FusedStep,
+    /// The device loop over whole requests (`generate_on_device`), apart from `fused` so each
+    /// path captures its own steps.
+    request_loop: FusedStep,
     /// Whether `fused_greedy_step` may run (true; the device check turns it off to run the
     /// generic driver on the same batches).
     fused_steps: bool,
@@ -296,6 +301,7 @@ impl CudaDraft {
             cseq: a(4 * r)?,
             step_weight_bytes: step_bytes + lin_bytes(&fc),
             fused: Default::default(),
+            request_loop: Default::default(),
             fused_steps: true,
             cfg,
             m,
@@ -303,12 +309,6 @@ impl CudaDraft {
         dev.htod(d.cseq, &vec![0u8; 4 * r]).map_err(cerr)?;
         dev.sync().map_err(cerr)?;
         Ok(d)
-    }
-
-    /// Let greedy batches run as one device step (`fused_greedy_step`; on by default) or make every
-    /// step take the generic driver's path (taps and logits through the host), for checks.
-    pub fn set_fused_steps(&mut self, on: bool) {
-        self.fused_steps = on;
     }
 
     /// Rows per context pass: the pass size, at most the ring's slots (rows of one context write
@@ -577,5 +577,45 @@ impl DraftModel for CudaDraft {
                 .len = b.start_pos;
         }
         Ok(outs)
+    }
+}
+
+impl DeviceDraft for CudaDraft {
+    fn step_weight_bytes(&self) -> usize {
+        self.step_weight_bytes
+    }
+    fn set_fused_steps(&mut self, on: bool) {
+        self.fused_steps = on;
+    }
+    fn generate_on_device(
+        &mut self,
+        target: &mut dyn Model,
+        req: &GenerateRequest,
+        k: usize,
+        keep_history: bool,
+        timing: LoopTiming,
+    ) -> Result<FusedRun> {
+        let t = target
+            .as_any_mut()
+            .and_then(|a| a.downcast_mut::<CudaModel>())
+            .ok_or_else(|| {
+                EngineError::Other("the CUDA draft's device loop needs a CUDA target".into())
+            })?;
+        let mut lp = std::mem::take(&mut self.request_loop);
+        // A failed graph capture turns the loop's graphs off for good; an eager profile only
+        // for its own run.
+        let graphs = lp.use_graphs;
+        lp.timing = timing == LoopTiming::Segments;
+        if timing == LoopTiming::Kernels {
+            lp.use_graphs = false;
+            lp.prof = Some(Default::default());
+        }
+        let r = lp.generate(t, self, req, k, keep_history);
+        let kernels = lp.prof.take().map(|ps| ps.map(|mut p| p.summary()));
+        if timing == LoopTiming::Kernels {
+            lp.use_graphs = graphs;
+        }
+        self.request_loop = lp;
+        r.map(|r| FusedRun { kernels, ..r })
     }
 }
