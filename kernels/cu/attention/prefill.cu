@@ -5,11 +5,15 @@
 // rows of one sequence at consecutive positions (tiles[2i] = first row, tiles[2i+1] = rows), so K/V
 // blocks of 64 keys are read once per tile instead of once per row. Keys are masked per row
 // (causal, sliding window); the sink starts the softmax state; the output gate is applied last.
-// Needs hd % 16 == 0 and hd <= 128. Q and P are split into BF16 hi + lo (two mma each) so the
+// Any even hd <= 128. Q and P are split into BF16 hi + lo (two mma each) so the
 // result stays within f32-kernel error (K/V are BF16 or FP8 in the cache): with P rounded to BF16
 // alone (FlashAttention's choice) the fixtures' near-tied router picks flip (nvfp4-experts, FP8
 // K/V: 0.15 relative). K and V fragments come from shared memory by ldmatrix (.trans for V), in
 // the same mma order as element-wise fragment loads (bit-identical results).
+// hd % 16 != 0: K/V rows (not 16-byte aligned where hd % 8 != 0) are staged by pairs of elements,
+// with zeros up to the next multiple of 16, and Q's dims past hd are zero, so the last k-step
+// adds exact zeros; output dims past hd are not stored. Aligned head dims run the same loads and
+// arithmetic as before.
 #define FA_HD 128
 #define FA_LD (FA_HD + 8)
 __device__ __forceinline__ u32 fa_pack(float lo, float hi) { return bf2_pack(lo, hi); }
@@ -65,10 +69,11 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
     for (int kk = 0; kk < FA_HD / 16; kk++) {
         if (kk * 16 < hd) {
             int d0 = kk * 16 + 2 * t4;
-            float2 x0 = va ? make_float2(qa[d0], qa[d0 + 1]) : make_float2(0.f, 0.f);
-            float2 x1 = vb ? make_float2(qb[d0], qb[d0 + 1]) : make_float2(0.f, 0.f);
-            float2 x2 = va ? make_float2(qa[d0 + 8], qa[d0 + 9]) : make_float2(0.f, 0.f);
-            float2 x3 = vb ? make_float2(qb[d0 + 8], qb[d0 + 9]) : make_float2(0.f, 0.f);
+            bool qlo = d0 < hd, qhi = d0 + 8 < hd;  // always, where hd % 16 == 0
+            float2 x0 = va && qlo ? make_float2(qa[d0], qa[d0 + 1]) : make_float2(0.f, 0.f);
+            float2 x1 = vb && qlo ? make_float2(qb[d0], qb[d0 + 1]) : make_float2(0.f, 0.f);
+            float2 x2 = va && qhi ? make_float2(qa[d0 + 8], qa[d0 + 9]) : make_float2(0.f, 0.f);
+            float2 x3 = vb && qhi ? make_float2(qb[d0 + 8], qb[d0 + 9]) : make_float2(0.f, 0.f);
             qf[kk][0] = fa_pack(x0.x, x0.y);
             qf[kk][1] = fa_pack(x1.x, x1.y);
             qf[kk][2] = fa_pack(x2.x, x2.y);
@@ -122,7 +127,25 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
             koff[tid] = ko;
         }
         __syncthreads();
-        if constexpr (sizeof(KV) == 2) {
+        if (hd & 15) {
+            // Pairs of elements (hd is even), the pairs past hd zero up to the k-steps' end.
+            const int np = ((hd + 15) & ~15) >> 1;
+            for (int i = tid; i < 64 * np; i += 128) {
+                int key = i / np, d = 2 * (i - key * np);
+                unsigned ko = koff[key];
+                u32 kw = 0u, vw = 0u;
+                if (ko != 0xffffffffu && d < hd) {
+                    bool st = (ko & 0x80000000u) != 0u;
+                    size_t eo = (size_t)(ko & 0x7fffffffu) + d;
+                    const KV* kp = (st ? ks : kc) + eo;
+                    const KV* vp = (st ? vs : vc) + eo;
+                    kw = (u32)Kv<KV>::to_bf16(kp[0]) | ((u32)Kv<KV>::to_bf16(kp[1]) << 16);
+                    vw = (u32)Kv<KV>::to_bf16(vp[0]) | ((u32)Kv<KV>::to_bf16(vp[1]) << 16);
+                }
+                *reinterpret_cast<u32*>(&Ks[key * FA_LD + d]) = kw;
+                *reinterpret_cast<u32*>(&Vs[key * FA_LD + d]) = vw;
+            }
+        } else if constexpr (sizeof(KV) == 2) {
             // BF16 cache: every 16-byte chunk of the tile in flight at once (cp.async, zero-filled
             // for keys past the end), no registers held.
             for (int i = tid; i < 64 * nch; i += 128) {
@@ -314,7 +337,7 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
     // 32-bit store per adjacent pair of dims).
 #pragma unroll
     for (int dn = 0; dn < FA_HD / 8; dn++) {
-        if (dn * 8 < hd) {
+        if (dn * 8 + 2 * t4 < hd) {
 #pragma unroll
             for (int rr = 0; rr < 2; rr++) {
                 if (!(rr ? vb : va)) continue;
