@@ -10,7 +10,8 @@
 //   * attention_decode_head at head_dim % 8 != 0 (BF16 and FP8 caches), and reading a staged
 //     pass's keys from the stage, against float64;
 //   * attention_prefill_flash[_qsmem] at head_dim % 16 != 0 (BF16 and FP8 caches, full and
-//     sliding window, staged), against float64, the two forms bit for bit.
+//     sliding window, staged), against float64, the two forms bit for bit;
+//   * ring_commit of K/V rows that are not a multiple of 8 bytes.
 // Aligned widths keep their own (unchanged) code paths: invariance.cpp and moe_gemm.cpp.
 // Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -361,6 +362,35 @@ static bool flash_prefill(std::mt19937& rng, int hd, int window, bool staged) {
     return ok && close && same && split;
 }
 
+// ring_commit after a staged pass: a 20-row pass (positions 0..19) of one sequence into a ring of
+// 8 slots: the last 8 rows' K and V rows land in their slots (bt[p % 8]) byte for byte, the other
+// slots keep their bytes. rowb = nkv * hd * element size: 100 (BF16, one KV head of 50), 50 (FP8),
+// 36 (BF16, 18) and 96 (BF16, 2 x 24: the 8-byte form).
+static bool ring_commit_rows(std::mt19937& rng, int rowb) {
+    const int M = 20, ring = 8, slots = 16;
+    unsigned char *ks = emu_alloc<unsigned char>((size_t)M * rowb), *vs = emu_alloc<unsigned char>((size_t)M * rowb);
+    unsigned char *kc = emu_alloc<unsigned char>((size_t)slots * rowb), *vc = emu_alloc<unsigned char>((size_t)slots * rowb);
+    for (int i = 0; i < M * rowb; i++) ks[i] = (unsigned char)rng(), vs[i] = (unsigned char)rng();
+    for (int i = 0; i < slots * rowb; i++) kc[i] = vc[i] = 0xa5;
+    int *pos = emu_alloc<int>(M), *seqrow = emu_alloc<int>(M), *slast = emu_alloc<int>(M), *bt = emu_alloc<int>(ring);
+    for (int r = 0; r < M; r++) pos[r] = r, slast[r] = M - 1;
+    for (int i = 0; i < ring; i++) bt[i] = 8 + (i * 3) % ring;  // slots 8..15, scattered; 0..7 untouched
+    bool ok = emu_launch({(unsigned)M, 1, 1}, 64, [&] { ring_commit(ks, vs, pos, seqrow, slast, bt, ring, kc, vc, rowb); });
+    bool right = true;
+    for (int s = 0; s < slots; s++) {
+        int r = -1;  // the row whose K/V slot s must hold
+        for (int p = M - ring; p < M; p++)
+            if (bt[p % ring] == s) r = p;
+        for (int i = 0; i < rowb; i++) {
+            unsigned char ek = r < 0 ? 0xa5 : ks[(size_t)r * rowb + i], ev = r < 0 ? 0xa5 : vs[(size_t)r * rowb + i];
+            right &= kc[(size_t)s * rowb + i] == ek && vc[(size_t)s * rowb + i] == ev;
+        }
+    }
+    std::printf("ring_commit, %d-byte rows: the last %d of %d rows in their ring slots, the rest untouched: %s\n", rowb, ring, M,
+                right ? "yes" : "NO");
+    return ok && right;
+}
+
 int main() {
     emu_init(size_t(256) << 20);
     std::mt19937 rng(49);
@@ -378,6 +408,7 @@ int main() {
     ok &= flash_prefill<unsigned char>(rng, 50, 40, false);
     ok &= flash_prefill<unsigned short>(rng, 24, 0, true);
     ok &= flash_prefill<unsigned char>(rng, 50, 40, true);
+    for (int rowb : {100, 50, 36, 96}) ok &= ring_commit_rows(rng, rowb);
     std::printf(ok ? "width tails emulation: PASS\n" : "width tails emulation: FAIL\n");
     return ok ? 0 : 1;
 }

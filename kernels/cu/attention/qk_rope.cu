@@ -102,12 +102,20 @@ extern "C" __global__ void qk_norm_rope_store_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); 
 
 // grid (M), block 64. After a staged pass: rows among the last R positions of their sequence in
 // the pass go from the stage into their ring slots (older rows would share a slot with a newer
-// one). rowb = bytes of one K (or V) row (nkv * hd * element size, a multiple of 8).
+// one). rowb = bytes of one K (or V) row (nkv * hd * element size): 8-byte pieces where it is a
+// multiple of 8, else (rows not 8-byte aligned, e.g. one KV head of 50 dims) bytes.
 extern "C" __global__ void ring_commit(const u8* ks, const u8* vs, const int* pos, const int* seqrow, const int* slast,
                                        const int* bt, int ring, u8* kc, u8* vc, int rowb) { PDL_ENTRY();
     int m = blockIdx.x, p = pos[m];
     if (p <= pos[slast[m]] - ring) return;
     size_t slot = (size_t)bt[(size_t)seqrow[m] * ring + p % ring];
+    if (rowb & 7) {
+        for (int i = threadIdx.x; i < rowb; i += blockDim.x) {
+            kc[slot * rowb + i] = ks[(size_t)m * rowb + i];
+            vc[slot * rowb + i] = vs[(size_t)m * rowb + i];
+        }
+        return;
+    }
     const uint2* sk = reinterpret_cast<const uint2*>(ks + (size_t)m * rowb);
     const uint2* sv = reinterpret_cast<const uint2*>(vs + (size_t)m * rowb);
     uint2* dk = reinterpret_cast<uint2*>(kc + slot * rowb);
