@@ -4,15 +4,20 @@
 # Laguna-XS 2.1 shape and the decode/TTFT bench on it. Logs under $OUT; short table last.
 # Usage (device machine, repo root): scripts/device-check.sh [fixtures|bench|all] (default all)
 # Env: SWEEP_K=1..15 (also synthesize the XS-2.1 DFlash draft, check DFlash on that pair with
-# `laguna device-test --dflash-pair`, and time DFlash steps for these k),
+# `laguna-dev device-test --dflash-pair`, and time DFlash steps for these k),
 # DEVICE_TEST_ARGS (e.g. --only-dflash), PROMPT_LEN, GEN, RUNS, BENCH_ARGS, NO_BENCH=1 (skip the 2K
 # bench), LONG=262000 (also the long-context run with a 12 GiB K/V budget; LONG_ARGS, LONG_TIMEOUT).
-# Needs dist/laguna (release build, carried) and optionally dist/cache (precompiled cubins).
+# Needs dist/laguna and dist/laguna-dev (release builds, carried; build them off the device:
+#   cargo build --release -p laguna-cli -p laguna-dev && mkdir -p dist &&
+#   cp target/release/laguna target/release/laguna-dev dist/ && strip dist/laguna dist/laguna-dev)
+# and optionally dist/cache (precompiled cubins). LAGUNA_BIN names another `laguna`; `laguna-dev`
+# is taken from the same folder.
 set -u
 WHAT="${1:-all}"
 OUT="${OUT:-/tmp/laguna-out}"
 mkdir -p "$OUT"
 BIN="${LAGUNA_BIN:-dist/laguna}"
+DEV="$(dirname "$BIN")/laguna-dev"
 export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$PWD/dist/cache}"
 for d in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -23,7 +28,7 @@ cat "$OUT/gpu.txt"
 status_warm=skip; status_fix=skip; status_bench=skip; status_long=skip
 "$BIN" warmup 2>&1 | tee "$OUT/warmup.log" | tail -3 && status_warm=ok || status_warm=FAIL
 if [ "$WHAT" = all ] || [ "$WHAT" = fixtures ]; then
-    timeout 400 "$BIN" device-test --fixtures tests/fixtures/models ${DEVICE_TEST_ARGS:-} > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
+    timeout 400 "$DEV" device-test --fixtures tests/fixtures/models ${DEVICE_TEST_ARGS:-} > "$OUT/device-test.log" 2>&1 && status_fix=ok || status_fix=FAIL
     cat "$OUT/device-test.log"
 fi
 status_cli=skip
@@ -106,15 +111,15 @@ PY
 fi
 if [ "$WHAT" = all ] || [ "$WHAT" = bench ]; then
     M=/tmp/xs21-synth
-    [ -f "$M/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" 2>&1 | tee "$OUT/synth.log"
+    [ -f "$M/config.json" ] || timeout 300 "$DEV" synth --config tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json --out "$M" 2>&1 | tee "$OUT/synth.log"
     DRAFT_ARGS=""
     if [ -n "${SWEEP_K:-}" ]; then
         D=/tmp/xs21-dflash-synth
-        [ -f "$D/config.json" ] || timeout 300 "$BIN" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" 2>&1 | tee "$OUT/synth-draft.log"
+        [ -f "$D/config.json" ] || timeout 300 "$DEV" synth --config tests/fixtures/reference/laguna-xs-2.1-dflash.config.json --out "$D" 2>&1 | tee "$OUT/synth-draft.log"
         DRAFT_ARGS="--draft $D --sweep-k $SWEEP_K"
         # DFlash on the XS-2.1 shape itself (the fixtures are too small for its MoE forms, e.g.
         # moe_tc): verify rows bit-identical to decoded rows, DFlash tokens = greedy tokens.
-        timeout 300 "$BIN" device-test --dflash-pair "$D,$M" > "$OUT/dflash-pair.log" 2>&1 && status_pair=ok || status_pair=FAIL
+        timeout 300 "$DEV" device-test --dflash-pair "$D,$M" > "$OUT/dflash-pair.log" 2>&1 && status_pair=ok || status_pair=FAIL
         grep -E "verify-bitwise|Error" "$OUT/dflash-pair.log"
     fi
     if [ "${NO_BENCH:-}" = "" ]; then

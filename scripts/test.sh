@@ -24,5 +24,5 @@ elif [ "$rc" != 3 ]; then
 fi
 # Every kernel within GB10's limits for what the launches ask (docs/design/gb10.md).
 "$PWD/target/debug/laguna" warmup --arch sm_121a --audit
-bash tests/stages/cli-smoke.sh "$PWD/target/debug/laguna"
+bash tests/stages/cli-smoke.sh "$PWD/target/debug/laguna" "$PWD/target/debug/laguna-dev"
 LAGUNA_BIN="$PWD/target/debug/laguna" python3 -m pytest -q tests/serve

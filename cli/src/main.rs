@@ -12,7 +12,7 @@ mod cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-    /// Run the engine as this device would (generate, serve, bench, device-test): `gb10` takes
+    /// Run the engine as this device would (generate, serve, bench): `gb10` takes
     /// DGX Spark's 48 SMs, 100 KB of shared memory an SM and 99 KB a block for every kernel
     /// choice, grid and fit, in a CUDA green context of 48 SMs where the driver allows
     /// (else grids sized for 48 SMs). Default: LAGUNA_DEVICE_PROFILE, else the real device.
@@ -34,35 +34,12 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Compile every CUDA kernel to cubins for the GPU found (or --arch) into the kernel cache.
     Warmup(cmd::warmup::Args),
-    /// Write a random-weight checkpoint of any Laguna config in the exact on-disk format.
-    Synth(cmd::synth::Args),
     /// Measure load time, TTFT, decode tok/s and the roofline fraction on a CUDA GPU.
     Bench(cmd::bench::Args),
-    /// Check the CUDA backend against the CPU reference on the fixture models (device machines).
-    #[command(hide = true)]
-    DeviceTest(cmd::device_test::Args),
-    /// Kernel micro-benchmarks at the XS-2.1 decode shapes (device machines).
-    #[command(hide = true)]
-    Kbench(cmd::kbench::Args),
 }
 
-/// User errors print one line (the error and its causes), no backtrace; `RUST_LOG=debug` (or
-/// trace) prints the full report with its backtrace when `RUST_BACKTRACE=1`.
 fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            let verbose =
-                std::env::var("RUST_LOG").is_ok_and(|v| v.contains("debug") || v.contains("trace"));
-            if verbose {
-                eprintln!("error: {e:?}");
-            } else {
-                eprintln!("error: {e:#}");
-            }
-            std::process::ExitCode::FAILURE
-        }
-    }
+    laguna_stages::exit_code(run(Cli::parse()))
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -77,9 +54,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(a) => cmd::verify::run(a),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Warmup(a) => cmd::warmup::run(a),
-        Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
-        Command::DeviceTest(a) => cmd::device_test::run(a),
-        Command::Kbench(a) => cmd::kbench::run(a),
     }
 }

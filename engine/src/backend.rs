@@ -2,7 +2,8 @@
 //! backend or a CUDA GPU and hands them back behind the engine's traits, so nothing above the engine
 //! names a backend type. `generate`, `serve` and the benches all load through here.
 use crate::cpu::CpuModel;
-use crate::cuda::{self, draft::CudaDraft, spec::CudaSpec, CudaModel, CudaOptions};
+use crate::cuda::draft::{fused_step::FusedStep, CudaDraft};
+use crate::cuda::{self, CudaModel, CudaOptions};
 use crate::generate::{generate, GenerateRequest, GenerateResult};
 use crate::model::Model;
 use crate::sched::{Dflash, Loaded as SchedLoaded};
@@ -179,26 +180,29 @@ fn spec_k(draft: &dyn DraftModel, opts: &LoadOptions) -> Result<usize> {
 }
 
 impl Loaded {
-    /// Adaptive k's step-time table for this pair (`spec::StepCosts::measure`): k = 0..=the
-    /// loaded k, batch sizes 1, 2, 4, .. up to `max_seqs`, on throwaway sequences of a
-    /// `prompt_len`-token prompt ([`STEP_COSTS_WARM`] + [`STEP_COSTS_STEPS`] steps per k; at most
-    /// `StepCosts::positions(prompt_len, k, ..)` positions each). None without a draft.
+    /// Adaptive k's step-time table for this pair (`spec::StepCosts::measure_within`): k = 0..=the
+    /// loaded k, batch sizes 1, 2, 4, .. up to `max_seqs`, on throwaway sequences of a prompt of
+    /// up to `prompt_len` tokens ([`STEP_COSTS_WARM`] + [`STEP_COSTS_STEPS`] steps per k), all
+    /// within `max_len` positions (the context the model was loaded for): the prompt shrinks,
+    /// then k (`StepCosts::fit`, returned beside the table). None without a draft.
     pub fn step_costs(
         &mut self,
         max_seqs: usize,
         prompt_len: usize,
-    ) -> Result<Option<crate::spec::StepCosts>> {
+        max_len: usize,
+    ) -> Result<Option<(crate::spec::StepCosts, crate::spec::CostsFit)>> {
         let batches: Vec<usize> = (0..)
             .map(|i| 1usize << i)
             .take_while(|&b| b <= max_seqs.max(1))
             .collect();
         let m = |t: &mut dyn Model, d: &mut dyn DraftModel, k: usize| {
-            crate::spec::StepCosts::measure(
+            crate::spec::StepCosts::measure_within(
                 t,
                 d,
                 k,
                 &batches,
                 prompt_len,
+                max_len,
                 STEP_COSTS_WARM,
                 STEP_COSTS_STEPS,
             )
@@ -256,7 +260,7 @@ impl Loaded {
                 model,
                 draft: Some((d, k)),
             } if req.sampling.is_greedy() && costs.is_none() => {
-                let r = CudaSpec::default().generate(model, d, req, *k, true)?;
+                let r = FusedStep::default().generate(model, d, req, *k, true)?;
                 let res = GenerateResult {
                     completion: r.completion,
                     finish_reason: r.finish,

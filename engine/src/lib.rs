@@ -10,6 +10,7 @@ pub mod grammar;
 pub mod memory;
 pub mod model;
 pub mod sample;
+pub mod sample_check;
 pub mod sched;
 pub mod spec;
 pub mod step_bytes;

@@ -23,8 +23,28 @@
 //!   verified rows (fc over the taps, and each draft layer's k and v rows of q|k|v|g).
 //!
 //! Not counted: RMSNorm weights, rope tables, biases, scales, activations (they stay in L2).
+//!
+//! That is the ideal ([`Reads::Ideal`]): every byte once a pass. [`Reads::Launched`] counts
+//! what the CUDA kernels of a pass below `gemm_min_rows` (decode, the DFlash verify and propose)
+//! request, before any reuse in L2 (docs/design/dflash.md, "where the verify's bytes go"):
+//! * the split-KV decode attention runs a block per (row, K/V head, split), so each row reads its
+//!   own keys: a row at position p reads p + 1 positions of a full layer, min(p + 1, w) of a
+//!   sliding one, summed over the pass's rows instead of their union;
+//! * the tensor-core GEMV (BF16 Linears with K % 32 == 0: attention, dense MLPs, lm_head, the
+//!   draft's) reads its weights once per 8 rows (grid.y = ceil(rows / 8)); the SIMT GEMV (NVFP4
+//!   or K % 32 != 0, and the router) once for up to 8 rows, then once per 16;
+//! * the expert kernels group the rows' slots by expert and read each chosen expert once (the
+//!   union, as in the ideal); so does a shared expert folded into the expert stack (same shape
+//!   and storage as the routed ones), an unfolded one is three GEMVs.
 use crate::config::{AttnKind, LagunaConfig, MlpKind};
 use crate::spec::config::DraftConfig;
+
+/// Which bytes a step counts: each once a pass, or as the CUDA kernels request them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    Ideal,
+    Launched,
+}
 
 /// One pass's reads, by part (bytes; `routed_experts` is an expectation).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -61,11 +81,11 @@ impl StepBytes {
 
     /// A one-row decode step of one sequence with `ctx` positions before it.
     pub fn decode(cfg: &LagunaConfig, ctx: usize, kv_elt: u64) -> StepBytes {
-        target_pass(cfg, 1, ctx, kv_elt)
+        target_pass(cfg, 1, ctx, kv_elt, Reads::Ideal)
     }
 
     /// A DFlash step of one sequence with k drafts: propose (k + 1 rows), verify (k + 1 rows),
-    /// context write (k + 1 rows), `ctx` committed positions before it.
+    /// context write (k + 1 rows), `ctx` committed positions before it; each byte once a pass.
     pub fn dflash(
         cfg: &LagunaConfig,
         draft: &DraftConfig,
@@ -73,32 +93,88 @@ impl StepBytes {
         ctx: usize,
         kv_elt: u64,
     ) -> StepBytes {
+        Self::dflash_reads(cfg, draft, k, ctx, kv_elt, Reads::Ideal)
+    }
+
+    /// [`StepBytes::dflash`] counted as `reads` says: `Reads::Launched` is what the CUDA step
+    /// (cuda/spec.rs: propose, verify, context) requests, with K/V once per row and the BF16
+    /// weights once per 8 rows.
+    pub fn dflash_reads(
+        cfg: &LagunaConfig,
+        draft: &DraftConfig,
+        k: usize,
+        ctx: usize,
+        kv_elt: u64,
+        reads: Reads,
+    ) -> StepBytes {
         let r = k + 1;
-        let mut s = target_pass(cfg, r, ctx, kv_elt);
+        let mut s = target_pass(cfg, r, ctx, kv_elt, reads);
         let h = draft.hidden_size as u64;
         let (hd, kvw) = (
             draft.head_dim as u64,
             (draft.num_kv_heads * draft.head_dim) as u64,
         );
+        // The propose pass runs every draft layer over the block's r rows and the lm_head over
+        // its k mask rows; the context write, fc and each layer's k and v rows over r rows.
+        let lin = |out: u64, inp: u64, rows: usize| linear(reads, false, out, inp, rows);
         let mut layers = 0u64;
         for l in 0..draft.num_layers {
             let qw = draft.num_heads[l] as u64 * hd;
             let gw = draft.gate_width(l) as u64;
-            layers += bf16(qw + 2 * kvw + gw, h) + bf16(h, qw);
-            layers += 3 * bf16(draft.intermediate_size as u64, h);
+            let im = draft.intermediate_size as u64;
+            layers += lin(qw + 2 * kvw + gw, h, r) + lin(h, qw, r);
+            layers += 2 * lin(im, h, r) + lin(h, im, r);
         }
-        let lm_head = bf16(cfg.vocab_size as u64, cfg.hidden_size as u64);
+        let lm_head = lin(cfg.vocab_size as u64, cfg.hidden_size as u64, k);
         s.draft_weights = layers + lm_head + r as u64 * h * 2;
         let kv_row = 2 * kvw * kv_elt;
-        s.draft_kv = draft.num_layers as u64 * kv_positions(draft.window, ctx, r) * kv_row;
+        s.draft_kv = draft.num_layers as u64 * kv_read(reads, draft.window, ctx, r) * kv_row;
         let taps_in = (draft.num_taps() * cfg.hidden_size) as u64;
-        s.draft_context = bf16(h, taps_in) + draft.num_layers as u64 * bf16(2 * kvw, h);
+        s.draft_context = lin(h, taps_in, r) + draft.num_layers as u64 * lin(2 * kvw, h, r);
         s
     }
 }
 
 fn bf16(out: u64, inp: u64) -> u64 {
     out * inp * 2
+}
+
+/// Weight passes of a GEMV over `rows` rows as launched: the tensor-core GEMV (BF16, K % 32 ==
+/// 0) one per 8 rows, the SIMT GEMV one for up to 8 rows, then one per 16.
+fn gemv_passes(fp4: bool, inp: u64, rows: usize) -> u64 {
+    if !fp4 && inp.is_multiple_of(32) {
+        rows.div_ceil(8) as u64
+    } else if rows <= 8 {
+        1
+    } else {
+        rows.div_ceil(16) as u64
+    }
+}
+
+/// A Linear's weight bytes over a pass of `rows` rows (NVFP4 or BF16).
+fn linear(reads: Reads, fp4: bool, out: u64, inp: u64, rows: usize) -> u64 {
+    let once = if fp4 { nvfp4(out, inp) } else { bf16(out, inp) };
+    match reads {
+        Reads::Ideal => once,
+        Reads::Launched => once * gemv_passes(fp4, inp, rows),
+    }
+}
+
+/// The router's weights: always the SIMT GEMV (f32 precision for the top-k).
+fn router(reads: Reads, out: u64, inp: u64, rows: usize) -> u64 {
+    match reads {
+        Reads::Ideal => bf16(out, inp),
+        Reads::Launched => bf16(out, inp) * gemv_passes(true, inp, rows),
+    }
+}
+
+/// K/V positions a layer's pass of r rows after `ctx` positions reads: their union, or (as
+/// launched) each row its own.
+fn kv_read(reads: Reads, window: Option<usize>, ctx: usize, r: usize) -> u64 {
+    match reads {
+        Reads::Ideal => kv_positions(window, ctx, r),
+        Reads::Launched => (0..r).map(|i| kv_positions(window, ctx + i, 1)).sum(),
+    }
 }
 
 fn nvfp4(out: u64, inp: u64) -> u64 {
@@ -132,41 +208,46 @@ pub fn experts_nvfp4(cfg: &LagunaConfig) -> bool {
         .is_some_and(|q| q.get("format").and_then(|f| f.as_str()) == Some("nvfp4-pack-quantized"))
 }
 
-fn target_pass(cfg: &LagunaConfig, r: usize, ctx: usize, kv_elt: u64) -> StepBytes {
+fn target_pass(cfg: &LagunaConfig, r: usize, ctx: usize, kv_elt: u64, reads: Reads) -> StepBytes {
     let h = cfg.hidden_size as u64;
     let hd = cfg.head_dim as u64;
     let kvw = (cfg.num_kv_heads * cfg.head_dim) as u64;
-    let expert = |inter: u64| {
-        if experts_nvfp4(cfg) {
-            2 * nvfp4(inter, h) + nvfp4(h, inter)
-        } else {
-            3 * bf16(inter, h)
-        }
+    let fp4 = experts_nvfp4(cfg);
+    let lin = |fp4: bool, out: u64, inp: u64| linear(reads, fp4, out, inp, r);
+    let expert = |inter: u64| 2 * lin(fp4, inter, h) + lin(fp4, h, inter);
+    // Each chosen expert once for its rows (grouped), as in the ideal.
+    let grouped = |inter: u64| {
+        2 * linear(Reads::Ideal, fp4, inter, h, 1) + linear(Reads::Ideal, fp4, h, inter, 1)
     };
+    let folded = cfg.shared_expert_intermediate_size == cfg.moe_intermediate_size;
     let union = expected_union(cfg.num_experts, cfg.top_k, r);
     let kv_row = 2 * kvw * kv_elt;
     let mut s = StepBytes {
-        lm_head: bf16(cfg.vocab_size as u64, h),
+        lm_head: lin(false, cfg.vocab_size as u64, h),
         embed_rows: r as u64 * h * 2,
         ..Default::default()
     };
     for (i, l) in cfg.layers.iter().enumerate() {
         let qw = l.num_heads as u64 * hd;
-        s.attention += bf16(qw + 2 * kvw + cfg.gate_width(i) as u64, h) + bf16(h, qw);
+        s.attention += lin(false, qw + 2 * kvw + cfg.gate_width(i) as u64, h) + lin(false, h, qw);
         let window = match l.attn {
             AttnKind::Sliding => cfg.sliding_window,
             _ => None,
         };
-        s.kv += kv_positions(window, ctx, r) * kv_row;
+        s.kv += kv_read(reads, window, ctx, r) * kv_row;
         match l.mlp {
-            MlpKind::Dense => s.dense_mlp += 3 * bf16(cfg.intermediate_size as u64, h),
+            MlpKind::Dense => {
+                let im = cfg.intermediate_size as u64;
+                s.dense_mlp += 2 * lin(false, im, h) + lin(false, h, im);
+            }
             MlpKind::Sparse => {
-                s.router += bf16(cfg.num_experts as u64, h);
-                if cfg.shared_expert_intermediate_size > 0 {
-                    s.shared_experts += expert(cfg.shared_expert_intermediate_size as u64);
+                s.router += router(reads, cfg.num_experts as u64, h, r);
+                let si = cfg.shared_expert_intermediate_size as u64;
+                if si > 0 {
+                    s.shared_experts += if folded { grouped(si) } else { expert(si) };
                 }
                 s.experts_read += union;
-                s.routed_experts += union * expert(cfg.moe_intermediate_size as u64) as f64;
+                s.routed_experts += union * grouped(cfg.moe_intermediate_size as u64) as f64;
             }
         }
     }
@@ -245,6 +326,62 @@ mod tests {
         assert_eq!(s.draft_context, 64 * 128 * 2 + 2 * 64 * 64 * 2);
     }
 
+    /// The same step as the CUDA kernels request it, by hand: K/V once per row; at k = 3 (4
+    /// rows) every GEMV one pass; at k = 9 (10 rows) the tensor-core GEMVs (all of this
+    /// fixture's BF16 Linears: K = 64 or 128) two passes, the SIMT router one.
+    #[test]
+    fn fixture_dflash_as_launched_by_hand() {
+        let c = cfg("../tests/fixtures/models/swa-yarn-perhead/config.json");
+        let d = draft("../tests/fixtures/drafts/swa-yarn-perhead-causal-w8/config.json");
+        let ideal = StepBytes::dflash(&c, &d, 3, 10, 2);
+        let s = StepBytes::dflash_reads(&c, &d, 3, 10, 2, Reads::Launched);
+        // Rows at positions 10..13 read 11, 12, 13, 14 keys of a full layer, 8 of a sliding one.
+        assert_eq!(s.kv, (2 * (11 + 12 + 13 + 14) + 2 * 4 * 8) * 128);
+        assert_eq!(s.draft_kv, 2 * 4 * 8 * 128);
+        assert_eq!(
+            (
+                s.attention,
+                s.dense_mlp,
+                s.router,
+                s.lm_head,
+                s.shared_experts
+            ),
+            (
+                ideal.attention,
+                ideal.dense_mlp,
+                ideal.router,
+                ideal.lm_head,
+                ideal.shared_experts
+            )
+        );
+        assert_eq!(s.routed_experts, ideal.routed_experts);
+        assert_eq!(
+            (s.draft_weights, s.draft_context),
+            (ideal.draft_weights, ideal.draft_context)
+        );
+
+        let ideal = StepBytes::dflash(&c, &d, 9, 10, 2);
+        let s = StepBytes::dflash_reads(&c, &d, 9, 10, 2, Reads::Launched);
+        assert_eq!(s.attention, 2 * ideal.attention);
+        assert_eq!(s.lm_head, 2 * ideal.lm_head);
+        assert_eq!(s.router, ideal.router);
+        // Shared expert (intermediate 32 = the routed ones') folded into the stack: once; the
+        // routed experts: the union of 10 rows, 8 (1 - (3/4)^10) a layer, once each.
+        assert_eq!(s.shared_experts, ideal.shared_experts);
+        assert!((s.experts_read - 3.0 * 8.0 * (1.0 - 0.75f64.powi(10))).abs() < 1e-12);
+        assert_eq!(s.routed_experts, ideal.routed_experts);
+        // Draft: layers over 10 rows and fc, k/v over 10 rows: two passes; lm_head over 9 mask
+        // rows: two; the embedding rows once.
+        let layer = 132 * 64 * 2 + 64 * 64 * 2 + 3 * 96 * 64 * 2;
+        assert_eq!(s.draft_weights, 2 * (2 * layer + 384 * 64 * 2) + 10 * 128);
+        assert_eq!(s.draft_context, 2 * (64 * 128 * 2 + 2 * 64 * 64 * 2));
+        // Rows at positions 10..19: full layers 11 + .. + 20 = 155 keys, sliding 10 x 8.
+        assert_eq!(s.kv, (2 * 155 + 2 * 10 * 8) * 128);
+        // A decode step as launched is the ideal one.
+        let one = target_pass(&c, 1, 10, 2, Reads::Launched);
+        assert_eq!(one, StepBytes::decode(&c, 10, 2));
+    }
+
     /// Laguna-XS 2.1 NVFP4 at a 2K context, by hand: the ~4.19 GB a decode step reads.
     #[test]
     fn xs21_decode_at_2k() {
@@ -289,5 +426,28 @@ mod tests {
         // The verify pass shares every non-expert weight with a decode step.
         let dec = StepBytes::decode(&c, 2048, 2);
         assert_eq!(s.dense_weights(), dec.dense_weights());
+    }
+
+    /// XS-2.1 at k = 6 (7 rows) as launched, by hand: the weights as in the ideal (7 rows are
+    /// one 8-row GEMV pass), the K/V once per row: 7 x 2049 + 21 positions of a full layer
+    /// instead of 2055, 7 x 512 of a sliding one instead of 518; at 32K a full layer reads
+    /// 7 x 32769 + 21.
+    #[test]
+    fn xs21_dflash_k6_as_launched() {
+        let c = cfg(XS);
+        let d = draft(XS_DRAFT);
+        for ctx in [2048usize, 32768] {
+            let ideal = StepBytes::dflash(&c, &d, 6, ctx, 2);
+            let s = StepBytes::dflash_reads(&c, &d, 6, ctx, 2, Reads::Launched);
+            let full = 7 * (ctx as u64 + 1) + 21;
+            assert_eq!(s.kv, (10 * full + 30 * 7 * 512) * 4096);
+            assert_eq!(ideal.kv, (10 * (ctx as u64 + 7) + 30 * 518) * 4096);
+            assert_eq!(s.draft_kv, 5 * 7 * 512 * 4096);
+            assert_eq!(ideal.draft_kv, 5 * 518 * 4096);
+            assert_eq!(s.dense_weights(), ideal.dense_weights());
+            assert_eq!(s.routed_experts, ideal.routed_experts);
+            assert_eq!(s.draft_weights, ideal.draft_weights);
+            assert_eq!(s.draft_context, ideal.draft_context);
+        }
     }
 }

@@ -292,3 +292,99 @@ fn greedy_with_adaptive_k_is_token_identical() {
         }
     }
 }
+
+/// A target that refuses rows at or past `limit` positions (what a CUDA target loaded for that
+/// context does; the CPU engine computes any position) and records the furthest row.
+struct Bounded<'a> {
+    inner: &'a mut laguna_engine::cpu::CpuModel,
+    limit: usize,
+    furthest: usize,
+}
+
+impl Model for Bounded<'_> {
+    fn config(&self) -> &laguna_engine::LagunaConfig {
+        self.inner.config()
+    }
+    fn device(&self) -> &str {
+        self.inner.device()
+    }
+    fn new_seq(&mut self) -> laguna_engine::Result<laguna_engine::model::SeqId> {
+        self.inner.new_seq()
+    }
+    fn free_seq(&mut self, seq: laguna_engine::model::SeqId) {
+        self.inner.free_seq(seq)
+    }
+    fn seq_len(&self, seq: laguna_engine::model::SeqId) -> usize {
+        self.inner.seq_len(seq)
+    }
+    fn truncate(&mut self, seq: laguna_engine::model::SeqId, len: usize) {
+        self.inner.truncate(seq, len)
+    }
+    fn set_taps(&mut self, layers: &[usize]) {
+        self.inner.set_taps(layers)
+    }
+    fn forward(
+        &mut self,
+        batch: &[laguna_engine::model::StepInput],
+    ) -> laguna_engine::Result<Vec<laguna_engine::model::StepOutput>> {
+        for b in batch {
+            let end = b.start_pos + b.tokens.len();
+            self.furthest = self.furthest.max(end);
+            if end > self.limit {
+                return Err(laguna_engine::EngineError::Other(format!(
+                    "row at position {} past the {}-position context",
+                    end - 1,
+                    self.limit
+                )));
+            }
+        }
+        self.inner.forward(batch)
+    }
+}
+
+/// Adaptive k's measurement at every pair's real context (`max_position_embeddings`, 128 or 256
+/// positions, block size 16) with a target and draft that agree on every token (zeroed final
+/// norms: every draft accepted, so every step emits k + 1 tokens, the most positions a
+/// measurement can take): `measure_within` stays inside the context with every step at its full
+/// k, at the sizes `StepCosts::fit` gives; measuring k = 15 without the fit runs out of context.
+#[test]
+fn step_costs_fit_the_context() {
+    use laguna_engine::spec::StepCosts;
+    let (warm, steps) = (2, 6);
+    for (draft_dir, target_dir) in pairs() {
+        let (mut t, _) = load_pair(&draft_dir, &target_dir);
+        t.norm.iter_mut().for_each(|w| *w = 0.0);
+        let mut d = laguna_engine::spec::CpuDraft::load(&draft_dir, &t).unwrap();
+        d.norm.iter_mut().for_each(|w| *w = 0.0);
+        let max_len = t.cfg.max_position_embeddings;
+        let k_max = d.config().block_size - 1;
+        let mut b = Bounded {
+            inner: &mut t,
+            limit: max_len,
+            furthest: 0,
+        };
+        let (costs, fit) =
+            StepCosts::measure_within(&mut b, &mut d, k_max, &[1, 2], 1024, max_len, warm, steps)
+                .unwrap();
+        assert_eq!(fit, StepCosts::fit(max_len, 1024, k_max, warm, steps));
+        assert!(fit.k_max >= 1);
+        assert_eq!(costs.k_max(), fit.k_max);
+        assert!(costs
+            .by_batch
+            .iter()
+            .all(|(_, c)| c.iter().all(|&x| x > 0.0)));
+        // Full acceptance fills the sizing's worst case: the largest k's last step ends one
+        // short of `positions` (its last token is never run), within the context.
+        let bound = StepCosts::positions(fit.prompt_len, fit.k_max, warm, steps);
+        assert!(bound <= max_len);
+        assert_eq!(b.furthest, bound - 1, "{max_len}-position context, {fit:?}");
+        if StepCosts::positions(1, k_max, warm, steps) > max_len {
+            assert!(fit.k_max < k_max);
+            let e = StepCosts::measure(&mut b, &mut d, k_max, &[1], 1, warm, steps);
+            assert!(
+                e.is_err(),
+                "k = {k_max} measured past a {max_len}-position context"
+            );
+        }
+    }
+}

@@ -108,7 +108,7 @@ pub const TABLE: &[Var] = {
     var(STAMP_OUT, Diagnostic, "file: with `LAGUNA_STAMP`, `laguna bench` also writes every timeline record there as CSV", "unset"),
     var(DEVICE_PROFILE, Diagnostic, "`gb10`: run as a GB10 (48 SMs in a green context, its shared memory limits) on a bigger GPU (`--device-profile`)", "unset: the real device"),
     var(CUDA_SYNC, Diagnostic, "set: synchronize after every kernel launch, so an error names its kernel (slow)", "unset"),
-    var("LAGUNA_BIN", Tooling, "the `laguna` binary tests/serve and scripts/device-*.sh run", "`target/debug/laguna` (tests), `dist/laguna` (scripts)"),
+    var("LAGUNA_BIN", Tooling, "the `laguna` binary tests/serve and scripts/device-check.sh run (the script takes `laguna-dev` from its folder)", "`target/debug/laguna` (tests), `dist/laguna` (scripts)"),
     var("LAGUNA_SKIP_BUILD", Tooling, "`1`: tests/serve does not run `cargo build` first", "unset"),
     var("LAGUNA_VENV", Tooling, "scripts/venv.sh: the tests' Python virtual environment", "`.venv` in the repository"),
     var("LAGUNA_VENV_NO_ENSUREPIP", Tooling, "set: scripts/venv.sh bootstraps pip from its wheel", "unset"),
@@ -275,7 +275,7 @@ mod tests {
         let readers = ["kernels/src/env.rs", "stages/src/recipe/overrides.rs"];
         let mut bad = vec![];
         let mut rs = vec![];
-        for c in ["kernels", "engine", "stages", "cli"] {
+        for c in ["kernels", "engine", "stages", "cli", "dev"] {
             files(&root.join(c).join("src"), &[".rs"], &mut rs);
             files(&root.join(c).join("tests"), &[".rs"], &mut rs);
             files(&root.join(c).join("benches"), &[".rs"], &mut rs);

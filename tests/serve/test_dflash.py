@@ -58,15 +58,46 @@ def test_auto_k_serving_matches_plain(target_dir):
             m = requests.get(s.url + "/metrics").text
             if mode == "auto":
                 logs = s.logs()
-                assert "adaptive k: step ms at k = 0..=15" in logs, logs
+                # The fixture's real context (128 positions) fits measuring k <= 14 (StepCosts::fit).
+                assert "128-position context fits measuring k <= 14" in logs, logs
+                assert "adaptive k: step ms at k = 0..=14, 7-token prompt" in logs, logs
                 assert "k = auto, at most 15" in logs, logs
                 k = metric(m, "laguna:spec_k", model_name="t")
-                assert 0 <= k <= 15, k
+                assert 0 <= k <= 14, k
                 steps = [float(l.rpartition(" ")[2]) for l in m.splitlines() if l.startswith("laguna:spec_k_steps_total{")]
                 assert sum(steps) > 0, m
         finally:
             s.stop()
     assert outs["auto"] == outs["plain"]
+
+
+def test_auto_k_fits_a_short_context(target_dir):
+    """`auto` with a context too short for the full measurement: 40 positions measure k <= 3
+    beside a 7-token prompt, 16 positions not even k = 1 (the controller decodes, k = 0); both
+    load, log what they gave up and serve the no-draft server's greedy tokens."""
+    prompt = [(j * 11 + 2) % 384 for j in range(5)]
+    outs = {}
+    for mode, extra in (("plain", ["--max-model-len", "16"]),
+                        ("auto40", ["--max-model-len", "40", "--draft", str(DRAFT), "--num-speculative-tokens", "auto"]),
+                        ("auto16", ["--max-model-len", "16", "--draft", str(DRAFT), "--num-speculative-tokens", "auto"])):
+        s = Server(["--model", str(target_dir), "--device", "cpu", "--served-model-name", "t", *extra], f"dflash-{mode}")
+        try:
+            r = requests.post(s.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 10, "temperature": 0, "ignore_eos": True})
+            assert r.status_code == 200, r.text
+            outs[mode] = r.json()["choices"][0]["text"]
+            logs = s.logs()
+            if mode == "auto40":
+                assert "40-position context fits measuring k <= 3" in logs, logs
+                assert "adaptive k: step ms at k = 0..=3, 7-token prompt" in logs, logs
+            if mode == "auto16":
+                assert "16-position context leaves no room to measure a drafting step" in logs, logs
+                m = requests.get(s.url + "/metrics").text
+                assert metric(m, "laguna:spec_k", model_name="t") == 0
+                assert metric(m, "vllm:spec_decode_num_drafts_total", model_name="t") == 0
+        finally:
+            s.stop()
+    assert outs["auto40"] == outs["plain"]
+    assert outs["auto16"] == outs["plain"]
 
 
 def test_bad_num_speculative_tokens_is_refused(target_dir):

@@ -5,6 +5,7 @@ use anyhow::{bail, Context, Result};
 use laguna_engine::config::AttnKind;
 use laguna_engine::cuda::{CudaModel, CudaOptions};
 use laguna_engine::model::{LogitRows, Model, StepInput};
+use laguna_engine::sample_check;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -120,7 +121,7 @@ pub fn run(a: Args) -> Result<()> {
     }
     let mut greedy = greedy_runs(&mut m, &prompt, &a)?;
     let step_rows = decode_step_rows(&mut m, &prompt, &a)?;
-    let grid = super::device_sample::logits_grid(&m, 11)?;
+    let grid = sample_check::grid(v, 11, |rows, items| m.sample_logits(rows, items))?;
     let tok_s_plain = median(&mut greedy.tps.clone());
     let (oracle, spec_rows) = dflash_rows(&mut m, &prompt, &a, 1e3 / tok_s_plain)?;
     let prof = kernel_profiles(&mut m, &prompt, &greedy.tokens)?;
@@ -578,7 +579,7 @@ struct Report {
     kernel_total: f64,
     prof: KernelProfiles,
     step_rows: Vec<(String, f64, f64)>,
-    grid: super::device_sample::SampleCheck,
+    grid: sample_check::SampleCheck,
     spec_rows: Option<Vec<super::bench_draft::KRow>>,
     gb10: Option<super::bench_gb10::Projection>,
     oracle: Option<super::bench_oracle::Oracled>,

@@ -1,12 +1,12 @@
-//! `laguna bench --draft DIR`: DFlash steps on the device (batch 1, greedy, `CudaSpec`), one row
+//! `laguna bench --draft DIR`: DFlash steps on the device (batch 1, greedy, `FusedStep`), one row
 //! per k: wall time per step, its split into draft / verify / context (CUDA events between the
 //! step's three graphs, from a second pass with timing on), accepted tokens per step, measured
 //! tok/s, and the step's ratio to the no-draft decode step measured earlier in the same run. With
 //! random weights acceptance is ~0, so the table also gives the projected tok/s at a = 4.03
 //! accepted drafts per step (the 5.03 tokens per step of the real pair at k = 6), labelled so.
 use anyhow::{bail, Context, Result};
+use laguna_engine::cuda::draft::fused_step::FusedStep;
 use laguna_engine::cuda::draft::CudaDraft;
-use laguna_engine::cuda::spec::CudaSpec;
 use laguna_engine::cuda::CudaModel;
 use laguna_engine::generate::GenerateRequest;
 use laguna_engine::sample::SamplingParams;
@@ -78,7 +78,7 @@ pub fn run(
         ignore_eos: true,
         stop_token_ids: vec![],
     };
-    let mut spec = CudaSpec::default();
+    let mut spec = FusedStep::default();
     let mut rows = vec![];
     for &k in ks {
         // Warm-up (graph capture), then a timed pass without events, then one with events.

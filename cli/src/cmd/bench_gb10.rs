@@ -13,7 +13,7 @@ use laguna_engine::config::LagunaConfig;
 use laguna_engine::cuda::{profile, CudaModel};
 use laguna_engine::model::Model;
 use laguna_engine::spec::config::DraftConfig;
-use laguna_engine::step_bytes::StepBytes;
+use laguna_engine::step_bytes::{Reads, StepBytes};
 
 /// GB10's read bandwidth (bytes/s): a saturating read kernel's measured rate on a DGX Spark
 /// (273 GB/s nominal LPDDR5x).
@@ -70,6 +70,11 @@ pub fn rows(cfg: &LagunaConfig, draft: Option<&DraftConfig>, m: &Measured) -> Ve
                 bytes: StepBytes::dflash(cfg, d, k, m.ctx, m.kv_elt),
                 measured_ms: ms,
             });
+            rows.push(Row {
+                label: format!("DFlash k={k}, as launched"),
+                bytes: StepBytes::dflash_reads(cfg, d, k, m.ctx, m.kv_elt, Reads::Launched),
+                measured_ms: ms,
+            });
         }
     }
     rows
@@ -87,6 +92,7 @@ pub fn assumptions(m: &Measured, engine_decode_weights: usize, rows: &[Row]) -> 
         format!("Decode weights: {:.4} GB by the config accounting, {:.4} GB as the loader counted them ({}).", ours / 1e9, engine_decode_weights as f64 / 1e9,
             if (ours - engine_decode_weights as f64).abs() < 1.0 { "agree" } else { "DIFFER: check the checkpoint against the config" }),
         format!("Measured decode step: {}. DFlash steps: batch 1, greedy, device-resident (wall per step).", m.decode_source),
+        "DFlash 'as launched': the bytes the CUDA step's kernels request before any reuse in L2 (docs/design/dflash.md, where the verify's bytes go): K/V once per verified row instead of once per sequence, BF16 weights once per 8 rows; what GB10's DRAM reads lies between it and the ideal row above it.".into(),
     ]
 }
 
@@ -247,5 +253,35 @@ mod tests {
         let notes = assumptions(&m, 0, &r);
         assert!(notes[0].contains("PROJECTION"));
         assert!(notes[4].contains("DIFFER"));
+    }
+
+    /// With a draft, each timed k gives the ideal row and the as-launched one: the same weights
+    /// at k = 6 (one 8-row GEMV pass), the K/V of 7 rows read one row at a time.
+    #[test]
+    fn dflash_rows_ideal_and_as_launched() {
+        let cfg = xs();
+        let d = DraftConfig::from_file(std::path::Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/fixtures/reference/laguna-xs-2.1-dflash.config.json"
+        )))
+        .unwrap();
+        let m = Measured {
+            decode_ms: 2.0,
+            decode_source: "test",
+            copy_bw: 2.0e12,
+            dflash: vec![(6, 6.0)],
+            kv_elt: 2,
+            ctx: 2048,
+        };
+        let r = rows(&cfg, Some(&d), &m);
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[1].label, "DFlash k=6 (7 rows)");
+        assert_eq!(r[2].label, "DFlash k=6, as launched");
+        let (ideal, launched) = (&r[1].bytes, &r[2].bytes);
+        assert_eq!(launched.dense_weights(), ideal.dense_weights());
+        assert_eq!(ideal.kv, (10 * 2055 + 30 * 518) * 4096);
+        assert_eq!(launched.kv, (10 * (7 * 2049 + 21) + 30 * 7 * 512) * 4096);
+        assert!(launched.total() > ideal.total());
+        assert_eq!((r[1].measured_ms, r[2].measured_ms), (6.0, 6.0));
     }
 }

@@ -100,15 +100,24 @@ pub fn run(a: Args) -> Result<()> {
     let costs = match (spec_k, loaded.spec_k()) {
         (Some(SpecK::Auto), Some(k_max)) => {
             // One sequence at this prompt's length: the table this request's steps run at.
+            // Within the context the model was loaded for (a shorter prompt, then a smaller k).
             let t = std::time::Instant::now();
-            let c = loaded
-                .step_costs(1, prompt.len())?
+            let max_len = loaded.model().config().max_position_embeddings;
+            let (c, fit) = loaded
+                .step_costs(1, prompt.len(), max_len)?
                 .expect("a draft is loaded");
-            eprintln!(
-                "adaptive k: step ms at k = 0..={k_max}: {:.2?} (measured in {:.1}s)",
-                c.for_batch(1),
-                t.elapsed().as_secs_f64()
-            );
+            if let Some(note) = fit.note() {
+                eprintln!("{note}");
+            }
+            if fit.k_max > 0 {
+                eprintln!(
+                    "adaptive k: step ms at k = 0..={} (of {k_max}), {}-token prompt: {:.2?} (measured in {:.1}s)",
+                    fit.k_max,
+                    fit.prompt_len,
+                    c.for_batch(1),
+                    t.elapsed().as_secs_f64()
+                );
+            }
             Some(std::sync::Arc::new(c))
         }
         _ => None,

@@ -4,18 +4,10 @@ pub mod bench_draft;
 pub mod bench_gb10;
 pub mod bench_grammar;
 pub mod bench_oracle;
-pub mod device_dflash;
-pub mod device_prefix;
-pub mod device_sample;
-pub mod device_sweep;
-pub mod device_test;
 pub mod fetch;
 pub mod generate;
-pub mod kbench;
 pub mod plan;
 pub mod serve;
-pub mod sweep;
-pub mod synth;
 pub mod verify;
 pub mod warmup;
 

@@ -4,7 +4,9 @@
 use super::launch::attention::{self as la, Attn, Cache, FusedQk, Merge, Prefill, QkStore, Rope};
 use super::launch::Geom;
 use super::select::attention::{self as sel, Form};
-use super::*;
+use super::{cerr, device, split_grid, CudaModel, KvArgs, LayerW, ATT_CHUNK, SPLIT_ROWS, TC_CHUNK};
+use crate::config::Gating;
+use crate::error::Result;
 
 /// Where a layer's projections left q, k, v and the gate (row strides in floats).
 pub(super) struct Proj {
@@ -33,7 +35,7 @@ impl CudaModel {
         let (hd, nkv, nh) = (cfg.head_dim, cfg.num_kv_heads, l.nh);
         let eps = cfg.rms_norm_eps as f32;
         let kv = self.kv_args(l);
-        let staged = l.ring && sc.staged.get();
+        let staged = l.ring && self.pass.staged.get();
         let (ks, vs) = if staged {
             (sc.kstage, sc.vstage)
         } else {
@@ -46,13 +48,13 @@ impl CudaModel {
             hd,
             window: l.window,
             half: l.half,
-            fp8: self.kv_elt == 1,
+            fp8: self.kv.elt == 1,
             // `solo` is never set for a non-causal model.
-            solo: sc.solo.get(),
+            solo: self.pass.solo.get(),
             staged,
         };
         let flash = sel::flash_takes(&shape)
-            && (staged || (m >= self.opts.gemm_min_rows && !self.noncausal));
+            && (staged || (m >= self.opts.gemm_min_rows && !self.fwd.noncausal));
         let dec = sel::select_decode(&shape);
         let rope = Rope {
             q_norm: l.q_norm,
@@ -125,9 +127,14 @@ impl CudaModel {
         let nsplit = if m > SPLIT_ROWS {
             1
         } else if tc {
-            split_grid(self.tc_cap.get(), TC_CHUNK, l.window, self.noncausal)
+            split_grid(
+                self.pass.tc_cap.get(),
+                TC_CHUNK,
+                l.window,
+                self.fwd.noncausal,
+            )
         } else {
-            split_grid(self.nsplit, ATT_CHUNK, l.window, self.noncausal)
+            split_grid(self.shape.nsplit, ATT_CHUNK, l.window, self.fwd.noncausal)
         };
         let heads = if dec.form == Form::Head { nh } else { nkv };
         let grid = (m as u32, heads as u32, nsplit as u32);
@@ -143,7 +150,7 @@ impl CudaModel {
             kinv: 1.0 / l.kscale,
             vinv: 1.0 / l.vscale,
         };
-        let kend = if self.noncausal { sc.kend } else { 0 };
+        let kend = if self.fwd.noncausal { sc.kend } else { 0 };
         let stage = if staged { [ks, vs, sc.sspan] } else { [0; 3] };
         la::decode(
             d,
@@ -196,7 +203,7 @@ impl CudaModel {
     ) -> Result<()> {
         let sc = &self.sc;
         let d = &self.dev;
-        let name = sel::prefill_kernel(self.kv_elt == 1, &self.props());
+        let name = sel::prefill_kernel(self.kv.elt == 1, &self.props());
         // In a GEMM pass the output goes straight to the BF16 split (hi and lo) the o_proj GEMM
         // reads.
         let to_xs = m >= self.opts.gemm_min_rows;
@@ -209,10 +216,11 @@ impl CudaModel {
             xs: if to_xs { sc.xs } else { 0 },
             m: m as i32,
         };
-        let grid = (sc.natiles.get() as u32, l.nh as u32, 1);
+        let grid = (self.pass.natiles.get() as u32, l.nh as u32, 1);
         let g = Geom::new(grid, 128, sel::big_smem(name));
         la::prefill(d, prof, name, g, attn, &p).map_err(cerr)?;
-        self.xs_holds
+        self.pass
+            .xs_holds
             .set(if to_xs { (sc.attn, true) } else { (0, false) });
         if let Some(st) = stage {
             self.ring_commit(prof, l, m, st, kv)?;
@@ -240,7 +248,7 @@ impl CudaModel {
             ring: kv.max_pages as i32,
             kc: l.kc,
             vc: l.vc,
-            rowb: (self.cfg.num_kv_heads * self.cfg.head_dim * self.kv_elt) as i32,
+            rowb: (self.cfg.num_kv_heads * self.cfg.head_dim * self.kv.elt) as i32,
         };
         la::ring_commit(&self.dev, prof, m as u32, &a).map_err(cerr)
     }

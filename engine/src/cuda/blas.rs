@@ -6,9 +6,13 @@
 //! Unlike our kernels, cuBLAS picks its algorithm by shape, so a row's result may depend on how
 //! many rows share the pass (vLLM has the same property); decode steps and DFlash verification
 //! never come here (passes below `gemm_min_rows` use the batch-invariant weight-streaming kernels).
-use super::device::{Dev, DevError, Prof};
+//!
+//! This module is the bare binding (no `Dev`): `Dev::blas` makes the handle on its stream and
+//! `Dev::blas_gemm_bf16` times its GEMMs.
 use cudarc::cublas::{result as cb, sys as cbsys, CudaBlas};
+use cudarc::driver::CudaStream;
 use std::ffi::c_void;
+use std::sync::Arc;
 
 /// Workspace handed to cuBLAS (so it never allocates during a captured graph).
 const WORKSPACE: usize = 32 << 20;
@@ -18,17 +22,20 @@ pub struct Blas {
 }
 
 impl Blas {
-    /// A handle on the device's stream, or None (with the reason) when libcublas is missing or
-    /// does not start. `LAGUNA_NO_CUBLAS` turns it off.
-    pub fn new(dev: &Dev) -> Result<Blas, String> {
+    /// A handle on `stream` with its workspace from `alloc` (device bytes), or the reason when
+    /// libcublas is missing or does not start. `LAGUNA_NO_CUBLAS` turns it off.
+    pub fn new(
+        stream: Arc<CudaStream>,
+        alloc: impl FnOnce(usize) -> Result<u64, String>,
+    ) -> Result<Blas, String> {
         if laguna_kernels::env::knobs().no_cublas {
             return Err("LAGUNA_NO_CUBLAS is set".into());
         }
         if !unsafe { cbsys::is_culib_present() } {
             return Err("libcublas is not on the library path".into());
         }
-        let blas = CudaBlas::new(dev.stream.clone()).map_err(|e| format!("cublasCreate: {e:?}"))?;
-        let ws = dev.alloc(WORKSPACE).map_err(|e| e.0)?;
+        let blas = CudaBlas::new(stream).map_err(|e| format!("cublasCreate: {e:?}"))?;
+        let ws = alloc(WORKSPACE)?;
         unsafe { cbsys::cublasSetWorkspace_v2(*blas.handle(), ws as *mut c_void, WORKSPACE) }
             .result()
             .map_err(|e| format!("cublasSetWorkspace: {e:?}"))?;
@@ -36,13 +43,11 @@ impl Blas {
     }
 
     /// Y[m, n] = beta * Y + W X^T for W BF16 [n, k] (row stride k), X BF16 [m, k] (row stride k),
-    /// Y f32 (row stride ldy). Timed under `name` when profiling.
+    /// Y f32 (row stride ldy). `name` tags the error.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16(
         &self,
-        dev: &Dev,
-        prof: &mut Option<Prof>,
-        name: &'static str,
+        name: &str,
         w: u64,
         x: u64,
         y: u64,
@@ -51,9 +56,8 @@ impl Blas {
         k: usize,
         ldy: usize,
         beta: f32,
-    ) -> Result<(), DevError> {
+    ) -> Result<(), String> {
         let alpha = 1.0f32;
-        let ev = dev.prof_begin(prof)?;
         // Column-major view: Y^T [n, m] = (W as [k, n])^T . (X as [k, m]).
         unsafe {
             cb::gemm_ex(
@@ -78,7 +82,6 @@ impl Blas {
                 cbsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }
-        .map_err(|e| DevError(format!("cublasGemmEx {name} ({m} x {n} x {k}): {e:?}")))?;
-        dev.prof_end(prof, name, ev)
+        .map_err(|e| format!("cublasGemmEx {name} ({m} x {n} x {k}): {e:?}"))
     }
 }

@@ -1,6 +1,39 @@
 //! Decode steps from captured CUDA graphs (`decode_greedy`, `decode_step` with `sample_rows`)
 //! and the device sampler's launch.
-use super::*;
+use super::{as_bytes, as_bytes_mut, cerr, device, select, CudaModel, DECODE_ROWS};
+use crate::error::{EngineError, Result};
+use crate::model::{DecodeItem, Model, SeqId};
+use crate::sample::SamplingParams;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::collections::VecDeque;
+
+/// What a decode step leaves on the device for the next: its rows' tokens in `sc.amax` (what
+/// `DecodeItem::prev` names), and, when the readback ring is there (so `decode_advance` ran),
+/// `sc.tokens` = row feeds and `sc.pos` = `next_pos` for the same sequences in the same rows.
+pub(super) struct Fed {
+    pub seqs: Vec<SeqId>,
+    pub next_pos: Vec<i32>,
+}
+
+/// The captured decode graphs and the pipelined decode steps in flight.
+#[derive(Default)]
+pub(super) struct DecodeState {
+    /// The captured `decode_greedy` step and the `attention_decode_tc` grid it was captured with.
+    pub(super) graph: Option<device::Graph>,
+    pub(super) graph_tc: usize,
+    pub(super) graph_failed: bool,
+    /// Captured `decode_step` bodies by (batch size, all greedy, `attention_decode_tc` grid).
+    pub(super) step_graphs: HashMap<(usize, bool, usize), device::Graph>,
+    /// Decode steps launched by `decode_launch` and not yet collected, oldest first: (readback
+    /// ring slot, rows, an event recorded after the step).
+    pub(super) pending: VecDeque<(usize, usize, device::Event)>,
+    /// What the last decode step left for the next one (`Fed`); None once anything else may
+    /// have written `sc.amax`, `sc.tokens` or `sc.pos`.
+    pub(super) fed: RefCell<Option<Fed>>,
+    /// Decode steps that ran `decode_advance` (the device's `sc.adv_ctr` holds the same count).
+    pub(super) adv_steps: u64,
+}
 
 /// One row's parameters for `sample_rows`: (temperature, 0 = greedy; top_k; top_p; u).
 fn sample_params(sp: &SamplingParams, u: f64) -> [f64; 4] {
@@ -22,9 +55,9 @@ impl CudaModel {
         token: u32,
         prof: &mut Option<device::Prof>,
     ) -> Result<u32> {
-        self.fed.replace(None);
+        self.dec.fed.replace(None);
         let pos = self.seq_len(seq);
-        self.check_ring(seq, pos)?;
+        self.kv.check_ring(seq, pos)?;
         self.ensure_pages(seq, pos + 1)?;
         if token as usize >= self.cfg.vocab_size {
             return Err(EngineError::Request(format!(
@@ -35,24 +68,26 @@ impl CudaModel {
         self.dev
             .htod_cached(self.sc.sel, as_bytes(&[0i32]))
             .map_err(cerr)?;
-        let use_graph =
-            self.opts.graphs && prof.is_none() && self.taps.is_empty() && !self.graph_failed;
-        if self.graph_tc != self.tc_cap.get() {
+        let use_graph = self.opts.graphs
+            && prof.is_none()
+            && self.fwd.taps.is_empty()
+            && !self.dec.graph_failed;
+        if self.dec.graph_tc != self.pass.tc_cap.get() {
             // Captured with another attention_tc grid (the row crossed 8K or 16K keys).
-            self.graph = None;
+            self.dec.graph = None;
         }
-        if use_graph && self.graph.is_none() {
-            self.graph_tc = self.tc_cap.get();
+        if use_graph && self.dec.graph.is_none() {
+            self.dec.graph_tc = self.pass.tc_cap.get();
             match self.capture_decode() {
-                Ok(g) => self.graph = Some(g),
+                Ok(g) => self.dec.graph = Some(g),
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, running eagerly: {e}");
-                    self.graph_failed = true;
+                    self.dec.graph_failed = true;
                 }
             }
         }
-        if use_graph && self.graph.is_some() {
-            self.graph.as_ref().unwrap().launch().map_err(cerr)?;
+        if use_graph && self.dec.graph.is_some() {
+            self.dec.graph.as_ref().unwrap().launch().map_err(cerr)?;
         } else {
             self.decode_body(prof)?;
         }
@@ -60,8 +95,8 @@ impl CudaModel {
         self.dev
             .dtoh(as_bytes_mut(&mut out), self.sc.amax)
             .map_err(cerr)?;
-        self.note_written(seq, pos + 1);
-        self.seqs.get_mut(&seq).unwrap().len = pos + 1;
+        self.kv.note_written(seq, pos + 1);
+        self.kv.seqs.get_mut(&seq).unwrap().len = pos + 1;
         Ok(out[0] as u32)
     }
 
@@ -69,7 +104,7 @@ impl CudaModel {
     /// back with the last step's inputs (the same position, its K/V slot rewritten with the same
     /// values; nothing read back in between): ms a replay, None before a graph exists.
     pub fn replay_decode_graph(&self, n: usize) -> Result<Option<f64>> {
-        let Some(g) = self.graph.as_ref() else {
+        let Some(g) = self.dec.graph.as_ref() else {
             return Ok(None);
         };
         self.dev.sync().map_err(cerr)?;
@@ -86,7 +121,7 @@ impl CudaModel {
     /// to back with the kernels recording a timeline; the middle replay's launches as a table
     /// (None without a graph or a LAGUNA_STAMP build).
     pub fn decode_timeline(&self) -> Result<Option<String>> {
-        let Some(g) = self.graph.as_ref() else {
+        let Some(g) = self.dec.graph.as_ref() else {
             return Ok(None);
         };
         if !self.dev.stamping() {
@@ -120,7 +155,7 @@ impl CudaModel {
     /// are on. Host syncs: the metadata/parameter uploads and reading the n tokens. With the
     /// readback ring, the same launch as `decode_launch_dev`, then its collect.
     pub(super) fn decode_step_dev(&mut self, items: &[DecodeItem]) -> Result<Vec<u32>> {
-        if !self.pending.is_empty() {
+        if !self.dec.pending.is_empty() {
             return Err(EngineError::Other(
                 "decode_step while pipelined decode steps are still to be collected".into(),
             ));
@@ -168,30 +203,30 @@ impl CudaModel {
                 device::READBACK_BYTES / 4
             )));
         }
-        if self.pending.len() >= device::READBACK_SLOTS - 1 {
+        if self.dec.pending.len() >= device::READBACK_SLOTS - 1 {
             return Err(EngineError::Other(format!(
                 "{} pipelined decode steps are already queued: collect one first",
-                self.pending.len()
+                self.dec.pending.len()
             )));
         }
         if let Some(j) = items.iter().filter_map(|it| it.prev).max() {
-            let have = self.fed.borrow().as_ref().map(|f| f.seqs.len());
+            let have = self.dec.fed.borrow().as_ref().map(|f| f.seqs.len());
             if have.is_none_or(|r| j >= r) {
                 return Err(EngineError::Other(format!(
                     "a decode item feeds row {j} of the previous step, which left {have:?} rows on the device"
                 )));
             }
         }
-        let slot = (self.adv_steps % device::READBACK_SLOTS as u64) as usize;
+        let slot = (self.dec.adv_steps % device::READBACK_SLOTS as u64) as usize;
         self.decode_enqueue(items)?;
         let ev = self.dev.marker().map_err(cerr)?;
-        self.pending.push_back((slot, n, ev));
+        self.dec.pending.push_back((slot, n, ev));
         Ok(())
     }
 
     /// `Model::decode_collect`: wait for the oldest launched step's tokens (not for later ones).
     pub(super) fn decode_collect_dev(&mut self) -> Result<Vec<u32>> {
-        let (slot, n, ev) = self.pending.pop_front().ok_or_else(|| {
+        let (slot, n, ev) = self.dec.pending.pop_front().ok_or_else(|| {
             EngineError::Other("decode_collect with no decode step launched".into())
         })?;
         let mut out = vec![0i32; n];
@@ -240,13 +275,13 @@ impl CudaModel {
                     it.seq
                 )));
             }
-            if !self.seqs.contains_key(&it.seq) {
+            if !self.kv.seqs.contains_key(&it.seq) {
                 return Err(EngineError::Other(format!("unknown sequence {}", it.seq)));
             }
         }
         for it in items {
             let p = self.seq_len(it.seq);
-            self.check_ring(it.seq, p)?;
+            self.kv.check_ring(it.seq, p)?;
             self.ensure_pages(it.seq, p + 1)?;
             tokens.push(match it.prev {
                 Some(j) => -1 - j as i32,
@@ -260,7 +295,7 @@ impl CudaModel {
             params.extend_from_slice(&sample_params(it.params, u));
         }
         let advance = self.dev.readback_ring().is_some();
-        let fed = self.fed.replace(None).is_some_and(|f| {
+        let fed = self.dec.fed.replace(None).is_some_and(|f| {
             advance
                 && f.seqs == seqs
                 && f.next_pos == pos
@@ -278,31 +313,31 @@ impl CudaModel {
         // `sample_rows` (whose greedy rows take the same index, the lowest among the maxima, in
         // one block a row). One graph per (n, greedy).
         let greedy = n <= self.sc.lrows && items.iter().all(|it| it.params.is_greedy());
-        let key = (n, greedy, self.tc_cap.get());
-        let use_graph = self.opts.graphs && self.taps.is_empty() && !self.graph_failed;
-        if use_graph && !self.step_graphs.contains_key(&key) {
+        let key = (n, greedy, self.pass.tc_cap.get());
+        let use_graph = self.opts.graphs && self.fwd.taps.is_empty() && !self.dec.graph_failed;
+        if use_graph && !self.dec.step_graphs.contains_key(&key) {
             match self.capture(|m| m.decode_step_body(&mut None, n, greedy)) {
                 Ok(g) => {
-                    self.step_graphs.insert(key, g);
+                    self.dec.step_graphs.insert(key, g);
                 }
                 Err(e) => {
                     tracing::warn!("CUDA graph capture failed, running eagerly: {e}");
-                    self.graph_failed = true;
+                    self.dec.graph_failed = true;
                 }
             }
         }
-        match self.step_graphs.get(&key).filter(|_| use_graph) {
+        match self.dec.step_graphs.get(&key).filter(|_| use_graph) {
             Some(g) => g.launch().map_err(cerr)?,
             None => self.decode_step_body(&mut None, n, greedy)?,
         }
         if advance {
-            self.adv_steps += 1;
+            self.dec.adv_steps += 1;
         }
         for (it, &p) in items.iter().zip(&pos) {
-            self.note_written(it.seq, p as usize + 1);
-            self.seqs.get_mut(&it.seq).unwrap().len = p as usize + 1;
+            self.kv.note_written(it.seq, p as usize + 1);
+            self.kv.seqs.get_mut(&it.seq).unwrap().len = p as usize + 1;
         }
-        self.fed.replace(Some(Fed {
+        self.dec.fed.replace(Some(Fed {
             seqs,
             next_pos: pos.iter().map(|p| p + 1).collect(),
         }));
@@ -384,7 +419,7 @@ impl CudaModel {
         rows: &[&[f32]],
         items: &[(SamplingParams, f64)],
     ) -> Result<Vec<u32>> {
-        self.fed.replace(None);
+        self.dec.fed.replace(None);
         let n = rows.len();
         let v = self.cfg.vocab_size;
         if n > DECODE_ROWS || v > 1 << 17 || items.len() != n || rows.iter().any(|r| r.len() != v) {

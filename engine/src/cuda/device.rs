@@ -1,5 +1,6 @@
 //! Thin device layer over cudarc: one context, one non-blocking stream, raw device pointers
 //! (`u64`), kernels loaded from cached cubins, per-launch event timing, stream-captured graphs.
+use super::blas::Blas;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaStream};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -178,7 +179,7 @@ pub struct Dev {
     pub mem_bw: f64,
     allocs: Mutex<Vec<u64>>,
     /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).
-    blas: std::sync::OnceLock<Option<super::blas::Blas>>,
+    blas: std::sync::OnceLock<Option<Blas>>,
     /// Pinned host staging for `htod_staged` (null when cuMemHostAlloc failed): a bump area
     /// whose offset goes back to 0 whenever the stream has been synchronized.
     stage: Stage,
@@ -452,18 +453,42 @@ impl Dev {
     }
 
     /// The cuBLAS handle (created on the first call), or None when libcublas is not available.
-    pub fn blas(&self) -> Option<&super::blas::Blas> {
+    pub fn blas(&self) -> Option<&Blas> {
         self.blas
-            .get_or_init(|| match super::blas::Blas::new(self) {
-                Ok(b) => Some(b),
-                Err(why) => {
-                    tracing::warn!(
-                        "cuBLAS not used ({why}); prefill GEMMs run on laguna's own kernels"
-                    );
-                    None
+            .get_or_init(|| {
+                match Blas::new(self.stream.clone(), |n| self.alloc(n).map_err(|e| e.0)) {
+                    Ok(b) => Some(b),
+                    Err(why) => {
+                        tracing::warn!(
+                            "cuBLAS not used ({why}); prefill GEMMs run on laguna's own kernels"
+                        );
+                        None
+                    }
                 }
             })
             .as_ref()
+    }
+
+    /// `Blas::gemm_bf16` on this device's stream, timed under `name` when profiling.
+    #[allow(clippy::too_many_arguments)]
+    pub fn blas_gemm_bf16(
+        &self,
+        blas: &Blas,
+        prof: &mut Option<Prof>,
+        name: &'static str,
+        w: u64,
+        x: u64,
+        y: u64,
+        m: usize,
+        n: usize,
+        k: usize,
+        ldy: usize,
+        beta: f32,
+    ) -> R<()> {
+        let ev = self.prof_begin(prof)?;
+        blas.gemm_bf16(name, w, x, y, m, n, k, ldy, beta)
+            .map_err(DevError)?;
+        self.prof_end(prof, name, ev)
     }
 
     pub fn alloc(&self, bytes: usize) -> R<u64> {

@@ -2,7 +2,8 @@
 //! (q/k norm + RoPE + K/V write, split-KV decode or flash prefill), then the dense MLP or the
 //! MoE (router, top-k, grouped experts in the weight-streaming or the GEMM regime, combine).
 use super::attention::Proj;
-use super::*;
+use super::{cerr, device, launch, CudaModel, KvArgs, LayerW, MlpW};
+use crate::error::Result;
 
 impl CudaModel {
     /// Launch every layer for the `m` rows whose metadata is already on the device.
@@ -25,12 +26,12 @@ impl CudaModel {
         let nkv = cfg.num_kv_heads;
         let kvw = nkv * hd;
         let eps = cfg.rms_norm_eps as f32;
-        self.xs_holds.set((0, false));
-        self.final_normed.set(false);
+        self.pass.xs_holds.set((0, false));
+        self.pass.final_normed.set(false);
         // The previous layer's MoE launch already wrote this layer's input norm into hn (and
         // embed_norm the first layer's).
         let mut normed = false;
-        if let Some(l0) = self.layers.first() {
+        if let Some(l0) = self.w.layers.first() {
             // The embedding gather and the first layer's input norm in one launch (in a GEMM
             // pass with the norm's BF16 hi / lo split, as norm_rows writes it).
             let split = m >= self.opts.gemm_min_rows;
@@ -39,10 +40,10 @@ impl CudaModel {
                 prof,
                 "embed_norm",
                 (m as u32, 1, 1),
-                (ops::norm_block(h), 1, 1),
+                (launch::norm::norm_block(h), 1, 1),
                 0,
                 |b| {
-                    b.u64(self.embed)
+                    b.u64(self.w.embed)
                         .u64(sc.tokens)
                         .u64(sc.amax)
                         .u64(sc.x)
@@ -55,11 +56,11 @@ impl CudaModel {
             )
             .map_err(cerr)?;
             if split {
-                self.xs_holds.set((sc.hn, true));
+                self.pass.xs_holds.set((sc.hn, true));
             }
             normed = true;
         }
-        for (li, l) in self.layers.iter().enumerate() {
+        for (li, l) in self.w.layers.iter().enumerate() {
             let nh = l.nh;
             let qw = nh * hd;
             let gemm_pass = m >= self.opts.gemm_min_rows;
@@ -112,7 +113,7 @@ impl CudaModel {
                 }
                 MlpW::Moe { .. } => {
                     // (It may also write the next layer's input norm into sc.hn.)
-                    normed = self.moe_layer(prof, l, self.layers.get(li + 1), m)?;
+                    normed = self.moe_layer(prof, l, self.w.layers.get(li + 1), m)?;
                 }
             }
             if let Some(f) = after.as_mut() {
@@ -126,9 +127,9 @@ impl CudaModel {
     /// pool.
     pub(super) fn kv_args(&self, l: &LayerW) -> KvArgs {
         let (bt, max_pages, page_size) = if l.ring {
-            (self.sc.bt_ring, self.ring, 1)
+            (self.sc.bt_ring, self.kv.ring, 1)
         } else {
-            (self.sc.bt, self.max_pages, self.page_size)
+            (self.sc.bt, self.kv.max_pages, self.kv.page_size)
         };
         KvArgs {
             bt,

@@ -1,6 +1,20 @@
 //! Loading a checkpoint onto the device: weights streamed tensor by tensor from the mmap (BF16
 //! as stored, NVFP4 packed), K/V pool and rings sized, scratch allocated.
-use super::*;
+use super::select::moe::{mk_geom, mk_smem, MK_BLOCK};
+use super::{
+    ceil_div, cerr, nsplit_tc, ring, CudaModel, CudaOptions, Dev, Experts, ForwardMode, KvPool,
+    LaunchShape, LayerW, Lin, MlpW, Parts, PassState, Scratch, Stack, Weights, DECODE_ROWS, NSPLIT,
+    SAMP_G_STRIDE, SPLIT_ROWS,
+};
+use crate::config::{AttnKind, LagunaConfig, MlpKind};
+use crate::error::{EngineError, Result};
+use crate::model::schema::layer_prefix;
+use crate::weights::linear::{kv_scale_pair, LinearSource};
+use crate::weights::store::{TensorView, WeightStore};
+use safetensors::Dtype;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
 
 fn bf16_bytes_of(t: &TensorView) -> Result<Vec<u8>> {
     Ok(match t.dtype {
@@ -266,7 +280,10 @@ pub fn check_shapes(cfg: &LagunaConfig) -> Result<()> {
         let widths = [
             ("hidden_size", cfg.hidden_size),
             ("moe_intermediate_size", cfg.moe_intermediate_size),
-            ("shared_expert_intermediate_size", cfg.shared_expert_intermediate_size),
+            (
+                "shared_expert_intermediate_size",
+                cfg.shared_expert_intermediate_size,
+            ),
         ];
         if let Some((name, w)) = widths.iter().find(|(_, w)| w % 16 != 0) {
             return Err(EngineError::Other(format!(
@@ -287,15 +304,13 @@ impl CudaModel {
         let store = WeightStore::open(dir)?;
         let dev = Dev::new(opts.device).map_err(cerr)?;
         refuse_unless_fits(&dev, store.data_bytes(), dir)?;
-        let arch = dev.arch.clone();
-        Self::build(cfg, &store, dev, arch, opts, t0)
+        Self::build(cfg, &store, dev, opts, t0)
     }
 
     pub(super) fn build(
         cfg: LagunaConfig,
         store: &WeightStore,
         dev: Dev,
-        arch: String,
         opts: CudaOptions,
         t0: std::time::Instant,
     ) -> Result<CudaModel> {
@@ -353,14 +368,13 @@ impl CudaModel {
             decode_bytes,
             min_in: 0,
         };
-        Self::finish(cfg, Arc::new(dev), arch, opts, t0, parts)
+        Self::finish(cfg, Arc::new(dev), opts, t0, parts)
     }
 
     /// Scratch, K/V pool and the model around loaded weights (target or draft stack).
     pub(super) fn finish(
         cfg: LagunaConfig,
         dev: Arc<Dev>,
-        arch: String,
         opts: CudaOptions,
         t0: std::time::Instant,
         parts: Parts,
@@ -428,7 +442,15 @@ impl CudaModel {
         let sc = dims.alloc(&dev, &cfg, max_pages, ring, elt, nsplit)?;
         let page_elems = num_pages * page_size * kvw;
         let ring_elems = max_seqs * ring * kvw;
-        alloc_kv(&dev, &mut layers, num_pages, page_elems, ring_elems, full_layers, elt)?;
+        alloc_kv(
+            &dev,
+            &mut layers,
+            num_pages,
+            page_elems,
+            ring_elems,
+            full_layers,
+            elt,
+        )?;
         dev.sync().map_err(cerr)?;
         let free_pages = (0..num_pages as u32).rev().collect();
         let (mk_grid, mk_smem) = mk_launch(&cfg, &dev);
@@ -436,51 +458,50 @@ impl CudaModel {
         Ok(CudaModel {
             cfg,
             dev,
-            arch,
-            embed,
-            final_norm,
-            lm_head,
-            layers,
-            sc,
-            page_size,
-            num_pages,
-            max_pages,
-            free_pages,
-            ring,
-            ring_window,
-            free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
-                .rev()
-                .collect(),
-            full_layers,
-            kv_elt: elt,
-            seqs: HashMap::new(),
-            next_id: 1,
-            taps: vec![],
             opts,
+            w: Weights {
+                embed,
+                final_norm,
+                lm_head,
+                layers,
+            },
+            sc,
+            kv: KvPool {
+                page_size,
+                num_pages,
+                max_pages,
+                free_pages,
+                ring,
+                ring_window,
+                free_rings: (0..if ring > 0 { max_seqs as u32 } else { 0 })
+                    .rev()
+                    .collect(),
+                full_layers,
+                elt,
+                seqs: HashMap::new(),
+                next_id: 1,
+            },
+            dec: Default::default(),
+            shape: LaunchShape {
+                nsplit,
+                nsplit_tc: nsplit_tc(nsplit),
+                mk_grid,
+                mk_smem,
+                mk_stag,
+                use_cublas: true,
+            },
+            fwd: ForwardMode {
+                taps: vec![],
+                taps_on_device: false,
+                taps_dev: 0,
+                noncausal: false,
+                prof: None,
+            },
+            pass: PassState::new(nsplit_tc(nsplit)),
+            prefix: Default::default(),
             weight_bytes,
             decode_weight_bytes: decode_bytes,
             load_secs: t0.elapsed().as_secs_f64(),
-            graph: None,
-            graph_tc: 0,
-            graph_failed: false,
-            step_graphs: HashMap::new(),
-            pending: std::collections::VecDeque::new(),
-            fed: std::cell::RefCell::new(None),
-            adv_steps: 0,
-            fprof: None,
-            noncausal: false,
-            taps_on_device: false,
-            taps_dev: 0,
-            use_cublas: true,
-            nsplit,
-            nsplit_tc: nsplit_tc(nsplit),
-            tc_cap: std::cell::Cell::new(nsplit_tc(nsplit)),
-            mk_grid,
-            mk_smem,
-            mk_stag,
-            xs_holds: std::cell::Cell::new((0, false)),
-            final_normed: std::cell::Cell::new(false),
-            prefix: Default::default(),
         })
     }
 }
@@ -644,12 +665,9 @@ fn load_moe(
         ))
     };
     let folded = cfg.shared_expert_intermediate_size == im
-        && is_fp4(format!("{ep}.0.gate_proj"), im, h)?
-            == is_fp4(format!("{sp}.gate_proj"), im, h)?
-        && is_fp4(format!("{ep}.0.up_proj"), im, h)?
-            == is_fp4(format!("{sp}.up_proj"), im, h)?
-        && is_fp4(format!("{ep}.0.down_proj"), h, im)?
-            == is_fp4(format!("{sp}.down_proj"), h, im)?;
+        && is_fp4(format!("{ep}.0.gate_proj"), im, h)? == is_fp4(format!("{sp}.gate_proj"), im, h)?
+        && is_fp4(format!("{ep}.0.up_proj"), im, h)? == is_fp4(format!("{sp}.up_proj"), im, h)?
+        && is_fp4(format!("{ep}.0.down_proj"), h, im)? == is_fp4(format!("{sp}.down_proj"), h, im)?;
     let mut prefixes: Vec<String> = (0..cfg.num_experts).map(|e| format!("{ep}.{e}")).collect();
     if folded {
         prefixes.push(sp.clone());
@@ -913,7 +931,6 @@ impl ScratchDims {
             gbar: a(16)?,
             rlog_mk: a(4 * e.max(1))?,
             atiles: a(8 * (r / 64 + r.min(64) + 2))?,
-            natiles: std::cell::Cell::new(0),
             moe_gu: a(f * r * kk * 2 * im)?,
             xs: a(4 * r * h.max(max_qw).max(inter).max(kk * im).max(min_in))?,
             kend: a(4 * r)?,
@@ -928,8 +945,6 @@ impl ScratchDims {
             kstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
             vstage: a(if ring > 0 { r * kvw * elt } else { 0 })?,
             sspan: a(8 * r)?,
-            staged: std::cell::Cell::new(false),
-            solo: std::cell::Cell::new(false),
             lrows,
             sel: a(4 * lrows)?,
             hsel: a(f * lrows * h)?,
@@ -1034,35 +1049,4 @@ pub(super) fn mk_launch(cfg: &LagunaConfig, dev: &Dev) -> (u32, u32) {
         }
         None => (0, 0),
     }
-}
-
-/// `mk_launch`'s grid and dynamic shared memory on `sms` SMs where an SM holds `per_sm` of
-/// its blocks: one block an SM (every block resident: its grid barriers spin), None where
-/// the shapes or no block fit.
-pub(crate) fn mk_geom(cfg: &LagunaConfig, sms: u32, per_sm: u32) -> Option<(u32, u32)> {
-    let smem = mk_smem(cfg)?;
-    (per_sm > 0).then_some((sms, smem))
-}
-
-/// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
-/// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
-pub(crate) const MK_BLOCK: u32 = 640;
-
-/// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
-/// the model's shapes fit it.
-pub(crate) fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
-    let h = cfg.hidden_size;
-    let im = cfg.moe_intermediate_size;
-    let kk = cfg.top_k + 1;
-    let fits = cfg.num_experts > 0
-        && cfg.num_experts <= 256
-        && h % 16 == 0
-        && im % 16 == 0
-        && h <= 2048
-        && im <= 512
-        && kk <= 32;
-    let bytes = 4 * (h + kk * im);
-    // With the kernel's ~15 KB of static shared memory (s_dn, s_nw, s_bias, top-k's scores),
-    // under the 48 KB a block gets without opting in.
-    (fits && bytes <= 28 * 1024).then_some(bytes as u32)
 }

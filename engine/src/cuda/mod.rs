@@ -14,6 +14,7 @@ mod blas;
 mod decode;
 pub(crate) mod device;
 pub mod draft;
+mod kv;
 pub mod launch;
 mod layers;
 mod load;
@@ -23,22 +24,17 @@ mod prefix;
 pub mod profile;
 pub mod ring;
 pub mod select;
-pub mod spec;
 pub mod stamp;
 
 pub use device::{Args, Dev, DevError, Prof};
 pub use load::{check_head_dim, check_shapes};
 
-use crate::config::{AttnKind, Gating, LagunaConfig, MlpKind};
+use kv::{KvPool, SeqState};
+
+use crate::config::LagunaConfig;
 use crate::error::{EngineError, Result};
-use crate::model::schema::layer_prefix;
 use crate::model::{DecodeItem, LogitRows, Model, SeqId, StepInput, StepOutput};
-use crate::sample::SamplingParams;
-use crate::weights::linear::{kv_scale_pair, LinearSource};
-use crate::weights::store::{TensorView, WeightStore};
-use safetensors::Dtype;
-use std::collections::HashMap;
-use std::path::Path;
+use std::cell::Cell;
 use std::sync::Arc;
 
 /// Options for [`CudaModel::load`].
@@ -215,9 +211,9 @@ struct Scratch {
     moe_gu: u64,
     /// GEMM inputs split into BF16 hi + lo ([rows, K] each, lo after hi).
     xs: u64,
-    /// Query tiles of the pass for attention_prefill: (first row, rows) pairs, and their count.
+    /// Query tiles of the pass for attention_prefill: (first row, rows) pairs
+    /// (`PassState::natiles` of them).
     atiles: u64,
-    natiles: std::cell::Cell<usize>,
     moe_act: u64,
     moe_out: u64,
     tokens: u64,
@@ -234,12 +230,6 @@ struct Scratch {
     vstage: u64,
     /// Per row: first row of its sequence in the pass, then (after `rows` ints) its last row.
     sspan: u64,
-    /// This pass writes ring layers through the stage (some sequence has more rows than the
-    /// ring's spare slots + 1): ring layers run attention_prefill, then ring_commit.
-    staged: std::cell::Cell<bool>,
-    /// Every row of the pass is the only row of its sequence (a decode step of a causal model):
-    /// the decode attention may write a row's new key itself (`select::attention`).
-    solo: std::cell::Cell<bool>,
     // logits path
     lrows: usize,
     sel: u64,
@@ -268,15 +258,6 @@ struct KvArgs {
     page_size: usize,
 }
 
-struct SeqState {
-    len: usize,
-    pages: Vec<u32>,
-    /// Ring slot block (rings on).
-    ring: Option<u32>,
-    /// End of the highest position ever written: the ring holds [ring_hi - R, ring_hi).
-    ring_hi: usize,
-}
-
 /// Per-kernel-name timing, filled when profiling is on.
 #[derive(Debug, Default, Clone)]
 pub struct KernelTimes {
@@ -295,93 +276,108 @@ struct Parts {
     min_in: usize,
 }
 
-/// What a decode step leaves on the device for the next: its rows' tokens in `sc.amax` (what
-/// `DecodeItem::prev` names), and, when the readback ring is there (so `decode_advance` ran),
-/// `sc.tokens` = row feeds and `sc.pos` = `next_pos` for the same sequences in the same rows.
-pub(super) struct Fed {
-    pub seqs: Vec<SeqId>,
-    pub next_pos: Vec<i32>,
-}
-
+/// A CUDA model: the target, or a draft's decoder stack (`draft::CudaDraft`). Its state is in
+/// groups, each with one owner: the weights (`load`), the scratch buffers (`load`), the K/V
+/// pool and the sequences in it (`kv`, `prefix`), the decode graphs and pipeline (`decode`), the
+/// launch shapes fixed at load, how `forward` runs (its caller's settings) and what the current
+/// pass's launches track (`layers` and the launch code, through `&self`).
 pub struct CudaModel {
     cfg: LagunaConfig,
     /// Shared with a CUDA draft (same context and stream, so ordering is implicit).
     dev: Arc<Dev>,
-    arch: String,
-    embed: u64,
-    final_norm: u64,
-    lm_head: Lin,
-    layers: Vec<LayerW>,
-    sc: Scratch,
-    page_size: usize,
-    num_pages: usize,
-    max_pages: usize,
-    free_pages: Vec<u32>,
-    /// Ring slots per sequence (window + spec_k; 0 when no layer has a ring) and the window.
-    ring: usize,
-    ring_window: usize,
-    free_rings: Vec<u32>,
-    /// Layers on the paged pool.
-    full_layers: usize,
-    /// Bytes per cached K (or V) element: 2 (BF16) or 1 (FP8).
-    kv_elt: usize,
-    seqs: HashMap<SeqId, SeqState>,
-    next_id: SeqId,
-    taps: Vec<usize>,
     opts: CudaOptions,
+    w: Weights,
+    sc: Scratch,
+    kv: KvPool,
+    dec: decode::DecodeState,
+    shape: LaunchShape,
+    fwd: ForwardMode,
+    pass: PassState,
+    /// Prefix cache: shared pages and exported snapshots (`prefix.rs`).
+    prefix: prefix::CudaPrefix,
     /// Bytes of weights on the device.
     pub weight_bytes: usize,
     /// Bytes one single-row decode step reads from weights (active experts only).
     pub decode_weight_bytes: usize,
     pub load_secs: f64,
-    /// The captured `decode_greedy` step and the `attention_decode_tc` grid it was captured with.
-    graph: Option<device::Graph>,
-    graph_tc: usize,
-    graph_failed: bool,
-    /// Captured `decode_step` bodies by (batch size, all greedy, `attention_decode_tc` grid).
-    step_graphs: HashMap<(usize, bool, usize), device::Graph>,
-    /// Decode steps launched by `decode_launch` and not yet collected, oldest first: (readback
-    /// ring slot, rows, an event recorded after the step).
-    pending: std::collections::VecDeque<(usize, usize, device::Event)>,
-    /// What the last decode step left for the next one (`Fed`); None once anything else may
-    /// have written `sc.amax`, `sc.tokens` or `sc.pos`.
-    fed: std::cell::RefCell<Option<Fed>>,
-    /// Decode steps that ran `decode_advance` (the device's `sc.adv_ctr` holds the same count).
-    adv_steps: u64,
-    /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
-    fprof: Option<device::Prof>,
-    /// Draft stacks with `dflash_config.causal = false`: a block row sees every key of its block
-    /// (per-row key end in `sc.kend`), not only keys up to its position.
-    noncausal: bool,
-    /// With `taps_on_device`, `forward` leaves the taps of its (single) pass in `taps_dev`
-    /// ([rows, taps * hidden] f32) instead of copying them to the host.
-    taps_on_device: bool,
-    taps_dev: u64,
-    /// Dense BF16 GEMMs of long passes on cuBLAS when it loads (else laguna's own GEMMs).
-    use_cublas: bool,
+}
+
+/// The model's weights on the device (a draft stack shares the target's `embed` and `lm_head`).
+struct Weights {
+    embed: u64,
+    final_norm: u64,
+    lm_head: Lin,
+    layers: Vec<LayerW>,
+}
+
+/// Launch shapes chosen at load from the device and the model's shapes.
+struct LaunchShape {
     /// Key splits of the decode attention (NSPLIT; `sc.part` is sized for it).
     nsplit: usize,
     /// Most key splits of `attention_decode_tc` (NSPLIT_TC; at most `nsplit`).
     nsplit_tc: usize,
-    /// The current pass's `attention_decode_tc` grid of splits (`tc_grid` of its longest row; set with
-    /// the pass's positions, `nsplit_tc` until then).
-    tc_cap: std::cell::Cell<usize>,
     /// `moe_decode_fused`: its grid (one block an SM, all resident) and dynamic
     /// shared memory; grid 0 when the model's shapes do not fit it.
     mk_grid: u32,
     mk_smem: u32,
     /// `moe_decode_fused`'s gate/up issue stagger, ns a warp index (`mk_stagger`; 0: none).
     mk_stag: i32,
+    /// Dense BF16 GEMMs of long passes on cuBLAS when it loads (else laguna's own GEMMs;
+    /// `set_cublas`).
+    use_cublas: bool,
+}
+
+/// How `forward` runs beyond its batch: set by its caller (`set_taps`, `set_taps_on_device`,
+/// `set_profiling`) or, for `noncausal`, by the draft's load.
+struct ForwardMode {
+    /// Layers whose residual `forward` returns (DFlash taps).
+    taps: Vec<usize>,
+    /// With `taps_on_device`, `forward` leaves the taps of its (single) pass in `taps_dev`
+    /// ([rows, taps * hidden] f32) instead of copying them to the host.
+    taps_on_device: bool,
+    taps_dev: u64,
+    /// Draft stacks with `dflash_config.causal = false`: a block row sees every key of its block
+    /// (per-row key end in `sc.kend`), not only keys up to its position.
+    noncausal: bool,
+    /// Per-kernel event timing of `forward` passes when set (see `set_profiling`).
+    prof: Option<device::Prof>,
+}
+
+/// What the current pass's launches track as they go: set by `upload_meta` (and the DFlash
+/// step's own uploads) and by the layer code, which runs through `&self`, hence the cells.
+struct PassState {
+    /// The pass's `attention_decode_tc` grid of splits (`tc_grid` of its longest row; set with
+    /// the pass's positions, `nsplit_tc` until then).
+    tc_cap: Cell<usize>,
+    /// Query tiles of the pass for attention_prefill (`sc.atiles`): their count.
+    natiles: Cell<usize>,
+    /// This pass writes ring layers through the stage (some sequence has more rows than the
+    /// ring's spare slots + 1): ring layers run attention_prefill, then ring_commit.
+    staged: Cell<bool>,
+    /// Every row of the pass is the only row of its sequence (a decode step of a causal model):
+    /// the decode attention may write a row's new key itself (`select::attention`).
+    solo: Cell<bool>,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
     /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
     /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
-    xs_holds: std::cell::Cell<(u64, bool)>,
+    xs_holds: Cell<(u64, bool)>,
     /// The current pass is one row and its last `moe_decode_fused` wrote the final norm of that
     /// row into `sc.hsel`, so `final_logits` of one row skips its `rmsnorm`.
     /// Reset at the start of every pass.
-    final_normed: std::cell::Cell<bool>,
-    /// Prefix cache: shared pages and exported snapshots (`prefix.rs`).
-    prefix: prefix::CudaPrefix,
+    final_normed: Cell<bool>,
+}
+
+impl PassState {
+    fn new(tc_cap: usize) -> PassState {
+        PassState {
+            tc_cap: Cell::new(tc_cap),
+            natiles: Cell::new(0),
+            staged: Cell::new(false),
+            solo: Cell::new(false),
+            xs_holds: Cell::new((0, false)),
+            final_normed: Cell::new(false),
+        }
+    }
 }
 
 /// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the
@@ -466,7 +462,7 @@ fn ceil_div(a: usize, b: usize) -> usize {
 impl CudaModel {
     /// Time every kernel of later `forward` calls with CUDA events (slows them down a little).
     pub fn set_profiling(&mut self, on: bool) {
-        self.fprof = if on {
+        self.fwd.prof = if on {
             Some(device::Prof::default())
         } else {
             None
@@ -474,11 +470,15 @@ impl CudaModel {
     }
     /// (kernel, total ms, launches) accumulated since `set_profiling(true)`, largest first.
     pub fn take_profile(&mut self) -> Vec<(String, f64, usize)> {
-        self.fprof.as_mut().map(|p| p.summary()).unwrap_or_default()
+        self.fwd
+            .prof
+            .as_mut()
+            .map(|p| p.summary())
+            .unwrap_or_default()
     }
 
     pub fn arch(&self) -> &str {
-        &self.arch
+        &self.dev.arch
     }
     pub fn device_name(&self) -> String {
         self.dev.name.clone()
@@ -486,55 +486,55 @@ impl CudaModel {
     /// `moe_decode_fused`'s gate/up issue stagger (ns a warp index) and the peak DRAM bandwidth it was
     /// sized from (bytes/s; 0 when the driver reports none).
     pub fn moe_stagger(&self) -> (i32, f64) {
-        (self.mk_stag, self.dev.mem_bw)
+        (self.shape.mk_stag, self.dev.mem_bw)
     }
     /// K/V pool of the full-attention layers: (pages, positions per page, bytes).
     pub fn kv_pool(&self) -> (usize, usize, usize) {
         let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
         (
-            self.num_pages,
-            self.page_size,
-            self.num_pages * self.page_size * kvw * 2 * self.kv_elt * self.full_layers,
+            self.kv.num_pages,
+            self.kv.page_size,
+            self.kv.num_pages * self.kv.page_size * kvw * 2 * self.kv.elt * self.kv.full_layers,
         )
     }
     /// Sliding-window rings: (slots per sequence, sequences, bytes); slots 0 when none.
     pub fn kv_rings(&self) -> (usize, usize, usize) {
         let kvw = self.cfg.num_kv_heads * self.cfg.head_dim;
-        let n = self.layers.iter().filter(|l| l.ring).count();
-        let seqs = if self.ring > 0 {
+        let n = self.w.layers.iter().filter(|l| l.ring).count();
+        let seqs = if self.kv.ring > 0 {
             self.opts.max_seqs.max(1)
         } else {
             0
         };
         (
-            self.ring,
+            self.kv.ring,
             seqs,
-            n * seqs * self.ring * kvw * 2 * self.kv_elt,
+            n * seqs * self.kv.ring * kvw * 2 * self.kv.elt,
         )
     }
     /// Positions one sequence can hold (the paged pool's, or the model's limit with no full layer).
     pub fn kv_capacity(&self) -> usize {
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             self.cfg.max_position_embeddings
         } else {
-            self.max_pages * self.page_size
+            self.kv.max_pages * self.kv.page_size
         }
     }
     /// Rows a sequence may write beyond what it keeps without losing a visible key (rings), or
     /// None when no layer has a ring (any rewind is safe).
     pub fn ring_spare(&self) -> Option<usize> {
-        (self.ring > 0).then(|| self.ring - self.ring_window)
+        (self.kv.ring > 0).then(|| self.kv.ring - self.kv.ring_window)
     }
     /// Whether K/V are stored as FP8 E4M3.
     pub fn kv_fp8(&self) -> bool {
-        self.kv_elt == 1
+        self.kv.elt == 1
     }
     pub fn dev(&self) -> &Dev {
         &self.dev
     }
 
     fn ensure_pages(&mut self, seq: SeqId, upto: usize) -> Result<()> {
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             if upto > self.cfg.max_position_embeddings {
                 return Err(EngineError::Request(format!(
                     "sequence needs {upto} positions but the model allows {}",
@@ -543,26 +543,27 @@ impl CudaModel {
             }
             return Ok(());
         }
-        let need = ceil_div(upto, self.page_size);
-        if need > self.max_pages {
+        let need = ceil_div(upto, self.kv.page_size);
+        if need > self.kv.max_pages {
             return Err(EngineError::Request(format!(
                 "sequence needs {upto} positions but the K/V plan allows {} ({} pages of {})",
-                self.max_pages * self.page_size,
-                self.max_pages,
-                self.page_size
+                self.kv.max_pages * self.kv.page_size,
+                self.kv.max_pages,
+                self.kv.page_size
             )));
         }
         let s = self
+            .kv
             .seqs
             .get_mut(&seq)
             .ok_or_else(|| EngineError::Other(format!("unknown sequence {seq}")))?;
         while s.pages.len() < need {
-            match self.free_pages.pop() {
+            match self.kv.free_pages.pop() {
                 Some(p) => s.pages.push(p),
                 None => {
                     return Err(EngineError::Request(format!(
                         "the K/V pool is full ({} pages of {} positions); free sequences or give a larger pool",
-                        self.num_pages, self.page_size
+                        self.kv.num_pages, self.kv.page_size
                     )))
                 }
             }
@@ -570,55 +571,23 @@ impl CudaModel {
         Ok(())
     }
 
-    /// A sequence may continue at `start` only if its ring still holds every key the row at
-    /// `start` sees: rewinding further than the ring's spare slots loses them.
-    fn check_ring(&self, seq: SeqId, start: usize) -> Result<()> {
-        let Some(s) = self.seqs.get(&seq) else {
-            return Err(EngineError::Other(format!("unknown sequence {seq}")));
-        };
-        if self.ring == 0 {
-            return Ok(());
-        }
-        if !ring::ring_can_continue(start, s.ring_hi, self.ring, self.ring_window) {
-            return Err(EngineError::Request(format!(
-                "sequence {seq} continues at position {start} after writing up to {}: a sliding-window ring keeps only {} positions beyond the window, so it cannot be rewound this far; prefill it again",
-                s.ring_hi,
-                self.ring - self.ring_window
-            )));
-        }
-        Ok(())
-    }
-
-    /// Record that positions up to `end` were written (ring bookkeeping).
-    pub(super) fn note_written(&mut self, seq: SeqId, end: usize) {
-        if let Some(s) = self.seqs.get_mut(&seq) {
-            s.ring_hi = s.ring_hi.max(end);
-        }
-    }
-
     /// Block tables (paged pool) and ring tables of the pass's sequences, in pass order.
     fn upload_tables(&self, seqs: &[SeqId]) -> Result<()> {
-        let mut bt = Vec::with_capacity(seqs.len() * self.max_pages);
-        let mut rt = Vec::with_capacity(seqs.len() * self.ring);
+        let mut bt = Vec::with_capacity(seqs.len() * self.kv.max_pages);
+        let mut rt = Vec::with_capacity(seqs.len() * self.kv.ring);
         for &s in seqs {
-            bt.extend(self.bt_row(s));
-            rt.extend(self.ring_row(s));
+            bt.extend(self.kv.bt_row(s));
+            rt.extend(self.kv.ring_row(s));
         }
         self.dev
             .htod_cached(self.sc.bt, as_bytes(&bt))
             .map_err(cerr)?;
-        if self.ring > 0 {
+        if self.kv.ring > 0 {
             self.dev
                 .htod_cached(self.sc.bt_ring, as_bytes(&rt))
                 .map_err(cerr)?;
         }
         Ok(())
-    }
-
-    /// Slot ids of a sequence's ring, in position order (position p uses entry p % R).
-    fn ring_row(&self, seq: SeqId) -> Vec<i32> {
-        let base = self.seqs.get(&seq).and_then(|s| s.ring).unwrap_or(0) as usize * self.ring;
-        (0..self.ring).map(|i| (base + i) as i32).collect()
     }
 
     /// Upload one pass's row metadata (rows of one sequence are contiguous, at consecutive
@@ -655,30 +624,31 @@ impl CudaModel {
             span[r] = first[r] as i32;
             span[sc.rows + r] = last[r] as i32;
         }
-        let staged = ring::needs_stage(longest, self.ring, self.ring_window);
+        let staged = ring::needs_stage(longest, self.kv.ring, self.kv.ring_window);
         if staged {
-            if self.noncausal {
+            if self.fwd.noncausal {
                 return Err(EngineError::Other(format!(
                     "a non-causal block of {longest} rows exceeds the sliding-window ring's {} spare slots (raise spec_k)",
-                    self.ring - self.ring_window
+                    self.kv.ring - self.kv.ring_window
                 )));
             }
             if self
+                .w
                 .layers
                 .iter()
                 .any(|l| l.ring && l.nh % self.cfg.num_kv_heads != 0)
             {
                 return Err(EngineError::Other(format!(
                     "{longest} rows of one sequence in a pass need the staged ring path (query heads a multiple of the KV heads); use passes of at most {} rows",
-                    self.ring - self.ring_window + 1
+                    self.kv.ring - self.kv.ring_window + 1
                 )));
             }
             self.dev
                 .htod_staged(sc.sspan, as_bytes(&span))
                 .map_err(cerr)?;
         }
-        sc.staged.set(staged);
-        sc.solo.set(longest == 1 && !self.noncausal);
+        self.pass.staged.set(staged);
+        self.pass.solo.set(longest == 1 && !self.fwd.noncausal);
         self.set_tc_cap(pos);
         if !fed {
             self.dev
@@ -707,18 +677,8 @@ impl CudaModel {
         self.dev
             .htod_cached(sc.atiles, as_bytes(&tl))
             .map_err(cerr)?;
-        sc.natiles.set(tl.len() / 2);
+        self.pass.natiles.set(tl.len() / 2);
         self.upload_tables(seqs)
-    }
-
-    fn bt_row(&self, seq: SeqId) -> Vec<i32> {
-        let mut row = vec![0i32; self.max_pages];
-        if let Some(s) = self.seqs.get(&seq) {
-            for (i, &p) in s.pages.iter().enumerate() {
-                row[i] = p as i32;
-            }
-        }
-        row
     }
 
     /// Device copy bandwidth (bytes read + written per second) over a `bytes`-sized buffer.
@@ -751,8 +711,8 @@ impl Model for CudaModel {
         "cuda"
     }
     fn new_seq(&mut self) -> Result<SeqId> {
-        let ring = if self.ring > 0 {
-            Some(self.free_rings.pop().ok_or_else(|| {
+        let ring = if self.kv.ring > 0 {
+            Some(self.kv.free_rings.pop().ok_or_else(|| {
                 EngineError::Request(format!(
                     "all {} sequence slots are in use (each holds a sliding-window ring); finish or free a sequence, or raise max_num_seqs",
                     self.opts.max_seqs.max(1)
@@ -761,9 +721,9 @@ impl Model for CudaModel {
         } else {
             None
         };
-        let id = self.next_id;
-        self.next_id += 1;
-        self.seqs.insert(
+        let id = self.kv.next_id;
+        self.kv.next_id += 1;
+        self.kv.seqs.insert(
             id,
             SeqState {
                 len: 0,
@@ -775,19 +735,19 @@ impl Model for CudaModel {
         Ok(id)
     }
     fn free_seq(&mut self, seq: SeqId) {
-        if let Some(s) = self.seqs.remove(&seq) {
+        if let Some(s) = self.kv.seqs.remove(&seq) {
             for p in s.pages {
                 self.release_page(p);
             }
-            self.free_rings.extend(s.ring);
+            self.kv.free_rings.extend(s.ring);
         }
     }
     fn seq_len(&self, seq: SeqId) -> usize {
-        self.seqs.get(&seq).map_or(0, |s| s.len)
+        self.kv.seqs.get(&seq).map_or(0, |s| s.len)
     }
     fn truncate(&mut self, seq: SeqId, len: usize) {
-        let ps = self.page_size;
-        if let Some(s) = self.seqs.get_mut(&seq) {
+        let ps = self.kv.page_size;
+        if let Some(s) = self.kv.seqs.get_mut(&seq) {
             if len < s.len {
                 s.len = len;
                 let keep = ceil_div(len, ps).min(s.pages.len());
@@ -799,7 +759,7 @@ impl Model for CudaModel {
         }
     }
     fn set_taps(&mut self, layers: &[usize]) {
-        self.taps = layers.to_vec();
+        self.fwd.taps = layers.to_vec();
     }
     fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
         Some(self)
@@ -809,7 +769,7 @@ impl Model for CudaModel {
     }
     fn device_sampling(&self) -> usize {
         // sample_rows keeps fixed-point sums below 2^63 and per-tile sums for up to 2^17 tokens.
-        if self.noncausal || !self.taps.is_empty() || self.cfg.vocab_size > 1 << 17 {
+        if self.fwd.noncausal || !self.fwd.taps.is_empty() || self.cfg.vocab_size > 1 << 17 {
             0
         } else {
             DECODE_ROWS
@@ -831,13 +791,14 @@ impl Model for CudaModel {
         self.decode_collect_dev()
     }
     fn forward(&mut self, batch: &[StepInput]) -> Result<Vec<StepOutput>> {
-        self.fed.replace(None);
+        self.dec.fed.replace(None);
         let v = self.cfg.vocab_size;
         let h = self.cfg.hidden_size;
-        let ntaps = self.taps.len();
+        let ntaps = self.fwd.taps.len();
         let mut rows = vec![];
         for (ii, it) in batch.iter().enumerate() {
             let cur = self
+                .kv
                 .seqs
                 .get(&it.seq)
                 .ok_or_else(|| EngineError::Other(format!("unknown sequence {}", it.seq)))?
@@ -876,7 +837,7 @@ impl Model for CudaModel {
             }
         }
         for it in batch {
-            self.check_ring(it.seq, it.start_pos)?;
+            self.kv.check_ring(it.seq, it.start_pos)?;
             self.ensure_pages(it.seq, it.start_pos + it.tokens.len())?;
         }
         let mut outs: Vec<StepOutput> = batch
@@ -884,7 +845,7 @@ impl Model for CudaModel {
             .map(|it| StepOutput {
                 logits: vec![],
                 rows: 0,
-                taps: if ntaps > 0 && !self.taps_on_device {
+                taps: if ntaps > 0 && !self.fwd.taps_on_device {
                     vec![0f32; it.tokens.len() * ntaps * h]
                 } else {
                     vec![]
@@ -892,7 +853,7 @@ impl Model for CudaModel {
             })
             .collect();
         let mut start = 0;
-        let mut prof = self.fprof.take();
+        let mut prof = self.fwd.prof.take();
         while start < rows.len() {
             // A pass: at most max_rows rows and bt_seqs distinct sequences.
             let mut end = start;
@@ -916,7 +877,7 @@ impl Model for CudaModel {
                 .map(|r| seqs.iter().position(|&s| s == r.seq).unwrap() as i32)
                 .collect();
             self.upload_meta(&tokens, &pos, &seqrow, &seqs)?;
-            if self.noncausal {
+            if self.fwd.noncausal {
                 let ke: Vec<i32> = pass
                     .iter()
                     .map(|r| (batch[r.item].start_pos + batch[r.item].tokens.len()) as i32)
@@ -927,7 +888,7 @@ impl Model for CudaModel {
             }
             if ntaps == 0 {
                 self.run_layers(m, &mut prof)?;
-            } else if self.taps_on_device {
+            } else if self.fwd.taps_on_device {
                 if end < rows.len() {
                     return Err(EngineError::Other(format!(
                         "device taps need one pass: {} rows exceed the pass size {}",
@@ -955,11 +916,11 @@ impl Model for CudaModel {
             }
             start = end;
         }
-        self.fprof = prof;
+        self.fwd.prof = prof;
         self.dev.sync().map_err(cerr)?;
         for it in batch {
-            self.note_written(it.seq, it.start_pos + it.tokens.len());
-            self.seqs.get_mut(&it.seq).unwrap().len = it.start_pos + it.tokens.len();
+            self.kv.note_written(it.seq, it.start_pos + it.tokens.len());
+            self.kv.seqs.get_mut(&it.seq).unwrap().len = it.start_pos + it.tokens.len();
         }
         Ok(outs)
     }
@@ -974,18 +935,18 @@ impl CudaModel {
             .map(|&p| p.max(0) as usize + 1)
             .max()
             .unwrap_or(1);
-        self.tc_cap.set(if self.noncausal {
-            self.nsplit_tc
+        self.pass.tc_cap.set(if self.fwd.noncausal {
+            self.shape.nsplit_tc
         } else {
-            tc_grid(keys, self.nsplit_tc)
+            tc_grid(keys, self.shape.nsplit_tc)
         });
     }
     /// Run the dense BF16 GEMMs of long passes on cuBLAS when it loads (the default) or on
-    /// laguna's own GEMM kernels (`laguna device-test` checks both).
+    /// laguna's own GEMM kernels (`laguna-dev device-test` checks both).
     pub fn set_cublas(&mut self, on: bool) {
-        self.use_cublas = on;
-        self.graph = None;
-        self.step_graphs.clear();
+        self.shape.use_cublas = on;
+        self.dec.graph = None;
+        self.dec.step_graphs.clear();
     }
 
     /// What the kernel selects read of this device.
@@ -1000,20 +961,20 @@ impl CudaModel {
     /// Keep the taps of `forward` on the device (`taps_dev`) instead of returning them; forwards
     /// must then fit one pass. Allocates the buffer on first use.
     pub fn set_taps_on_device(&mut self, on: bool) -> Result<()> {
-        if on && self.taps_dev == 0 {
-            let n = self.sc.rows * self.taps.len().max(1) * self.cfg.hidden_size * 4;
-            self.taps_dev = self.dev.alloc(n).map_err(cerr)?;
+        if on && self.fwd.taps_dev == 0 {
+            let n = self.sc.rows * self.fwd.taps.len().max(1) * self.cfg.hidden_size * 4;
+            self.fwd.taps_dev = self.dev.alloc(n).map_err(cerr)?;
         }
-        self.taps_on_device = on;
+        self.fwd.taps_on_device = on;
         Ok(())
     }
 
     /// run_layers, copying the residual after each tap layer into `taps_dev` (graph-capturable).
     fn run_layers_taps_dev(&self, m: usize, prof: &mut Option<device::Prof>) -> Result<()> {
         let h = self.cfg.hidden_size;
-        let ntaps = self.taps.len();
-        let (dev, x, td) = (&self.dev, self.sc.x, self.taps_dev);
-        let taps = self.taps.clone();
+        let ntaps = self.fwd.taps.len();
+        let (dev, x, td) = (&self.dev, self.sc.x, self.fwd.taps_dev);
+        let taps = self.fwd.taps.clone();
         let mut inner: Option<device::Prof> = prof.take();
         let mut hook = |li: usize| -> Result<()> {
             if let Some(t) = taps.iter().position(|&l| l == li) {
@@ -1071,10 +1032,10 @@ impl CudaModel {
     /// Same as run_layers, but copies the residual after each tap layer to the host.
     fn run_layers_with_taps(&self, m: usize, pass: &[Row], outs: &mut [StepOutput]) -> Result<()> {
         let h = self.cfg.hidden_size;
-        let ntaps = self.taps.len();
+        let ntaps = self.fwd.taps.len();
         let mut prof = None;
         let mut hook = |li: usize| -> Result<()> {
-            if let Some(t) = self.taps.iter().position(|&l| l == li) {
+            if let Some(t) = self.fwd.taps.iter().position(|&l| l == li) {
                 let mut buf = vec![0f32; m * h];
                 self.dev
                     .dtoh(as_bytes_mut(&mut buf), self.sc.x)
@@ -1109,6 +1070,7 @@ pub fn detect_archs() -> std::result::Result<Vec<String>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     /// `tc_grid` may shrink `attention_decode_tc`'s grid only where no row of the pass loses a split:
     /// every row up to the pass's longest gets from the smaller grid the splits common.cuh's
@@ -1170,16 +1132,16 @@ mod tests {
             "/../tests/fixtures/reference/laguna-xs-2.1-nvfp4.config.json"
         ));
         let mut cfg = LagunaConfig::from_file(path).unwrap();
-        assert_eq!(load::mk_smem(&cfg), Some(4 * (2048 + 9 * 512)));
+        assert_eq!(select::moe::mk_smem(&cfg), Some(4 * (2048 + 9 * 512)));
         cfg.moe_intermediate_size = 1024;
-        assert_eq!(load::mk_smem(&cfg), None);
+        assert_eq!(select::moe::mk_smem(&cfg), None);
         cfg.moe_intermediate_size = 512;
         cfg.hidden_size = 4096;
-        assert_eq!(load::mk_smem(&cfg), None);
+        assert_eq!(select::moe::mk_smem(&cfg), None);
     }
 
     /// Without a GPU this must report a reason, never panic; with one, a fixture must load and
-    /// agree with the CPU on its prompt (the full device checks live in `laguna device-test`).
+    /// agree with the CPU on its prompt (the full device checks live in `laguna-dev device-test`).
     #[test]
     fn cuda_matches_cpu_on_a_fixture_or_skips() {
         if let Err(e) = gpu_available() {

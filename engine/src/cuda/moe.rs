@@ -5,7 +5,8 @@
 use super::launch::moe::{self as lm, Groups, Stack as LStack, TopK};
 use super::launch::Geom;
 use super::select::moe as sel;
-use super::*;
+use super::{cerr, device, launch, CudaModel, Experts, LayerW, MlpW, Stack};
+use crate::error::Result;
 
 impl CudaModel {
     fn moe_shape(&self, experts: &Experts) -> sel::Shape {
@@ -139,10 +140,10 @@ impl CudaModel {
                 hn: sc.hn,
                 eps,
                 xs: sc.xs,
-                block: ops::norm_block(h),
+                block: launch::norm::norm_block(h),
             };
             lm::combine(d, prof, m as u32, &comb, Some(&n)).map_err(cerr)?;
-            self.xs_holds.set((sc.hn, true));
+            self.pass.xs_holds.set((sc.hn, true));
             return Ok(true);
         }
         lm::combine(d, prof, m as u32, &comb, None).map_err(cerr)?;
@@ -233,7 +234,7 @@ impl CudaModel {
             // The rows' B fragments into sc.xs (free here: the router has run), then the
             // tensor-core items (the fused decode launch's arithmetic).
             lm::tc_bfrag_rows(d, prof, m as u32, sc.hn, sc.xs).map_err(cerr)?;
-            self.xs_holds.set((0, false));
+            self.pass.xs_holds.set((0, false));
         }
         let a = lm::GateUp {
             gate: stack(&experts.gate),
@@ -275,8 +276,8 @@ impl CudaModel {
             m,
             router.fp4,
             shared.is_some(),
-            self.mk_grid,
-            load::MK_BLOCK,
+            self.shape.mk_grid,
+            sel::MK_BLOCK,
         )
     }
 
@@ -303,19 +304,19 @@ impl CudaModel {
         };
         let (cfg, sc) = (&self.cfg, &self.sc);
         let h = cfg.hidden_size;
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         let (next_w, hn_out) = match next {
             Some(n) => (n.input_norm, sc.hn),
             None => {
-                self.final_normed.set(true);
-                (self.final_norm, sc.hsel)
+                self.pass.final_normed.set(true);
+                (self.w.final_norm, sc.hsel)
             }
         };
         let a = lm::DecodeFused {
             x: sc.x,
             post_w: l.post_norm,
             eps: cfg.rms_norm_eps as f32,
-            nb: ops::norm_block(h) as i32,
+            nb: launch::norm::norm_block(h) as i32,
             router: router.w,
             rlog: sc.rlog_mk,
             topk: self.topk(*bias, *folded),
@@ -333,9 +334,13 @@ impl CudaModel {
             next_w,
             hn_out,
             tp: 0,
-            stag: self.mk_stag,
+            stag: self.shape.mk_stag,
         };
-        let g = Geom::new((self.mk_grid, 1, 1), load::MK_BLOCK, self.mk_smem);
+        let g = Geom::new(
+            (self.shape.mk_grid, 1, 1),
+            sel::MK_BLOCK,
+            self.shape.mk_smem,
+        );
         lm::decode_fused(&self.dev, prof, name, g, &a).map_err(cerr)
     }
 }

@@ -2,8 +2,10 @@
 //! Linear (GEMM / cuBLAS for long passes, tensor-core or SIMT GEMV below), the dense MLP and the
 //! final norm + lm_head.
 use super::launch::linear as ll;
+use super::launch::norm::norm_block;
 use super::launch::Geom;
-use super::*;
+use super::{as_bytes, ceil_div, cerr, device, select, CudaModel, Lin};
+use crate::error::Result;
 
 impl CudaModel {
     /// x (f32 [m, k], row stride ldx) -> sc.xs as BF16 hi [m, k] then lo [m, k] (lo only when `lo`).
@@ -16,7 +18,7 @@ impl CudaModel {
         k: usize,
         lo: bool,
     ) -> Result<()> {
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         ll::split_bf16(&self.dev, prof, x, ldx, m, k, self.sc.xs, lo).map_err(cerr)
     }
 
@@ -35,7 +37,7 @@ impl CudaModel {
         let xs = split.then_some(sc.xs);
         self.launch_rmsnorm(prof, sc.x, 0, w, sc.hn, m, h, eps, xs)?;
         if split {
-            self.xs_holds.set((sc.hn, true));
+            self.pass.xs_holds.set((sc.hn, true));
         }
         Ok(())
     }
@@ -70,7 +72,7 @@ impl CudaModel {
         eps: f32,
         xs: Option<u64>,
     ) -> Result<()> {
-        self.xs_holds.set((0, false));
+        self.pass.xs_holds.set((0, false));
         let name = if xs.is_some() {
             "rmsnorm_split"
         } else {
@@ -125,11 +127,11 @@ impl CudaModel {
         if m >= self.opts.gemm_min_rows {
             // The router keeps ~f32 precision too (hi + lo BF16 split) so top-k picks match the
             // reference.
-            let held = self.xs_holds.get();
+            let held = self.pass.xs_holds.get();
             if !(held.0 == x && ldx == l.k && held.1) {
                 self.split(prof, x, ldx, m, l.k, true)?;
             }
-            let cublas = !l.fp4 && self.use_cublas && self.dev.blas().is_some();
+            let cublas = !l.fp4 && self.shape.use_cublas && self.dev.blas().is_some();
             let name = match select::linear::gemm(l.fp4, tag == "router", cublas) {
                 select::linear::Gemm::Kernel(name) => name,
                 select::linear::Gemm::Cublas => {
@@ -138,20 +140,21 @@ impl CudaModel {
                     let beta = if acc { 1.0 } else { 0.0 };
                     // hi, then lo accumulated.
                     for (xpart, beta) in [(xs, beta), (xs + 2 * (m * l.k) as u64, 1.0)] {
-                        blas.gemm_bf16(
-                            &self.dev,
-                            prof,
-                            "cublas_bf16",
-                            l.w,
-                            xpart,
-                            y,
-                            m,
-                            l.n,
-                            l.k,
-                            ldy,
-                            beta,
-                        )
-                        .map_err(cerr)?;
+                        self.dev
+                            .blas_gemm_bf16(
+                                blas,
+                                prof,
+                                "cublas_bf16",
+                                l.w,
+                                xpart,
+                                y,
+                                m,
+                                l.n,
+                                l.k,
+                                ldy,
+                                beta,
+                            )
+                            .map_err(cerr)?;
                     }
                     return Ok(());
                 }
@@ -256,19 +259,19 @@ impl CudaModel {
         let sc = &self.sc;
         let h = self.cfg.hidden_size;
         // A one-row pass whose last fused MoE launch wrote the final norm of row 0 into hsel.
-        if !(n == 1 && self.final_normed.get()) {
+        if !(n == 1 && self.pass.final_normed.get()) {
             self.rmsnorm(
                 prof,
                 sc.x,
                 sc.sel,
-                self.final_norm,
+                self.w.final_norm,
                 sc.hsel,
                 n,
                 h,
                 self.cfg.rms_norm_eps as f32,
             )?;
         }
-        let l = &self.lm_head;
+        let l = &self.w.lm_head;
         // Where `linear` would launch linear_tc_bf16_tiled for the lm_head (its tests, in order).
         let tc = (fold && self.tc_takes(l, n))
             .then(|| self.tc_gemv(l, n))
@@ -294,11 +297,6 @@ impl CudaModel {
         )?;
         Ok(false)
     }
-}
-
-/// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
-pub(super) fn norm_block(h: usize) -> u32 {
-    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
 }
 
 /// The arguments every Linear kernel takes (x: the activations it reads, w: the weights).

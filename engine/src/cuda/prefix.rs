@@ -13,8 +13,11 @@
 //!   sequence slot, reserved inside the K/V budget (`CudaDraft::ring_bytes`).
 //! * Restore: the blocks' pages, a fresh page with the partial page's copy, the ring copied back
 //!   into the new sequence's ring slots, and the length and ring bookkeeping of the snapshot.
-use super::*;
+use super::{cerr, ring, CudaModel};
+use crate::error::{EngineError, Result};
 use crate::model::prefix::{CacheHandle, PrefixStore};
+use crate::model::SeqId;
+use std::collections::HashMap;
 
 enum Held {
     Block(u32),
@@ -47,9 +50,9 @@ impl CudaModel {
             Some(n) if *n > 1 => *n -= 1,
             Some(_) => {
                 self.prefix.refs.remove(&page);
-                self.free_pages.push(page);
+                self.kv.free_pages.push(page);
             }
-            None => self.free_pages.push(page),
+            None => self.kv.free_pages.push(page),
         }
     }
 
@@ -59,16 +62,16 @@ impl CudaModel {
 
     /// Bytes of one page of one layer's K (or V).
     fn piece(&self) -> usize {
-        self.page_size * self.cfg.num_kv_heads * self.cfg.head_dim * self.kv_elt
+        self.kv.page_size * self.cfg.num_kv_heads * self.cfg.head_dim * self.kv.elt
     }
 
     /// (address, bytes) of ring slot block `slot`'s K and V, layer by layer, cut in pieces of at
     /// most one page of one layer.
     fn ring_pieces(&self, slot: u32) -> Vec<(u64, usize)> {
-        let per = self.ring * self.cfg.num_kv_heads * self.cfg.head_dim * self.kv_elt;
+        let per = self.kv.ring * self.cfg.num_kv_heads * self.cfg.head_dim * self.kv.elt;
         let piece = self.piece().max(1);
         let mut out = vec![];
-        for l in self.layers.iter().filter(|l| l.ring) {
+        for l in self.w.layers.iter().filter(|l| l.ring) {
             for base in [l.kc, l.vc] {
                 let start = base + (slot as usize * per) as u64;
                 let mut off = 0;
@@ -87,7 +90,7 @@ impl CudaModel {
         let piece = self.piece() as u64;
         let mut out = vec![];
         for &p in pages {
-            for l in self.layers.iter().filter(|l| !l.ring) {
+            for l in self.w.layers.iter().filter(|l| !l.ring) {
                 out.push(l.kc + p as u64 * piece);
                 out.push(l.vc + p as u64 * piece);
             }
@@ -97,17 +100,17 @@ impl CudaModel {
 
     /// Pool pages one ring copy takes.
     fn ring_page_count(&self) -> usize {
-        if self.ring == 0 || self.full_layers == 0 {
+        if self.kv.ring == 0 || self.kv.full_layers == 0 {
             return 0;
         }
-        let per_page = 2 * self.full_layers;
+        let per_page = 2 * self.kv.full_layers;
         self.ring_pieces(0).len().div_ceil(per_page)
     }
 
     /// Copy every full layer's K and V of page `from` into page `to`.
     fn copy_page(&self, from: u32, to: u32) -> Result<()> {
         let piece = self.piece() as u64;
-        for l in self.layers.iter().filter(|l| !l.ring) {
+        for l in self.w.layers.iter().filter(|l| !l.ring) {
             for base in [l.kc, l.vc] {
                 self.dev
                     .dtod(
@@ -121,20 +124,9 @@ impl CudaModel {
         Ok(())
     }
 
-    fn take_pages(&mut self, n: usize) -> Result<Vec<u32>> {
-        if self.free_pages.len() < n {
-            return Err(EngineError::Request(format!(
-                "the K/V pool has {} free pages, a snapshot needs {n}",
-                self.free_pages.len()
-            )));
-        }
-        let at = self.free_pages.len() - n;
-        Ok(self.free_pages.split_off(at))
-    }
-
     fn snap_ring(&mut self, slot: u32) -> Result<(Vec<u32>, Option<u64>)> {
         let src = self.ring_pieces(slot);
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             if self.prefix.bufs >= self.opts.own_snapshots * self.opts.max_seqs.max(1) {
                 return Err(EngineError::Request(
                     "no room for another ring snapshot".into(),
@@ -150,7 +142,7 @@ impl CudaModel {
             }
             return Ok((vec![], Some(buf)));
         }
-        let pages = self.take_pages(self.ring_page_count())?;
+        let pages = self.kv.take_pages(self.ring_page_count())?;
         for ((a, n), d) in src.into_iter().zip(self.page_pieces(&pages)) {
             self.dev.dtod(d, a, n).map_err(cerr)?;
         }
@@ -185,21 +177,22 @@ impl CudaModel {
 
 impl PrefixStore for CudaModel {
     fn block_size(&self) -> usize {
-        self.page_size
+        self.kv.page_size
     }
     fn needs_snapshot(&self) -> bool {
-        self.ring > 0
+        self.kv.ring > 0
     }
     fn export_block(&mut self, seq: SeqId, index: usize) -> Result<CacheHandle> {
         let s = self
+            .kv
             .seqs
             .get(&seq)
             .ok_or_else(|| EngineError::Other(format!("unknown sequence {seq}")))?;
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             // Nothing is paged: the block is empty (its positions live in rings only).
             return Ok(self.hold(Held::Block(u32::MAX)));
         }
-        if (index + 1) * self.page_size > s.len || index >= s.pages.len() {
+        if (index + 1) * self.kv.page_size > s.len || index >= s.pages.len() {
             return Err(EngineError::Other(format!(
                 "block {index} of sequence {seq} is not written yet ({} positions)",
                 s.len
@@ -211,23 +204,26 @@ impl PrefixStore for CudaModel {
     }
     fn export_snapshot(&mut self, seq: SeqId) -> Result<CacheHandle> {
         let s = self
+            .kv
             .seqs
             .get(&seq)
             .ok_or_else(|| EngineError::Other(format!("unknown sequence {seq}")))?;
         let (pos, ring_hi, slot) = (s.len, s.ring_hi, s.ring);
-        let partial = (self.full_layers > 0 && pos % self.page_size != 0)
-            .then(|| s.pages.get(pos / self.page_size).copied())
+        let partial = (self.kv.full_layers > 0 && pos % self.kv.page_size != 0)
+            .then(|| s.pages.get(pos / self.kv.page_size).copied())
             .flatten();
-        if self.ring > 0 && !ring::ring_can_continue(pos, ring_hi, self.ring, self.ring_window) {
+        if self.kv.ring > 0
+            && !ring::ring_can_continue(pos, ring_hi, self.kv.ring, self.kv.ring_window)
+        {
             return Err(EngineError::Other(format!(
                 "sequence {seq}'s ring no longer holds the keys of position {pos}"
             )));
         }
         let tail = match partial {
             Some(from) => {
-                let to = self.take_pages(1)?[0];
+                let to = self.kv.take_pages(1)?[0];
                 if let Err(e) = self.copy_page(from, to) {
-                    self.free_pages.push(to);
+                    self.kv.free_pages.push(to);
                     return Err(e);
                 }
                 Some(to)
@@ -235,10 +231,10 @@ impl PrefixStore for CudaModel {
             None => None,
         };
         let (ring_pages, ring_buf) = match slot {
-            Some(r) if self.ring > 0 => match self.snap_ring(r) {
+            Some(r) if self.kv.ring > 0 => match self.snap_ring(r) {
                 Ok(x) => x,
                 Err(e) => {
-                    self.free_pages.extend(tail);
+                    self.kv.free_pages.extend(tail);
                     return Err(e);
                 }
             },
@@ -259,7 +255,7 @@ impl PrefixStore for CudaModel {
         snapshot: Option<CacheHandle>,
         pos: usize,
     ) -> Result<()> {
-        let ps = self.page_size;
+        let ps = self.kv.page_size;
         let mut pages = vec![];
         for h in blocks {
             match self.prefix.held.get(h) {
@@ -268,7 +264,7 @@ impl PrefixStore for CudaModel {
             }
         }
         if blocks.len() != pos / ps
-            || (snapshot.is_none() && (!pos.is_multiple_of(ps) || self.ring > 0))
+            || (snapshot.is_none() && (!pos.is_multiple_of(ps) || self.kv.ring > 0))
         {
             return Err(EngineError::Other(format!(
                 "restore at {pos}: {} blocks of {ps} do not rebuild it",
@@ -288,21 +284,21 @@ impl PrefixStore for CudaModel {
             },
             None => (pos, None, None),
         };
-        let slot = match self.seqs.get(&seq) {
+        let slot = match self.kv.seqs.get(&seq) {
             Some(s) if s.len == 0 && s.pages.is_empty() => s.ring,
             _ => return Err(EngineError::Other(format!("sequence {seq} is not empty"))),
         };
-        if self.full_layers > 0 {
-            if pages.len() > self.max_pages {
+        if self.kv.full_layers > 0 {
+            if pages.len() > self.kv.max_pages {
                 return Err(EngineError::Request(
                     "the prefix exceeds the K/V plan".into(),
                 ));
             }
             let own = match tail {
                 Some(t) => {
-                    let p = self.take_pages(1)?[0];
+                    let p = self.kv.take_pages(1)?[0];
                     if let Err(e) = self.copy_page(t, p) {
-                        self.free_pages.push(p);
+                        self.kv.free_pages.push(p);
                         return Err(e);
                     }
                     Some(p)
@@ -319,11 +315,11 @@ impl PrefixStore for CudaModel {
         if let (Some((rp, rb)), Some(r)) = (&ring, slot) {
             self.unsnap_ring(r, rp, *rb)?;
         }
-        let s = self.seqs.get_mut(&seq).expect("checked");
+        let s = self.kv.seqs.get_mut(&seq).expect("checked");
         s.pages = pages;
         s.len = pos;
         s.ring_hi = ring_hi;
-        *self.fed.borrow_mut() = None;
+        *self.dec.fed.borrow_mut() = None;
         Ok(())
     }
     fn release(&mut self, handle: CacheHandle) {
@@ -335,8 +331,8 @@ impl PrefixStore for CudaModel {
                 ring_buf,
                 ..
             }) => {
-                self.free_pages.extend(tail);
-                self.free_pages.extend(ring_pages);
+                self.kv.free_pages.extend(tail);
+                self.kv.free_pages.extend(ring_pages);
                 if let Some(b) = ring_buf {
                     self.dev.free(b);
                     self.prefix.bufs -= 1;
@@ -346,27 +342,27 @@ impl PrefixStore for CudaModel {
         }
     }
     fn free_blocks(&self) -> usize {
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             self.opts.own_snapshots * self.opts.max_seqs.max(1) - self.prefix.bufs
         } else {
-            self.free_pages.len()
+            self.kv.free_pages.len()
         }
     }
     fn block_cost(&self) -> usize {
         0
     }
     fn snapshot_cost(&self) -> usize {
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             1
         } else {
             self.ring_page_count() + 1
         }
     }
     fn blocks_for(&self, seq: SeqId, upto: usize) -> usize {
-        if self.full_layers == 0 {
+        if self.kv.full_layers == 0 {
             return 0;
         }
-        let have = self.seqs.get(&seq).map_or(0, |s| s.pages.len());
-        upto.div_ceil(self.page_size).saturating_sub(have)
+        let have = self.kv.seqs.get(&seq).map_or(0, |s| s.pages.len());
+        upto.div_ceil(self.kv.page_size).saturating_sub(have)
     }
 }

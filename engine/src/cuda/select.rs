@@ -300,6 +300,38 @@ pub mod linear {
 /// below `gemm_min_rows`) and the grouped expert GEMMs (long passes).
 pub mod moe {
     use super::DevProps;
+    use crate::config::LagunaConfig;
+
+    /// `mk_launch`'s grid and dynamic shared memory on `sms` SMs where an SM holds `per_sm` of
+    /// its blocks: one block an SM (every block resident: its grid barriers spin), None where
+    /// the shapes or no block fit.
+    pub fn mk_geom(cfg: &LagunaConfig, sms: u32, per_sm: u32) -> Option<(u32, u32)> {
+        let smem = mk_smem(cfg)?;
+        (per_sm > 0).then_some((sms, smem))
+    }
+
+    /// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
+    /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
+    pub const MK_BLOCK: u32 = 640;
+
+    /// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
+    /// the model's shapes fit it.
+    pub fn mk_smem(cfg: &LagunaConfig) -> Option<u32> {
+        let h = cfg.hidden_size;
+        let im = cfg.moe_intermediate_size;
+        let kk = cfg.top_k + 1;
+        let fits = cfg.num_experts > 0
+            && cfg.num_experts <= 256
+            && h % 16 == 0
+            && im % 16 == 0
+            && h <= 2048
+            && im <= 512
+            && kk <= 32;
+        let bytes = 4 * (h + kk * im);
+        // With the kernel's ~15 KB of static shared memory (s_dn, s_nw, s_bias, top-k's scores),
+        // under the 48 KB a block gets without opting in.
+        (fits && bytes <= 28 * 1024).then_some(bytes as u32)
+    }
 
     /// A layer's experts.
     #[derive(Debug, Clone, Copy)]
@@ -323,7 +355,7 @@ pub mod moe {
 
     /// The fused one-row MoE launch (norm, router, top-k, experts, combine, next norm), when the
     /// layer fits it: one row, NVFP4 experts, a BF16 router, no unfolded shared expert, the
-    /// shapes `load::mk_smem` accepts (`grid` > 0), and at most one router row pair a warp
+    /// shapes `mk_smem` accepts (`grid` > 0), and at most one router row pair a warp
     /// (E <= 2 x the grid's warps: the rows are loaded into registers before the PDL wait).
     pub fn fused_decode(
         s: &Shape,

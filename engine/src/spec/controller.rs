@@ -118,14 +118,28 @@ impl StepCosts {
                     }
                     let mut refs: Vec<&mut SpecState> = states.iter_mut().collect();
                     refs.iter_mut().for_each(|s| s.k = k);
+                    // A step near the end of the context drafts fewer than k (k_eff): it would
+                    // time a smaller k than its column says.
+                    let full = |r: &[super::StepResult]| -> Result<()> {
+                        match r.iter().find(|r| r.stats.num_draft_tokens != k) {
+                            Some(r) => Err(crate::error::EngineError::Other(format!(
+                                "measuring step times at k = {k}: a step drafted {} (the context \
+                                 ends; size the measurement with StepCosts::fit)",
+                                r.stats.num_draft_tokens
+                            ))),
+                            None => Ok(()),
+                        }
+                    };
                     for _ in 0..warm {
-                        super::step(target, draft, &mut refs)?;
+                        full(&super::step(target, draft, &mut refs)?)?;
                     }
                     let t0 = std::time::Instant::now();
+                    let mut results = Vec::with_capacity(steps);
                     for _ in 0..steps {
-                        super::step(target, draft, &mut refs)?;
+                        results.push(super::step(target, draft, &mut refs)?);
                     }
                     ms.push(t0.elapsed().as_secs_f64() * 1e3 / steps.max(1) as f64);
+                    results.iter().try_for_each(|r| full(r))?;
                 }
                 Ok(ms)
             })();
@@ -136,10 +150,74 @@ impl StepCosts {
         Ok(StepCosts { by_batch })
     }
 
+    /// [`StepCosts::measure`] within a context of `max_len` positions: at the k and prompt
+    /// length [`StepCosts::fit`] allows (a prompt of up to `want_prompt` tokens), or
+    /// [`StepCosts::decode_only`] without measuring when no drafting step fits. Returns the table
+    /// and that fit.
+    #[allow(clippy::too_many_arguments)]
+    pub fn measure_within(
+        target: &mut dyn Model,
+        draft: &mut dyn DraftModel,
+        k_max: usize,
+        batches: &[usize],
+        want_prompt: usize,
+        max_len: usize,
+        warm: usize,
+        steps: usize,
+    ) -> Result<(StepCosts, CostsFit)> {
+        let fit = Self::fit(max_len, want_prompt, k_max, warm, steps);
+        if fit.k_max == 0 {
+            return Ok((Self::decode_only(), fit));
+        }
+        let costs = Self::measure(
+            target,
+            draft,
+            fit.k_max,
+            batches,
+            fit.prompt_len,
+            warm,
+            steps,
+        )?;
+        Ok((costs, fit))
+    }
+
     /// The most positions a sequence of [`StepCosts::measure`] holds: the prompt, the prefill
     /// step's token and one k_max block of steps emitting k_max + 1 tokens each.
     pub fn positions(prompt_len: usize, k_max: usize, warm: usize, steps: usize) -> usize {
         prompt_len + 1 + (warm + steps) * (k_max + 1)
+    }
+
+    /// What a measurement fits in a context of `max_len` positions (the sizing rule of
+    /// `Loaded::step_costs`): the largest k <= `k_max` whose steps fit beside a one-token prompt
+    /// ([`StepCosts::positions`]), then the longest prompt up to `want_prompt` beside them. k = 0
+    /// when not even k = 1 fits: the table is then [`StepCosts::decode_only`].
+    pub fn fit(
+        max_len: usize,
+        want_prompt: usize,
+        k_max: usize,
+        warm: usize,
+        steps: usize,
+    ) -> CostsFit {
+        let k = (1..=k_max)
+            .rev()
+            .find(|&k| Self::positions(1, k, warm, steps) <= max_len)
+            .unwrap_or(0);
+        let room = max_len.saturating_sub(Self::positions(0, k, warm, steps));
+        CostsFit {
+            prompt_len: want_prompt.min(room).max(1),
+            k_max: k,
+            wanted_k: k_max,
+            max_len,
+            needed: Self::positions(1, k_max.min(k + 1), warm, steps),
+        }
+    }
+
+    /// The table of a context too short to measure a drafting step in: k = 0 alone, so the
+    /// controller always decodes (its one entry is never compared with another).
+    pub fn decode_only() -> StepCosts {
+        StepCosts {
+            by_batch: vec![(1, vec![1.0])],
+        }
     }
 
     /// The largest k the table covers.
@@ -149,6 +227,40 @@ impl StepCosts {
             .map(|(_, c)| c.len().saturating_sub(1))
             .min()
             .unwrap_or(0)
+    }
+}
+
+/// What [`StepCosts::fit`] lets a measurement use in a given context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CostsFit {
+    /// The measuring sequences' prompt length.
+    pub prompt_len: usize,
+    /// The largest k measured; 0: no drafting step fits, the controller decodes.
+    pub k_max: usize,
+    /// The k asked for, the context, and the positions the smallest k that did not fit needs.
+    pub wanted_k: usize,
+    pub max_len: usize,
+    pub needed: usize,
+}
+
+impl CostsFit {
+    /// What the measurement gave up to fit its context, if anything (a line for the log).
+    pub fn note(&self) -> Option<String> {
+        let (k, max_len, needed) = (self.k_max, self.max_len, self.needed);
+        if k == self.wanted_k {
+            None
+        } else if k == 0 {
+            Some(format!(
+                "adaptive k: a {max_len}-position context leaves no room to measure a drafting \
+                 step ({needed} positions at k = 1); the controller decodes without drafts (k = 0)"
+            ))
+        } else {
+            Some(format!(
+                "adaptive k: a {max_len}-position context fits measuring k <= {k} (k = {} needs \
+                 {needed} positions); the controller chooses k <= {k}",
+                k + 1
+            ))
+        }
     }
 }
 
@@ -178,7 +290,9 @@ pub struct SpecController {
 impl SpecController {
     /// Starts at the best k for the prior acceptance at batch size 1.
     pub fn new(costs: Arc<StepCosts>) -> SpecController {
-        let k = best_k(PRIOR_ALPHA, costs.for_batch(1)).max(1);
+        let k = best_k(PRIOR_ALPHA, costs.for_batch(1))
+            .max(1)
+            .min(costs.k_max());
         SpecController {
             costs,
             k,
@@ -235,7 +349,8 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
         cur
     };
     let mut probe = false;
-    if k == 0 {
+    // A table of k = 0 alone (StepCosts::decode_only) has nothing to probe.
+    if k == 0 && cost.len() > 1 {
         let n = first.at_zero + 1;
         if n >= PROBE_EVERY {
             probe = true;
@@ -396,6 +511,54 @@ mod tests {
         ctl.trials = 1e6;
         assert_eq!(best_k(ctl.alpha(), &cost), 2);
         assert_eq!(ctl.choose(1), 1, "within hysteresis: stays");
+    }
+
+    /// The sizing rule by hand: 2 + 6 steps of k + 1 tokens beside the prompt and the
+    /// prefill's token (`positions`); the prompt gives way first, then k, then k = 0 alone.
+    #[test]
+    fn fit_sizes_the_measurement_to_the_context() {
+        let fit = |max_len, want| StepCosts::fit(max_len, want, 15, 2, 6);
+        let at = |f: CostsFit| (f.prompt_len, f.k_max);
+        // Room for everything: 1024 + 1 + 8 x 16 = 1153 positions.
+        assert_eq!(at(fit(4096, 1024)), (1024, 15));
+        assert_eq!(at(fit(1153, 1024)), (1024, 15));
+        assert_eq!(fit(4096, 1024).note(), None);
+        // The prompt shrinks: 1024 - 129 = 895.
+        assert_eq!(at(fit(1024, 1024)), (895, 15));
+        // k = 15 needs 1 + 1 + 128 = 130 positions; 130 fits it with a one-token prompt.
+        assert_eq!(at(fit(130, 1024)), (1, 15));
+        // The fixtures' 128: k = 14 needs 1 + 1 + 120 = 122, leaving a 7-token prompt.
+        let f = fit(128, 1024);
+        assert_eq!(at(f), (7, 14));
+        assert_eq!(f.needed, 130);
+        assert!(
+            f.note().unwrap().contains("fits measuring k <= 14"),
+            "{:?}",
+            f.note()
+        );
+        // k = 1 needs 1 + 1 + 16 = 18.
+        assert_eq!(at(fit(18, 1024)), (1, 1));
+        let f = fit(17, 1024);
+        assert_eq!(f.k_max, 0);
+        assert_eq!(f.needed, 18);
+        assert!(f.note().unwrap().contains("k = 0"), "{:?}", f.note());
+        assert_eq!(fit(1, 1024).k_max, 0);
+        // A short wanted prompt is kept as it is.
+        assert_eq!(at(fit(4096, 5)), (5, 15));
+    }
+
+    /// A context with no room to draft: the controller decodes every step and never probes.
+    #[test]
+    fn decode_only_table_never_drafts() {
+        let c = Arc::new(StepCosts::decode_only());
+        assert_eq!(c.k_max(), 0);
+        let mut ctl = SpecController::new(c);
+        assert_eq!(ctl.k(), 0);
+        for _ in 0..(4 * PROBE_EVERY) {
+            let k = ctl.choose(1);
+            assert_eq!(k, 0);
+            ctl.observe(k, 0);
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub mod stats;
 pub mod verify;
 
 pub use config::DraftConfig;
-pub use controller::{SpecController, StepCosts};
+pub use controller::{CostsFit, SpecController, StepCosts};
 pub use cpu_draft::CpuDraft;
 pub use draft::{BlockInput, ContextInput, DraftModel};
 pub use driver::{enable_taps, generate_spec, step, SpecState, StepResult};

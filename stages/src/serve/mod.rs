@@ -135,7 +135,7 @@ fn sampling_defaults(dir: &Path) -> SamplingDefaults {
 }
 
 /// Whether the prefix cache runs. Off on CUDA for now: on the synthetic XS-2.1 shape a turn resumed
-/// from the CUDA store gave other tokens than a cold run (`laguna device-test --prefix-pair`,
+/// from the CUDA store gave other tokens than a cold run (`laguna-dev device-test --prefix-pair`,
 /// H100, 2026-12-07), though the fixtures pass; the CPU store is exact.
 fn prefix_cache_on(opts: &ServeOptions) -> bool {
     if opts.enable_prefix_caching && opts.device != "cpu" {
@@ -197,7 +197,7 @@ pub fn model_loader(
             SpecK::Fixed(_) => None,
             SpecK::Auto => {
                 let len = max_model_len.unwrap_or(loaded.model().config().max_position_embeddings);
-                Some(measure_costs(&mut loaded, max_seqs, len, k_max)?)
+                Some(measure_costs(&mut loaded, max_seqs, len)?)
             }
         };
         let mut sched = loaded.into_scheduler();
@@ -208,30 +208,28 @@ pub fn model_loader(
     }))
 }
 
-/// Adaptive k's step-time table on this device, logged once with the time it took.
+/// Adaptive k's step-time table on this device, logged once with the time it took; within
+/// `max_model_len` (`StepCosts::fit`: a shorter prompt, then a smaller k, then k = 0 alone).
 fn measure_costs(
     loaded: &mut backend::Loaded,
     max_seqs: usize,
     max_model_len: usize,
-    k_max: usize,
 ) -> laguna_engine::Result<laguna_engine::spec::StepCosts> {
-    // A measuring sequence holds its prompt plus what one k's steps emit (StepCosts::positions).
-    let growth = laguna_engine::spec::StepCosts::positions(
-        0,
-        k_max,
-        backend::STEP_COSTS_WARM,
-        backend::STEP_COSTS_STEPS,
-    );
-    let prompt_len = AUTO_K_PROMPT_LEN.min(max_model_len.saturating_sub(growth)).max(1);
     let t = std::time::Instant::now();
-    let costs = loaded
-        .step_costs(max_seqs, prompt_len)
+    let (costs, fit) = loaded
+        .step_costs(max_seqs, AUTO_K_PROMPT_LEN, max_model_len)
         .map_err(|e| {
             laguna_engine::EngineError::Other(format!(
                 "num_speculative_tokens = auto: measuring the step times failed ({e}); give a fixed k"
             ))
         })?
         .expect("a draft is loaded");
+    if let Some(note) = fit.note() {
+        tracing::warn!("{note}");
+    }
+    if fit.k_max == 0 {
+        return Ok(costs);
+    }
     let table: Vec<String> = costs
         .by_batch
         .iter()
@@ -241,7 +239,9 @@ fn measure_costs(
         })
         .collect();
     tracing::info!(
-        "adaptive k: step ms at k = 0..={k_max}, {prompt_len}-token prompt, measured in {:.1}s: {}",
+        "adaptive k: step ms at k = 0..={}, {}-token prompt, measured in {:.1}s: {}",
+        fit.k_max,
+        fit.prompt_len,
         t.elapsed().as_secs_f64(),
         table.join("; ")
     );

@@ -107,3 +107,38 @@ pub fn tile_bf16(d: &Dev, prof: &mut Option<Prof>, w: u64, dst: u64, n: usize, k
         b.u64(w).u64(dst).i32(n as i32).i32(k as i32);
     })
 }
+
+/// `read_u4` (diagnostic, `laguna-dev kbench`): `n` 16-byte words from `src` streamed once,
+/// grid-stride, nothing computed: the practical read roofline a weight-streaming kernel is
+/// measured against. `out`: one word a block (written only on an impossible checksum).
+pub fn read_u4(d: &Dev, prof: &mut Option<Prof>, g: Geom, src: u64, n: u64, out: u64) -> R<()> {
+    d.launch_p(prof, "read_u4", g.grid, (g.block, 1, 1), g.smem, |b| {
+        b.u64(src).u64(n).u64(out);
+    })
+}
+
+/// `read_tc_pattern` (diagnostic, `laguna-dev kbench`): `linear_tc_bf16`'s weight loads alone
+/// for the BF16 [n, k] matrix at `w`, with its grid and block; `tiled`: each (16-row group,
+/// K tile) read as one contiguous 1 KB piece, as a tile-interleaved layout would be.
+#[allow(clippy::too_many_arguments)]
+pub fn read_tc_pattern(
+    d: &Dev,
+    prof: &mut Option<Prof>,
+    g: Geom,
+    w: u64,
+    n: i32,
+    k: i32,
+    out: u64,
+    tiled: bool,
+) -> R<()> {
+    d.launch_p(
+        prof,
+        "read_tc_pattern",
+        g.grid,
+        (g.block, 1, 1),
+        g.smem,
+        |b| {
+            b.u64(w).i32(n).i32(k).u64(out).i32(tiled as i32);
+        },
+    )
+}

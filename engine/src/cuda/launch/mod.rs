@@ -1,7 +1,7 @@
 //! Typed launchers: one function per kernel entry point (or per group of entry points that share
 //! one parameter list, the name then chosen by the family's `select`), with the arguments as
-//! named struct fields in the order of the kernel's parameters. The engine and `laguna kbench`
-//! launch through these, so an argument list is written once (docs/design/kernels.md).
+//! named struct fields in the order of the kernel's parameters. The engine and `laguna-dev kbench`
+//! launch only through these, so an argument list is written once (docs/design/kernels.md).
 pub mod attention;
 pub mod linear;
 pub mod moe;

@@ -248,7 +248,7 @@ pub struct NextNorm {
     pub hn: u64,
     pub eps: f32,
     pub xs: u64,
-    /// Threads a block (ops::norm_block(H)).
+    /// Threads a block (norm::norm_block(H)).
     pub block: u32,
 }
 
@@ -295,7 +295,7 @@ pub struct DecodeFused {
     pub x: u64,
     pub post_w: u64,
     pub eps: f32,
-    /// rmsnorm's block size for H (ops::norm_block): the norm's reduction order.
+    /// rmsnorm's block size for H (norm::norm_block): the norm's reduction order.
     pub nb: i32,
     pub router: u64,
     /// The router logits, all bits 1 between launches (the kernel polls them).

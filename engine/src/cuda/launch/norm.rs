@@ -2,6 +2,11 @@
 use super::R;
 use crate::cuda::device::{Dev, Prof};
 
+/// Threads of a row-norm block over `h` values: up to 8 per thread, whole warps, at most 1024.
+pub fn norm_block(h: usize) -> u32 {
+    (h.div_ceil(8).div_ceil(32) * 32).clamp(32, 1024) as u32
+}
+
 /// `rmsnorm` (or with `xs` `rmsnorm_split`, y's BF16 hi / lo written there too): y[m] =
 /// RMSNorm(x[rows[m]]) with weights w, one block of `block` threads a row.
 #[allow(clippy::too_many_arguments)]

@@ -6,8 +6,9 @@
 //! ptxas' report. Launches of fixed geometry (norms, routers, combines: at most 256 threads and
 //! no dynamic shared memory but `moe_group`'s) are listed with the launchers' sizes.
 use crate::config::{AttnKind, LagunaConfig, MlpKind};
+use crate::cuda::launch::norm;
 use crate::cuda::select::{self, attention as sa, DevProps};
-use crate::cuda::{load, ops, split_grid, tc_grid, ATT_CHUNK};
+use crate::cuda::{split_grid, tc_grid, ATT_CHUNK};
 use laguna_kernels::audit::Ask;
 
 /// What the plan needs of the compiled kernels: static shared memory (SPREAD padding) and the
@@ -90,7 +91,7 @@ fn fixed(o: &mut Out, model: &Model, m: usize, job: &str) {
         o.ask("copy_rows", 256, 0, 0, false, job);
         o.ask(
             "rmsnorm_taps",
-            ops::norm_block(model.cfg.hidden_size),
+            norm::norm_block(model.cfg.hidden_size),
             0,
             0,
             false,
@@ -245,13 +246,13 @@ fn linears(o: &mut Out, model: &Model, dev: &DevProps, m: usize, gemm_min_rows: 
         } else {
             "rmsnorm"
         },
-        ops::norm_block(h),
+        norm::norm_block(h),
         0,
         0,
         false,
         job,
     );
-    o.ask("embed_norm", ops::norm_block(h), 0, 0, false, job);
+    o.ask("embed_norm", norm::norm_block(h), 0, 0, false, job);
     o.ask("silu_mul", 256, 0, 0, false, job);
 }
 
@@ -280,19 +281,21 @@ fn moe(
     let kk = cfg.top_k + 1;
     let slots = m * kk;
     if m == 1 {
-        let smem = load::mk_smem(cfg).unwrap_or(0);
+        let smem = select::moe::mk_smem(cfg).unwrap_or(0);
         let per_sm = ["moe_decode_fused", "moe_decode_fused_tc"]
             .iter()
-            .map(|n| k.blocks_per_sm(n, load::MK_BLOCK, smem))
+            .map(|n| k.blocks_per_sm(n, select::moe::MK_BLOCK, smem))
             .min()
             .unwrap_or(0);
         // What the engine launches where a block fits; where none does, what it would have
         // asked (the audit then names the limit).
-        let (grid, smem) = load::mk_geom(cfg, dev.sms, per_sm.max(1)).unwrap_or((0, 0));
-        if let Some(name) = select::moe::fused_decode(&s, 1, false, false, grid, load::MK_BLOCK) {
+        let (grid, smem) = select::moe::mk_geom(cfg, dev.sms, per_sm.max(1)).unwrap_or((0, 0));
+        if let Some(name) =
+            select::moe::fused_decode(&s, 1, false, false, grid, select::moe::MK_BLOCK)
+        {
             o.ask(
                 name,
-                load::MK_BLOCK,
+                select::moe::MK_BLOCK,
                 smem,
                 grid as u64,
                 true,
@@ -327,7 +330,7 @@ fn moe(
     o.ask("moe_combine", 256, 0, 0, false, job);
     o.ask(
         "moe_combine_norm",
-        ops::norm_block(cfg.hidden_size),
+        norm::norm_block(cfg.hidden_size),
         0,
         0,
         false,

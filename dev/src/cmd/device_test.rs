@@ -1,4 +1,4 @@
-//! `laguna device-test` (hidden): the CUDA backend against the CPU reference, in-process, on every
+//! `laguna-dev device-test`: the CUDA backend against the CPU reference, in-process, on every
 //! fixture model. For device machines without cargo. Prints one line per check and a table last.
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
@@ -27,7 +27,7 @@ pub struct Args {
     #[arg(long)]
     pub only_dflash: bool,
     /// Instead of the fixtures: DFlash on one draft and target pair, `DRAFT,TARGET` (e.g. the
-    /// synthetic XS-2.1 checkpoints of `laguna synth`), k = 6, a fixed 64-token prompt: verify
+    /// synthetic XS-2.1 checkpoints of `laguna-dev synth`), k = 6, a fixed 64-token prompt: verify
     /// rows bit-identical to the decoded ones, the device loop's and the driver's tokens the
     /// plain greedy ones. Exits non-zero on a failure.
     #[arg(long, value_name = "DRAFT,TARGET")]

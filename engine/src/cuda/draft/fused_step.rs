@@ -22,12 +22,15 @@
 //!    overwritten by the next step before anything reads them: no K/V moves).
 //!
 //! Greedy output is token-identical to plain greedy decoding when the target's k+1-row verify
-//! computes every row bit-identically to a 1-row decode step (`laguna device-test` checks both).
-use super::draft::CudaDraft;
-use super::*;
+//! computes every row bit-identically to a 1-row decode step (`laguna-dev device-test` checks both).
+use super::CudaDraft;
+use crate::cuda::{as_bytes, as_bytes_mut, cerr, device, CudaModel};
+use crate::error::{EngineError, Result};
 use crate::generate::{FinishReason, GenerateRequest};
+use crate::model::{LogitRows, Model, SeqId, StepInput};
 use crate::spec::draft::DraftModel;
 use crate::spec::stats::{SpecStats, StepStats};
+use std::collections::HashMap;
 
 /// What a device step returns per sequence: (accepted a, the a + 1 emitted tokens, the k drafts).
 pub type Accepted = (usize, Vec<u32>, Vec<u32>);
@@ -47,7 +50,7 @@ pub struct SeqStep {
 
 /// Device time per step segment (CUDA events), summed over `steps` (timing on).
 #[derive(Debug, Default, Clone)]
-pub struct SpecTimes {
+pub struct FusedTimes {
     pub steps: usize,
     pub draft_ms: f64,
     pub verify_ms: f64,
@@ -56,11 +59,11 @@ pub struct SpecTimes {
     pub wall_ms: f64,
 }
 
-pub struct SpecRun {
+pub struct FusedRun {
     pub completion: Vec<u32>,
     pub finish: FinishReason,
     pub stats: SpecStats,
-    pub times: SpecTimes,
+    pub times: FusedTimes,
     /// Wall time of the prefill (prompt through the target + draft context), ms.
     pub prefill_ms: f64,
 }
@@ -77,7 +80,7 @@ struct Graphs {
 
 /// Greedy DFlash driver on the device; keeps one set of CUDA graphs per (k, batch, the target's
 /// `attention_decode_tc` grid).
-pub struct CudaSpec {
+pub struct FusedStep {
     graphs: HashMap<(usize, usize, usize, bool), Graphs>,
     pub use_graphs: bool,
     /// Record per-segment device times (adds event records between the graphs).
@@ -85,16 +88,16 @@ pub struct CudaSpec {
     /// Per-kernel timing of eager steps (use_graphs = false): propose, verify, context.
     pub prof: Option<[device::Prof; 3]>,
     /// Device buffer of `spec_accept`'s output (allocated on the target's device at first use;
-    /// one CudaSpec serves one target).
+    /// one FusedStep serves one target).
     accept_buf: u64,
     /// The acceptance oracle's proposals (`step_batch`'s `oracle`), copied into the target's token
     /// slots after the draft's own scatter, so the draft forward and its argmax still run.
     oracle_buf: u64,
 }
 
-impl Default for CudaSpec {
+impl Default for FusedStep {
     fn default() -> Self {
-        CudaSpec {
+        FusedStep {
             graphs: HashMap::new(),
             use_graphs: true,
             timing: false,
@@ -105,7 +108,7 @@ impl Default for CudaSpec {
     }
 }
 
-impl CudaSpec {
+impl FusedStep {
     pub(super) fn prepare(&mut self, target: &mut CudaModel, draft: &CudaDraft) -> Result<()> {
         crate::spec::enable_taps(target, draft)?;
         target.set_taps_on_device(true)?;
@@ -160,8 +163,8 @@ impl CudaSpec {
                 .dev
                 .htod(draft.cseq, as_bytes(&vec![0i32; end - start]))
                 .map_err(cerr)?;
-            draft.context_pass(&mut None, target.taps_dev, w, end - start)?;
-            draft.m.note_written(dseq, end);
+            draft.context_pass(&mut None, target.fwd.taps_dev, w, end - start)?;
+            draft.m.kv.note_written(dseq, end);
             draft.set_context_len(dseq, end);
             start = end;
         }
@@ -250,7 +253,7 @@ impl CudaSpec {
         prof: &mut Option<device::Prof>,
     ) -> Result<()> {
         let w = draft.config().num_taps() * target.cfg.hidden_size;
-        draft.context_pass(prof, target.taps_dev, w, nb * (k + 1))
+        draft.context_pass(prof, target.fwd.taps_dev, w, nb * (k + 1))
     }
 
     fn capture(
@@ -303,8 +306,8 @@ impl CudaSpec {
     /// One propose + verify + accept + context step for `seqs` (k drafts each, all on the device,
     /// one read-back); returns per sequence (accepted a, the a + 1 emitted tokens, the k drafts).
     /// `oracle`: nb x k proposals that replace the draft's (the acceptance oracle). k = 0 is a
-    /// decode step that writes the draft's context. Callers check [`CudaSpec::fits`] and call
-    /// [`CudaSpec::prepare`] (via `generate` or `fused_step`) first.
+    /// decode step that writes the draft's context. Callers check [`FusedStep::fits`] and call
+    /// [`FusedStep::prepare`] (via `generate` or `fused_step`) first.
     pub(super) fn step_batch(
         &mut self,
         target: &mut CudaModel,
@@ -312,10 +315,10 @@ impl CudaSpec {
         seqs: &[SeqStep],
         k: usize,
         oracle: Option<&[u32]>,
-        times: &mut SpecTimes,
+        times: &mut FusedTimes,
     ) -> Result<Vec<Accepted>> {
         // This step's argmaxes overwrite sc.amax: no pipelined decode step may feed from it.
-        target.fed.replace(None);
+        target.dec.fed.replace(None);
         let t0 = std::time::Instant::now();
         let nb = seqs.len();
         if !Self::fits(target, draft, k, nb) {
@@ -332,8 +335,8 @@ impl CudaSpec {
         for (b, q) in seqs.iter().enumerate() {
             // Committed positions 0..tlen-1 hold K/V; this sequence's rows sit at tlen-1 ..= tlen-1+k.
             let p0 = q.tlen - 1;
-            target.check_ring(q.tseq, p0)?;
-            draft.m.check_ring(q.dseq, p0)?;
+            target.kv.check_ring(q.tseq, p0)?;
+            draft.m.kv.check_ring(q.dseq, p0)?;
             target.ensure_pages(q.tseq, p0 + k + 1)?;
             draft.m.ensure_pages(q.dseq, p0 + k + 1)?;
             for i in 0..=k {
@@ -359,10 +362,10 @@ impl CudaSpec {
         up(draft.cpos, &pos)?;
         up(draft.cseq, &seqrow)?;
         dm.upload_tables(&dseqs)?;
-        dm.sc.staged.set(false);
-        dm.sc.solo.set(false);
+        dm.pass.staged.set(false);
+        dm.pass.solo.set(false);
         up(dm.sc.sel, &dsel)?;
-        if dm.noncausal {
+        if dm.fwd.noncausal {
             up(dm.sc.kend, &kend)?;
         }
         up(target.sc.tokens, &tt)?;
@@ -370,8 +373,8 @@ impl CudaSpec {
         target.set_tc_cap(&pos);
         up(target.sc.seqrow, &seqrow)?;
         target.upload_tables(&tseqs)?;
-        target.sc.staged.set(false);
-        target.sc.solo.set(false);
+        target.pass.staged.set(false);
+        target.pass.solo.set(false);
         up(target.sc.sel, &tsel)?;
         let obuf = match oracle {
             Some(d) => {
@@ -396,7 +399,7 @@ impl CudaSpec {
         };
 
         // One set of graphs per (k, batch, the target's attention_tc grid, oracle).
-        let key = (k, nb, target.tc_cap.get(), obuf.is_some());
+        let key = (k, nb, target.pass.tc_cap.get(), obuf.is_some());
         if self.use_graphs && !self.graphs.contains_key(&key) {
             match Self::capture(target, draft, k, nb, self.accept_buf, obuf) {
                 Ok(g) => {
@@ -477,9 +480,9 @@ impl CudaSpec {
                 )));
             }
             // Target K/V: rows tlen-1 ..= tlen-1+a are committed; the draft context likewise.
-            target.note_written(q.tseq, q.tlen + k);
-            draft.m.note_written(q.dseq, q.tlen + k);
-            target.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
+            target.kv.note_written(q.tseq, q.tlen + k);
+            draft.m.kv.note_written(q.dseq, q.tlen + k);
+            target.kv.seqs.get_mut(&q.tseq).expect("live").len = q.tlen + k;
             target.truncate(q.tseq, q.tlen + a);
             draft.set_context_len(q.dseq, q.tlen + k);
             draft.truncate(q.dseq, q.tlen + a);
@@ -501,7 +504,7 @@ impl CudaSpec {
         req: &GenerateRequest,
         k: usize,
         keep_history: bool,
-    ) -> Result<SpecRun> {
+    ) -> Result<FusedRun> {
         draft.config().check_k(k)?;
         crate::generate::check_prompt(target, &req.prompt)?;
         self.prepare(target, draft)?;
@@ -529,7 +532,7 @@ impl CudaSpec {
         keep_history: bool,
         tseq: SeqId,
         dseq: SeqId,
-    ) -> Result<SpecRun> {
+    ) -> Result<FusedRun> {
         let max_pos = target.cfg.max_position_embeddings;
         let t0 = std::time::Instant::now();
         let first = self.prefill(target, draft, tseq, dseq, &req.prompt)?;
@@ -537,7 +540,7 @@ impl CudaSpec {
         let mut tokens = req.prompt.clone();
         let mut completion = vec![];
         let mut stats = SpecStats::with_k(k);
-        let mut times = SpecTimes::default();
+        let mut times = FusedTimes::default();
         let mut finish = FinishReason::Length;
         let cfg = target.cfg.clone();
         let stop =
@@ -592,7 +595,7 @@ impl CudaSpec {
                 }
             }
         }
-        Ok(SpecRun {
+        Ok(FusedRun {
             completion,
             finish,
             stats,

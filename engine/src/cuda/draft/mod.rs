@@ -2,7 +2,7 @@
 //! (dense Laguna layers, fused `qkv_proj` + `g_proj` as one GEMV) on the target's device and
 //! stream, sharing the target's `embed_tokens` and `lm_head` on the device. It implements the same
 //! [`DraftModel`] seam as the CPU reference ([`crate::spec::CpuDraft`]), so the backend-agnostic
-//! driver ([`crate::spec::step`]) runs it unchanged; [`super::spec`] adds a device-resident greedy
+//! driver ([`crate::spec::step`]) runs it unchanged; [`fused_step`] adds a device-resident greedy
 //! loop (taps, proposals and verification never leave the GPU) for batch-1 decoding.
 //!
 //! Context write (per committed token): `rmsnorm_taps` (aux_hidden_norms) → `fc` → `hidden_norm`,
@@ -14,15 +14,26 @@
 //! the cache at those positions, then the length is set back, so the context is unchanged and the
 //! next context write overwrites them). Causal drafts see keys up to their own position, which is
 //! the target's rule; non-causal drafts see the whole block (`kend`, [`CudaModel::noncausal`]).
+pub mod fused_step;
+
 use super::launch::attention as la;
 use super::launch::Geom;
-use super::load::Loader;
-use super::*;
+use super::{
+    as_bytes, cerr, device, launch, load, ring, CudaModel, CudaOptions, LayerW, Lin, MlpW, Parts,
+};
+use crate::config::LagunaConfig;
 use crate::config::{AttnKind, LayerSpec, MlpKind};
+use crate::error::{EngineError, Result};
+use crate::model::{LogitRows, Model, SeqId, StepInput, StepOutput};
 use crate::spec::config::DraftConfig;
 use crate::spec::draft::{BlockInput, ContextInput, DraftModel};
 use crate::spec::driver::{SpecState, StepResult};
 use crate::spec::verify::Verdict;
+use crate::weights::linear::kv_scale_pair;
+use crate::weights::store::WeightStore;
+use fused_step::{FusedStep, SeqStep};
+use load::Loader;
+use std::path::Path;
 
 pub struct CudaDraft {
     cfg: DraftConfig,
@@ -47,7 +58,7 @@ pub struct CudaDraft {
     /// Bytes one propose reads from weights (layers, fc, lm_head once).
     pub step_weight_bytes: usize,
     /// The device-resident greedy step (graphs per (k, batch, grid)) used by `fused_greedy_step`.
-    spec: super::spec::CudaSpec,
+    fused: FusedStep,
     /// Whether `fused_greedy_step` may run (true; the device check turns it off to run the
     /// generic driver on the same batches).
     fused_steps: bool,
@@ -92,7 +103,7 @@ impl CudaDraft {
         let windows = vec![cfg.window.unwrap_or(0); cfg.num_layers];
         let elt = if opts.kv_fp8 { 1 } else { 2 };
         let kvw = cfg.num_kv_heads * cfg.head_dim;
-        let l = super::ring::kv_layout(
+        let l = ring::kv_layout(
             &windows,
             opts.rings,
             opts.spec_k,
@@ -104,7 +115,11 @@ impl CudaDraft {
         )
         .map_err(EngineError::Other)?;
         // A draft whose layers all keep a window snapshots its rings into buffers of its own.
-        let snaps = if cfg.window.is_some() { opts.own_snapshots } else { 0 };
+        let snaps = if cfg.window.is_some() {
+            opts.own_snapshots
+        } else {
+            0
+        };
         Ok(l.ring_bytes * (1 + snaps))
     }
 
@@ -116,7 +131,7 @@ impl CudaDraft {
         let cfg = DraftConfig::from_file(&dir.join("config.json"))?;
         let store = WeightStore::open(dir)?;
         cfg.validate_target(&target.cfg)?;
-        super::load::refuse_unless_fits(&target.dev, store.data_bytes(), dir)?;
+        load::refuse_unless_fits(&target.dev, store.data_bytes(), dir)?;
         let tcfg = &target.cfg;
         let h = cfg.hidden_size;
         let th = tcfg.hidden_size;
@@ -124,7 +139,7 @@ impl CudaDraft {
             return Err(EngineError::Other(format!("draft hidden_size {h} differs from the target's {th}: the draft shares the target's embeddings")));
         }
         let hd = cfg.head_dim;
-        super::load::check_head_dim(hd, "draft ")?;
+        load::check_head_dim(hd, "draft ")?;
         let kvw = cfg.num_kv_heads * hd;
         let ntaps = cfg.num_taps();
         let scfg = stack_config(&cfg, tcfg);
@@ -161,7 +176,7 @@ impl CudaDraft {
         let aux = ld.upload(&auxv)?;
         let hidden_norm = ld.vec_f32("hidden_norm.weight", h)?;
         let final_norm = ld.vec_f32("norm.weight", h)?;
-        let mut step_bytes = lin_bytes(&target.lm_head);
+        let mut step_bytes = lin_bytes(&target.w.lm_head);
         let mut layers = vec![];
         let mut kv = vec![];
         for l in 0..cfg.num_layers {
@@ -234,7 +249,7 @@ impl CudaDraft {
         }
         let weight_bytes = ld.bytes;
         drop(ld);
-        super::load::log_load_peak(&dev, &store, "draft");
+        load::log_load_peak(&dev, &store, "draft");
         // K/V: rings for as many sequences as the target (all draft layers share one window), or
         // as many pages as the target's pool when the draft has no window.
         let (tpages, tps, _) = target.kv_pool();
@@ -254,16 +269,16 @@ impl CudaDraft {
             ..target.opts.clone()
         };
         let parts = Parts {
-            embed: target.embed,
+            embed: target.w.embed,
             final_norm,
-            lm_head: target.lm_head,
+            lm_head: target.w.lm_head,
             layers,
             weight_bytes,
             decode_bytes: step_bytes,
             min_in: ntaps * th,
         };
-        let mut m = CudaModel::finish(scfg, dev.clone(), target.arch.clone(), opts, t0, parts)?;
-        m.noncausal = !cfg.causal;
+        let mut m = CudaModel::finish(scfg, dev.clone(), opts, t0, parts)?;
+        m.fwd.noncausal = !cfg.causal;
         let r = m.sc.rows;
         let a = |n: usize| dev.alloc(n.max(16)).map_err(cerr);
         let d = CudaDraft {
@@ -280,7 +295,7 @@ impl CudaDraft {
             cpos: a(4 * r)?,
             cseq: a(4 * r)?,
             step_weight_bytes: step_bytes + lin_bytes(&fc),
-            spec: Default::default(),
+            fused: Default::default(),
             fused_steps: true,
             cfg,
             m,
@@ -299,8 +314,8 @@ impl CudaDraft {
     /// Rows per context pass: the pass size, at most the ring's slots (rows of one context write
     /// land in distinct ring slots; a newer row's slot is never written by an older row after it).
     pub fn max_rows(&self) -> usize {
-        if self.m.ring > 0 {
-            self.m.sc.rows.min(self.m.ring)
+        if self.m.kv.ring > 0 {
+            self.m.sc.rows.min(self.m.kv.ring)
         } else {
             self.m.sc.rows
         }
@@ -340,7 +355,7 @@ impl CudaDraft {
                 .map_err(cerr)?;
             self.tbuf
         };
-        let blk = ops::norm_block(th);
+        let blk = launch::norm::norm_block(th);
         m.dev
             .launch_p(
                 prof,
@@ -360,7 +375,7 @@ impl CudaDraft {
             .map_err(cerr)?;
         m.linear(prof, "fc", &self.fc, self.tnorm, w, self.c, h, n, false)?;
         m.rmsnorm(prof, self.c, 0, self.hidden_norm, self.c2, n, h, eps)?;
-        for (l, kv) in self.m.layers.iter().zip(&self.kv) {
+        for (l, kv) in self.m.w.layers.iter().zip(&self.kv) {
             m.rmsnorm(prof, self.c2, 0, l.input_norm, m.sc.hn, n, h, eps)?;
             m.linear(
                 prof,
@@ -407,7 +422,7 @@ impl CudaDraft {
                 vinv: 1.0 / l.vscale,
             };
             let grid = (n as u32, nkv.div_ceil(4) as u32, 1);
-            let fp8 = m.kv_elt == 1;
+            let fp8 = m.kv.elt == 1;
             la::qk_norm_rope_store(&m.dev, prof, fp8, Geom::new(grid, 128, 0), &a).map_err(cerr)?;
         }
         Ok(())
@@ -415,7 +430,7 @@ impl CudaDraft {
 
     /// Context length bookkeeping after a device-side context write of rows `start..start+n`.
     pub(super) fn set_context_len(&mut self, seq: SeqId, len: usize) {
-        if let Some(s) = self.m.seqs.get_mut(&seq) {
+        if let Some(s) = self.m.kv.seqs.get_mut(&seq) {
             s.len = len;
         }
     }
@@ -446,12 +461,12 @@ impl DraftModel for CudaDraft {
     fn write_context(&mut self, batch: &[ContextInput]) -> Result<()> {
         let width = self.cfg.num_taps() * self.target_hidden;
         for item in batch {
-            let n = item.rows(width, self.m.seqs.get(&item.seq).map(|s| s.len))?;
+            let n = item.rows(width, self.m.kv.seqs.get(&item.seq).map(|s| s.len))?;
             self.m.truncate(item.seq, item.start_pos);
-            self.m.check_ring(item.seq, item.start_pos)?;
+            self.m.kv.check_ring(item.seq, item.start_pos)?;
             self.m.ensure_pages(item.seq, item.start_pos + n)?;
             self.m.upload_tables(&[item.seq])?;
-            let mut prof = self.m.fprof.take();
+            let mut prof = self.m.fwd.prof.take();
             let rows = self.max_rows();
             let mut r0 = 0;
             while r0 < n {
@@ -473,13 +488,13 @@ impl DraftModel for CudaDraft {
                 self.context_pass(&mut prof, self.tbuf, width, cnt)?;
                 r0 += cnt;
             }
-            self.m.fprof = prof;
-            self.m.note_written(item.seq, item.start_pos + n);
+            self.m.fwd.prof = prof;
+            self.m.kv.note_written(item.seq, item.start_pos + n);
             self.set_context_len(item.seq, item.start_pos + n);
         }
         Ok(())
     }
-    /// Greedy batches of a CUDA target run as one device step (`CudaSpec::step_batch`: proposals,
+    /// Greedy batches of a CUDA target run as one device step (`FusedStep::step_batch`: proposals,
     /// verification, acceptance and context on the GPU, one CUDA graph per (k, batch), one
     /// read-back) when all rows fit one weight-streaming pass; the driver's generic step otherwise.
     fn fused_greedy_step(
@@ -489,15 +504,15 @@ impl DraftModel for CudaDraft {
     ) -> Option<Result<Vec<StepResult>>> {
         let t = target.as_any_mut()?.downcast_mut::<CudaModel>()?;
         let k = states.first()?.k;
-        if !self.fused_steps || !super::spec::CudaSpec::fits(t, self, k, states.len()) {
+        if !self.fused_steps || !FusedStep::fits(t, self, k, states.len()) {
             return None;
         }
-        let mut spec = std::mem::take(&mut self.spec);
+        let mut fused = std::mem::take(&mut self.fused);
         let r = (|| -> Result<Vec<StepResult>> {
-            spec.prepare(t, self)?;
-            let seqs: Vec<super::spec::SeqStep> = states
+            fused.prepare(t, self)?;
+            let seqs: Vec<SeqStep> = states
                 .iter()
-                .map(|s| super::spec::SeqStep {
+                .map(|s| SeqStep {
                     tseq: s.target_seq,
                     dseq: s.draft_seq,
                     t: *s.tokens.last().expect("prefilled"),
@@ -512,7 +527,7 @@ impl DraftModel for CudaDraft {
                 }
             }
             let oracle = (!planned.is_empty()).then_some(planned.as_slice());
-            let outs = spec.step_batch(t, self, &seqs, k, oracle, &mut Default::default());
+            let outs = fused.step_batch(t, self, &seqs, k, oracle, &mut Default::default());
             // Later prefill or sampling steps run the generic driver, which takes taps on the host.
             t.set_taps_on_device(false)?;
             let mut res = Vec::with_capacity(states.len());
@@ -528,7 +543,7 @@ impl DraftModel for CudaDraft {
             }
             Ok(res)
         })();
-        self.spec = spec;
+        self.fused = fused;
         Some(r)
     }
     fn propose(&mut self, batch: &[BlockInput]) -> Result<Vec<StepOutput>> {
@@ -554,7 +569,12 @@ impl DraftModel for CudaDraft {
         }
         let outs = self.m.forward(&inputs)?;
         for b in batch {
-            self.m.seqs.get_mut(&b.seq).expect("forward checked it").len = b.start_pos;
+            self.m
+                .kv
+                .seqs
+                .get_mut(&b.seq)
+                .expect("forward checked it")
+                .len = b.start_pos;
         }
         Ok(outs)
     }

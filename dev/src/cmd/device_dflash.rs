@@ -1,17 +1,17 @@
-//! DFlash checks of `laguna device-test`, for every draft fixture pair under
+//! DFlash checks of `laguna-dev device-test`, for every draft fixture pair under
 //! `tests/fixtures/drafts` and k in {1, 3, 6, 15} (k < block_size):
 //! 1. verify batch invariance, directly: the target's logits for `[t, d_1..d_k]` verified in one
 //!    k+1-row pass are bit-identical to the same rows decoded one at a time;
 //! 2. greedy output with the CUDA draft is token-identical to greedy output without it: on the
-//!    device-resident loop (`CudaSpec`, CUDA graphs), and through the backend-agnostic driver
+//!    device-resident loop (`FusedStep`, CUDA graphs), and through the backend-agnostic driver
 //!    (`spec::generate_spec` with `CudaDraft` as a `DraftModel`) both with its decode steps fused
 //!    into device steps and with every step generic (`CudaDraft::set_fused_steps(false)`);
 //! 3. acceptance statistics match the CPU engine (CPU target + CPU draft) on every step until the
 //!    first step where the two drafts propose different tokens.
 use anyhow::{Context, Result};
 use laguna_engine::cpu::CpuModel;
+use laguna_engine::cuda::draft::fused_step::FusedStep;
 use laguna_engine::cuda::draft::CudaDraft;
-use laguna_engine::cuda::spec::CudaSpec;
 use laguna_engine::cuda::{CudaModel, CudaOptions};
 use laguna_engine::generate::{generate, GenerateRequest};
 use laguna_engine::model::{LogitRows, Model, StepInput};
@@ -117,7 +117,7 @@ pub fn check_pair(
     let verify_bitwise = many == one;
     // 2a. Device-resident loop.
     let mut dr = CudaDraft::load(ddir, &cu).context("cuda draft")?;
-    let mut spec = CudaSpec::default();
+    let mut spec = FusedStep::default();
     let fast = spec.generate(&mut cu, &mut dr, &req, k, true)?;
     let fast_same = fast.completion == plain;
     // 2b. The backend-agnostic driver (what the server runs) with the CUDA draft: its greedy

@@ -1,4 +1,4 @@
-//! `laguna device-test` prefix-cache checks: a multi-turn session through the scheduler on the
+//! `laguna-dev device-test` prefix-cache checks: a multi-turn session through the scheduler on the
 //! device, with the prefix cache and without (the same model folder loaded twice, one after the
 //! other), greedy; the tokens must be equal and the later turns must resume from the cache.
 use anyhow::{bail, Result};

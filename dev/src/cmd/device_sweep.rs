@@ -1,4 +1,4 @@
-//! `laguna device-test --random-configs N --seed S`: the random-config sweep (docs/design/
+//! `laguna-dev device-test --random-configs N --seed S`: the random-config sweep (docs/design/
 //! correctness.md). Case i is seed S + i: a random Laguna config (and a DFlash draft for about
 //! half), random weights, random prompts and backend options, every check of `sweep::checks`
 //! against the CPU engine. One line per case, a table (or `--json`) last; non-zero exit when
@@ -45,7 +45,7 @@ pub struct SweepArgs {
     pub work_dir: Option<PathBuf>,
 }
 
-/// Runs case `seed` in a child `laguna device-test` process; its JSON line is the report, and a
+/// Runs case `seed` in a child `laguna-dev device-test` process; its JSON line is the report, and a
 /// crash, a timeout or no report is a failure of that case.
 fn run_child(a: &SweepArgs, tol: f64, seed: u64, root: &Path) -> CaseReport {
     use std::io::Read;

@@ -1,4 +1,4 @@
-//! The random-config sweep of `laguna device-test --random-configs N`: random Laguna configs
+//! The random-config sweep of `laguna-dev device-test --random-configs N`: random Laguna configs
 //! (`config_gen`), random weights (`synth::write_checkpoint`), and the checks of one case
 //! (`checks`) on a device (`backend`) against the CPU engine. `run_case` runs one case and never
 //! panics: a failure or panic becomes a failed check of that case.
@@ -224,7 +224,7 @@ fn case_checks(c: &Case, s: &SweepSettings, dir: &Path, rep: &mut CaseReport) ->
 }
 
 /// `reference.safetensors` of the fixture format (`prompt_ids`, `greedy_ids`, I64) for the
-/// longest prompt, so that a kept case runs under `laguna device-test --fixtures DIR/target`.
+/// longest prompt, so that a kept case runs under `laguna-dev device-test --fixtures DIR/target`.
 /// The greedy ids are the CPU engine's (metadata `source`); a committed fixture takes its
 /// reference from transformers (tests/fixtures/make_fixtures.py).
 fn write_reference(tdir: &Path, r: &Reference) -> Result<()> {

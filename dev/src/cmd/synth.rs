@@ -1,4 +1,4 @@
-//! `laguna synth`: a random-weight checkpoint of any Laguna config (target or DFlash draft) in the exact on-disk format
+//! `laguna-dev synth`: a random-weight checkpoint of any Laguna config (target or DFlash draft) in the exact on-disk format
 //! (safetensors shards <= 5 GB + index; NVFP4 triplets for routed and shared experts when the
 //! config has `quantization_config`; F32 router correction bias; weights scaled like
 //! 1/sqrt(fan_in) so activations stay finite). Fast: xorshift RNG, one thread per shard, large writes.
@@ -56,7 +56,7 @@ impl T {
     }
 }
 
-/// xorshift64 (also the random source of `laguna kbench`).
+/// xorshift64 (also the random source of `laguna-dev kbench`).
 pub(super) struct Rng(pub(super) u64);
 impl Rng {
     pub(super) fn next(&mut self) -> u64 {
@@ -172,7 +172,7 @@ pub struct Written {
 }
 
 /// Writes `config_json` (a target or DFlash draft config, as text) and random weights for it
-/// into `out` (created): what `laguna synth` does, callable in-process.
+/// into `out` (created): what `laguna-dev synth` does, callable in-process.
 pub fn write_checkpoint(config_json: &str, out: &Path, o: &SynthOptions) -> Result<Written> {
     let cfg = LagunaConfig::from_json_str(config_json)?;
     let quant = cfg.quantization.is_some();

@@ -1,13 +1,21 @@
-//! `laguna kbench`: kernel micro-benchmarks at the Laguna-XS 2.1 decode shapes (device machines).
+//! `laguna-dev kbench`: kernel micro-benchmarks at the Laguna-XS 2.1 decode shapes (device machines).
 //! Each case is captured as a CUDA graph of `reps` launches (with PDL, as in a decode step) whose
 //! weights rotate through buffers larger than L2, so every launch streams from HBM. Reports
 //! microseconds per launch and the bytes it reads per second, next to `read_u4` (a read-only
 //! stream of the same bytes) as the practical roofline for a kernel of that size. The NVFP4
 //! expert kernels are also checked against a float64 host reference at these shapes, and the
 //! fused kernels (`moe_decode_fused`, `attention_decode_gqa_qk`) bit for bit against the launches they replace.
+//! Every launch goes through the engine's typed launchers (`laguna_engine::cuda::launch`), so
+//! the kernels run with the argument lists the engine passes.
 use super::synth::Rng;
 use anyhow::{bail, Result};
 use clap::Parser;
+use laguna_engine::cuda::launch::attention::{
+    self as att, Attn, Cache, FusedQk, Merge, QkStore, Rope,
+};
+use laguna_engine::cuda::launch::linear::{self as lin, Linear};
+use laguna_engine::cuda::launch::moe::{self, DecodeFused, Down, GateUp, Groups, Stack, TopK};
+use laguna_engine::cuda::launch::{norm, sample, Geom};
 use laguna_engine::cuda::Dev;
 
 #[derive(Parser, Debug)]
@@ -57,8 +65,22 @@ fn rand_bf16_small(r: &mut Rng, n: usize) -> Vec<u8> {
 
 const INV_GS: f32 = 1.0 / 448.0;
 
-/// An NVFP4 expert stack on the device: (codes, E4M3 scales, 1 / global scale per expert).
-type DevStack = (u64, u64, u64);
+/// One row of a BF16 GEMV: y[1, n] = x[1, k] . W^T, W at `w` (row-major or tiled).
+fn bf16_gemv(w: u64, x: u64, y: u64, n: usize, k: usize) -> Linear {
+    Linear {
+        w,
+        s: 0,
+        inv_gs: 1.0,
+        x,
+        ldx: k as i32,
+        y,
+        ldy: n as i32,
+        m: 1,
+        n: n as i32,
+        k: k as i32,
+        acc: false,
+    }
+}
 
 /// XS-2.1's expert stacks: (H, I, experts): 256 routed + the shared expert folded as expert 256.
 const XS_EXPERTS: (usize, usize, usize) = (2048, 512, 257);
@@ -66,7 +88,7 @@ const XS_EXPERTS: (usize, usize, usize) = (2048, 512, 257);
 /// A random NVFP4 stack of XS_EXPERTS (E4M3 scales with every exponent, subnormals included, but
 /// no NaN 0x7f / 0xff; 1 / global scale INV_GS) on the device, and the host copies of its codes
 /// and scales.
-fn expert_stack(d: &Dev, rng: &mut Rng) -> Result<(DevStack, Vec<u8>, Vec<u8>)> {
+fn expert_stack(d: &Dev, rng: &mut Rng) -> Result<(Stack, Vec<u8>, Vec<u8>)> {
     let (h, im, ne) = XS_EXPERTS;
     let (wbytes, sbytes) = (ne * im * h / 2, ne * im * h / 16);
     let codes = rand_bytes(rng, wbytes);
@@ -81,7 +103,7 @@ fn expert_stack(d: &Dev, rng: &mut Rng) -> Result<(DevStack, Vec<u8>, Vec<u8>)> 
     let inv = d.alloc(4 * ne).map_err(e)?;
     let v: Vec<u8> = (0..ne).flat_map(|_| INV_GS.to_le_bytes()).collect();
     d.htod(inv, &v).map_err(e)?;
-    Ok(((w, s, inv), codes, sc))
+    Ok((Stack { w, s, inv }, codes, sc))
 }
 
 fn e2m1_ref(c: u8) -> f64 {
@@ -136,7 +158,7 @@ fn dtoh_f32(d: &Dev, p: u64, n: usize) -> Result<Vec<f32>> {
 
 pub fn run(a: Args) -> Result<()> {
     if let Err(err) = laguna_engine::cuda::gpu_available() {
-        bail!("laguna kbench needs a CUDA GPU: {err}");
+        bail!("laguna-dev kbench needs a CUDA GPU: {err}");
     }
     let d = Dev::new(0).map_err(e)?;
     let reps = a.reps.max(4);
@@ -172,10 +194,7 @@ pub fn run(a: Args) -> Result<()> {
     d.htod(nw, &rand_f32s(&mut rng, h)).map_err(e)?;
     let hn2 = d.alloc(4 * h).map_err(e)?;
     let t = time_graph(&d, reps, &|_| {
-        d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (256, 1, 1), 0, |b| {
-            b.u64(hn).u64(0).u64(nw).u64(hn2).i32(h as i32).f32(1e-6);
-        })
-        .map_err(e)
+        norm::rmsnorm(&d, &mut None, 1, 256, hn, 0, nw, hn2, h as i32, 1e-6, None).map_err(e)
     })?;
     rows.push((
         "rmsnorm 1 x 2048 (graph node floor)".into(),
@@ -218,10 +237,8 @@ fn gemv_rows(
         let slots = (pool_bytes / bytes).max(1);
         let off = move |i: usize| wpool + ((i % slots) * bytes) as u64;
         let t = time_graph(d, reps, &|i| {
-            d.launch_p(&mut None, "read_u4", (sms * 4, 1, 1), (512, 1, 1), 0, |b| {
-                b.u64(off(i)).u64((bytes / 16) as u64).u64(sink);
-            })
-            .map_err(e)
+            let g = Geom::new((sms * 4, 1, 1), 512, 0);
+            lin::read_u4(d, &mut None, g, off(i), (bytes / 16) as u64, sink).map_err(e)
         })?;
         rows.push((
             format!("{label} N={n} K={k}: read_u4"),
@@ -230,28 +247,16 @@ fn gemv_rows(
         ));
         // linear_tc_bf16's weight loads alone (read_tc_pattern): its own addresses, then the
         // same rounds reading each (16-row group, K tile) as one contiguous 1 KB piece.
-        for (tiled, sw) in [(0, 4u32), (1, 4), (0, 16), (1, 16)] {
+        for (tiled, sw) in [(false, 4u32), (true, 4), (false, 16), (true, 16)] {
             let t = time_graph(d, reps, &|i| {
-                d.launch_p(
-                    &mut None,
-                    "read_tc_pattern",
-                    ((n as u32).div_ceil(16), 1, 1),
-                    (32 * sw, 1, 1),
-                    0,
-                    |b| {
-                        b.u64(off(i))
-                            .i32(n as i32)
-                            .i32(k as i32)
-                            .u64(sink)
-                            .i32(tiled);
-                    },
-                )
-                .map_err(e)
+                let g = Geom::new(((n as u32).div_ceil(16), 1, 1), 32 * sw, 0);
+                let (n, k) = (n as i32, k as i32);
+                lin::read_tc_pattern(d, &mut None, g, off(i), n, k, sink, tiled).map_err(e)
             })?;
             rows.push((
                 format!(
                     "{label} N={n} K={k}: read_tc_pattern S={sw} {}",
-                    if tiled == 1 { "tiled" } else { "row-major" }
+                    if tiled { "tiled" } else { "row-major" }
                 ),
                 t,
                 bytes as f64 / t / 1e6,
@@ -260,27 +265,8 @@ fn gemv_rows(
         // One launch of linear_tc_bf16 (or `name`: linear_tc_bf16_tiled reads the same bytes as a
         // tile-interleaved layout, a timing of that layout only) on the matrix at w, S warps.
         let tcn = |name: &'static str, w: u64, sw: u32| {
-            d.launch_p(
-                &mut None,
-                name,
-                ((n as u32).div_ceil(16), 1, 1),
-                (32 * sw, 1, 1),
-                0,
-                |b| {
-                    b.u64(w)
-                        .u64(0)
-                        .f32(1.0)
-                        .u64(x)
-                        .i32(k as i32)
-                        .u64(y)
-                        .i32(n as i32)
-                        .i32(1)
-                        .i32(n as i32)
-                        .i32(k as i32)
-                        .i32(0);
-                },
-            )
-            .map_err(e)
+            let g = Geom::new(((n as u32).div_ceil(16), 1, 1), 32 * sw, 0);
+            lin::linear(d, &mut None, name, g, &bf16_gemv(w, x, y, n, k)).map_err(e)
         };
         let tc = |w: u64, sw: u32| tcn("linear_tc_bf16", w, sw);
         // linear_tc_bf16_tiled on tile_bf16's copy of a random matrix against
@@ -289,17 +275,7 @@ fn gemv_rows(
             let wr = d.alloc(bytes).map_err(e)?;
             let wt = d.alloc(n.div_ceil(16) * 16 * k * 2).map_err(e)?;
             d.htod(wr, &rand_bf16_small(rng, n * k)).map_err(e)?;
-            d.launch_p(
-                &mut None,
-                "tile_bf16",
-                ((n as u32).div_ceil(16), (k / 32) as u32, 1),
-                (32, 1, 1),
-                0,
-                |b| {
-                    b.u64(wr).u64(wt).i32(n as i32).i32(k as i32);
-                },
-            )
-            .map_err(e)?;
+            lin::tile_bf16(d, &mut None, wr, wt, n, k).map_err(e)?;
             let mut same = true;
             for sw in [4u32, 16] {
                 tcn("linear_tc_bf16", wr, sw)?;
@@ -359,7 +335,7 @@ fn expert_rows(
     rng: &mut Rng,
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
-) -> Result<((DevStack, DevStack, DevStack), u64)> {
+) -> Result<((Stack, Stack, Stack), u64)> {
     let sms = d.sms;
     // ---- NVFP4 experts, one row: 8 routed + the shared expert (folded as expert 256) ---------
     let (h, im, ne) = XS_EXPERTS;
@@ -374,42 +350,50 @@ fn expert_rows(
     let o4 = |p: u64, i: usize, per: usize| p + (4 * i * per) as u64;
     // The `_warp` kernels run in blocks of 128 threads, the `_grouped` ones of 256.
     let blk = |name: &str| if name.ends_with("_warp") { 128 } else { 256 };
+    // Launch i's copy of the grouping.
+    let groups = |i: usize, g: &Grp| Groups {
+        expert: o4(g.ge, i, g.groups),
+        start: o4(g.gs, i, g.groups),
+        count: o4(g.gc, i, g.groups),
+        perm: o4(g.perm, i, g.slots),
+        meta: o4(g.meta, i, 1),
+    };
     let gu = |name: &'static str, grid: u32, i: usize, g: &Grp| {
-        d.launch_p(&mut None, name, (grid, 1, 1), (blk(name), 1, 1), 0, |b| {
-            b.u64(gate.0)
-                .u64(gate.1)
-                .u64(gate.2)
-                .u64(up.0)
-                .u64(up.1)
-                .u64(up.2)
-                .u64(g.x)
-                .i32(h as i32)
-                .i32(im as i32)
-                .i32(kk as i32)
-                .u64(o4(g.ge, i, g.groups))
-                .u64(o4(g.gs, i, g.groups))
-                .u64(o4(g.gc, i, g.groups))
-                .u64(o4(g.perm, i, g.slots))
-                .u64(o4(g.meta, i, 1))
-                .u64(g.act);
-        })
+        let a = GateUp {
+            gate,
+            up,
+            x: g.x,
+            h: h as i32,
+            im: im as i32,
+            kk: kk as i32,
+            groups: groups(i, g),
+            act: g.act,
+        };
+        moe::gate_up(
+            d,
+            &mut None,
+            name,
+            Geom::new((grid, 1, 1), blk(name), 0),
+            &a,
+        )
         .map_err(e)
     };
     let dn = |name: &'static str, grid: u32, i: usize, g: &Grp| {
-        d.launch_p(&mut None, name, (grid, 1, 1), (blk(name), 1, 1), 0, |b| {
-            b.u64(down.0)
-                .u64(down.1)
-                .u64(down.2)
-                .u64(g.act)
-                .i32(h as i32)
-                .i32(im as i32)
-                .u64(o4(g.ge, i, g.groups))
-                .u64(o4(g.gs, i, g.groups))
-                .u64(o4(g.gc, i, g.groups))
-                .u64(o4(g.perm, i, g.slots))
-                .u64(o4(g.meta, i, 1))
-                .u64(g.out);
-        })
+        let a = Down {
+            down,
+            act: g.act,
+            h: h as i32,
+            im: im as i32,
+            groups: groups(i, g),
+            out: g.out,
+        };
+        moe::down(
+            d,
+            &mut None,
+            name,
+            Geom::new((grid, 1, 1), blk(name), 0),
+            &a,
+        )
         .map_err(e)
     };
     // Grids as the engine launches them (layers.rs) for `slots` slots in `groups` groups.
@@ -696,30 +680,11 @@ fn argmax_check(
     d.memset_d32(slot, 0, 2 * n).map_err(e)?;
     d.memset_d32(cnt, 0, n).map_err(e)?;
     let one = |rows_: usize, out: u64| {
-        d.launch_p(
-            &mut None,
-            "argmax_rows",
-            (rows_ as u32, 1, 1),
-            (1024, 1, 1),
-            0,
-            |b| {
-                b.u64(lg).i32(v as i32).u64(out);
-            },
-        )
-        .map_err(e)
+        sample::argmax_rows(d, &mut None, rows_ as u32, lg, v as i32, out).map_err(e)
     };
     let par = |rows_: usize, out: u64| {
-        d.launch_p(
-            &mut None,
-            "argmax_rows_split",
-            (rows_ as u32, 64, 1),
-            (256, 1, 1),
-            0,
-            |b| {
-                b.u64(lg).i32(v as i32).u64(out).u64(slot).u64(cnt);
-            },
-        )
-        .map_err(e)
+        let n = rows_ as u32;
+        sample::argmax_rows_split(d, &mut None, n, 64, lg, v as i32, out, slot, cnt).map_err(e)
     };
     let ints = |p: u64| -> Result<Vec<i32>> {
         let mut b = vec![0u8; 4 * n];
@@ -937,199 +902,117 @@ impl<'a> AttnCase<'a> {
         Ok((c, q0))
     }
 
-    fn common(&self, b: &mut laguna_engine::cuda::Args) {
-        let AttnCase {
-            q,
-            ld,
-            out,
-            qw,
-            kc,
-            vc,
-            pos,
-            seqrow,
-            bt,
-            max_pages,
-            ps,
-            nh,
-            nkv,
-            hd,
-            window,
-            gp,
-            scale,
-            ..
-        } = *self;
-        b.u64(q)
-            .i32(ld as i32)
-            .u64(out)
-            .i32(qw as i32)
-            .u64(kc)
-            .u64(vc)
-            .u64(pos)
-            .u64(seqrow)
-            .u64(bt)
-            .i32(max_pages as i32)
-            .i32(ps as i32)
-            .i32(nh as i32)
-            .i32(nkv as i32)
-            .i32(hd as i32)
-            .i32(window as i32)
-            .u64(0)
-            .u64(gp)
-            .i32(ld as i32)
-            .i32(1)
-            .f32(scale)
-            .f32(1.0);
+    /// Where the layer's K/V live (the row's position and block table).
+    fn cache(&self) -> Cache {
+        Cache {
+            pos: self.pos,
+            seqrow: self.seqrow,
+            bt: self.bt,
+            max_pages: self.max_pages as i32,
+            page_size: self.ps as i32,
+            kc: self.kc,
+            vc: self.vc,
+        }
     }
 
-    /// The q/k norm + RoPE arguments both launchers pass (k, v rows, norms, rotary table, eps).
-    fn rope(&self, b: &mut laguna_engine::cuda::Args) {
-        let AttnCase {
-            kp,
-            vp,
-            ld,
-            qn,
-            kn,
-            inv_freq,
-            half,
-            factor,
-            ..
-        } = *self;
-        b.u64(kp)
-            .u64(vp)
-            .i32(ld as i32)
-            .u64(qn)
-            .u64(kn)
-            .u64(inv_freq)
-            .i32(half as i32)
-            .f32(factor)
-            .f32(1e-6);
+    /// The arguments every decode attention starts with: gate per head, no sink, no K/V scales.
+    fn attn(&self) -> Attn {
+        Attn {
+            q: self.q,
+            ldq: self.ld as i32,
+            out: self.out,
+            ldo: self.qw as i32,
+            cache: self.cache(),
+            nh: self.nh as i32,
+            nkv: self.nkv as i32,
+            hd: self.hd as i32,
+            window: self.window as i32,
+            sink: 0,
+            g: self.gp,
+            ldg: self.ld as i32,
+            gate_mode: 1,
+            scale: self.scale,
+            vscale: 1.0,
+        }
+    }
+
+    /// The q/k norm + RoPE of the row.
+    fn rope(&self) -> Rope {
+        Rope {
+            q_norm: self.qn,
+            k_norm: self.kn,
+            inv_freq: self.inv_freq,
+            half: self.half as i32,
+            attn_factor: self.factor,
+            eps: 1e-6,
+        }
+    }
+
+    /// The new K/V rows a `_qk` attention normes, rotates and writes itself.
+    fn fused_qk(&self) -> FusedQk {
+        FusedQk {
+            k: self.kp,
+            v: self.vp,
+            ldkv: self.ld as i32,
+            rope: self.rope(),
+            kinv: 1.0,
+            vinv: 1.0,
+        }
     }
 
     fn qk(&self) -> Result<()> {
-        let AttnCase {
-            d,
-            q,
-            ld,
-            nh,
-            nkv,
-            pos,
-            seqrow,
-            bt,
-            max_pages,
-            ps,
-            kc,
-            vc,
-            hd,
-            ..
-        } = *self;
-        d.launch_p(
-            &mut None,
-            "qk_norm_rope_store",
-            (1, (nh + nkv).div_ceil(4) as u32, 1),
-            (128, 1, 1),
-            0,
-            |b| {
-                b.u64(q).i32(ld as i32);
-                self.rope(b);
-                b.u64(pos)
-                    .u64(seqrow)
-                    .u64(bt)
-                    .i32(max_pages as i32)
-                    .i32(ps as i32)
-                    .u64(kc)
-                    .u64(vc)
-                    .i32(nh as i32)
-                    .i32(nkv as i32)
-                    .i32(hd as i32)
-                    .u64(0)
-                    .u64(0)
-                    .f32(1.0)
-                    .f32(1.0);
-            },
+        let a = QkStore {
+            q: self.q,
+            ldq: self.ld as i32,
+            k: self.kp,
+            v: self.vp,
+            ldkv: self.ld as i32,
+            rope: self.rope(),
+            cache: self.cache(),
+            nh: self.nh as i32,
+            nkv: self.nkv as i32,
+            hd: self.hd as i32,
+            ks: 0,
+            vs: 0,
+            kinv: 1.0,
+            vinv: 1.0,
+        };
+        let g = Geom::new((1, (self.nh + self.nkv).div_ceil(4) as u32, 1), 128, 0);
+        att::qk_norm_rope_store(self.d, &mut None, false, g, &a).map_err(e)
+    }
+
+    /// A split-KV decode attention `name` over `ns` splits, in blocks of `block` threads (`qk`:
+    /// the `_qk` form, which writes the new K/V rows itself).
+    fn decode(&self, name: &'static str, ns: usize, block: u32, smem: u32, qk: bool) -> Result<()> {
+        let g = Geom::new((1, self.nkv as u32, ns as u32), block, smem);
+        let f = self.fused_qk();
+        let fq = qk.then_some(&f);
+        let a = self.attn();
+        att::decode(
+            self.d, &mut None, name, g, &a, ns as i32, self.part, fq, 0, [0; 3],
         )
         .map_err(e)
     }
 
     fn gqa(&self) -> Result<()> {
-        let AttnCase {
-            d,
-            nkv,
-            nsplit,
-            g,
-            part,
-            ..
-        } = *self;
-        d.launch_p(
-            &mut None,
-            "attention_decode_gqa",
-            (1, nkv as u32, nsplit as u32),
-            (32 * g as u32, 1, 1),
-            0,
-            |b| {
-                self.common(b);
-                b.i32(nsplit as i32).u64(part).u64(0);
-            },
-        )
-        .map_err(e)
+        let block = 32 * self.g as u32;
+        self.decode("attention_decode_gqa", self.nsplit, block, 0, false)
     }
 
     fn fused(&self, name: &'static str) -> Result<()> {
-        let AttnCase {
-            d,
-            nkv,
-            nsplit,
-            g,
-            part,
-            ..
-        } = *self;
-        d.launch_p(
-            &mut None,
-            name,
-            (1, nkv as u32, nsplit as u32),
-            (32 * (g as u32 + 1), 1, 1),
-            0,
-            |b| {
-                self.common(b);
-                b.i32(nsplit as i32).u64(part);
-                self.rope(b);
-                b.f32(1.0).f32(1.0);
-            },
-        )
-        .map_err(e)
+        let block = 32 * (self.g as u32 + 1);
+        self.decode(name, self.nsplit, block, 0, true)
     }
 
     /// attention_decode_tc (qk false: after qk_norm_rope_store) or attention_decode_tc_qk (the norms inside).
     fn tc_launch(&self, qk: bool) -> Result<()> {
-        let AttnCase {
-            d,
-            nkv,
-            tc_ns,
-            part,
-            ..
-        } = *self;
         let name = if qk {
             "attention_decode_tc_qk"
         } else {
             "attention_decode_tc"
         };
-        d.launch_p(
-            &mut None,
-            name,
-            (1, nkv as u32, tc_ns as u32),
-            (128, 1, 1),
-            laguna_engine::cuda::big_smem(name),
-            |b| {
-                self.common(b);
-                b.i32(tc_ns as i32).u64(part);
-                if qk {
-                    self.rope(b);
-                    b.f32(1.0).f32(1.0);
-                } else {
-                    b.u64(0);
-                }
-            },
-        )
-        .map_err(e)
+        let smem = laguna_engine::cuda::big_smem(name);
+        self.decode(name, self.tc_ns, 128, smem, qk)
     }
 
     fn tc(&self) -> Result<()> {
@@ -1141,43 +1024,24 @@ impl<'a> AttnCase<'a> {
     }
 
     fn merge_n(&self, name: &'static str, ns: usize) -> Result<()> {
-        let AttnCase {
-            d,
-            nh,
-            hd,
-            part,
-            out,
-            qw,
-            gp,
-            ld,
-            pos,
-            window,
-            ..
-        } = *self;
-        d.launch_p(
-            &mut None,
-            name,
-            (1, nh as u32, 1),
-            (hd as u32, 1, 1),
-            0,
-            |b| {
-                b.u64(part)
-                    .i32(ns as i32)
-                    .u64(out)
-                    .i32(qw as i32)
-                    .i32(nh as i32)
-                    .i32(hd as i32)
-                    .u64(0)
-                    .u64(gp)
-                    .i32(ld as i32)
-                    .i32(1)
-                    .u64(pos)
-                    .i32(window as i32)
-                    .u64(0)
-                    .f32(1.0);
-            },
-        )
-        .map_err(e)
+        let a = Merge {
+            part: self.part,
+            nsplit: ns as i32,
+            out: self.out,
+            ldo: self.qw as i32,
+            nh: self.nh as i32,
+            hd: self.hd as i32,
+            sink: 0,
+            g: self.gp,
+            ldg: self.ld as i32,
+            gate_mode: 1,
+            pos: self.pos,
+            window: self.window as i32,
+            kend: 0,
+            vscale: 1.0,
+        };
+        let g = Geom::new((1, self.nh as u32, 1), self.hd as u32, 0);
+        att::merge(self.d, &mut None, name, g, &a).map_err(e)
     }
 
     fn merge(&self, name: &'static str) -> Result<()> {
@@ -1474,7 +1338,7 @@ fn moe_layer(
     rng: &mut Rng,
     reps: usize,
     rows: &mut Vec<(String, f64, f64)>,
-    stacks: (DevStack, DevStack, DevStack),
+    stacks: (Stack, Stack, Stack),
 ) -> Result<()> {
     let (c, x0) = MoeCase::new(d, rng, reps, stacks)?;
     moe_bits(&c, &x0)?;
@@ -1524,9 +1388,9 @@ struct MoeCase<'a> {
     stag: i32,
     rlog_mk: u64,
     xf: u64,
-    gate: DevStack,
-    up: DevStack,
-    down: DevStack,
+    gate: Stack,
+    up: Stack,
+    down: Stack,
 }
 
 impl<'a> MoeCase<'a> {
@@ -1536,7 +1400,7 @@ impl<'a> MoeCase<'a> {
         d: &'a Dev,
         rng: &mut Rng,
         reps: usize,
-        (gate, up, down): (DevStack, DevStack, DevStack),
+        (gate, up, down): (Stack, Stack, Stack),
     ) -> Result<(MoeCase<'a>, Vec<u8>)> {
         let (h, im, e_n, k, kk) = (2048usize, 512usize, 256usize, 8usize, 9usize);
         let (eps, scale) = (1e-6f32, 2.5f32);
@@ -1629,12 +1493,9 @@ impl<'a> MoeCase<'a> {
             d,
             h,
             im,
-            e_n,
-            k,
             eps,
             scale,
             nb,
-            bias,
             post_w,
             next_w,
             x,
@@ -1651,43 +1512,46 @@ impl<'a> MoeCase<'a> {
             down,
             ..
         } = *self;
-        d.launch_p(&mut None, name, (d.sms, 1, 1), (640, 1, 1), smem, |b| {
-            b.u64(x)
-                .u64(post_w)
-                .f32(eps)
-                .i32(nb as i32)
-                .u64(self.rwi(i))
-                .u64(rl)
-                .u64(bias)
-                .i32(e_n as i32)
-                .i32(k as i32)
-                .f32(0.0)
-                .i32(1)
-                .i32(1)
-                .f32(1.0 / scale)
-                .u64(gate.0)
-                .u64(gate.1)
-                .u64(gate.2)
-                .u64(up.0)
-                .u64(up.1)
-                .u64(up.2)
-                .u64(down.0)
-                .u64(down.1)
-                .u64(down.2)
-                .i32(h as i32)
-                .i32(im as i32)
-                .u64(act)
-                .u64(out)
-                .u64(ids)
-                .u64(wts)
-                .f32(scale)
-                .u64(gbar)
-                .u64(next_w)
-                .u64(hn2)
-                .u64(tpp)
-                .i32(stag);
-        })
-        .map_err(e)
+        let a = DecodeFused {
+            x,
+            post_w,
+            eps,
+            nb: nb as i32,
+            router: self.rwi(i),
+            rlog: rl,
+            topk: self.topk(),
+            gate,
+            up,
+            down,
+            h: h as i32,
+            im: im as i32,
+            act,
+            out,
+            ids,
+            wts,
+            scale,
+            bar: gbar,
+            next_w,
+            hn_out: hn2,
+            tp: tpp,
+            stag,
+        };
+        let g = Geom::new((d.sms, 1, 1), 640, smem);
+        moe::decode_fused(d, &mut None, name, g, &a).map_err(e)
+    }
+
+    /// XS-2.1's router rule: sigmoid scores + bias, top-8 renormalised, the shared expert as
+    /// slot 8, no softcap.
+    fn topk(&self) -> TopK {
+        TopK {
+            bias: self.bias,
+            experts: self.e_n as i32,
+            k: self.k as i32,
+            softcap: 0.0,
+            norm_topk: 1,
+            shared_slot: 1,
+            inv_scale: 1.0 / self.scale,
+        }
     }
 
     /// The seven launches a fused launch replaces (tc: the multi-row tensor-core expert
@@ -1698,12 +1562,10 @@ impl<'a> MoeCase<'a> {
             h,
             im,
             e_n,
-            k,
             kk,
             eps,
             scale,
             nb,
-            bias,
             post_w,
             next_w,
             x,
@@ -1725,142 +1587,63 @@ impl<'a> MoeCase<'a> {
             down,
             ..
         } = *self;
-        let norm = |w: u64, y: u64| {
-            d.launch_p(&mut None, "rmsnorm", (1, 1, 1), (nb, 1, 1), 0, |b| {
-                b.u64(x).u64(0).u64(w).u64(y).i32(h as i32).f32(eps);
-            })
-            .map_err(e)
+        let rms = |w: u64, y: u64| {
+            norm::rmsnorm(d, &mut None, 1, nb, x, 0, w, y, h as i32, eps, None).map_err(e)
         };
-        norm(post_w, hn)?;
-        d.launch_p(
-            &mut None,
-            "linear_bf16_1",
-            (e_n.div_ceil(16) as u32, 1, 1),
-            (256, 1, 1),
-            (h * 4) as u32,
-            |b| {
-                b.u64(self.rwi(i))
-                    .u64(0)
-                    .f32(1.0)
-                    .u64(hn)
-                    .i32(h as i32)
-                    .u64(rlog)
-                    .i32(e_n as i32)
-                    .i32(1)
-                    .i32(e_n as i32)
-                    .i32(h as i32)
-                    .i32(0);
-            },
-        )
-        .map_err(e)?;
-        d.launch_p(&mut None, "router_topk", (1, 1, 1), (32, 1, 1), 0, |b| {
-            b.u64(rlog)
-                .u64(bias)
-                .i32(e_n as i32)
-                .i32(k as i32)
-                .f32(0.0)
-                .i32(1)
-                .u64(ids)
-                .u64(wts)
-                .i32(1)
-                .f32(1.0 / scale)
-                .u64(ge)
-                .u64(gs)
-                .u64(gc)
-                .u64(perm)
-                .u64(meta);
-        })
-        .map_err(e)?;
-        let groups = kk;
-        let gb = (groups * im / 2).div_ceil(4) as u32;
-        if tc {
-            d.launch_p(
-                &mut None,
-                "moe_tc_bfrag_rows",
-                (1, 1, 1),
-                (256, 1, 1),
-                0,
-                |b| {
-                    b.u64(hn).u64(xf);
-                },
-            )
+        rms(post_w, hn)?;
+        let g = Geom::new((e_n.div_ceil(16) as u32, 1, 1), 256, (h * 4) as u32);
+        let router = bf16_gemv(self.rwi(i), hn, rlog, e_n, h);
+        lin::linear(d, &mut None, "linear_bf16_1", g, &router).map_err(e)?;
+        let groups = Groups {
+            expert: ge,
+            start: gs,
+            count: gc,
+            perm,
+            meta,
+        };
+        moe::router_topk(d, &mut None, 1, rlog, &self.topk(), ids, wts, Some(&groups))
             .map_err(e)?;
+        let gb = (kk * im / 2).div_ceil(4) as u32;
+        if tc {
+            moe::tc_bfrag_rows(d, &mut None, 1, hn, xf).map_err(e)?;
         }
-        d.launch_p(
-            &mut None,
-            if tc {
-                "moe_gate_up_fp4_tc"
-            } else {
-                "moe_gate_up_fp4_warp"
-            },
-            (gb, 1, 1),
-            (128, 1, 1),
-            0,
-            |b| {
-                b.u64(gate.0)
-                    .u64(gate.1)
-                    .u64(gate.2)
-                    .u64(up.0)
-                    .u64(up.1)
-                    .u64(up.2)
-                    .u64(if tc { xf } else { hn })
-                    .i32(h as i32)
-                    .i32(im as i32)
-                    .i32(kk as i32)
-                    .u64(ge)
-                    .u64(gs)
-                    .u64(gc)
-                    .u64(perm)
-                    .u64(meta)
-                    .u64(act);
-            },
-        )
-        .map_err(e)?;
-        let db = (groups * h / 8).div_ceil(4) as u32;
-        d.launch_p(
-            &mut None,
-            if tc {
-                "moe_down_fp4_tc"
-            } else {
-                "moe_down_fp4_warp"
-            },
-            (db, 1, 1),
-            (128, 1, 1),
-            0,
-            |b| {
-                b.u64(down.0)
-                    .u64(down.1)
-                    .u64(down.2)
-                    .u64(act)
-                    .i32(h as i32)
-                    .i32(im as i32)
-                    .u64(ge)
-                    .u64(gs)
-                    .u64(gc)
-                    .u64(perm)
-                    .u64(meta)
-                    .u64(out);
-            },
-        )
-        .map_err(e)?;
-        d.launch_p(
-            &mut None,
-            "moe_combine",
-            (h.div_ceil(256) as u32, 1, 1),
-            (256, 1, 1),
-            0,
-            |b| {
-                b.u64(x)
-                    .u64(out)
-                    .u64(wts)
-                    .u64(0)
-                    .i32(h as i32)
-                    .i32(kk as i32)
-                    .f32(scale);
-            },
-        )
-        .map_err(e)?;
-        norm(next_w, hn2)
+        let (gu_name, dn_name) = if tc {
+            ("moe_gate_up_fp4_tc", "moe_down_fp4_tc")
+        } else {
+            ("moe_gate_up_fp4_warp", "moe_down_fp4_warp")
+        };
+        let gu = GateUp {
+            gate,
+            up,
+            x: if tc { xf } else { hn },
+            h: h as i32,
+            im: im as i32,
+            kk: kk as i32,
+            groups,
+            act,
+        };
+        moe::gate_up(d, &mut None, gu_name, Geom::new((gb, 1, 1), 128, 0), &gu).map_err(e)?;
+        let db = (kk * h / 8).div_ceil(4) as u32;
+        let dn = Down {
+            down,
+            act,
+            h: h as i32,
+            im: im as i32,
+            groups,
+            out,
+        };
+        moe::down(d, &mut None, dn_name, Geom::new((db, 1, 1), 128, 0), &dn).map_err(e)?;
+        let combine = moe::Combine {
+            x,
+            out,
+            wts,
+            shared: 0,
+            h: h as i32,
+            kk: kk as i32,
+            scale,
+        };
+        moe::combine(d, &mut None, 1, &combine, None).map_err(e)?;
+        rms(next_w, hn2)
     }
 
     fn free(&self) {
