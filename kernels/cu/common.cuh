@@ -440,7 +440,7 @@ __device__ __forceinline__ bool last_block_ticket(unsigned* c, int n) {
     return s_last != 0u;
 }
 
-// ---- split-KV merge helpers (attention.cu's merges, gemm.cu's linear_tc_bf16_tlndm) ----------
+// ---- split-KV merge helpers (attention/merge.cu's merges, gemm.cu's linear_tc_bf16_tlndm) -
 // Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
 // last position kend[m] - 1, limited by the window to keys with |p - key| < window.
 __device__ __forceinline__ int key_last(int p, const int* kend, int m, int window) {

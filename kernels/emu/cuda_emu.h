@@ -218,7 +218,7 @@ inline void emu_mma_bf16(float* c, unsigned a0, unsigned a1, unsigned a2, unsign
     });
 }
 // IEEE half <-> f32 on the host (round to nearest even, subnormals kept), for the f16 forms of
-// moe.cu's tensor-core expert dot (moe_tc): cvt.rn.f16.f32, cvt.f32.f16, mul.rn.f16x2.
+// moe/experts_tc.cu's tensor-core expert dot (moe_tc): cvt.rn.f16.f32, cvt.f32.f16, mul.rn.f16x2.
 inline float emu_h2f(unsigned short h) {
     unsigned s = h >> 15, e = (h >> 10) & 31u, m = h & 1023u;
     float v = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m + 1024), (int)e - 25);
@@ -240,7 +240,7 @@ inline unsigned short emu_f2h(float f) {
     }
     return sign | (unsigned short)(E << 10) | (unsigned short)(mi - 1024);
 }
-// f32.f16.f16.f32 (moe.cu's moe_tc forms).
+// f32.f16.f16.f32 (moe/experts_tc.cu's moe_tc forms).
 inline void emu_mma_f16(float* c, unsigned a0, unsigned a1, unsigned a2, unsigned a3, unsigned b0, unsigned b1) {
     emu_mma(c, a0, a1, a2, a3, b0, b1, emu_h2f);
 }

@@ -12,14 +12,25 @@ if [ -z "$out" ]; then
     trap 'rm -rf "$out"' EXIT
 fi
 mkdir -p "$out"
+# A module's files in program order, as kernels/src/lib.rs registers them (a test there checks
+# that the lists agree).
+files() {
+    case "$1" in
+    attention) echo attention/common.cuh attention/qk_rope.cu attention/decode.cu attention/merge.cu attention/prefill.cu attention/decode_tc.cu ;;
+    moe) echo moe/router.cu moe/experts.cu moe/experts_warp.cu moe/experts_tc.cu moe/decode_fused.cu ;;
+    *) echo "$1.cu" ;;
+    esac
+}
 # One translation unit: the shared helpers, then the modules whose kernels the tests launch.
 # `extern __shared__ T name[]` (dynamic shared memory) becomes `extern T name[]`: the test
 # defines those arrays, one copy per emulated block (process).
 {
     cat "$cu/common.cuh"
     for m in norm linear moe gemm attention sample; do
-        echo "#line 1 \"$m.cu\""
-        sed 's/extern __shared__ /extern /' "$cu/$m.cu"
+        for f in $(files "$m"); do
+            echo "#line 1 \"$f\""
+            sed 's/extern __shared__ /extern /' "$cu/$f"
+        done
     done
 } > "$out/kernels.inc"
 status=0

@@ -8,7 +8,10 @@
 //     forms on each row alone, bit for bit, and against float64; moe_gemm_gate_up_bf16 +
 //     silu_mul_split + moe_gemm_down_bf16 (long passes) against float64;
 //   * attention_decode_head at head_dim % 8 != 0 (BF16 and FP8 caches), and reading a staged
-//     pass's keys from the stage, against float64.
+//     pass's keys from the stage, against float64;
+//   * attention_prefill_flash[_qsmem] at head_dim % 16 != 0 (BF16 and FP8 caches, full and
+//     sliding window, staged), against float64, the two forms bit for bit;
+//   * ring_commit of K/V rows that are not a multiple of 8 bytes.
 // Aligned widths keep their own (unchanged) code paths: invariance.cpp and moe_gemm.cpp.
 // Built and run by kernels/emu/run.sh; exit status 0 = pass.
 #include "cuda_emu.h"
@@ -266,6 +269,128 @@ static bool head_attention(std::mt19937& rng, int hd, int window, bool staged) {
     return ok && close;
 }
 
+// attention_prefill_flash (Q in registers) and attention_prefill_flash_qsmem (Q in shared memory)
+// at head_dim % 16 != 0: a 100-row pass (query tiles of 64 and 36 rows) after 30 cached keys,
+// against float64 on the values the cache holds (BF16 or FP8 scaled), with a sink and the
+// per-head gate; the two forms bit for bit, and the o_proj input form (xs: BF16 hi / lo) the
+// split of the f32 output. Staged: the pass's keys are in the stage, their ring slots hold other
+// values.
+template <typename KV>
+static bool flash_prefill(std::mt19937& rng, int hd, int window, bool staged) {
+    std::normal_distribution<float> nd(0.f, 1.f);
+    constexpr bool fp8 = sizeof(KV) == 1;
+    const int nh = 6, nkv = 2, G = nh / nkv, ps = 16, max_pages = 16, P = 30, M = 100;
+    const int qw = nh * hd, kvw = nkv * hd, slots = max_pages * ps;
+    const float kscale = fp8 ? 0.5f : 1.f, vscale = fp8 ? 0.25f : 1.f;
+    KV* kc = emu_alloc<KV>((size_t)slots * kvw);
+    KV* vc = emu_alloc<KV>((size_t)slots * kvw);
+    int* bt = emu_alloc<int>(max_pages);
+    for (int i = 0; i < max_pages; i++) bt[i] = (i * 5 + 3) % max_pages;
+    auto slot = [&](int t) { return ((size_t)bt[t / ps] * ps + t % ps) * kvw; };
+    for (int t = 0; t < P + M; t++)
+        for (int i = 0; i < kvw; i++) {
+            float kv = nd(rng), vv = nd(rng);
+            kc[slot(t) + i] = fp8 ? (KV)emu_f2e4m3(kv) : (KV)f2bf(kv);
+            vc[slot(t) + i] = fp8 ? (KV)emu_f2e4m3(vv) : (KV)f2bf(vv);
+        }
+    const int ld = qw + nh;  // q | per-head gate
+    float* q = emu_alloc<float>((size_t)M * ld);
+    for (int i = 0; i < M * ld; i++) q[i] = nd(rng);
+    float* sink = emu_alloc<float>(nh);
+    for (int h = 0; h < nh; h++) sink[h] = 0.5f * nd(rng);
+    int *pos = emu_alloc<int>(M), *seqrow = emu_alloc<int>(M), *sfirst = emu_alloc<int>(M);
+    for (int r = 0; r < M; r++) pos[r] = P + r;
+    int* tiles = emu_alloc<int>(4);
+    const int tl[4] = {0, 64, 64, 36};
+    std::memcpy(tiles, tl, sizeof tl);
+    const float scale = (float)((1.0 / std::sqrt((double)hd)) * kscale);
+    std::vector<double> ref((size_t)M * qw);
+    for (int r = 0; r < M; r++) {
+        int p = pos[r], lo = window > 0 ? std::max(0, p + 1 - window) : 0;
+        for (int h = 0; h < nh; h++) {
+            double gate = std::log1p(std::exp((double)q[(size_t)r * ld + qw + h]));
+            ref_attention(q + (size_t)r * ld + h * hd, kc, vc, bt, ps, kvw, h / G, hd, lo, p, scale, sink[h], gate, vscale,
+                          ref.data() + (size_t)r * qw + h * hd);
+        }
+    }
+    KV *ks = nullptr, *vs = nullptr;
+    if (staged) {  // the pass's keys to the stage [M, nkv, hd]; their ring slots overwritten
+        ks = emu_alloc<KV>((size_t)M * kvw);
+        vs = emu_alloc<KV>((size_t)M * kvw);
+        for (int r = 0; r < M; r++)
+            for (int i = 0; i < kvw; i++) {
+                ks[(size_t)r * kvw + i] = kc[slot(P + r) + i];
+                vs[(size_t)r * kvw + i] = vc[slot(P + r) + i];
+                kc[slot(P + r) + i] = fp8 ? (KV)emu_f2e4m3(3.f) : (KV)f2bf(3.f);
+                vc[slot(P + r) + i] = fp8 ? (KV)emu_f2e4m3(-2.f) : (KV)f2bf(-2.f);
+            }
+    }
+    // v: 0 registers, 1 Q in shared memory, 2 registers with the BF16 hi / lo output.
+    std::vector<float*> outs;
+    bf16_t* xs = emu_alloc<bf16_t>((size_t)2 * M * qw);
+    bool ok = true;
+    for (int v = 0; v < 3; v++) {
+        float* out = emu_alloc<float>((size_t)M * qw);
+        bf16_t* x = v == 2 ? xs : nullptr;
+        ok &= emu_launch({2, (unsigned)nh, 1}, 128, [&] {
+#define PF_ARGS q, ld, out, qw, kc, vc, pos, seqrow, bt, max_pages, ps, nh, nkv, hd, window, sink, q + qw, ld, 1, scale, vscale, \
+                tiles, ks, vs, sfirst, x, M
+            if constexpr (fp8) {
+                if (v == 1) attention_prefill_flash_qsmem_fp8(PF_ARGS);
+                else attention_prefill_flash_fp8(PF_ARGS);
+            } else {
+                if (v == 1) attention_prefill_flash_qsmem(PF_ARGS);
+                else attention_prefill_flash(PF_ARGS);
+            }
+#undef PF_ARGS
+        });
+        outs.push_back(out);
+    }
+    double err = std::max(rel_err(outs[0], ref), rel_err(outs[1], ref));
+    bool same = std::memcmp(outs[0], outs[1], sizeof(float) * (size_t)M * qw) == 0;
+    bool split = true;
+    for (size_t i = 0; i < (size_t)M * qw; i++) {
+        float o = outs[0][i];
+        bf16_t hi = f2bf(o), lo = f2bf(o - bf2f(hi));
+        split &= xs[i] == hi && xs[(size_t)M * qw + i] == lo;
+    }
+    bool close = err < 2e-5;
+    std::printf("attention_prefill_flash[_qsmem]%s, head_dim %d, window %d%s: vs float64 %.1e %s; _qsmem = registers' form: "
+                "%s; BF16 hi / lo output = split of the f32 one: %s\n",
+                fp8 ? "_fp8" : "", hd, window, staged ? ", staged" : "", err, close ? "ok" : "TOO LARGE", same ? "yes" : "NO",
+                split ? "yes" : "NO");
+    return ok && close && same && split;
+}
+
+// ring_commit after a staged pass: a 20-row pass (positions 0..19) of one sequence into a ring of
+// 8 slots: the last 8 rows' K and V rows land in their slots (bt[p % 8]) byte for byte, the other
+// slots keep their bytes. rowb = nkv * hd * element size: 100 (BF16, one KV head of 50), 50 (FP8),
+// 36 (BF16, 18) and 96 (BF16, 2 x 24: the 8-byte form).
+static bool ring_commit_rows(std::mt19937& rng, int rowb) {
+    const int M = 20, ring = 8, slots = 16;
+    unsigned char *ks = emu_alloc<unsigned char>((size_t)M * rowb), *vs = emu_alloc<unsigned char>((size_t)M * rowb);
+    unsigned char *kc = emu_alloc<unsigned char>((size_t)slots * rowb), *vc = emu_alloc<unsigned char>((size_t)slots * rowb);
+    for (int i = 0; i < M * rowb; i++) ks[i] = (unsigned char)rng(), vs[i] = (unsigned char)rng();
+    for (int i = 0; i < slots * rowb; i++) kc[i] = vc[i] = 0xa5;
+    int *pos = emu_alloc<int>(M), *seqrow = emu_alloc<int>(M), *slast = emu_alloc<int>(M), *bt = emu_alloc<int>(ring);
+    for (int r = 0; r < M; r++) pos[r] = r, slast[r] = M - 1;
+    for (int i = 0; i < ring; i++) bt[i] = 8 + (i * 3) % ring;  // slots 8..15, scattered; 0..7 untouched
+    bool ok = emu_launch({(unsigned)M, 1, 1}, 64, [&] { ring_commit(ks, vs, pos, seqrow, slast, bt, ring, kc, vc, rowb); });
+    bool right = true;
+    for (int s = 0; s < slots; s++) {
+        int r = -1;  // the row whose K/V slot s must hold
+        for (int p = M - ring; p < M; p++)
+            if (bt[p % ring] == s) r = p;
+        for (int i = 0; i < rowb; i++) {
+            unsigned char ek = r < 0 ? 0xa5 : ks[(size_t)r * rowb + i], ev = r < 0 ? 0xa5 : vs[(size_t)r * rowb + i];
+            right &= kc[(size_t)s * rowb + i] == ek && vc[(size_t)s * rowb + i] == ev;
+        }
+    }
+    std::printf("ring_commit, %d-byte rows: the last %d of %d rows in their ring slots, the rest untouched: %s\n", rowb, ring, M,
+                right ? "yes" : "NO");
+    return ok && right;
+}
+
 int main() {
     emu_init(size_t(256) << 20);
     std::mt19937 rng(49);
@@ -277,6 +402,13 @@ int main() {
     ok &= head_attention<unsigned char>(rng, 18, 0, false);
     ok &= head_attention<unsigned short>(rng, 50, 40, true);
     ok &= head_attention<unsigned char>(rng, 24, 0, true);
+    ok &= flash_prefill<unsigned short>(rng, 50, 0, false);
+    ok &= flash_prefill<unsigned short>(rng, 20, 40, false);
+    ok &= flash_prefill<unsigned char>(rng, 18, 0, false);
+    ok &= flash_prefill<unsigned char>(rng, 50, 40, false);
+    ok &= flash_prefill<unsigned short>(rng, 24, 0, true);
+    ok &= flash_prefill<unsigned char>(rng, 50, 40, true);
+    for (int rowb : {100, 50, 36, 96}) ok &= ring_commit_rows(rng, rowb);
     std::printf(ok ? "width tails emulation: PASS\n" : "width tails emulation: FAIL\n");
     return ok ? 0 : 1;
 }

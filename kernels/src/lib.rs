@@ -1,6 +1,6 @@
-//! laguna-kernels: the CUDA C sources of every kernel (one `.cu` per concern, under `cu/`), a
-//! registry (module name → source, entry points) and a NVRTC → **cubin** compiler with an on-disk
-//! cache. NVRTC is loaded at run time (cudarc `dynamic-loading`): nothing CUDA is needed to build.
+//! laguna-kernels: the CUDA C sources of every kernel (under `cu/`: one `.cu` per family, or a
+//! folder of files for a large family), a registry (module name → source files, entry points) and
+//! a NVRTC → **cubin** compiler with an on-disk cache. NVRTC is loaded at run time (cudarc `dynamic-loading`): nothing CUDA is needed to build.
 //!
 //! Cache: `$XDG_CACHE_HOME/laguna/kernels/<arch>/<module>-<key>.cubin` (else `~/.cache/...`), where
 //! `key` hashes the source, the options, the arch and the NVRTC version. When NVRTC is absent at
@@ -13,18 +13,27 @@ pub mod audit;
 
 pub const COMMON: &str = include_str!("../cu/common.cuh");
 
-/// One compilation unit.
+/// One compilation unit: a kernel family, built as one NVRTC program from `common.cuh` and the
+/// family's files in order.
 #[derive(Debug, Clone, Copy)]
 pub struct KernelModule {
     pub name: &'static str,
-    pub source: &'static str,
+    /// (path under `kernels/cu/`, text) of each file, in program order.
+    pub parts: &'static [(&'static str, &'static str)],
     pub entries: &'static [&'static str],
+}
+
+/// `parts!["a.cu", "b.cu"]`: those files of `kernels/cu/`, embedded, as a module's `parts`.
+macro_rules! parts {
+    ($($path:literal),+ $(,)?) => {
+        &[$(($path, include_str!(concat!("../cu/", $path)))),+]
+    };
 }
 
 pub const MODULES: &[KernelModule] = &[
     KernelModule {
         name: "norm",
-        source: include_str!("../cu/norm.cu"),
+        parts: parts!["norm.cu"],
         entries: &[
             "embed_norm",
             "decode_advance",
@@ -36,7 +45,7 @@ pub const MODULES: &[KernelModule] = &[
     },
     KernelModule {
         name: "linear",
-        source: include_str!("../cu/linear.cu"),
+        parts: parts!["linear.cu"],
         entries: &[
             "linear_bf16_1",
             "linear_fp4_1",
@@ -50,7 +59,14 @@ pub const MODULES: &[KernelModule] = &[
     },
     KernelModule {
         name: "attention",
-        source: include_str!("../cu/attention.cu"),
+        parts: parts![
+            "attention/common.cuh",
+            "attention/qk_rope.cu",
+            "attention/decode.cu",
+            "attention/merge.cu",
+            "attention/prefill.cu",
+            "attention/decode_tc.cu",
+        ],
         entries: &[
             "qk_norm_rope_store",
             "qk_norm_rope_store_fp8",
@@ -78,7 +94,13 @@ pub const MODULES: &[KernelModule] = &[
     },
     KernelModule {
         name: "moe",
-        source: include_str!("../cu/moe.cu"),
+        parts: parts![
+            "moe/router.cu",
+            "moe/experts.cu",
+            "moe/experts_warp.cu",
+            "moe/experts_tc.cu",
+            "moe/decode_fused.cu",
+        ],
         entries: &[
             "router_topk",
             "moe_group",
@@ -107,7 +129,7 @@ pub const MODULES: &[KernelModule] = &[
     },
     KernelModule {
         name: "gemm",
-        source: include_str!("../cu/gemm.cu"),
+        parts: parts!["gemm.cu"],
         entries: &[
             "split_bf16",
             "gemm_bf16",
@@ -130,7 +152,7 @@ pub const MODULES: &[KernelModule] = &[
     },
     KernelModule {
         name: "sample",
-        source: include_str!("../cu/sample.cu"),
+        parts: parts!["sample.cu"],
         entries: &[
             "argmax_rows",
             "argmax_rows_split",
@@ -177,14 +199,19 @@ pub const NO_NVRTC_HELP: &str = "NVRTC (libnvrtc.so.13) was not found on the lib
     (scripts/ci-deps-cuda.sh prints the exact lines), or install the CUDA toolkit (apt install cuda-nvrtc-13-0) \
     and put /usr/local/cuda/lib64 on LD_LIBRARY_PATH.";
 
-/// Full text NVRTC sees for a module: the common header, then the module.
+/// Full text NVRTC sees for a module: the common header, then the module's files, each after a
+/// `#line` naming it (so NVRTC's messages and the line table point into the file).
 pub fn full_source(m: &KernelModule) -> String {
     let stamp = if stamp_build() {
         "#define LAGUNA_STAMP 1\n"
     } else {
         ""
     };
-    format!("{stamp}{}\n#line 1 \"{}.cu\"\n{}", COMMON, m.name, m.source)
+    let mut s = format!("{stamp}{COMMON}");
+    for (path, text) in m.parts {
+        s.push_str(&format!("\n#line 1 \"{path}\"\n{text}"));
+    }
+    s
 }
 
 /// `LAGUNA_STAMP` set (to anything but 0): every module is built with `LAGUNA_STAMP` defined (its
@@ -514,11 +541,38 @@ mod tests {
         for m in MODULES {
             for e in m.entries {
                 assert!(
-                    m.source.contains(&format!("void {e}(")),
+                    m.parts.iter().any(|(_, t)| t.contains(&format!("void {e}("))),
                     "{}: entry {e} not found",
                     m.name
                 );
             }
+        }
+    }
+
+    /// The CPU emulation (emu/run.sh) builds each module from the files NVRTC gets, in the same
+    /// order.
+    #[test]
+    fn emulation_builds_the_registered_files() {
+        let script = include_str!("../emu/run.sh");
+        for m in MODULES {
+            let files: Vec<&str> = m.parts.iter().map(|(p, _)| *p).collect();
+            if files == [format!("{}.cu", m.name)] {
+                assert!(!script.contains(&format!("    {}) echo", m.name)), "{}", m.name);
+            } else {
+                let line = format!("    {}) echo {} ;;", m.name, files.join(" "));
+                assert!(script.contains(&line), "emu/run.sh must list `{line}`");
+            }
+        }
+    }
+
+    /// Every kernel source file stays under 1,000 lines (a family past that is a folder).
+    #[test]
+    fn kernel_sources_stay_small() {
+        let mut files = vec![("common.cuh", COMMON)];
+        files.extend(MODULES.iter().flat_map(|m| m.parts.iter().copied()));
+        for (path, text) in files {
+            let n = text.lines().count();
+            assert!(n <= 1000, "kernels/cu/{path} has {n} lines; split it by concern");
         }
     }
 

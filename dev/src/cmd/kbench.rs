@@ -1888,7 +1888,7 @@ fn moe_phases(c: &MoeCase, vname: &'static str) -> Result<()> {
         .chunks(8)
         .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
         .collect();
-    // Stamps in time order (moe.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
+    // Stamps in time order (moe/decode_fused.cu): start, barrier 1 in / out, top-k done, barriers 2..4 in /
     // out, end (moe_decode_fused: "barrier 3" in / out both at the last block's down items done, no
     // grid barrier there).
     let order = [0usize, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9];

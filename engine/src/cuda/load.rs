@@ -964,7 +964,7 @@ impl ScratchDims {
                 * (hd + 2))?,
         };
         dev.htod(sc.gbar, &[0u8; 16]).map_err(cerr)?;
-        // moe_decode_fused's logits start unset (MK_UNSET in moe.cu); each launch leaves them so.
+        // moe_decode_fused's logits start unset (MK_UNSET in moe/router.cu); each launch leaves them so.
         dev.memset_d32(sc.rlog_mk, 0xFFFF_FFFF, e.max(1))
             .map_err(cerr)?;
         dev.htod(sc.amax_slot, &vec![0u8; 8 * lrows])
@@ -1017,7 +1017,7 @@ pub(super) fn log_load_peak(dev: &Dev, store: &WeightStore, what: &str) {
 }
 
 /// `moe_decode_fused`'s gate/up issue stagger (ns between consecutive warps of a block; kernel comment
-/// in moe.cu): 0.6 x the time the DRAM takes to deliver one item a block (four rows of codes and
+/// in moe/decode_fused.cu): 0.6 x the time the DRAM takes to deliver one item a block (four rows of codes and
 /// their scale bytes, grid blocks) at its peak bandwidth, 76 ns on the H200 (PERF.md run 185: 0 ->
 /// 60-120 ns took the step from 2.456 to 2.423-2.426 ms; 200 ns 2.440). 0 when the driver reports
 /// no memory clock.

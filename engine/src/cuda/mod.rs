@@ -430,7 +430,7 @@ pub fn split_grid(cap: usize, chunk: usize, window: usize, noncausal: bool) -> u
         cap
     }
 }
-/// Dynamic shared memory of `attention_decode_tc` / `_fp8` (ATC_SMEM in attention.cu: 4 warps x 2
+/// Dynamic shared memory of `attention_decode_tc` / `_fp8` (ATC_SMEM in attention/decode_tc.cu: 4 warps x 2
 /// stages x K and V rows of 16 keys, then Q's hi and lo rows, 16 each, at a stride of 136 BF16).
 pub(crate) const ATC_SMEM: u32 = atc_smem(2);
 /// `attention_decode_tc_qk` / `_fp8` (ATC_QK_SMEM): + the 4 warps' norm buffers.
@@ -441,7 +441,7 @@ pub(crate) const ATC_QK3_SMEM: u32 = atc_smem(3) + 4 * 128 * 4;
 const fn atc_smem(nst: u32) -> u32 {
     (4 * nst * 2 * 16 + 2 * 16) * 136 * 2
 }
-/// Dynamic shared memory of `attention_prefill_flash_qsmem` / `_fp8_q` (FA_QS_SMEM in attention.cu: Q hi
+/// Dynamic shared memory of `attention_prefill_flash_qsmem` / `_fp8_q` (FA_QS_SMEM in attention/prefill.cu: Q hi
 /// and lo, 64 rows of 136 BF16), on top of their 35 KB of static K / V tiles.
 pub(crate) const ATT_QS_SMEM: u32 = 2 * 64 * 136 * 2;
 /// Dynamic shared memory a kernel is launched with where it passes 48 KB (it opts in to it at

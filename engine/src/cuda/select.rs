@@ -67,9 +67,10 @@ pub mod attention {
         }
     }
 
-    /// Whether the flash prefill kernel takes the layer's heads.
+    /// Whether the flash prefill kernel takes the layer's heads: any even head_dim up to 128
+    /// (past a multiple of 16 it stages K/V by element pairs) and whole query groups.
     pub fn flash_takes(s: &Shape) -> bool {
-        s.hd % 16 == 0 && s.hd <= 128 && group(s) > 0
+        s.hd % 2 == 0 && s.hd <= 128 && group(s) > 0
     }
 
     /// The decode form and the q/k fusion of a split-KV job (a pass that does not run the flash
@@ -606,9 +607,13 @@ mod tests {
         let big = attention::Shape { hd: 256, ..full };
         assert_eq!(select_decode(&big).form, Form::Head);
         assert_eq!(decode_kernel(&big, select_decode(&big), 1, &H200).1, 256);
-        // head_dim 40 / 50: no flash prefill; a staged pass reads the stage in the head form.
+        // head_dim 40 / 50 / 18: the flash prefill; past 128 or odd: none (a staged pass of such
+        // heads reads the stage in the head form).
         let hd40 = attention::Shape { hd: 40, window: 64, solo: false, ..full };
-        assert!(!flash_takes(&hd40) && flash_takes(&swa));
+        assert!(flash_takes(&hd40) && flash_takes(&swa));
+        assert!(flash_takes(&attention::Shape { hd: 50, ..hd40 }));
+        assert!(flash_takes(&attention::Shape { hd: 18, ..hd40 }));
+        assert!(!flash_takes(&big) && !flash_takes(&attention::Shape { hd: 51, ..hd40 }));
         assert_eq!(select_decode(&hd40).form, Form::Gqa);
         let staged = attention::Shape { staged: true, ..hd40 };
         assert_eq!(select_decode(&staged).form, Form::Head);

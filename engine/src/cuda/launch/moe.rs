@@ -1,4 +1,4 @@
-//! MoE kernels (kernels/cu/moe/ and kernels/cu/gemm/moe.cu): router top-k and grouping, the
+//! MoE kernels (kernels/cu/moe/ and kernels/cu/gemm.cu): router top-k and grouping, the
 //! weight-streaming expert kernels, the grouped expert GEMMs, the combine, and the fused one-row
 //! decode launch.
 use super::{Geom, R};
