@@ -778,7 +778,7 @@ extern "C" __global__ void tile_bf16(const bf16_t* w, bf16_t* dst, int N, int K)
     *reinterpret_cast<uint4*>(o) = *reinterpret_cast<const uint4*>(a);
     *reinterpret_cast<uint4*>(o + 256) = *reinterpret_cast<const uint4*>(b);
 }
-// Diagnostic (laguna kbench): linear_tc_bf16's weight loads alone, the same grid, block, rounds
+// Diagnostic (laguna-dev kbench): linear_tc_bf16's weight loads alone, the same grid, block, rounds
 // of four K tiles a lane and (tiled 0) addresses: 64 bytes of each of 16 rows a warp load; with
 // tiled 1 each (16-row group, K tile) is read as one contiguous 1 KB piece (512 bytes a load), the
 // order a tile-interleaved weight layout would give. Words folded by XOR, nothing computed.

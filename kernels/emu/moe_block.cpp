@@ -83,7 +83,7 @@ static bool run(const Shape& sh, unsigned seed) {
         int* ids;
     };
     unsigned* bar = emu_alloc<unsigned>(4);
-    // Phase timestamps (what laguna kbench reads): start, barrier 0 in / out, top-k done,
+    // Phase timestamps (what laguna-dev kbench reads): start, barrier 0 in / out, top-k done,
     // barriers 1..3 in / out, end: in that order.
     const int stamp[] = {0, 1, 2, 10, 3, 4, 5, 6, 7, 8, 9};
     // The fused launch needs a router row pair a warp at most (the host's condition).

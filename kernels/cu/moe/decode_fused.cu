@@ -59,7 +59,7 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 // into sact (free until phase 3), the gate/up items write SiLU(gate) * up as the down's B
 // fragments into `act` (the same bytes as its f32 rows), which phase 3 stages as before. The
 // same per-row arithmetic as moe_tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
-// bits as those launches (kernels/emu, laguna kbench).
+// bits as those launches (kernels/emu, laguna-dev kbench).
 // DEP (moe_block_1nprtd, KernelSet moe_dep, off: within the noise in PERF.md run 219): a gate/up item's
 // first code word is XORed with (a zero the compilers cannot see: E >> 16, E <= 256) AND
 // (every other code and scale word of the item), so its first mma needs all of the item's loads
@@ -186,7 +186,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // trigger), so a dependent launch cannot take the resources of a block still to start.
     pdl_launch();
     STAMP();
-    // tp (laguna kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
+    // tp (laguna-dev kbench; 0 in the engine): [0] earliest block start, [2i+1] last arrival at
     // barrier i, [2i+2] last departure from it, [9] last block end, [10] top-k done in every
     // block (globaltimer ns).
     if (tp && threadIdx.x == 0) atomicMin(tp, emu_ns());
