@@ -20,6 +20,8 @@
 #             and dist/laguna, alternating twice: fingerprint, decode and TTFT rows of each
 #   kvrows    the DFlash k=6 step at 2K and 32K: does the verify's per-row K/V re-read reach DRAM?
 # Binaries may come gzipped (dist/NAME.gz, to stay under the carry limit): they are unpacked first.
+# The base for `ab`: `git worktree add /tmp/base COMMIT`, a release build there, its stripped `laguna` as
+# dist/base/laguna(.gz), and its cubins: `dist/base/laguna warmup --arch sm_90a --cache-dir dist/cache/laguna/kernels`.
 set -u
 OUT="${OUT:-/tmp/laguna-out}"
 mkdir -p "$OUT"
