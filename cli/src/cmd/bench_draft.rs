@@ -68,12 +68,7 @@ pub fn run(
     let req = GenerateRequest {
         prompt: prompt.to_vec(),
         max_tokens: gen,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: None,
-        },
+        sampling: SamplingParams::greedy(),
         ignore_eos: true,
         stop_token_ids: vec![],
     };

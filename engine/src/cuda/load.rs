@@ -97,15 +97,7 @@ impl<'a> Loader<'a> {
         match self.store.linear(prefix, out, inp)? {
             LinearSource::Dense(t) => {
                 let b = bf16_bytes_of(&t)?;
-                Ok(Lin {
-                    fp4: false,
-                    w: self.upload(&b)?,
-                    s: 0,
-                    inv_gs: 1.0,
-                    n: out,
-                    k: inp,
-                    t: 0,
-                })
+                Ok(Lin::bf16(self.upload(&b)?, out, inp))
             }
             LinearSource::Nvfp4 {
                 packed,
@@ -180,15 +172,7 @@ impl<'a> Loader<'a> {
             self.tick(b.len());
             off += b.len();
         }
-        Ok(Some(Lin {
-            fp4: false,
-            w,
-            s: 0,
-            inv_gs: 1.0,
-            n: total,
-            k: inp,
-            t: 0,
-        }))
+        Ok(Some(Lin::bf16(w, total, inp)))
     }
 
     /// Experts `{prefix}.{e}.{proj}` stacked into one buffer per part.
@@ -340,15 +324,7 @@ impl CudaModel {
         }
         let final_norm = ld.vec_f32("model.norm.weight", h)?;
         let lm_head = if cfg.tie_word_embeddings {
-            Lin {
-                fp4: false,
-                w: embed,
-                s: 0,
-                inv_gs: 1.0,
-                n: cfg.vocab_size,
-                k: h,
-                t: 0,
-            }
+            Lin::bf16(embed, cfg.vocab_size, h)
         } else {
             ld.lin("lm_head", cfg.vocab_size, h)?
         };
@@ -559,15 +535,7 @@ fn load_layer(
         parts.push((format!("{p}.self_attn.g_proj"), gw));
     }
     let qkvg = ld.lin_cat(&parts, h)?;
-    let dummy = |n: usize| Lin {
-        fp4: false,
-        w: 0,
-        s: 0,
-        inv_gs: 1.0,
-        n,
-        k: h,
-        t: 0,
-    };
+    let dummy = |n: usize| Lin::bf16(0, n, h);
     let (q, k, v, g) = if let Some(f) = &qkvg {
         *decode_bytes += lin_bytes(f);
         (

@@ -128,6 +128,22 @@ struct Lin {
     t: u64,
 }
 
+impl Lin {
+    /// A BF16 [n, k] matrix at `w` (0: a placeholder for a part of a concatenated projection),
+    /// without a tiled copy.
+    fn bf16(w: u64, n: usize, k: usize) -> Lin {
+        Lin {
+            fp4: false,
+            w,
+            s: 0,
+            inv_gs: 1.0,
+            n,
+            k,
+            t: 0,
+        }
+    }
+}
+
 /// A stack of per-expert matrices [E, n, k].
 #[derive(Debug, Clone, Copy)]
 struct Stack {

@@ -197,24 +197,8 @@ impl CudaDraft {
             let qkvg = ld.lin_cat(&parts, h)?.ok_or_else(|| {
                 EngineError::Other(format!("{p}.self_attn: the CUDA draft needs BF16/F16/F32 attention projections (NVFP4 found)"))
             })?;
-            kv.push(Lin {
-                fp4: false,
-                w: qkvg.w + (qw * h * 2) as u64,
-                s: 0,
-                inv_gs: 1.0,
-                n: 2 * kvw,
-                k: h,
-                t: 0,
-            });
-            let dummy = |n: usize| Lin {
-                fp4: false,
-                w: 0,
-                s: 0,
-                inv_gs: 1.0,
-                n,
-                k: h,
-                t: 0,
-            };
+            kv.push(Lin::bf16(qkvg.w + (qw * h * 2) as u64, 2 * kvw, h));
+            let dummy = |n: usize| Lin::bf16(0, n, h);
             let o = ld.lin(&format!("{p}.self_attn.o_proj"), h, qw)?;
             let mlp = ld.dense_mlp(&p, cfg.intermediate_size, h)?;
             step_bytes += lin_bytes(&qkvg) + lin_bytes(&o);
