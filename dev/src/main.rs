@@ -38,8 +38,7 @@ fn main() -> std::process::ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(p) = &cli.device_profile {
-        use laguna_engine::cuda::profile;
-        profile::set(profile::Profile::parse(p).map_err(anyhow::Error::msg)?);
+        laguna_engine::backend::set_device_profile(p)?;
     }
     match cli.command {
         Command::Synth(a) => cmd::synth::run(a),

@@ -139,6 +139,13 @@ pub enum Loaded {
     },
 }
 
+/// Run as the named device would (`--device-profile`, e.g. `gb10`: its SM count and shared-memory
+/// limits for every kernel choice); see `cuda::profile`.
+pub fn set_device_profile(name: &str) -> Result<()> {
+    cuda::profile::set(cuda::profile::Profile::parse(name).map_err(EngineError::Other)?);
+    Ok(())
+}
+
 /// Load `model_dir` (and `draft_dir`) onto `device`.
 pub fn load(
     device: Device,
