@@ -97,7 +97,7 @@ impl StepBytes {
     }
 
     /// [`StepBytes::dflash`] counted as `reads` says: `Reads::Launched` is what the CUDA step
-    /// (cuda/spec.rs: propose, verify, context) requests, with K/V once per row and the BF16
+    /// (cuda/draft/fused_step.rs: propose, verify, context) requests, with K/V once per row and the BF16
     /// weights once per 8 rows.
     pub fn dflash_reads(
         cfg: &LagunaConfig,
