@@ -31,8 +31,10 @@
 //!   own keys: a row at position p reads p + 1 positions of a full layer, min(p + 1, w) of a
 //!   sliding one, summed over the pass's rows instead of their union;
 //! * the tensor-core GEMV (BF16 Linears with K % 32 == 0: attention, dense MLPs, lm_head, the
-//!   draft's) reads its weights once per 8 rows (grid.y = ceil(rows / 8)); the SIMT GEMV (NVFP4
-//!   or K % 32 != 0, and the router) once for up to 8 rows, then once per 16;
+//!   draft's) requests its weights once per 8 rows (a block per weight tile and 8-row tile); the
+//!   SIMT GEMV (NVFP4 or K % 32 != 0, and the router) once for up to 8 rows, then once per 16.
+//!   A weight tile's row tiles are neighbours in the grid (`select::linear::gemv_grid`), so the
+//!   repeats come while the tile is in L2 and DRAM sees it about once;
 //! * the expert kernels group the rows' slots by expert and read each chosen expert once (the
 //!   union, as in the ideal); so does a shared expert folded into the expert stack (same shape
 //!   and storage as the routed ones), an unfolded one is three GEMVs.

@@ -424,17 +424,17 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wide(MOE_DN_
 // warps split the K tiles round-robin and their partial tiles are added in warp order. Every
 // output element's arithmetic depends only on (N, K), never on M or on the other rows: a row
 // decoded alone and the same row verified with k others are bit-identical.
-// grid (ceil(N / 16), ceil(M / 8)), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
-// A lane's weight fragments of linear_tc_bf16 for block blockIdx.x (16 rows from 16 blockIdx.x):
+// grid ceil(N / 16) x ceil(M / 8) (one dimension, the row tile fastest), block 32 * S (S = 2 .. 16). Needs K % 32 == 0.
+// A lane's weight fragments of linear_tc_bf16 for weight tile nb (16 rows from 16 nb):
 // the 16 bytes of rows g and g + 8 (g = lane / 4) at K 32 kt + 8 (lane % 4) of K tile kt, read
 // from the row-major matrix or (tl) from tile_bf16's tile-interleaved copy of it.
 struct TcTile {
     const bf16_t *wa, *wb, *wt;
-    __device__ __forceinline__ TcTile(const bf16_t* w, int N, int K, int lane) {
-        int n0 = blockIdx.x * 16, g = lane >> 2, t = lane & 3;
+    __device__ __forceinline__ TcTile(const bf16_t* w, int N, int K, int lane, int nb) {
+        int n0 = nb * 16, g = lane >> 2, t = lane & 3;
         wa = w + (size_t)min(n0 + g, N - 1) * K + 8 * t;
         wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
-        wt = w + (size_t)blockIdx.x * (K >> 5) * 512 + 8 * lane;
+        wt = w + (size_t)nb * (K >> 5) * 512 + 8 * lane;
     }
     // NA: the tile-interleaved loads skip L1 (ldg_w).
     template <bool NA = false>
@@ -535,8 +535,13 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    int n0 = blockIdx.x * 16, m0 = blockIdx.y * 8;
-    TcTile wtile(w, N, K, lane);
+    // A one-dimensional grid of ceil(N / 16) x ceil(M / 8) blocks, a weight tile's row tiles
+    // neighbours (row tile fastest): they run at the same time and the weights come from DRAM
+    // once, the other row tiles' loads hitting L2 (with the row tiles in grid.y a pass of more
+    // than 8 rows streamed a matrix larger than L2 from DRAM once per 8 rows).
+    int mt = (M + 7) >> 3, nb = (int)(blockIdx.x / mt);
+    int n0 = nb * 16, m0 = (int)(blockIdx.x % mt) * 8;
+    TcTile wtile(w, N, K, lane, nb);
     bool xv = m0 + g < M;
     const float* xr = x + (size_t)(xv ? m0 + g : 0) * ldx + 8 * t;
     float c[4] = {0.f, 0.f, 0.f, 0.f};
@@ -788,7 +793,7 @@ extern "C" __global__ void read_tc_pattern(const void* wv, int N, int K, unsigne
     int S = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int nk = K >> 5;
-    TcTile wtile(w, N, K, lane);
+    TcTile wtile(w, N, K, lane, blockIdx.x);
     unsigned acc = 0;
     for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
         uint4 A0[4], A1[4];

@@ -60,9 +60,12 @@ extern "C" __global__ void linear_fp4_1(const void* w, const u8* s, float inv_gs
 template <int FMT, int NR, int MR>
 __device__ void linear_m_impl(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy,
                               int M, int N, int K, int accumulate) {
-    int n0 = (blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
+    // A one-dimensional grid, a block's row tiles neighbours (row tile fastest), as
+    // linear_tc_bf16_t's: the weights come from DRAM once a pass whatever its rows.
+    int mt = (M + MR - 1) / MR;
+    int n0 = ((int)(blockIdx.x / mt) * (blockDim.x >> 5) + (threadIdx.x >> 5)) * NR;
     if (n0 >= N) return;
-    int m0 = blockIdx.y * MR;
+    int m0 = (int)(blockIdx.x % mt) * MR;
     int nr = min(MR, M - m0);
     if (nr <= 0) return;
     int lane = threadIdx.x & 31;

@@ -2,6 +2,7 @@
 // a DFlash verify pass (k + 1 rows) give the same bits as decoding each row alone, so greedy
 // output with the draft is token-identical to greedy output without it. For random inputs:
 //   * linear_{bf16,fp4}_m8 over 7 rows = linear_{bf16,fp4}_1 on each row alone;
+//   * passes of several row tiles (29 rows: linear_*_m16, linear_tc_bf16[_tiled]) = each row alone;
 //   * moe_{gate_up,down}_fp4_warp over 7 rows (57-ish experts, grouped, an expert shared by
 //     several rows read once) = the same kernels on each row alone (direct grouping);
 //   * moe_*_fp4_warp = moe_*_fp4_grouped on the same 7 rows;
@@ -81,6 +82,60 @@ int main() {
                         eq ? "yes" : "NO");
             ok &= eq;
         }
+    }
+
+    // ---- passes of several row tiles (batched decode, a verify at k >= 8 or of several sequences) ----
+    // The GEMVs' one-dimensional grids (a weight tile's row tiles neighbours): linear_{bf16,fp4}_m16
+    // over 29 rows (2 row tiles) = _1 on each row; linear_tc_bf16 and _tiled over 29 rows (4 row
+    // tiles of 8) = each row alone.
+    {
+        const int N = 40, K = 256, MT = 29;
+        float* x = emu_alloc<float>((size_t)MT * K);
+        for (int i = 0; i < MT * K; i++) x[i] = nd(rng);
+        unsigned short* wb = emu_alloc<unsigned short>((size_t)N * K);
+        for (int i = 0; i < N * K; i++) wb[i] = f2bf(0.05f * nd(rng));
+        Fp4Stack wf = make_fp4_stack(rng, 1, N, K);
+        const unsigned n16 = (unsigned)ceil_div(N, 16);
+        bool eq = true;
+        for (int fmt = 0; fmt < 2; fmt++) {
+            const void* w = fmt ? (const void*)wf.w : (const void*)wb;
+            const unsigned char* s = fmt ? wf.s : nullptr;
+            float inv = fmt ? wf.inv[0] : 1.f;
+            float* ym = emu_alloc<float>((size_t)MT * N);
+            float* y1 = emu_alloc<float>((size_t)MT * N);
+            ok &= emu_launch({n16 * (unsigned)ceil_div(MT, 16), 1, 1}, 256, [&] {
+                if (fmt) linear_fp4_m16(w, s, inv, x, K, ym, N, MT, N, K, 0);
+                else linear_bf16_m16(w, s, inv, x, K, ym, N, MT, N, K, 0);
+            });
+            for (int r = 0; r < MT; r++)
+                ok &= emu_launch({n16, 1, 1}, 256, [&] {
+                    if (fmt) linear_fp4_1(w, s, inv, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0);
+                    else linear_bf16_1(w, s, inv, x + (size_t)r * K, K, y1 + (size_t)r * N, N, 1, N, K, 0);
+                });
+            eq &= same_bits(fmt ? "linear_fp4_m16 (2 row tiles) vs _1" : "linear_bf16_m16 (2 row tiles) vs _1", ym, y1,
+                            (size_t)MT * N);
+        }
+        unsigned short* wt = emu_alloc<unsigned short>((size_t)n16 * 16 * K);
+        ok &= emu_launch({n16, (unsigned)(K / 32), 1}, 32, [&] { tile_bf16(wb, wt, N, K); });
+        for (int S : {4, 16})
+            for (int tl = 0; tl < 2; tl++) {
+                auto gemv = [&](const float* xa, float* y, int rows) {
+                    return emu_launch({n16 * (unsigned)ceil_div(rows, 8), 1, 1}, 32 * S, [&] {
+                        if (tl) linear_tc_bf16_tiled(wt, nullptr, 1.f, xa, K, y, N, rows, N, K, 0);
+                        else linear_tc_bf16(wb, nullptr, 1.f, xa, K, y, N, rows, N, K, 0);
+                    });
+                };
+                float* ym = emu_alloc<float>((size_t)MT * N);
+                float* y1 = emu_alloc<float>((size_t)MT * N);
+                ok &= gemv(x, ym, MT);
+                for (int r = 0; r < MT; r++) ok &= gemv(x + (size_t)r * K, y1 + (size_t)r * N, 1);
+                eq &= same_bits(tl ? "linear_tc_bf16_tiled (4 row tiles) vs 1 row" : "linear_tc_bf16 (4 row tiles) vs 1 row", ym, y1,
+                                (size_t)MT * N);
+            }
+        std::printf("%d rows in one grid of row tiles (linear_{bf16,fp4}_m16, linear_tc_bf16[_tiled] at 4 and 16 warps) = each "
+                    "row alone: %s\n",
+                    MT, eq ? "yes" : "NO");
+        ok &= eq;
     }
 
     // ---- tensor-core GEMV (decode / verify BF16 Linears) and the prefill GEMMs ----

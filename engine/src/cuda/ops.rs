@@ -165,7 +165,7 @@ impl CudaModel {
         }
         if tag != "router" && self.tc_takes(l, m) {
             let (name, w, warps) = self.tc_gemv(l, m);
-            let grid = (ceil_div(l.n, 16) as u32, ceil_div(m, 8) as u32, 1);
+            let grid = select::linear::gemv_grid(l.n, m);
             let a = lin_args(l, w, x, ldx, y, ldy, m, acc);
             return ll::linear(d, prof, name, Geom::new(grid, 32 * warps, 0), &a).map_err(cerr);
         }
@@ -209,7 +209,7 @@ impl CudaModel {
         }
         if let Some(f) = fused {
             let (name, w, warps) = self.tc_gemv(gate, m);
-            let grid = (ceil_div(f.n, 16) as u32, ceil_div(m, 8) as u32, 1);
+            let grid = select::linear::gemv_grid(f.n, m);
             let a = lin_args(f, w, sc.hn, h, sc.gu, 2 * i, m, false);
             ll::linear(&self.dev, prof, name, Geom::new(grid, 32 * warps, 0), &a).map_err(cerr)?;
         } else {
@@ -278,7 +278,7 @@ impl CudaModel {
             .filter(|&(name, _, _)| name == "linear_tc_bf16_tiled");
         if let Some((_, w, warps)) = tc {
             let v = self.cfg.vocab_size;
-            let grid = (ceil_div(l.n, 16) as u32, ceil_div(n, 8) as u32, 1);
+            let grid = select::linear::gemv_grid(l.n, n);
             let a = lin_args(l, w, sc.hsel, h, sc.logits, v, n, false);
             let g = Geom::new(grid, 32 * warps, 0);
             ll::linear_argmax(&self.dev, prof, g, &a, sc.amax_slot).map_err(cerr)?;

@@ -269,9 +269,18 @@ pub mod linear {
         if one {
             (name, (n16, 1, 1), (s.k * 4) as u32)
         } else {
-            let gy = if s.m <= 8 { 1 } else { s.m.div_ceil(16) as u32 };
-            (name, (n16, gy, 1), 0)
+            // One dimension, a block's row tiles neighbours (see `gemv_grid`).
+            let tiles = if s.m <= 8 { 1 } else { s.m.div_ceil(16) as u32 };
+            (name, (n16 * tiles, 1, 1), 0)
         }
+    }
+
+    /// The tensor-core GEMV's grid for N outputs and M rows: ceil(N / 16) x ceil(M / 8) blocks in
+    /// one dimension, a weight tile's row tiles neighbours, so they run together and a pass of more
+    /// than 8 rows (batched decode, a DFlash verify at k >= 8 or of several sequences) reads the
+    /// weights from DRAM once, not once per 8 rows.
+    pub fn gemv_grid(n: usize, m: usize) -> (u32, u32, u32) {
+        ((n.div_ceil(16) * m.div_ceil(8)) as u32, 1, 1)
     }
 
     /// How a long pass's Linear runs.
