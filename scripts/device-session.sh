@@ -19,6 +19,7 @@
 #   ab        the same bench with dist/base/laguna (BASE, e.g. a build of the commit before a refactor)
 #             and dist/laguna, alternating twice: fingerprint, decode and TTFT rows of each
 #   kvrows    the DFlash k=6 step at 2K and 32K: does the verify's per-row K/V re-read reach DRAM?
+#   rows      DFlash steps at k = 7, 8, 12 with dist/base/laguna and dist/laguna (the GEMV's row tiles)
 # Binaries may come gzipped (dist/NAME.gz, to stay under the carry limit): they are unpacked first.
 # The base for `ab`: `git worktree add /tmp/base COMMIT`, a release build there, its stripped `laguna` as
 # dist/base/laguna(.gz), and its cubins: `dist/base/laguna warmup --arch sm_90a --cache-dir dist/cache/laguna/kernels`.
@@ -107,6 +108,15 @@ for s in ${STEPS:-fixtures prefix grammar oracle bench}; do
                 run ab-$b-$i 90 "$bin" bench --model "$M" --prompt-len 2048 --gen 64 --runs 3
                 echo "  $b $i:"; grep -E '^\| (decode|TTFT|greedy)|fnv|fingerprint' "$OUT/ab-$b-$i.log" | head -6
             done
+        done ;;
+    rows)
+        # The GEMV grids (row tiles side by side): DFlash steps of 8 (one row tile), 9 and 13 rows
+        # with dist/base/laguna (row tiles in grid.y) and dist/laguna, alternating.
+        wait $SY
+        for b in base main; do
+            bin=$A; [ $b = base ] && bin=$BASE
+            run rows-$b 120 "$bin" bench --model "$M" --draft "$D" --sweep-k 7,8,12 --prompt-len 2048 --gen 64 --runs 1
+            echo "  $b:"; grep -E '^\| [0-9]+ \|' "$OUT/rows-$b.log" | tail -6
         done ;;
     kvrows)
         wait $SY
