@@ -311,7 +311,7 @@ pub mod moe {
     }
 
     /// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
-    /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
+    /// as moe_*_fp4_warp keep resident, with 132 barrier arrivals on the H200 instead of 660.
     pub const MK_BLOCK: u32 = 640;
 
     /// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
