@@ -14,7 +14,8 @@ named by the template's arguments and parameter types, which a deleted parameter
 A kernel that differs is compiled again on both sides (--tries times in all): NVRTC's PTX of a
 few kernels varies from one compilation of the same source to the next. Prints one line per
 (arch, module, kernel) that differs or needed recompiling; exits 1 if a kernel differs in every
-form seen or exists at only one commit.
+form seen or exists at only one commit (an entry deleted whose PTX is another entry's at HEAD,
+names aside, counts as a duplicate removed).
 """
 import argparse
 import ctypes
@@ -124,32 +125,36 @@ def split(text):
 
 
 def canon(syms, entry):
-    """The entry and everything it reaches, with module symbols renamed by first use."""
-    names, order, out = {}, [], []
+    """The entry's code, then the declarations of everything it reaches (sorted), with module
+    symbols and mangled names renamed by first use in the code. A `__shared__` array that only
+    one kernel uses is declared inside its body ("demoted"), one that several use at module
+    scope: the declarations are taken out of the body so both compare alike."""
     ident = re.compile(r"[A-Za-z_$][\w$]*")
+    decl = re.compile(r"\s*(?:\.extern\s+)?\.shared\s")
+    lines = syms[entry].split("\n")
+    code = [ln for ln in lines if not decl.match(ln)]
+    inner = {}
+    for ln in lines:
+        if decl.match(ln):
+            m = DECL.match(ln)
+            inner[m.group(1) if m else ln] = ln.strip()
+    names, order = {entry: entry}, []
 
-    def visit(sym):
-        if sym in names:
-            return
-        names[sym] = f"S{len(names)}"
-        if sym not in syms:  # a mangled name declared in a body (a demoted __shared__ array)
-            return
-        order.append(sym)
-        for t in ident.findall(syms[sym]):
-            if (t in syms or t.startswith("_Z")) and t != sym:
-                visit(t)
+    def visit(text):
+        for t in ident.findall(text):
+            if t != entry and t not in names and (t in syms or t in inner or t.startswith("_Z")):
+                names[t] = f"S{len(names)}"
+                order.append(t)
+                if t in syms:
+                    visit(syms[t])
 
-    names[entry] = entry
-    order.append(entry)
-    for t in ident.findall(syms[entry]):
-        if (t in syms or t.startswith("_Z")) and t != entry:
-            visit(t)
-    for sym in order:
-        body = ident.sub(lambda m: names.get(m.group(0), m.group(0)), syms[sym])
-        body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
-        body = re.sub(r"__local_depot\d+", "__local_depot", body)
-        out.append(body)
-    return "\n".join(out)
+    visit("\n".join(code))
+    rename = lambda text: ident.sub(lambda m: names.get(m.group(0), m.group(0)), text)
+    out = [rename("\n".join(code))]
+    out += sorted(rename(inner[t] if t in inner else syms[t].strip()) for t in order if t in inner or t in syms)
+    body = "\n".join(out)
+    body = re.sub(r"\$L__BB\d+_", "$L__BB_", body)
+    return re.sub(r"__local_depot\d+", "__local_depot", body)
 
 
 def main():
@@ -185,7 +190,7 @@ def main():
         syms, entries = split(text)
         return {e: canon(syms, e) for e in entries}
 
-    bad = same = retried = 0
+    bad = same = retried = merged = 0
     for arch in a.arch.split(","):
         mods = {rev: dict(regs[rev][0]) for rev in revs}
         for name in sorted(set(mods[a.base]) | set(mods[a.head])):
@@ -202,8 +207,18 @@ def main():
                         with open(os.path.join(d, f"{name}.{e}.ptx"), "w") as f:
                             f.write(t + "\n")
             b, h = got[a.base], got[a.head]
-            for e in sorted(set(b) - set(h)) + sorted(set(h) - set(b)):
-                print(f"{arch} {name} {e}: only at {'base' if e in b else 'head'}")
+            # An entry deleted as a duplicate: its PTX is another entry's at HEAD (names aside).
+            anon = lambda t, e: re.sub(rf"\b{e}(_param_\d+)?\b", lambda m: "ENTRY" + (m.group(1) or ""), t)
+            for e in sorted(set(b) - set(h)):
+                twin = [f for f in sorted(h) if anon(h[f], f) == anon(b[e], e)]
+                if twin:
+                    merged += 1
+                    print(f"{arch} {name} {e}: deleted; its PTX is {twin[0]}'s")
+                else:
+                    print(f"{arch} {name} {e}: only at base")
+                    bad += 1
+            for e in sorted(set(h) - set(b)):
+                print(f"{arch} {name} {e}: only at head")
                 bad += 1
             # NVRTC's PTX of some kernels varies from one compilation of the same source to the
             # next (linear_bf16_1 on sm_90a: the order of a few address computations): a kernel
@@ -227,7 +242,8 @@ def main():
                     print(f"{arch} {name} {e}: PTX differs ({len(seen[e][0])} / {len(seen[e][1])} forms seen)")
                     bad += 1
             same += sum(1 for e in b if e in h) - sum(1 for e in seen if not (seen[e][0] & seen[e][1]))
-    print(f"{same} kernel PTX identical ({retried} after recompiling), {bad} differ or missing")
+    print(f"{same} kernel PTX identical ({retried} after recompiling), {merged} deleted as duplicates, "
+          f"{bad} differ or missing")
     sys.exit(1 if bad else 0)
 
 
