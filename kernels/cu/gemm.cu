@@ -324,12 +324,6 @@ __device__ void gemm_dense(const void* w, const u8* s, float inv_gs, const bf16_
 extern "C" __global__ __launch_bounds__(128) void gemm_bf16(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
-extern "C" __global__ __launch_bounds__(128) void gemm_bf16_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
-extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
 extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
