@@ -661,7 +661,10 @@ mod tests {
             "linear_tc_bf16"
         );
         assert_eq!(linear::gemm(false, true), linear::Gemm::Cublas);
-        assert_eq!(linear::gemm(false, false), linear::Gemm::Kernel("gemm_bf16"));
+        assert_eq!(
+            linear::gemm(false, false),
+            linear::Gemm::Kernel("gemm_bf16")
+        );
         assert_eq!(linear::gemm(true, true), linear::Gemm::Kernel("gemm_fp4"));
         let xs = moe::Shape {
             h: 2048,
