@@ -3,14 +3,14 @@
 
 // ---- moe_decode_fused[_tc] (one row, decode): a layer's whole MoE half in one launch ----------
 // Post-attention RMSNorm, router GEMV, top-k, expert gate/up + SiLU, down, the combine into the
-// residual and (next_w set) the next layer's input RMSNorm, as one persistent grid with two (or
-// three) grid-wide barriers instead of seven launches (rmsnorm, linear_bf16_1, router_topk,
-// moe_gate_up_fp4_warp, moe_down_fp4_warp, moe_combine, rmsnorm). Every value is computed with the
-// arithmetic of those kernels, in the same order, so the results are the same bits: the norm
-// reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever this block's size, the
-// router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by every block on the
-// shared logits), and gate/up / down are moe_*_fp4_warp's items (the same sp_*_load / sp_*_slot
-// helpers; _tc: moe_*_fp4_tc's).
+// residual and (next_w set) the next layer's input RMSNorm, as one persistent grid with one
+// grid-wide barrier (two with next_w) instead of six (seven) launches (rmsnorm, linear_bf16_1,
+// router_topk, moe_gate_up_fp4_warp, moe_down_fp4_warp, moe_combine, rmsnorm). Every value is
+// computed with the arithmetic of those kernels, in the same order, so the results are the same
+// bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever this
+// block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
+// every block on the shared logits), and gate/up / down are moe_*_fp4_warp's items (the same
+// sp_*_load / sp_*_slot helpers; _tc: moe_*_fp4_tc's).
 // The host launches one block of 640 threads an SM so that every block is resident (grid_sync
 // spins; a barrier that waits over 2 s traps instead of hanging), and
 // launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
