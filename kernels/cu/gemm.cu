@@ -15,8 +15,6 @@
 #define GK 64
 #define GLD 72  // shared row stride in bf16 (144 bytes: 16-byte aligned, conflict-free fragments)
 
-__device__ __forceinline__ u32 pack_bf2(float lo, float hi) { return bf2_pack(lo, hi); }
-
 // x (f32 [M, K], row stride ldx) -> hi = bf16(x), lo = bf16(x - hi), both [M, K] (lo at hi + M*K;
 // not written when lo == 0: the consumer reads the hi half alone). grid (ceil(K/256), M), block 256.
 extern "C" __global__ void split_bf16(const float* x, int ldx, int M, int K, bf16_t* hi, int lo) { PDL_ENTRY();
@@ -72,14 +70,14 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
 
 // Rows of the tile: arow[r] (row of X, -1 = none) and yrow[r] (row of Y) are set by the caller in
 // shared memory. Outputs n < N1 come from (w1, s1, sc1), n >= N1 from (w2, s2, sc2) at n - N1.
-// SPLIT (default on): X is carried as hi + lo BF16 pairs (two mma per fragment), ~16 significant
-// bits, so results stay within f32-kernel error of the reference: with X rounded to BF16 alone the
-// residual stream drifts enough to flip near-tied router top-k picks on the fixtures.
+// X is carried as hi + lo BF16 pairs (two mma per fragment), ~16 significant bits, so results
+// stay within f32-kernel error of the reference: with X rounded to BF16 alone the residual stream
+// drifts enough to flip near-tied router top-k picks on the fixtures.
 // TN: outputs per tile (64, or 128 for NVFP4 weights: each warp 32 x 64, so an A fragment pair
 // feeds twice the mma and the block decodes each weight once per 64 rows with half the A traffic).
 // SKIP: a warp whose 32 tile rows are all padding (rows fill a tile from the top: the short last
-// tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks;
-// SKIP 2 also drops the second 16-row block of a warp when it is all padding (16-row granularity).
+// tile of an expert group) skips its fragments and mma, leaving the issue slots to other blocks,
+// and a warp whose second 16-row block is all padding runs the mma of its first alone.
 // SILU (gate/up): a tile's TN columns are TN / 2 intermediate indices i0 = n0 / 2 .., each warp's
 // TN / 2 columns gate of TN / 4 of them then up of the same TN / 4, so the epilogue has gate and up of
 // (row, i) in one thread: it writes silu(gate) * up as the BF16 hi / lo split the down GEMM reads
@@ -101,15 +99,13 @@ __device__ __forceinline__ void mma_bf16(float* c, u32 a0, u32 a1, u32 a2, u32 a
         _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                             \
             _Pragma("unroll") for (int ni = 0; ni < NI; ni++)                                                         \
                 mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);                  \
-        if (SPLIT) {                                                                                                  \
-            _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                         \
-                ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Alb[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]); \
-            _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                         \
-                _Pragma("unroll") for (int ni = 0; ni < NI; ni++)                                                     \
-                    mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);              \
-        }                                                                                                             \
+        _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                             \
+            ldsm_x4(a[mi][0], a[mi][1], a[mi][2], a[mi][3], &Alb[(wm * 32 + mi * 16 + arow_l) * GLD + kk + acol_l]);  \
+        _Pragma("unroll") for (int mi = 0; mi < MI; mi++)                                                             \
+            _Pragma("unroll") for (int ni = 0; ni < NI; ni++)                                                         \
+                mma_bf16(acc[mi][ni], a[mi][0], a[mi][1], a[mi][2], a[mi][3], bb[ni][0], bb[ni][1]);                  \
     }
-template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0, int SILU = 0>
+template <int FMT, int TN = GN, bool SKIP = false, bool SILU = false>
 __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, const u8* s2, float sc2, int N1, int N,
                           int K, const bf16_t* X, size_t xlo, int ldx, const int* arow, const int* yrow, float* Y, int ldy,
                           int accumulate, int n0, size_t olo = 0) {
@@ -120,7 +116,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
     // k computes, when they fit the 48 KB of static shared memory with B (TN 64); else one.
     constexpr int NB = TN == 64 ? 2 : 1;
     __shared__ __align__(16) bf16_t As_s[NB][GM * GLD];
-    __shared__ __align__(16) bf16_t Al_s[SPLIT ? NB : 1][SPLIT ? GM * GLD : 8];
+    __shared__ __align__(16) bf16_t Al_s[NB][GM * GLD];
     __shared__ __align__(16) bf16_t Bs[TN * GLD];
     bf16_t* const As = &As_s[0][0];
     bf16_t* const Al = &Al_s[0][0];
@@ -178,12 +174,12 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
                 for (int e = 0; e < 8; e++) {
                     bool in = ok && k0 + c + e < K;
                     ah[e] = in ? X[off + e] : (bf16_t)0;
-                    if (SPLIT) al[e] = in ? XL[off + e] : (bf16_t)0;
+                    al[e] = in ? XL[off + e] : (bf16_t)0;
                 }
                 continue;
             }
             cp_async16(&As[buf * GM * GLD + r * GLD + c], X + off, ok ? 16u : 0u);
-            if (SPLIT) cp_async16(&Al[buf * GM * GLD + r * GLD + c], XL + off, ok ? 16u : 0u);
+            cp_async16(&Al[buf * GM * GLD + r * GLD + c], XL + off, ok ? 16u : 0u);
         }
         cp_async_commit();
     };
@@ -250,8 +246,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         }
     };
     const bool wact = !SKIP || arow[wm * 32] >= 0;
-    // SKIP 2: a warp whose second 16-row block is all padding runs the mma of the first alone.
-    const bool wact1 = SKIP < 2 || arow[wm * 32 + 16] >= 0;
+    const bool wact1 = !SKIP || arow[wm * 32 + 16] >= 0;
     aload(0, 0);
     gload(0);
     for (int k0 = 0, it = 0; k0 < K; k0 += GK, it++) {
@@ -269,7 +264,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         const bf16_t* Ab = As + buf * GM * GLD;
         const bf16_t* Alb = Al + buf * GM * GLD;
         if (wact) {
-            if (SKIP >= 2 && !wact1) { GEMM_KSTEP(1) }
+            if (SKIP && !wact1) { GEMM_KSTEP(1) }
             else { GEMM_KSTEP(2) }
         }
         __syncthreads();
@@ -312,7 +307,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
 }
 
 // Dense Linear over M rows. grid (ceil(N/64), ceil(M/64)), block 128.
-template <int FMT, int SPLIT = 1>
+template <int FMT>
 __device__ void gemm_dense(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M,
                            int N, int K, int accumulate) {
     __shared__ int arow[GM], yrow[GM];
@@ -324,16 +319,10 @@ __device__ void gemm_dense(const void* w, const u8* s, float inv_gs, const bf16_
     }
     __syncthreads();
     const u8* wb = reinterpret_cast<const u8*>(w);
-    gemm_tile<FMT, SPLIT>(wb, s, inv_gs, wb, s, inv_gs, N, N, K, x, (size_t)M * K, K, arow, yrow, y, ldy, accumulate, blockIdx.x * GN);
+    gemm_tile<FMT>(wb, s, inv_gs, wb, s, inv_gs, N, N, K, x, (size_t)M * K, K, arow, yrow, y, ldy, accumulate, blockIdx.x * GN);
 }
 extern "C" __global__ __launch_bounds__(128) void gemm_bf16(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<0>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
-extern "C" __global__ __launch_bounds__(128) void gemm_bf16_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<0, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
-}
-extern "C" __global__ __launch_bounds__(128) void gemm_fp4_x2(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
-    gemm_dense<1, 1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
 }
 extern "C" __global__ __launch_bounds__(128) void gemm_fp4(const void* w, const u8* s, float inv_gs, const bf16_t* x, int ldx, float* y, int ldy, int M, int N, int K, int acc) { PDL_ENTRY();
     gemm_dense<1>(w, s, inv_gs, x, ldx, y, ldy, M, N, K, acc);
@@ -359,7 +348,7 @@ __device__ bool moe_tile_rows(const int* grp_start, const int* grp_count, const 
     *g_out = g;
     return true;
 }
-template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0, int SILU = 0>
+template <int FMT, int TN = GN, bool SKIP = false, bool SILU = false>
 __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* grp_expert,
                                  const int* grp_start, const int* grp_count, const int* perm, const int* meta,
@@ -375,9 +364,9 @@ __device__ void moe_gemm_gate_up(const void* gw, const u8* gs, const float* ginv
     const u8* gse = FMT == 1 ? gs + e * sstride : nullptr;
     const u8* use = FMT == 1 ? us + e * sstride : nullptr;
     float gi = FMT == 1 ? ginv[e] : 1.f, ui = FMT == 1 ? uinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT, TN, SKIP, SILU>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN, olo);
+    gemm_tile<FMT, TN, SKIP, SILU>(gwe, gse, gi, uwe, use, ui, I, 2 * I, H, x, xlo, H, arow, yrow, gu, 2 * I, 0, blockIdx.x * TN, olo);
 }
-template <int FMT, int SPLIT = 1, int TN = GN, int SKIP = 0>
+template <int FMT, int TN = GN, bool SKIP = false>
 __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I,
                               const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                               const int* meta, const int* tiles, float* out) {
@@ -389,7 +378,7 @@ __device__ void moe_gemm_down(const void* dw, const u8* ds, const float* dinv, c
     const u8* dwe = reinterpret_cast<const u8*>(dw) + e * wstride;
     const u8* dse = FMT == 1 ? ds + e * (size_t)H * (I / 16) : nullptr;
     float di = FMT == 1 ? dinv[e] : 1.f;
-    gemm_tile<FMT, SPLIT, TN, SKIP>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * TN);
+    gemm_tile<FMT, TN, SKIP>(dwe, dse, di, dwe, dse, di, H, H, I, act, xlo, I, arow, yrow, out, H, 0, blockIdx.x * TN);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_gemm_gate_up_bf16(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                                  const float* uinv, const bf16_t* x, size_t xlo, int H, int I, int KK, const int* ge,
@@ -409,11 +398,12 @@ extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_bf16(const void*
 #define MOE_DN_PARAMS const void* dw, const u8* ds, const float* dinv, const bf16_t* act, size_t xlo, int H, int I, \
     const int* ge, const int* gst, const int* gc, const int* perm, const int* meta, const int* tiles, float* out
 #define MOE_DN_ARGS dw, ds, dinv, act, xlo, H, I, ge, gst, gc, perm, meta, tiles, out
-// _ks16 / _wk16: padding skipped at 16-row granularity (KernelSet moe_skip16).
+// The NVFP4 expert GEMMs: padding skipped (SKIP), gate/up with the SiLU epilogue, down with
+// 128-wide tiles.
 extern "C" __global__ __launch_bounds__(128, 4) void moe_gemm_gate_up_fp4_silu(MOE_GU_PARAMS, size_t olo) { PDL_ENTRY();
-    moe_gemm_gate_up<1, 1, 64, 2, 1>(MOE_GU_ARGS, olo);
+    moe_gemm_gate_up<1, 64, true, true>(MOE_GU_ARGS, olo);
 }
-extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wide(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 1, 128, 2>(MOE_DN_ARGS); }
+extern "C" __global__ __launch_bounds__(128) void moe_gemm_down_fp4_wide(MOE_DN_PARAMS) { PDL_ENTRY(); moe_gemm_down<1, 128, true>(MOE_DN_ARGS); }
 
 // Tensor-core GEMV for the weight-streaming regime (decode steps and DFlash propose/verify, any
 // pass below gemm_min_rows): y[m, n] (+)= sum_k W[n, k] x[m, k], W BF16 [N, K], x f32 split into
@@ -436,7 +426,7 @@ struct TcTile {
         wb = w + (size_t)min(n0 + g + 8, N - 1) * K + 8 * t;
         wt = w + (size_t)nb * (K >> 5) * 512 + 8 * lane;
     }
-    // NA: the tile-interleaved loads skip L1 (ldg_w).
+    // NA: the tile-interleaved loads skip L1 (ldg_na; read_tc_pattern's do not).
     template <bool NA = false>
     __device__ __forceinline__ void ld(bool tl, int kt, uint4& a0, uint4& a1) const {
         if (tl) {
@@ -448,21 +438,6 @@ struct TcTile {
         }
     }
 };
-// TL (linear_tc_bf16_tl, KernelSet tc_tl): the same kernel reading its weight fragments from the
-// tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one contiguous 1 KB piece,
-// lane l's 16 bytes at 16 l and 512 + 16 l): a warp's load is 512 contiguous bytes instead of
-// 64 bytes of 8 rows. The same values in the same fragments, so the same bits.
-// NA (linear_tc_bf16_tln, KernelSet tc_na, on): TL with the weight loads not allocating in L1
-// (ldg_na): the weights are read once, the activations by every block of an SM, so the L1 is
-// theirs (PERF.md runs 181-182). The same bits.
-// BF (linear_tc_bf16_tiled, KernelSet tc_bf, on): TL + NA with no branch inside a round: every
-// slot's activations are loaded (a clamped K tile) by volatile loads, zeroed where the slot is
-// past K or the row past M, and a slot past K multiplies zero weights (adds +0). The compiler
-// had issued slots 1-3's activation loads after slot 0's mma, which waits on the round's weights
-// from DRAM, so each round cost a DRAM and then an L2 round trip; now a round's weight and
-// activation loads all go out before its first mma. The same products and sums in the same
-// order, so the same bits (kernels/emu); at most 88 registers, so an SM holds as many blocks as
-// of linear_tc_bf16_tln.
 // One 32-wide K tile of linear_tc_bf16: a lane's 8 inputs split into BF16 hi + lo, four mma on
 // its weight fragments a0 (row g) and a1 (row g + 8). Step 0: actual k 8t+0..3; step 1: 8t+4..7
 // (slots 2t,2t+1 <- +0,+1; 2t+8,2t+9 <- +2,+3).
@@ -479,59 +454,37 @@ __device__ __forceinline__ void tc_tile_mma(float* c, uint4 a0, uint4 a1, float4
     mma_bf16(c, a0.z, a1.z, a0.w, a1.w, hi[2], hi[3]);
     mma_bf16(c, a0.z, a1.z, a0.w, a1.w, lo[2], lo[3]);
 }
-// DB (linear_tc_bf16_tiled_row, KernelSet tc_db, on since session 34): TL + NA + BF for one
-// activation row (M == 1, K <= 16 x blockDim) at 16 warps a block (N <= 2048: o_proj and the MLP down,
-// one block an SM, so up to 128 registers a thread cost no occupancy), with two rounds of weight
-// loads in flight a warp: round r + 2's loads go out as soon as round r's mma have read its
-// registers, so the DRAM holds a warp's next round while the warp computes this one (BF: round
-// r + 1's loads after round r's mma, one round in flight and a bubble a round). The row is staged
-// in shared memory once, while the first two rounds' weights (asked for before the PDL wait)
-// arrive. The same tiles in the same order, the same products and sums: the same bits.
-// DM (linear_tc_bf16_tlndm, KernelSet merge_o): DB for an o_proj GEMV whose input row is the
-// split-KV decode attention's output, with the split merge (attention_decode_merge16 / _tcr) done in
-// the same launch: block b < nh merges head b with attention_merge_r's code (merge_head_r) into
-// x, every block meets the others at a grid barrier (all blocks resident: one an SM, grid <= SMs,
-// and no dependent launch takes an SM before every block has passed its PDL wait), then stages
-// the merged row through L2 (__ldcg: other blocks wrote it) and runs DB's rounds. Its first two
-// rounds of weights are asked for before the PDL wait, as DB's: as soon as the attention's
-// blocks leave, every SM streams the o_proj's weights while the merge and the barrier run, where
-// the merge launch's blocks held 52-64 SMs that the o_proj's blocks could not join. The merge's
-// and the GEMV's arithmetic unchanged: the same bits as the merge launch + _tlnd. Off: on an H100
-// (PERF.md run 225) the same bits but 6-8 us a step slower: the gap before the launch's wait stayed
-// 3.8-4.6 us and the merge and barrier added ~2.3 us to its run.
-struct MergeO {
-    const float* part = nullptr;
-    int nsplit = 0, nh = 0, hd = 0;
-    const float* sink = nullptr;
-    const float* g = nullptr;
-    int ldg = 0, gate_mode = 0;
-    const int* pos = nullptr;
-    int window = 0;
-    const int* kend = nullptr;
-    float vscale = 1.f;
-    unsigned* bar = nullptr;
-    int ch = ATT_CHUNK;
-};
-// AM (linear_tc_bf16_tiled_argmax, KernelSet lm_argmax, on since session 37: PERF.md run 228): _tlnb
-// for the lm_head of a greedy pass, each block also folding its 16 outputs of every row into
-// the row's argmax slot (amax_key: the largest value, among equal ones the lowest index) by one
-// 64-bit atomicMax a row, whose result nobody waits for; argmax_fin then decodes the slots. The
-// same logits (the same arithmetic and stores) and the same token as argmax_rows_split over them,
-// one launch and its read of the logits fewer.
-// NR (linear_tc_bf16_tlnbr, KernelSet norm_fold): _tlnb for one row (M == 1, K <= 2048) whose
-// input is the RMSNorm of the residual row x with weights nw (rmsnorm's arithmetic: 1 / rms as
-// rmsnorm's block of NB = norm_block(K) threads sums it, rms_inv_nb; then nw[i] * (x[i] * inv)),
-// so the rmsnorm launch before the GEMV goes. Every block norms the row itself into `red`'s
-// memory (the norm weights stored there before the PDL wait), and its rounds read it from there:
-// the same activations, the same products and sums as rmsnorm + _tlnb, so the same bits.
-template <int TL, int NA = 0, int BF = 0, int DB = 0, int AM = 0, int NR = 0>
-__device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
-                                                 float* y, int ldy, int M, int N, int K, int accumulate,
-                                                 MergeO mo = MergeO{}, unsigned long long* amax = nullptr,
-                                                 const float* nw = nullptr, float eps = 0.f, int NB = 0) {
-    // DB == 2 (_tlndq): at most 5 warps a block, so 2.5 KB instead of 8 (see below).
-    constexpr bool DQ = DB == 2;
-    __shared__ __align__(16) float red[DQ ? 5 : 16][32][4];
+// TILED (linear_tc_bf16_tiled[_argmax], _tiled_row[_silu]): linear_tc_bf16 reading its weight
+// fragments from the tile-interleaved copy tile_bf16 writes (each 16-row x 32-K tile one
+// contiguous 1 KB piece, lane l's 16 bytes at 16 l and 512 + 16 l: a warp's load is 512
+// contiguous bytes instead of 64 bytes of 8 rows), by loads that do not allocate in L1 (ldg_na:
+// the weights are read once, the activations by every block of an SM, so the L1 is theirs), and
+// with no branch inside a round: every slot's activations are loaded (a clamped K tile) by
+// volatile loads, zeroed where the slot is past K or the row past M, and a slot past K
+// multiplies zero weights (adds +0), so a round's weight and activation loads all go out before
+// its first mma (which waits on the round's weights from DRAM). The same values in the same
+// fragments, the same products and sums in the same order, so the same bits (kernels/emu).
+// ROW 1 (linear_tc_bf16_tiled_row): one activation row (M == 1, K <= 16 x blockDim) at 16 warps a
+// block (N <= 2048: o_proj and the MLP down, one block an SM, so up to 128 registers a thread cost
+// no occupancy), with two rounds of weight loads in flight a warp: round r + 2's loads go out as
+// soon as round r's mma have read its registers, so the DRAM holds a warp's next round while the
+// warp computes this one (the multi-row form: round r + 1's loads after round r's mma, one round
+// in flight and a bubble a round). The row is staged in shared memory once, while the first two
+// rounds' weights (asked for before the PDL wait) arrive. The same tiles in the same order, the
+// same products and sums: the same bits.
+// ROW 2 (linear_tc_bf16_tiled_row_silu): ROW 1 for a dense MLP's one-row down projection reading
+// the gate | up row (x: gate at [0, K), up at [K, 2K)) and staging silu_mul's SiLU(gate) * up (the
+// same expression) as its row, so no silu_mul launch precedes it. The same bits as silu_mul +
+// linear_tc_bf16_tiled_row.
+// AM (linear_tc_bf16_tiled_argmax): linear_tc_bf16_tiled for the lm_head of a greedy pass, each
+// block also folding its 16 outputs of every row into the row's argmax slot (amax_key: the largest
+// value, among equal ones the lowest index) by one 64-bit atomicMax a row, whose result nobody
+// waits for; argmax_fin then decodes the slots. The same logits (the same arithmetic and stores)
+// and the same token as argmax_rows_split over them, one launch and its read of the logits fewer.
+template <bool TILED, int ROW = 0, bool AM = false>
+__device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const float* x, int ldx, float* y, int ldy, int M, int N,
+                                                 int K, int accumulate, unsigned long long* amax = nullptr) {
+    __shared__ __align__(16) float red[16][32][4];
     const bf16_t* w = reinterpret_cast<const bf16_t*>(wv);
     int S = blockDim.x >> 5;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -548,42 +501,20 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
     int nk = K >> 5;
     // Four K tiles of loads in flight per lane before their mma (tiles kt0, kt0+S, ...: the same
     // order as one tile at a time). The first four tiles' weights are loaded before the PDL wait
-    // (DB: the first eight, two rounds).
+    // (ROW: the first eight, two rounds).
     uint4 A0[4], A1[4], B0[4], B1[4];
     auto ldw = [&](uint4* P0, uint4* P1, int kt0) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             int kt = kt0 + u * S;
-            if (kt < nk) wtile.ld<NA != 0>(TL, kt, P0[u], P1[u]);
+            if (kt < nk) wtile.ld<TILED>(TILED, kt, P0[u], P1[u]);
         }
     };
     ldw(A0, A1, warp);
-    if (DB && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
-    // NR: the normed row (K <= 16 x 32 x 4 floats) lives in red's memory until the sums.
-    float* xn = &red[0][0][0];
-    if constexpr (NR != 0)
-        for (int i = 4 * threadIdx.x; i < K; i += 4 * blockDim.x)
-            *reinterpret_cast<float4*>(xn + i) = ldg_v(reinterpret_cast<const float4*>(nw + i));
-    // DM: the head this block merges: its split count and sink before the wait (attention_merge_r).
-    bool mh = DB == 5 && (int)blockIdx.x < mo.nh;
-    int mns = 0;
-    float msk = 0.f;
-    if (mh) {
-        mns = merge_nsplit(0, mo.nsplit, mo.pos, mo.window, mo.kend, mo.ch);
-        msk = mo.sink ? mo.sink[blockIdx.x] : -INFINITY;
-    }
+    if (ROW && warp + 4 * S < nk) ldw(B0, B1, warp + 4 * S);
     PDL_ENTRY();
-    if constexpr (DB == 5) {
-        __shared__ unsigned gphase;
-        if (threadIdx.x == 0) gphase = ld_acquire_u32(mo.bar) & 0x80000000u;
-        if (mh)
-            merge_head_r<16>(mo.part, mo.nsplit, const_cast<float*>(x), ldx, mo.nh, mo.hd, mo.sink, mo.g, mo.ldg,
-                             mo.gate_mode, mo.vscale, 0, blockIdx.x, mns, msk);
-        unsigned ph = gphase;  // used by thread 0 only, which wrote it
-        grid_sync(mo.bar, ph);
-    }
-    if constexpr (DB != 0) {
-        __shared__ __align__(16) float xsh[DQ ? 2048 : 8192];
+    if constexpr (ROW != 0) {
+        __shared__ __align__(16) float xsh[8192];
         // The activation row (M == 1) into shared memory: one L2 round trip for the block (all of
         // a thread's loads before its stores; K <= 16 x blockDim, the host's 512 threads).
         {
@@ -591,13 +522,10 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 int i = 4 * ((int)threadIdx.x + j * (int)blockDim.x);
-                // DM: the row the blocks merged in this launch, through L2.
-                v[j] = i >= K ? make_float4(0.f, 0.f, 0.f, 0.f)
-                       : DB == 5 ? __ldcg(reinterpret_cast<const float4*>(x + i))
-                                 : ldg_v(reinterpret_cast<const float4*>(x + i));
+                v[j] = i >= K ? make_float4(0.f, 0.f, 0.f, 0.f) : ldg_v(reinterpret_cast<const float4*>(x + i));
             }
-            if constexpr (DB == 4) {
-                // _tlnds: x is a gate | up row (K each); the row is silu_mul's SiLU(gate) * up.
+            if constexpr (ROW == 2) {
+                // x is a gate | up row (K each); the row is silu_mul's SiLU(gate) * up.
                 float4 u[4];
 #pragma unroll
                 for (int j = 0; j < 4; j++) {
@@ -617,7 +545,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
         }
         __syncthreads();
         const float* xq = xsh + 8 * t;
-        // One round (tiles kt0 + u S, u < 4) on the weights in P: BF's arithmetic (slots past K
+        // One round (tiles kt0 + u S, u < 4) on the weights in P: TILED's arithmetic (slots past K
         // multiply zeros, lanes of rows past M zeros).
         auto round = [&](uint4* P0, uint4* P1, int kt0) {
 #pragma unroll
@@ -644,17 +572,6 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             }
         }
     } else {
-        if constexpr (NR != 0) {
-            __shared__ float shn[33];
-            float inv = rms_inv_nb<false>(x, K, NB, eps, shn);
-            for (int i = 4 * threadIdx.x; i < K; i += 4 * blockDim.x) {
-                float4 a = *reinterpret_cast<const float4*>(x + i);
-                float4 v = *reinterpret_cast<float4*>(xn + i);
-                v = make_float4(v.x * (a.x * inv), v.y * (a.y * inv), v.z * (a.z * inv), v.w * (a.w * inv));
-                *reinterpret_cast<float4*>(xn + i) = v;
-            }
-            __syncthreads();
-        }
         for (int kt0 = warp; kt0 < nk; kt0 += 4 * S) {
             if (kt0 != warp) ldw(A0, A1, kt0);
             float4 X0[4], X1[4];
@@ -664,12 +581,10 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
                 size_t k = (size_t)kt * 32;
                 X0[u] = make_float4(0.f, 0.f, 0.f, 0.f);
                 X1[u] = X0[u];
-                if (BF) {
+                if (TILED) {
                     size_t kc = (size_t)min(kt, nk - 1) * 32;
-                    const float* xa = NR ? xn + 8 * t : xr;
-                    float4 a = NR ? *reinterpret_cast<const float4*>(xa + kc) : ldg_v(reinterpret_cast<const float4*>(xa + kc));
-                    float4 b = NR ? *reinterpret_cast<const float4*>(xa + kc + 4)
-                                  : ldg_v(reinterpret_cast<const float4*>(xa + kc + 4));
+                    float4 a = ldg_v(reinterpret_cast<const float4*>(xr + kc));
+                    float4 b = ldg_v(reinterpret_cast<const float4*>(xr + kc + 4));
                     bool on = kt < nk && xv;
                     X0[u] = on ? a : X0[u];
                     X1[u] = on ? b : X1[u];
@@ -686,12 +601,11 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                if (!BF && kt0 + u * S >= nk) break;
+                if (!TILED && kt0 + u * S >= nk) break;
                 tc_tile_mma(c, A0[u], A1[u], X0[u], X1[u]);
             }
         }
     }
-    if constexpr (NR != 0) __syncthreads();  // every warp done with the normed row in red
     *reinterpret_cast<float4*>(red[warp][lane]) = make_float4(c[0], c[1], c[2], c[3]);
     __syncthreads();
     if (warp != 0) return;
@@ -722,7 +636,7 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
             if (AM) c[i] = v;
         }
     }
-    if constexpr (AM != 0) {
+    if constexpr (AM) {
         // Row m0 + 2t + j: this lane's outputs g and g + 8 (c[j], c[2 + j]), then the largest
         // key over the 8 lanes of the same t (lane bits 2-4), folded by lane t.
 #pragma unroll
@@ -743,33 +657,29 @@ __device__ __forceinline__ void linear_tc_bf16_t(const void* wv, const u8* s_unu
 }
 extern "C" __global__ void linear_tc_bf16(const void* wv, const u8* s_unused, float inv_gs, const float* x, int ldx,
                                           float* y, int ldy, int M, int N, int K, int accumulate) {
-    linear_tc_bf16_t<0>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+    linear_tc_bf16_t<false>(wv, x, ldx, y, ldy, M, N, K, accumulate);
 }
 extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tiled(const void* wv, const u8* s_unused, float inv_gs, const float* x,
                                                                int ldx, float* y, int ldy, int M, int N, int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+    linear_tc_bf16_t<true>(wv, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// AM: see linear_tc_bf16_t. amax: a zeroed slot a row (argmax_fin zeroes them again).
+// amax: a zeroed slot a row (argmax_fin zeroes them again).
 extern "C" __global__ __maxnreg__(88) void linear_tc_bf16_tiled_argmax(const void* wv, const u8* s_unused, float inv_gs,
                                                                 const float* x, int ldx, float* y, int ldy, int M, int N,
                                                                 int K, int accumulate, unsigned long long* amax) {
-    linear_tc_bf16_t<1, 1, 1, 0, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate, MergeO{}, amax);
+    linear_tc_bf16_t<true, 0, true>(wv, x, ldx, y, ldy, M, N, K, accumulate, amax);
 }
 extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tiled_row(const void* wv, const u8* s_unused, float inv_gs,
                                                                         const float* x, int ldx, float* y, int ldy, int M,
                                                                         int N, int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1, 1>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+    linear_tc_bf16_t<true, 1>(wv, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// DBS (linear_tc_bf16_tiled_row_silu, KernelSet silu_fold, on since session 36: PERF.md run 223): _tlnd for a
-// dense MLP's one-row down projection reading the gate | up row (x: gate at [0, K), up at
-// [K, 2K)) and staging silu_mul's SiLU(gate) * up (the same expression) as its row, so no
-// silu_mul launch precedes it. The same bits as silu_mul + _tlnd.
 extern "C" __global__ __launch_bounds__(512, 1) void linear_tc_bf16_tiled_row_silu(const void* wv, const u8* s_unused, float inv_gs,
                                                                          const float* x, int ldx, float* y, int ldy, int M,
                                                                          int N, int K, int accumulate) {
-    linear_tc_bf16_t<1, 1, 1, 4>(wv, s_unused, inv_gs, x, ldx, y, ldy, M, N, K, accumulate);
+    linear_tc_bf16_t<true, 2>(wv, x, ldx, y, ldy, M, N, K, accumulate);
 }
-// W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tl reads: tile (row group
+// W [N, K] BF16 row-major -> the tile-interleaved copy linear_tc_bf16_tiled* read: tile (row group
 // rg, K tile kt) at ((rg * K / 32) + kt) * 512 elements, lane l's 8 elements (row 16 rg + l / 4,
 // K 32 kt + 8 (l % 4) ..) at 8 l and those of row + 8 at 256 + 8 l; rows past N repeat row N - 1
 // (what linear_tc_bf16 loads for them). grid (ceil(N / 16), K / 32), block 32. K % 32 == 0.

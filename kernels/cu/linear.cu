@@ -1,31 +1,10 @@
-// Dense Linear y[m, n] (+)= sum_k W[n, k] x[m, k]: BF16 (any K) or NVFP4 (K % 16 == 0) weights,
-// f32 activations, f32 accumulation. One warp per output row n, MR activation rows per pass (weights are read once
-// per pass). A row's result never depends on how many rows are in the batch.
-template <int FMT, int LIN_MR>
-__device__ void linear_impl(const void* w, const u8* s, float inv_gs, const float* x, int ldx, float* y, int ldy,
-                            int M, int N, int K, int accumulate) {
-    int n = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (n >= N) return;
-    int m0 = blockIdx.y * LIN_MR;  // grid.y = ceil(M / LIN_MR)
-    int nr = min(LIN_MR, M - m0);
-    if (nr <= 0) return;
-    const float* xr[LIN_MR];
-#pragma unroll
-    for (int r = 0; r < LIN_MR; r++) xr[r] = x + (size_t)(m0 + (r < nr ? r : 0)) * ldx;
-    float acc[LIN_MR];
-    row_dot<FMT, LIN_MR>(w, s, inv_gs, n, K, xr, nr, acc);
-    int lane = threadIdx.x & 31;
-#pragma unroll
-    for (int r = 0; r < LIN_MR; r++) {
-        if (r < nr && lane == r) {
-            float* o = y + (size_t)(m0 + r) * ldy + n;
-            *o = accumulate ? *o + acc[r] : acc[r];
-        }
-    }
-}
+// Dense Linear y[m, n] (+)= sum_k W[n, k] x[m, k] on CUDA cores: BF16 (any K) or NVFP4
+// (K % 16 == 0) weights, f32 activations, f32 accumulation (`linear_{bf16,fp4}_{1,m8,m16}`). A
+// row's result never depends on how many rows are in the batch: every form runs row_dot's
+// arithmetic (common.cuh) per (output row, activation row).
 // Single-row forms (M == 1): x is staged once per block in shared memory (dynamic, K floats) and
-// each warp computes rows 2w, 2w+1 with both weight streams in flight. Per-row arithmetic is the
-// same as the batched form (same lane split, same order), so results are identical.
+// each warp computes rows 2w, 2w+1 with both weight streams in flight (row_dot2: the same lane
+// split, the same order).
 template <int FMT>
 __device__ void linear1_impl(const void* w, const u8* s, float inv_gs, const float* x, float* y, int N, int K, int accumulate) {
     extern __shared__ float xs[];

@@ -27,12 +27,6 @@ __device__ __forceinline__ size_t embed_token(const int* tokens, const int* feed
     int tm = tokens[m];
     return (size_t)(tm < 0 ? feed[-1 - tm] : tm);
 }
-// Row blockIdx.x of x = the embedding of its token (threads over the H elements, stride blockDim).
-__device__ __forceinline__ void embed_row(const bf16_t* table, const int* tokens, const int* feed, float* x, int H) {
-    int m = blockIdx.x;
-    size_t t = embed_token(tokens, feed, m);
-    for (int i = threadIdx.x; i < H; i += blockDim.x) x[(size_t)m * H + i] = bf2f(table[t * H + i]);
-}
 // y[r] = w * x[rows[r]] / sqrt(mean(x^2) + eps); rows == nullptr means r itself. One pass: each
 // thread keeps its (up to 8) elements in registers; blockDim 1024 (or less for small H).
 // With xs set (rmsnorm_split, long passes), y's BF16 hi / lo split is written too (xs [M, H] hi,

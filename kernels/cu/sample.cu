@@ -35,7 +35,7 @@ extern "C" __global__ void argmax_rows(const float* logits, int V, int* out) { P
     int idx = range_argmax(logits + (size_t)blockIdx.x * V, 0, V, best, bv, bi);
     if (threadIdx.x == 0) out[blockIdx.x] = idx;
 }
-// argmax_rows_split (KernelSet argmax_p): the same argmax with gridDim.y blocks a row. Each block
+// argmax_rows_split: the same argmax with gridDim.y blocks a row. Each block
 // reduces its chunk as argmax_rows does, then folds (value, index) into the row's 64-bit slot by
 // atomicMax on (order-preserving key of the value << 32 | ~index): the largest value, among equal
 // ones the lowest index, whatever the order of arrival (+0 and -0 fold to the same key, as they
@@ -63,7 +63,7 @@ extern "C" __global__ void argmax_rows_split(const float* logits, int V, int* ou
         }
     }
 }
-// argmax_fin (KernelSet lm_argmax): the greedy tokens of rows 0..M-1 from the slots that
+// argmax_fin: the greedy tokens of rows 0..M-1 from the slots that
 // linear_tc_bf16_tiled_argmax (the lm_head GEMV) folded every logit into, decoded as argmax_rows_split
 // decodes its own, and the slots back to zero for the next launch (zero at allocation). The
 // same index as argmax_rows_split over the stored logits: the largest key over the same values.
@@ -399,7 +399,7 @@ extern "C" __global__ __launch_bounds__(1024) void sample_rows(const float* logi
     if (tid == 0) out[r] = past ? s_last : (s_all != 0x7fffffff ? s_all : idx);
 }
 
-// ---- sample_rows_split (KernelSet samp_g): sample_rows with gridDim.x blocks a row ----
+// ---- sample_rows_split: sample_rows with gridDim.x blocks a row -------------------------------
 // The same choice as sample_rows (the same fixed-point masses, the same integer sums, the same
 // comparisons in f64), by B = gridDim.x blocks per row (grid (B, rows), every block resident),
 // block b owning the contiguous chunk [b c, (b + 1) c) of the row (c = ceil(V / B)), the blocks

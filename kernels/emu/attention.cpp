@@ -109,10 +109,10 @@ static bool run(bool fp8, int window, unsigned seed, int P = 300) {
     bool same = std::memcmp(o3, o1, 4 * (size_t)R * qw) == 0 && std::memcmp(kc3.data(), kc, sizeof(KV) * kc3.size()) == 0 &&
                 std::memcmp(vc3.data(), vc, sizeof(KV) * vc3.size()) == 0;
 
-    // attention_decode_gqa_qk (KernelSet attn_qk: q/k norm, RoPE, K/V write and attention in one launch,
-    // for passes whose rows are each alone in their sequence): each row alone, in order, fresh
-    // cache, with 64 splits and with one (the output written directly): the same cache and output
-    // bits as qk_norm_rope_kv + attention_gqa (+ attention_merge) on that row.
+    // attention_decode_gqa_qk (q/k norm, RoPE, K/V write and attention in one launch, for passes
+    // whose rows are each alone in their sequence): each row alone, in order, fresh cache, with 64
+    // splits and with one (the output written directly): the same cache and output bits as
+    // qk_norm_rope_store + attention_decode_gqa (+ attention_decode_merge16) on that row.
     auto fused = [&](int r, int ns, float* out) {
         const float* x = raw + (size_t)r * ld;
         ok &= emu_launch({1, (unsigned)nkv, (unsigned)ns}, 32 * (G + 1), [&] {

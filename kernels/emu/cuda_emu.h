@@ -332,47 +332,6 @@ template <class T> inline T* emu_alloc(size_t n) {
     return p;
 }
 
-// ---- thread block clusters along z (common.cuh's CLUSTER_SHARED / ld_cluster / cluster_sync):
-// a cluster is every z block of one (x, y). emu_cluster_begin(grid, bytes) before the launch
-// gives each block `bytes` of cluster-shared memory in the device mapping (so the other blocks,
-// other processes, read it); the launch must run the whole grid at once (emu_launch at_once 0),
-// as cluster_sync is a grid-wide barrier here (every block calls it equally often). ----
-struct EmuCluster {
-    char* base = nullptr;
-    size_t per = 0;
-    unsigned* bar = nullptr;  // arrivals, generation
-};
-inline EmuCluster emu_cl;
-inline void emu_cluster_begin(EmuDim grid, size_t bytes) {
-    size_t nb = (size_t)grid.x * (grid.y ? grid.y : 1) * (grid.z ? grid.z : 1);
-    emu_cl.per = (bytes + 255) & ~size_t(255);
-    emu_cl.base = emu_alloc<char>(emu_cl.per * nb);
-    emu_cl.bar = emu_alloc<unsigned>(2);
-}
-template <class T> inline T* emu_cluster_shared(size_t n) {
-    if (!emu_cl.base || n * sizeof(T) > emu_cl.per) { std::fprintf(stderr, "emu: no cluster memory for this launch\n"); std::abort(); }
-    size_t b = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
-    return (T*)(emu_cl.base + b * emu_cl.per);
-}
-template <class T> inline const T* emu_cluster_peer(const T* p, unsigned rank) {
-    long long d = ((long long)rank - (long long)blockIdx.z) * gridDim.x * gridDim.y * (long long)emu_cl.per;
-    return (const T*)((const char*)p + d);
-}
-inline void emu_cluster_sync() {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned nb = gridDim.x * gridDim.y * gridDim.z;
-        unsigned g = __atomic_load_n(&emu_cl.bar[1], __ATOMIC_ACQUIRE);
-        if (__atomic_add_fetch(&emu_cl.bar[0], 1u, __ATOMIC_ACQ_REL) == nb) {
-            __atomic_store_n(&emu_cl.bar[0], 0u, __ATOMIC_RELAXED);
-            __atomic_add_fetch(&emu_cl.bar[1], 1u, __ATOMIC_RELEASE);
-        } else {
-            while (__atomic_load_n(&emu_cl.bar[1], __ATOMIC_ACQUIRE) == g) std::this_thread::yield();
-        }
-    }
-    __syncthreads();
-}
-
 // Run `kernel` over grid x block, every block a process; returns false if any block failed
 // (trap, abort, crash). `at_once`: how many blocks run at the same time (a kernel with grid-wide
 // barriers needs the whole grid: pass 0 for all).

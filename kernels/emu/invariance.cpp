@@ -206,7 +206,7 @@ int main() {
         };
         const EmuDim grid{(unsigned)ceil_div(ND, 16), 1, 1};
         // One row through `kern` at S warps a block and K = KD on tile_bf16's copy: the same bits
-        // as linear_tc_bf16 storing and as _tlnb accumulating.
+        // as linear_tc_bf16 storing and as linear_tc_bf16_tiled accumulating.
         auto one_row = [&](const char* name, auto kern, int S, int KD) {
             float* xd = emu_alloc<float>((size_t)KD);
             for (int i = 0; i < KD; i++) xd[i] = nd(rng);
@@ -222,8 +222,8 @@ int main() {
             for (int i = 0; i < ND; i++) ya[i] = yc[i] = nd(rng);
             ok &= emu_launch(grid, 32 * S, [&] { linear_tc_bf16_tiled(wdt, nullptr, 1.f, xd, KD, ya, ND, 1, ND, KD, 1); });
             ok &= emu_launch(grid, 32 * S, [&] { kern(wdt, nullptr, 1.f, xd, KD, yc, ND, 1, ND, KD, 1); });
-            ed &= same_bits((std::string(name) + " vs _tlnb, accumulating").c_str(), yc, ya, ND);
-            std::printf("%s (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / _tlnb: %s\n", name, S, KD,
+            ed &= same_bits((std::string(name) + " vs linear_tc_bf16_tiled, accumulating").c_str(), yc, ya, ND);
+            std::printf("%s (%d warps, K %d, storing and accumulating) = linear_tc_bf16 / linear_tc_bf16_tiled: %s\n", name, S, KD,
                         ed ? "yes" : "NO");
             ok &= ed;
         };
@@ -232,8 +232,8 @@ int main() {
         // (8192: two loop turns of two rounds), the 48-head o_proj (6144: three rounds, the last
         // turn's second round absent) and 4096 + 32 x 5 (a round partly past K).
         for (int KD : {8192, 6144, 4256}) one_row("linear_tc_bf16_tiled_row", linear_tc_bf16_tiled_row, 16, KD);
-        // linear_tc_bf16_tiled_row_silu (_tlnd staging SiLU(gate) * up from a gate | up
-        // row) against silu_mul + _tlnd, at the XS-2.1 dense MLP's K (8192) and 4256.
+        // linear_tc_bf16_tiled_row_silu (linear_tc_bf16_tiled_row staging SiLU(gate) * up from a gate | up
+        // row) against silu_mul + linear_tc_bf16_tiled_row, at the XS-2.1 dense MLP's K (8192) and 4256.
         for (int KD : {8192, 4256}) {
             float* gu = emu_alloc<float>((size_t)2 * KD);
             for (int i = 0; i < 2 * KD; i++) gu[i] = 2.f * nd(rng);
@@ -246,14 +246,14 @@ int main() {
             for (int i = 0; i < ND; i++) y0[i] = y1[i] = nd(rng);
             ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row(wdt, nullptr, 1.f, act, KD, y0, ND, 1, ND, KD, 1); });
             ok &= emu_launch(grid, 512, [&] { linear_tc_bf16_tiled_row_silu(wdt, nullptr, 1.f, gu, 2 * KD, y1, ND, 1, ND, KD, 1); });
-            bool es = same_bits("linear_tc_bf16_tiled_row_silu vs silu_mul + _tlnd", y1, y0, ND);
+            bool es = same_bits("linear_tc_bf16_tiled_row_silu vs silu_mul + linear_tc_bf16_tiled_row", y1, y0, ND);
             std::printf("linear_tc_bf16_tiled_row_silu (K %d, accumulating) = silu_mul + linear_tc_bf16_tiled_row: %s\n", KD, es ? "yes" : "NO");
             ok &= es;
         }
         // a dense MLP's gate and up stacked by rows (2 x 32 rows, K 512) and
         // run as one launch of 2 x 32 outputs with the gate launch's warps a block, against the
         // two launches on each half writing the same [M, 64] rows (ldy 64, up at column 32): the
-        // same bits, 1 and 7 rows, on tile_bf16's copy of the stack (_tlnb; its second half is
+        // same bits, 1 and 7 rows, on tile_bf16's copy of the stack (linear_tc_bf16_tiled; its second half is
         // tile_bf16's copy of up alone, byte for byte: the loader's view) and row-major
         // (linear_tc_bf16: the DFlash draft's Linears, which have no tiled copy).
         {
@@ -287,7 +287,7 @@ int main() {
                         ok &= gemv(w, y1, NG);
                         eg &= same_bits("gu_fuse: one launch vs gate + up", y1, y2, (size_t)rows * NG);
                     }
-            std::printf("gate | up as one GEMV (linear_tc_bf16 and _tlnb, 4 / 5 / 16 warps, 1 and %d rows) = gate + up: %s\n", M,
+            std::printf("gate | up as one GEMV (linear_tc_bf16 and linear_tc_bf16_tiled, 4 / 5 / 16 warps, 1 and %d rows) = gate + up: %s\n", M,
                         eg ? "yes" : "NO");
             ok &= eg;
         }
@@ -309,7 +309,7 @@ int main() {
     }
 
     // ---- linear_tc_bf16_tiled_argmax: the lm_head GEMV folding its outputs into
-    // the rows' argmax slots, then argmax_fin, against _tlnb + argmax_rows_split and argmax_rows over
+    // the rows' argmax slots, then argmax_fin, against linear_tc_bf16_tiled + argmax_rows_split and argmax_rows over
     // the stored logits: the same logits, the same tokens. N = 1000 (the last block's rows past
     // N), rows: 0 plain; 1 with three equal maxima, two in one block and one in another (W rows
     // 70, 71 and 900 the same: the lowest index wins); 2 with a NaN input (every logit NaN: no
@@ -344,7 +344,7 @@ int main() {
         ok &= emu_launch({1, 1, 1}, 32, [&] { argmax_fin(slot, MR, t1); });
         ok &= emu_launch({(unsigned)MR, 4, 1}, 256, [&] { argmax_rows_split(y0, N, t0, slot0, cnt); });
         ok &= emu_launch({(unsigned)MR, 1, 1}, 1024, [&] { argmax_rows(y0, N, t2); });
-        bool el = same_bits("linear_tc_bf16_tiled_argmax vs _tlnb logits", y1, y0, (size_t)MR * N);
+        bool el = same_bits("linear_tc_bf16_tiled_argmax vs linear_tc_bf16_tiled logits", y1, y0, (size_t)MR * N);
         bool et = true;
         for (int r = 0; r < MR; r++) {
             std::printf("  row %d: argmax_fin %d, argmax_rows_split %d, argmax_rows %d\n", r, t1[r], t0[r], t2[r]);
@@ -352,7 +352,7 @@ int main() {
         }
         // The cases meant what they say: the ties, the NaN row, the zero row, the last block.
         et &= t2[1] == 70 && t2[2] == 0x7fffffff && t2[3] == 0 && t2[4] == 995;
-        std::printf("linear_tc_bf16_tiled_argmax + argmax_fin (%d rows, N %d) = _tlnb + argmax_rows_split / argmax_rows: logits %s, tokens %s\n",
+        std::printf("linear_tc_bf16_tiled_argmax + argmax_fin (%d rows, N %d) = linear_tc_bf16_tiled + argmax_rows_split / argmax_rows: logits %s, tokens %s\n",
                     MR, N, el ? "yes" : "NO", et ? "yes" : "NO");
         ok &= el && et;
     }

@@ -45,7 +45,7 @@ static bool run(const Shape& sh, unsigned seed) {
     for (int e = 0; e < E; e++) bias[e] = 0.05f * nd(rng);
     Fp4Stack gate = make_fp4_stack(rng, NE, I, H), up = make_fp4_stack(rng, NE, I, H), down = make_fp4_stack(rng, NE, H, I);
 
-    // ---- the seven launches (layers.rs, one row, moe_sp family) ----
+    // ---- the seven launches (layers.rs, one row, moe_*_fp4_warp) ----
     float* xa = emu_alloc<float>(H);
     std::memcpy(xa, x0, 4 * H);
     float* hn_a = emu_alloc<float>(H);

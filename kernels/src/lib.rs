@@ -134,8 +134,6 @@ pub const MODULES: &[KernelModule] = &[
             "split_bf16",
             "gemm_bf16",
             "gemm_fp4",
-            "gemm_bf16_x2",
-            "gemm_fp4_x2",
             "moe_gemm_gate_up_bf16",
             "moe_gemm_down_bf16",
             "moe_gemm_gate_up_fp4_silu",

@@ -175,7 +175,7 @@ pub struct Dev {
     /// `smem_per_block` and `occupancy` are the profile's.
     pub profile: Option<super::profile::Profile>,
     /// Peak DRAM bandwidth (bytes/s) from the memory clock and bus width the driver reports; 0
-    /// when it reports neither (sizes `moe_block_1`'s issue stagger).
+    /// when it reports neither (sizes `moe_decode_fused`'s issue stagger).
     pub mem_bw: f64,
     allocs: Mutex<Vec<u64>>,
     /// cuBLAS handle, made on first use (None when libcublas is missing or turned off).

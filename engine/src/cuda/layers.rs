@@ -107,7 +107,7 @@ impl CudaModel {
             self.linear(prof, "attn_proj", &l.o, sc.attn, qw, sc.x, h, m, true)?;
             match &l.mlp {
                 MlpW::Dense { gate, up, down, gu } => {
-                    // ffn makes the norm (norm_rows, or norm_fold's GEMV prologue).
+                    // ffn makes the norm (norm_rows).
                     let norm = Some(l.post_norm);
                     self.ffn(prof, gate, up, down, gu.as_ref(), norm, m, sc.x, true)?;
                 }

@@ -402,16 +402,16 @@ impl PassState {
 /// Most key splits of the split-KV decode attention (a row uses min(this, its keys / 32); the
 /// merge holds at most 128).
 const NSPLIT: usize = 64;
-/// Most key splits of `attention_decode_tc` (its grid; a row uses `tc_splits` in common.cuh: 16 for
-/// a 2K row, one per 512 keys past 8K, at least 64 keys each), at most `nsplit`, which sizes
-/// `sc.part`.
+/// Most key splits of `attention_decode_tc` (its grid; a row uses `tc_splits` in
+/// kernels/cu/attention/common.cuh: 16 for a 2K row, one per 512 keys past 8K, at least 64 keys
+/// each), at most `nsplit`, which sizes `sc.part`.
 const NSPLIT_TC: usize = 64;
 pub fn nsplit_tc(nsplit: usize) -> usize {
     NSPLIT_TC.clamp(1, nsplit)
 }
-/// Keys an `attention_decode_tc` split covers at least (`TC_CHUNK` in common.cuh).
+/// Keys an `attention_decode_tc` split covers at least (`TC_CHUNK` in kernels/cu/attention/common.cuh).
 pub const TC_CHUNK: usize = 64;
-/// `TC_SPLITS` and `TC_SPAN` in common.cuh: a row's `attention_decode_tc` splits are
+/// `TC_SPLITS` and `TC_SPAN` in attention/common.cuh: a row's `attention_decode_tc` splits are
 /// min(grid, max(TC_SPLITS, ceil(keys / TC_SPAN)), ceil(keys / TC_CHUNK)) (`tc_splits`).
 const TC_SPLITS: usize = 16;
 const TC_SPAN: usize = 512;
@@ -471,7 +471,8 @@ const DECODE_ROWS: usize = 16;
 /// `select::sample::SPLIT_MAX_BLOCKS`).
 const SAMP_G_STRIDE: usize = 2048;
 const SPLIT_ROWS: usize = 64;
-/// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in common.cuh).
+/// Keys a split-KV decode attention split covers at least (`ATT_CHUNK` in
+/// kernels/cu/attention/common.cuh).
 pub const ATT_CHUNK: usize = 32;
 
 fn ceil_div(a: usize, b: usize) -> usize {
@@ -1028,23 +1029,24 @@ mod tests {
     use std::path::Path;
 
     /// `tc_grid` may shrink `attention_decode_tc`'s grid only where no row of the pass loses a split:
-    /// every row up to the pass's longest gets from the smaller grid the splits common.cuh's
-    /// `tc_splits` gives it with the full one (the constants read from common.cuh itself).
+    /// every row up to the pass's longest gets from the smaller grid the splits
+    /// attention/common.cuh's `tc_splits` gives it with the full one (the constants read from
+    /// that file itself).
     #[test]
     fn tc_grid_keeps_every_rows_splits() {
-        let src = include_str!("../../../kernels/cu/common.cuh");
+        let src = include_str!("../../../kernels/cu/attention/common.cuh");
         let def = |name: &str| -> usize {
             let line = src
                 .lines()
                 .find(|l| l.starts_with(&format!("#define {name} ")))
-                .unwrap_or_else(|| panic!("{name} not in common.cuh"));
+                .unwrap_or_else(|| panic!("{name} not in attention/common.cuh"));
             line.split_whitespace().nth(2).unwrap().parse().unwrap()
         };
         assert_eq!(
             (def("TC_CHUNK"), def("TC_SPAN"), def("TC_SPLITS")),
             (TC_CHUNK, TC_SPAN, TC_SPLITS)
         );
-        // common.cuh's tc_splits(len, nsplit).
+        // attention/common.cuh's tc_splits(len, nsplit).
         let splits = |len: usize, nsplit: usize| -> usize {
             if nsplit == 1 {
                 return 1;
@@ -1078,7 +1080,7 @@ mod tests {
         assert_eq!(tc_grid(131_072, 64), 64);
     }
 
-    /// moe_block_1 is sized for the XS-2.1 shape (H 2048, I 512, 8 + 1 slots: 26.6 KB of
+    /// moe_decode_fused is sized for the XS-2.1 shape (H 2048, I 512, 8 + 1 slots: 26.6 KB of
     /// dynamic shared memory); wider shapes keep the separate launches.
     #[test]
     fn moe_block_fits_the_xs_shape() {

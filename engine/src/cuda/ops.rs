@@ -132,7 +132,7 @@ impl CudaModel {
                 self.split(prof, x, ldx, m, l.k, true)?;
             }
             let cublas = !l.fp4 && self.shape.use_cublas && self.dev.blas().is_some();
-            let name = match select::linear::gemm(l.fp4, tag == "router", cublas) {
+            let name = match select::linear::gemm(l.fp4, cublas) {
                 select::linear::Gemm::Kernel(name) => name,
                 select::linear::Gemm::Cublas => {
                     let blas = self.dev.blas().expect("cuBLAS loaded");

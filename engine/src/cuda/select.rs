@@ -293,14 +293,12 @@ pub mod linear {
     }
 
     /// The long-pass GEMM: dense BF16 Linears (router included) on cuBLAS where it loaded, else
-    /// laguna's GEMMs (the router's with the `_x2` accumulation of its hi and lo products).
-    pub fn gemm(fp4: bool, router: bool, cublas: bool) -> Gemm {
-        match (fp4, router) {
-            (false, _) if cublas => Gemm::Cublas,
-            (false, false) => Gemm::Kernel("gemm_bf16"),
-            (true, false) => Gemm::Kernel("gemm_fp4"),
-            (false, true) => Gemm::Kernel("gemm_bf16_x2"),
-            (true, true) => Gemm::Kernel("gemm_fp4_x2"),
+    /// laguna's GEMMs (every one on the activations' hi and lo halves).
+    pub fn gemm(fp4: bool, cublas: bool) -> Gemm {
+        match fp4 {
+            false if cublas => Gemm::Cublas,
+            false => Gemm::Kernel("gemm_bf16"),
+            true => Gemm::Kernel("gemm_fp4"),
         }
     }
 }
@@ -320,7 +318,7 @@ pub mod moe {
     }
 
     /// Threads of a `moe_decode_fused` block, one block an SM (its launch bounds): 20 warps an SM, as many
-    /// as moe_*_sp keep resident, with 132 barrier arrivals on the H200 instead of 660.
+    /// as moe_*_fp4_warp keep resident, with 132 barrier arrivals on the H200 instead of 660.
     pub const MK_BLOCK: u32 = 640;
 
     /// `moe_decode_fused`'s dynamic shared memory (the normed row and every slot's activations, f32) when
@@ -671,11 +669,12 @@ mod tests {
             linear::tc_kernel(&linear::Shape { tiled: false, ..o }, &H200).0,
             "linear_tc_bf16"
         );
-        assert_eq!(linear::gemm(false, true, true), linear::Gemm::Cublas);
+        assert_eq!(linear::gemm(false, true), linear::Gemm::Cublas);
         assert_eq!(
-            linear::gemm(false, true, false),
-            linear::Gemm::Kernel("gemm_bf16_x2")
+            linear::gemm(false, false),
+            linear::Gemm::Kernel("gemm_bf16")
         );
+        assert_eq!(linear::gemm(true, true), linear::Gemm::Kernel("gemm_fp4"));
         let xs = moe::Shape {
             h: 2048,
             im: 512,

@@ -128,3 +128,106 @@ __device__ __forceinline__ void fa_mma(float* c, u32 a0, u32 a1, u32 a2, u32 a3,
     emu_mma_bf16(c, a0, a1, a2, a3, b0, b1);
 #endif
 }
+
+// ---- a decode row's keys and splits, and the split merge (decode.cu, merge.cu, decode_tc.cu) ----
+// Last key a row at position p sees: p (causal), or for a non-causal draft block the block's
+// last position kend[m] - 1, limited by the window to keys with |p - key| < window.
+__device__ __forceinline__ int key_last(int p, const int* kend, int m, int window) {
+    if (!kend) return p;
+    int last = kend[m] - 1;
+    return window > 0 ? min(last, p + window - 1) : last;
+}
+// Decode attention splits of at least ATT_CHUNK keys (attention_decode_head, attention_decode_gqa*).
+#define ATT_CHUNK 32
+// attention_decode_tc's splits of a row with `len` keys (its merges use the same): at least TC_SPLITS
+// (16) where the row has TC_CHUNK (64) keys a split for them, more as the row grows so that no
+// split has more than TC_SPAN (512) keys, at most nsplit (the grid's).
+#define TC_CHUNK 64
+#define TC_SPAN 512
+#define TC_SPLITS 16
+__device__ __forceinline__ int tc_splits(int len, int nsplit) {
+    if (nsplit == 1) return 1;
+    int want = max(TC_SPLITS, (len + TC_SPAN - 1) / TC_SPAN);
+    return min(min(nsplit, want), (len + TC_CHUNK - 1) / TC_CHUNK);
+}
+// A thread's sum over the splits, U split values loaded at once (the first U already in v):
+// l += sl[z] c_z, a += v_z c_z in split order, c_z = cz[z] (a split with c_z = 0 adds 0). Every
+// split below ns wrote its partial (an empty one: sum 0, so c_z = 0).
+template <int U>
+__device__ __forceinline__ void merge_splits(const float* pp, int ns, int hd, int tid, const float* cz, const float* sl,
+                                             float (&v)[U], float& l, float& a) {
+    if (ns <= U) {
+        // Every split's values already in v: the U steps without a branch, a
+        // step past ns keeping l and a by a select (the same expressions as below, so the same
+        // contraction into an FMA), so the shared loads of later splits are
+        // issued ahead of earlier splits' sums (with a branch a split, each step waited for its
+        // two loads in turn). The same operations on the same values, so the same bits.
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float c = cz[u], s = sl[u];
+            float lf = l + s * c, af = a + (c == 0.f ? 0.f : v[u] * c);
+            bool in = u < ns;
+            l = in ? lf : l;
+            a = in ? af : a;
+        }
+        return;
+    }
+    for (int z0 = 0; z0 < ns; z0 += U) {
+        if (z0 > 0) {
+#pragma unroll
+            for (int u = 0; u < U; u++) v[u] = z0 + u < ns ? pp[(z0 + u) * (hd + 2) + 2 + tid] : 0.f;
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int z = z0 + u;
+            if (z < ns) {
+                float c = cz[z];
+                l += sl[z] * c;
+                a += (c == 0.f ? 0.f : v[u] * c);
+            }
+        }
+    }
+}
+
+// attention_merge_t's halves: the row's split count (ch: the
+// chunk of the attention kernel that wrote the partials, ATT_CHUNK or TC_CHUNK), read before the
+// PDL wait, and after it head h of row m merged from its partials (block >= hd threads, every
+// thread of the block calling): the thread's first U split values and its gate asked for with
+// the block's split maxima and sums, then the sum in split order (merge_splits), out = a / l.
+__device__ __forceinline__ int merge_nsplit(int m, int nsplit, const int* pos, int window, const int* kend, int ch) {
+    int p = pos[m];
+    int lo = window > 0 ? max(0, p + 1 - window) : 0;
+    int len = key_last(p, kend, m, window) + 1 - lo;
+    return ch == TC_CHUNK ? tc_splits(len, nsplit) : min(nsplit, (len + ch - 1) / ch);
+}
+template <int U>
+__device__ __forceinline__ void merge_head(const float* part, int nsplit, float* out, int ldo, int nh, int hd,
+                                             const float* sink, const float* g, int ldg, int gate_mode, float vscale,
+                                             int m, int h, int ns, float sk) {
+    __shared__ float sm[128], sl[128], cz[128];
+    int tid = threadIdx.x;
+    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
+    bool own = tid < hd;
+    float v[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) v[u] = own && u < ns ? pp[u * (hd + 2) + 2 + tid] : 0.f;
+    float gv = 0.f;
+    if (own && gate_mode == 1) gv = g[(size_t)m * ldg + h];
+    else if (own && gate_mode == 2) gv = g[(size_t)m * ldg + h * hd + tid];
+    for (int z = tid; z < ns; z += blockDim.x) {
+        sm[z] = pp[z * (hd + 2)];
+        sl[z] = pp[z * (hd + 2) + 1];
+    }
+    __syncthreads();
+    float mx = sk;
+    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
+    for (int z = tid; z < ns; z += blockDim.x) cz[z] = sl[z] == 0.f ? 0.f : expf(sm[z] - mx);
+    __syncthreads();
+    if (!own) return;
+    float l = sink ? expf(sk - mx) : 0.f;
+    float a = 0.f;
+    merge_splits<U>(pp, ns, hd, tid, cz, sl, v, l, a);
+    float o = (a / l) * vscale;
+    if (gate_mode == 1 || gate_mode == 2) o *= softplus_f(gv);
+    out[(size_t)m * ldo + h * hd + tid] = o;
+}

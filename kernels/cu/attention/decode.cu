@@ -6,7 +6,7 @@
 // `nsplit` equal ranges (by the row's own length only: a row's result never depends on the batch);
 // each block runs tiles of ATT_T keys: scores by warps (lanes over dims), online softmax, V
 // accumulation by threads over dims. nsplit == 1 writes the output (sink, gate applied);
-// otherwise (max, sum, acc[hd]) partials go to `part` for attention_merge.
+// otherwise (max, sum, acc[hd]) partials go to `part` for attention_decode_merge16 / 64.
 // gate_mode: 0 none, 1 per head (g[m, h]), 2 per element (g[m, h*hd + d]); softplus applied here.
 // Tiles of blockDim keys: every thread scores one key (16-byte K loads, q from shared memory),
 // block-wide online softmax, then V accumulated by (key group, dim) threads. Any even hd <=
@@ -155,9 +155,9 @@ extern "C" __global__ void attention_decode_head_fp8(ATT_PARAMS(u8), int nsplit,
 // the group (blockDim = 32 * nh/nkv), so each K/V tile is read from memory once for the whole
 // group. Tiles of 32 keys are staged in shared memory; lane j scores key j of the tile against
 // its warp's query (dims in order), warp-level online softmax, then lane l accumulates dims
-// 4l..4l+3 over the tile's keys in order. Key ranges and splits follow `attention` (by the row's
+// 4l..4l+3 over the tile's keys in order. Key ranges and splits follow attention_decode_head (by the row's
 // own length only), so a row's result is the same in any batch. Needs hd % 8 == 0, hd <= 128,
-// nh / nkv <= 16. Partials feed attention_merge unchanged.
+// nh / nkv <= 16. Partials feed the same merges.
 #define GQ_T 32
 // i / nc without a division: (i * ceil(2^20 / nc)) >> 20 equals it for i < 1024 and nc <= 32
 // (nc = hd / 8; ceil(2^20 / nc) * nc exceeds 2^20 by e < nc, and i * e < 2^20).
@@ -240,11 +240,10 @@ __device__ __forceinline__ void gqa_store(float* out, int ldo, const float* g, i
         out[(size_t)m * ldo + h * hd + d + i] = o[i];
     }
 }
-// LAT (attention_decode_gqa, KernelSet gqa_ld): a thread's share of q, and of a key tile three items
-// at a time (page-table entries first, then their K/V rows; one batch for groups of 6+ heads), is
-// loaded before any of it is used, instead of one round trip per loop iteration; the same values
-// land in the same shared arrays, so the same bits.
-template <typename KV, int LAT = 0>
+// A thread's share of q, and of a key tile three items at a time (page-table entries first, then
+// their K/V rows; one batch for groups of 6+ heads), is loaded before any of it is used, not one
+// round trip a loop iteration.
+template <typename KV>
 __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
@@ -260,21 +259,17 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     int len = last + 1 - lo;
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
     if (z >= ns) return;
-    if (!LAT) {
-        for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = q[(size_t)m * ldq + (size_t)kvh * G * hd + i];
-    } else {
-        // G * hd / blockDim = hd / 32 <= 4 elements a thread.
-        float qv[4];
+    // G * hd / blockDim = hd / 32 <= 4 elements a thread.
+    float qv[4];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-            qv[u] = i < G * hd ? q[(size_t)m * ldq + (size_t)kvh * G * hd + i] : 0.f;
-        }
+    for (int u = 0; u < 4; u++) {
+        int i = threadIdx.x + u * blockDim.x;
+        qv[u] = i < G * hd ? q[(size_t)m * ldq + (size_t)kvh * G * hd + i] : 0.f;
+    }
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-            if (i < G * hd) qs[i] = qv[u];
-        }
+    for (int u = 0; u < 4; u++) {
+        int i = threadIdx.x + u * blockDim.x;
+        if (i < G * hd) qs[i] = qv[u];
     }
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
@@ -289,44 +284,33 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     for (int t0 = k0; t0 < k1; t0 += GQ_T) {
         int tn = min(GQ_T, k1 - t0);
         __syncthreads();
-        if (!LAT) {
-            for (int i = threadIdx.x; i < tn * nc; i += blockDim.x) {
-                int j = i / nc, c = i - j * nc;
-                int t = t0 + j;
-                int page = btr[(t / page_size) % max_pages];
-                size_t off = (((size_t)page * page_size + t % page_size) * nkv + kvh) * hd + c * 8;
-                *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = Kv<KV>::ld8(kc + off);
-                *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = Kv<KV>::ld8(vc + off);
+        TilePages tp(t0, page_size, max_pages);
+        for (int i0 = threadIdx.x; i0 < tn * nc; i0 += 3 * blockDim.x) {
+            int page[3], in[3];
+#pragma unroll
+            for (int u = 0; u < 3; u++) {
+                int i = i0 + u * blockDim.x;
+                int pi = tp.index(div_nc(i, ncm), in[u]);
+                page[u] = i < tn * nc ? btr[pi] : 0;
             }
-        } else {
-            TilePages tp(t0, page_size, max_pages);
-            for (int i0 = threadIdx.x; i0 < tn * nc; i0 += 3 * blockDim.x) {
-                int page[3], in[3];
+            uint4 kv4[3], vv4[3];
 #pragma unroll
-                for (int u = 0; u < 3; u++) {
-                    int i = i0 + u * blockDim.x;
-                    int pi = tp.index(div_nc(i, ncm), in[u]);
-                    page[u] = i < tn * nc ? btr[pi] : 0;
+            for (int u = 0; u < 3; u++) {
+                int i = i0 + u * blockDim.x;
+                if (i < tn * nc) {
+                    int j = div_nc(i, ncm), c = i - j * nc;
+                    size_t off = (((size_t)page[u] * page_size + in[u]) * nkv + kvh) * hd + c * 8;
+                    kv4[u] = Kv<KV>::ld8(kc + off);
+                    vv4[u] = Kv<KV>::ld8(vc + off);
                 }
-                uint4 kv4[3], vv4[3];
+            }
 #pragma unroll
-                for (int u = 0; u < 3; u++) {
-                    int i = i0 + u * blockDim.x;
-                    if (i < tn * nc) {
-                        int j = div_nc(i, ncm), c = i - j * nc;
-                        size_t off = (((size_t)page[u] * page_size + in[u]) * nkv + kvh) * hd + c * 8;
-                        kv4[u] = Kv<KV>::ld8(kc + off);
-                        vv4[u] = Kv<KV>::ld8(vc + off);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < 3; u++) {
-                    int i = i0 + u * blockDim.x;
-                    if (i < tn * nc) {
-                        int j = div_nc(i, ncm), c = i - j * nc;
-                        *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = kv4[u];
-                        *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = vv4[u];
-                    }
+            for (int u = 0; u < 3; u++) {
+                int i = i0 + u * blockDim.x;
+                if (i < tn * nc) {
+                    int j = div_nc(i, ncm), c = i - j * nc;
+                    *reinterpret_cast<uint4*>(Ks + j * ldk + c * 8) = kv4[u];
+                    *reinterpret_cast<uint4*>(Vs + j * hd + c * 8) = vv4[u];
                 }
             }
         }
@@ -343,141 +327,13 @@ __device__ __forceinline__ void attention_gqa_t(ATT_PARAMS(KV), int nsplit, floa
     gqa_store(out, ldo, g, ldg, gate_mode, vscale, m, h, hd, d, run_sum, a0, a1, a2, a3);
 }
 extern "C" __global__ void attention_decode_gqa(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_gqa_t<bf16_t, 1>(ATT_ARGS, nsplit, part, kend);
+    attention_gqa_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
 }
 extern "C" __global__ void attention_decode_gqa_fp8(ATT_PARAMS(u8), int nsplit, float* part, const int* kend) { PDL_ENTRY();
-    attention_gqa_t<u8, 1>(ATT_ARGS, nsplit, part, kend);
+    attention_gqa_t<u8>(ATT_ARGS, nsplit, part, kend);
 }
 
-// attention_gqa_qkc's merge (see attention_gqa_qk_t, CL): block z of a cluster of the KV head's
-// gridDim.z <= 16 split blocks, warp w < G holding head kvh * G + w's partial (run_max, run_sum,
-// a0..a3 at dims d..d + 3), every thread of the block calling. The partials go to this block's
-// shared memory in the layout of attention_gqa's `part` (max, sum, hd values a head); after the
-// cluster barrier, thread t < per of block z merges output o = z * per + t (head o / hd, dim
-// o % hd) from the ns blocks' partials: attention_merge_r<16>'s expressions (the same maximum, the
-// same split factors, merge_splits' steps in split order), so the same bits. The split maxima and
-// sums of the block's heads (at most 8) go to `scr` (256 floats of this block's shared memory,
-// free by then), asked for with the values, before one block barrier.
-__device__ __forceinline__ void gqa_cluster_merge(float* out, int ldo, int m, int kvh, int z, int G, int hd, int ns, int w,
-                                                  int lane, int d, float run_max, float run_sum, float a0, float a1,
-                                                  float a2, float a3, const float* sink, const float* g, int ldg,
-                                                  int gate_mode, float vscale, float* scr) {
-    CLUSTER_SHARED(float, pm, 8 * 130);
-    if (w < G && d < hd) {
-        float* pw = pm + w * (hd + 2);
-        pw[2 + d] = a0; pw[3 + d] = a1; pw[4 + d] = a2; pw[5 + d] = a3;
-        if (lane == 0) { pw[0] = run_max; pw[1] = run_sum; }
-    }
-    cluster_sync();
-    int nz = gridDim.z, per = (G * hd + nz - 1) / nz;
-    int t = threadIdx.x, o0 = z * per, o = o0 + t;
-    int h0 = o0 / hd, nhs = min(G * hd, o0 + per) > o0 ? (min(G * hd, o0 + per) - 1) / hd - h0 + 1 : 0;
-    bool own = t < per && o < G * hd;
-    int hh = own ? o / hd : h0, dd = o - hh * hd, h = kvh * G + hh;
-    float v[16];
-#pragma unroll
-    for (int u = 0; u < 16; u++) v[u] = own && u < ns ? ld_cluster(pm + hh * (hd + 2) + 2 + dd, u) : 0.f;
-    float* msm = scr;
-    float* msl = scr + 128;
-    for (int i = t; i < nhs * ns; i += blockDim.x) {
-        int hs = i / ns, u = i - hs * ns;
-        msm[hs * 16 + u] = ld_cluster(pm + (h0 + hs) * (hd + 2), u);
-        msl[hs * 16 + u] = ld_cluster(pm + (h0 + hs) * (hd + 2) + 1, u);
-    }
-    float gv = 0.f;
-    if (own && gate_mode == 1) gv = g[(size_t)m * ldg + h];
-    else if (own && gate_mode == 2) gv = g[(size_t)m * ldg + h * hd + dd];
-    float sk = sink ? sink[h] : -INFINITY;
-    __syncthreads();
-    if (own) {
-        const float* sm = msm + (hh - h0) * 16;
-        const float* sl = msl + (hh - h0) * 16;
-        float mx = sk;
-        for (int u = 0; u < ns; u++) mx = fmaxf(mx, sm[u]);
-        float cz[16];
-#pragma unroll
-        for (int u = 0; u < 16; u++) cz[u] = u < ns && sl[u] != 0.f ? expf(sm[u] - mx) : 0.f;
-        float l = sink ? expf(sk - mx) : 0.f;
-        float a = 0.f;
-        // ns <= 16 (the grid's splits): only merge_splits' unrolled form remains, cz in registers.
-        if (ns > 16) __builtin_unreachable();
-        merge_splits<16>(nullptr, ns, hd, dd, cz, sl, v, true, l, a);
-        float r = (a / l) * vscale;
-        if (gate_mode == 1 || gate_mode == 2) r *= softplus_f(gv);
-        out[(size_t)m * ldo + h * hd + dd] = r;
-    }
-    // No block leaves (its shared memory) while another may still read it.
-    cluster_sync();
-}
-// attention_gqa_qkl's merge (see attention_gqa_qk_t, LM): every thread of a split block calls it
-// after its partial stores. The block takes a ticket on its (row, KV head) counter
-// (last_block_ticket); the block that draws the last of the row's ns tickets merges the
-// group's G heads, warp w head kvh * G + w, lane l dims l + 32 j: attention_merge_r<16>'s
-// expressions in the same order on the same values (the maximum over the sink and the split
-// maxima in split order, the split factors, merge_splits' steps), so the same bits as
-// attention_decode_merge16 after the launch. The partials come through L2 (__ldcg: other blocks wrote
-// them in this launch), all 64 of a lane's split values (4 dims) in flight at once, one round
-// trip. ns <= 16 (the host uses it with 16 splits at most). scr: 128 floats a warp of this
-// block's shared memory, free by then.
-__device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
-                                               int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
-                                               const float* g, int ldg, int gate_mode, float vscale, float* scr) {
-    if (!last_block_ticket(cnt + (size_t)m * nkv + kvh, ns)) return;
-    int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (w >= G) return;
-    ns = min(ns, 16);  // (the host's bound; known to the compiler, merge_splits' loop form goes)
-    int h = kvh * G + w;
-    const float* pp = part + ((size_t)m * nh + h) * nsplit * (hd + 2);
-    float* sm = scr + w * 128;  // the split maxima [0, 16), sums [16, 32), factors [32, 48)
-    float* sl = sm + 16;
-    float* cz = sm + 32;
-    // Every load at once: the lane's 4 dims' split values (lanes past hd: zeros, nothing
-    // stored), the gates, the split maxima and sums.
-    float v[4][16];
-    if (nsplit == 16 && hd == 128) {
-        // (The decode step's shape: every load in the head's 16 partials, at constant offsets,
-        // no test a load; splits past ns are read and left out by merge_splits' selects.)
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-#pragma unroll
-            for (int u = 0; u < 16; u++) v[j][u] = __ldcg(pp + u * 130 + 2 + lane + 32 * j);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            int dd = lane + 32 * j;
-#pragma unroll
-            for (int u = 0; u < 16; u++) v[j][u] = u < ns && dd < hd ? __ldcg(pp + u * (hd + 2) + 2 + dd) : 0.f;
-        }
-    }
-    float gv[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int dd = lane + 32 * j;
-        if (gate_mode == 1) gv[j] = g[(size_t)m * ldg + h];
-        else if (gate_mode == 2 && dd < hd) gv[j] = g[(size_t)m * ldg + h * hd + dd];
-    }
-    if (lane < ns) {
-        sm[lane] = __ldcg(pp + lane * (hd + 2));
-        sl[lane] = __ldcg(pp + lane * (hd + 2) + 1);
-    }
-    __syncwarp();
-    float sk = sink ? sink[h] : -INFINITY;
-    float mx = sk;
-    for (int z = 0; z < ns; z++) mx = fmaxf(mx, sm[z]);
-    if (lane < ns) cz[lane] = sl[lane] == 0.f ? 0.f : expf(sm[lane] - mx);
-    __syncwarp();
-    float l0 = sink ? expf(sk - mx) : 0.f;
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        int dd = lane + 32 * j;
-        float l = l0, a = 0.f;
-        merge_splits<16>(pp, ns, hd, dd, cz, sl, v[j], true, l, a);
-        float o = (a / l) * vscale;
-        if (gate_mode == 1 || gate_mode == 2) o *= softplus_f(gv[j]);
-        if (dd < hd) out[(size_t)m * ldo + h * hd + dd] = o;
-    }
-}
-// attention_decode_gqa_qk (KernelSet attn_qk): qk_norm_rope_store and attention_decode_gqa as one launch, for
+// attention_decode_gqa_qk: qk_norm_rope_store and attention_decode_gqa as one launch, for
 // passes in which every row is the only row of its sequence (decode steps; not DFlash, whose rows
 // see each other's keys). Block (m, kvh, z) norms and rotates its G query heads itself, into
 // shared memory (the same expressions as qk_norm_rope_kv_t, so the same values the two-kernel path
@@ -486,31 +342,14 @@ __device__ __forceinline__ void gqa_last_merge(const float* part, unsigned* cnt,
 // the stored values in shared memory (kp, vp), from which its last tile takes that key (nothing
 // reads the slot from memory in this launch; only the writer block's split reaches position p). The first tile's page-table entries and K/V rows are loaded
 // before the norms. grid (M, nkv, nsplit), block 32 * (G + 1). Same bits as the two kernels.
-// PRE (attention_gqa_qkp, KernelSet gqa_pre, off: within the noise in PERF.md run 219): the exit test also
-// reads the sequence row (never negative), so ptxas issues its load with the position's instead
-// of after the exit that needs the position (the SASS of attention_decode_gqa_qk: position, exit,
-// sequence row, page entries, K/V rows, four dependent round trips before the wait; three with
-// it). The same values, so the same bits.
-// CL (attention_gqa_qkc, KernelSet gqa_cl, off: slower in PERF.md runs 222 and 223): launched in clusters
-// of the row's nsplit (<= 16) split blocks of a KV head (cluster dims (1, 1, nsplit)), which merge
-// their splits themselves instead of an attention_decode_merge16 launch: each block keeps its G
-// partials in shared memory, and after a cluster barrier block z merges its slice of the G x hd
-// outputs from the ns blocks' partials (distributed shared memory), with attention_merge_r<16>'s
-// arithmetic in the same order on the same values (merge_splits), so the same bits. Blocks past
-// the row's split count (z >= ns) stay for the two barriers and their slice of the merge.
-// LM (attention_gqa_qkl, KernelSet gqa_lm, off: slower, PERF.md run 228): the split merge in this launch
-// without clusters or a grid barrier: each split block takes a ticket on its (row, KV head)
-// counter after its partial stores, and the last of the row's ns blocks merges the group's heads
-// (gqa_last_merge), so no attention_decode_merge16 launch follows and no block waits for another.
-template <typename KV, bool PRE = false, bool CL = false, bool LM = false>
+template <typename KV>
 __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, float* out, int ldo, KV* kc, KV* vc,
                                                    const int* pos, const int* seqrow, const int* bt, int max_pages,
                                                    int page_size, int nh, int nkv, int hd, int window, const float* sink,
                                                    const float* g, int ldg, int gate_mode, float scale, float vscale,
                                                    int nsplit, float* part, const float* k, const float* v, int ldkv,
                                                    const float* qn_w, const float* kn_w, const float* inv_freq, int half,
-                                                   float attn_factor, float eps, float kinv, float vinv,
-                                                   unsigned* cnt = nullptr) {
+                                                   float attn_factor, float eps, float kinv, float vinv) {
     __shared__ __align__(16) bf16_t Ks[GQ_T * 136];
     __shared__ __align__(16) bf16_t Vs[GQ_T * 128];
     __shared__ __align__(16) float qs[16 * 128];
@@ -528,8 +367,7 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
     int last = p;
     int len = last + 1 - lo;
     int ns = nsplit == 1 ? 1 : min(nsplit, (len + ATT_CHUNK - 1) / ATT_CHUNK);
-    // (CL: a block past ns has k0 >= k1 below, so no tile and no key of its own.)
-    if ((!CL && z >= ns) || (PRE && srow < 0)) return;
+    if (z >= ns) return;
     int chunk = (len + ns - 1) / ns;
     // The split holding the row's own key (not always the last: with 64 splits of a long row
     // the last ones can be empty).
@@ -671,25 +509,6 @@ __device__ __forceinline__ void attention_gqa_qk_t(const float* q, int ldq, floa
         }
         __syncthreads();
         if (w < G) gqa_tile(Ks, Vs, ldk, qs + w * hd, tn, nc, hd, lane, scale, run_max, run_sum, a0, a1, a2, a3, buf[w]);
-    }
-    if constexpr (CL) {
-        if (!final_) {
-            gqa_cluster_merge(out, ldo, m, kvh, z, G, hd, ns, w, lane, d, run_max, run_sum, a0, a1, a2, a3, sink, g, ldg,
-                              gate_mode, vscale, &buf[0][0]);
-            return;
-        }
-    }
-    if constexpr (LM) {
-        if (!final_) {
-            if (w < G && d < hd) {
-                float* pp = part + (((size_t)m * nh + h) * nsplit + z) * (hd + 2);
-                pp[2 + d] = a0; pp[3 + d] = a1; pp[4 + d] = a2; pp[5 + d] = a3;
-                if (lane == 0) { pp[0] = run_max; pp[1] = run_sum; }
-            }
-            gqa_last_merge(part, cnt, m, kvh, nkv, nh, G, hd, nsplit, ns, out, ldo, sink, g, ldg, gate_mode, vscale,
-                           &buf[0][0]);
-            return;
-        }
     }
     if (w >= G || d >= hd) return;
     if (!final_) {

@@ -1,59 +1,11 @@
 // Attention: the split-KV decode on tensor cores (`attention_decode_tc[_qk[_3stage]][_fp8]`) and its
 // merges (`attention_decode_tc_merge16/64`: merge.cu's with the tensor-core split count).
 
-// attention_tc_qk3l's merge (see attention_tc_t, LM): every thread of a split block calls it after
-// its partial stores. The ticket (last_block_ticket) as gqa_last_merge's; the block that draws
-// the row's last one copies the group's partials (G heads x nsplit splits x (hd + 2) floats, contiguous; the host
-// keeps nsplit (hd + 2) a multiple of 4, so 16-byte pieces) from L2 into its shared memory at
-// `sp` (the stages, free by then) in one round trip, then merges output e = (head, dim) a thread
-// at a time with attention_merge_r<16, TC_CHUNK>'s expressions in the same order (the maximum
-// over the sink and the split maxima in split order, the split factors, merge_splits), so the
-// same bits as attention_decode_tc_merge16 after the launch. ns <= 16, G <= 16.
-__device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, int m, int kvh, int nkv, int nh, int G,
-                                              int hd, int nsplit, int ns, float* out, int ldo, const float* sink,
-                                              const float* g, int ldg, int gate_mode, float vscale, float* sp) {
-    __shared__ float tmx[16], tcz[16 * 16], tsl[16 * 16];
-    if (!last_block_ticket(cnt + (size_t)m * nkv + kvh, ns)) return;
-    ns = min(ns, 16);
-    const int ld = hd + 2;
-    const float* src = part + ((size_t)m * nh + (size_t)kvh * G) * nsplit * ld;
-    int n4 = (G * nsplit * ld) >> 2;
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) cp_async16(sp + 4 * i, src + 4 * i, 16u);
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
-    for (int t = threadIdx.x; t < G * 16; t += blockDim.x) {
-        int r = t >> 4, z = t & 15;
-        const float* ph = sp + (size_t)r * nsplit * ld;
-        float mx = sink ? sink[kvh * G + r] : -INFINITY;
-        for (int u = 0; u < ns; u++) mx = fmaxf(mx, ph[u * ld]);
-        if (z == 0) tmx[r] = mx;
-        if (z < ns) {
-            float sl = ph[z * ld + 1];
-            tsl[t] = sl;
-            tcz[t] = sl == 0.f ? 0.f : expf(ph[z * ld] - mx);
-        }
-    }
-    __syncthreads();
-#pragma unroll 1
-    for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
-        int r = e / hd, dd = e - r * hd, h = kvh * G + r;
-        float mx = tmx[r], sk = sink ? sink[h] : -INFINITY;
-        float l = sink ? expf(sk - mx) : 0.f, a = 0.f;
-        float v[16];
-        merge_splits<16>(sp + (size_t)r * nsplit * ld, ns, hd, dd, tcz + r * 16, tsl + r * 16, v, false, l, a);
-        float o = (a / l) * vscale;
-        if (gate_mode == 1) o *= softplus_f(g[(size_t)m * ldg + h]);
-        else if (gate_mode == 2) o *= softplus_f(g[(size_t)m * ldg + h * hd + dd]);
-        out[(size_t)m * ldo + h * hd + dd] = o;
-    }
-}
-
-// ---- attention_decode_tc (KernelSet attn_tc): the split-KV decode attention on tensor cores ----------
+// ---- attention_decode_tc: the split-KV decode attention on tensor cores ----------------------------
 // The weight-streaming regime's decode attention (decode steps, DFlash propose / verify) for GQA
 // groups of G <= 16 query heads, hd % 16 == 0, hd <= 128. One block of 4 warps per (row, KV
 // head, split); a row's splits follow tc_splits (at least 64 keys each, 16 splits for a 2K row,
-// more past 8K keys), fewer and longer than attention_gqa's 32-key ones, and each 16 keys cost
+// more past 8K keys), fewer and longer than attention_decode_gqa's 32-key ones, and each 16 keys cost
 // a few mma instead of a serial chain per 32 keys.
 // The split's keys go in steps of 16, step j to warp j % 4, which stages the step's K and V rows
 // (BF16; an FP8 cache is converted on the way) in its own shared memory, TC_NST steps in flight
@@ -64,13 +16,13 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 //   O (heads x hd) = O * corr + P . V, P split into hi + lo, taken from S's fragments.
 // Q's hi and lo halves wait in shared memory (written once by the block, read by ldmatrix). The
 // four warps' states are combined in warp order and the split's partial (max, sum, acc[hd] per
-// head) written for attention_merge_tc / _tc64, or with nsplit == 1 the output (sink, V scale,
+// head) written for attention_decode_tc_merge16 / 64, or with nsplit == 1 the output (sink, V scale,
 // gate). A row's arithmetic depends only on its own keys and length, never on the pass, so a
 // DFlash verify row is bit-identical to the same row decoded alone. K and V come from the cache
 // for every key (the row's own key included): the q/k norm + K/V write runs before it.
-// QK (attention_decode_tc_qk, KernelSet attn_tc with attn_qk, for passes whose rows are each alone in
-// their sequence): the q/k norm + RoPE + K/V write of qk_norm_rope_kv_t inside the launch, as
-// attention_decode_gqa_qk does for attention_gqa: every block norms and rotates its G query heads (the
+// QK (attention_decode_tc_qk[_fp8], _qk_3stage; for passes whose rows are each alone in their
+// sequence): the q/k norm + RoPE + K/V write of qk_norm_rope_kv_t inside the launch, as
+// attention_decode_gqa_qk does for attention_decode_gqa: every block norms and rotates its G query heads (the
 // same expressions, so the same q bits), the block whose split holds the row's own key p (its last
 // key) also the new key, writes K and V to the cache and stages key p from the stored values it
 // keeps in shared memory (nothing reads that slot from memory in this launch). Every other key
@@ -90,25 +42,11 @@ __device__ __forceinline__ void tc_last_merge(const float* part, unsigned* cnt, 
 // its shared memory first), and so are Q's.
 // NST: K/V steps a warp has in flight (TC_NST; attention_decode_tc_qk_3stage: 3, so a 2K row's 9-step split
 // has every step of warp 0 asked for before the PDL wait too; 115 KB of shared memory).
-// PRE (attention_tc_qk3p, KernelSet tc_pre, off: within the noise in PERF.md run 219; QK, half <= 64): the
-// chain before the wait shortened, the same values, so the same bits. Without it the SASS has
-// the position's load, the exit test, then the sequence row's load, then stage 0's page entry,
-// its copies (which wait on it), stage 1's page entry, ...: five dependent round trips, and the
-// blocks of this launch only get an SM as the q|k|v|g GEMV before it ends. With it the sequence
-// row is loaded with the position and every stage's page entry before any copy: two. Also the
-// q/k norm weights, the rotary frequencies and the new key's page entry, which no launch of the
-// pass writes, are loaded before the PDL wait (as attention_decode_gqa_qk does) instead of with q after
-// it (the step's weight stream evicts them from L2: DRAM round trips beside q's L2 one).
-// LM (attention_tc_qk3l, KernelSet tc_lm, off: slower, PERF.md run 228; with QK): the split merge in the
-// launch, as attention_gqa_qkl does it: a ticket on the (row, KV head) counter after the partial
-// stores, and the row's last split block merges the group's heads (tc_last_merge), so no
-// attention_decode_tc_merge16 launch follows.
-template <typename KV, bool QK = false, int NST = TC_NST, bool PRE = false, bool LM = false>
+template <typename KV, bool QK = false, int NST = TC_NST>
 __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float* part, const int* kend, const float* k = nullptr,
                                                const float* v = nullptr, int ldkv = 0, const float* qn_w = nullptr,
                                                const float* kn_w = nullptr, const float* inv_freq = nullptr, int half = 0,
-                                               float attn_factor = 1.f, float eps = 0.f, float kinv = 1.f, float vinv = 1.f,
-                                               unsigned* cnt = nullptr) {
+                                               float attn_factor = 1.f, float eps = 0.f, float kinv = 1.f, float vinv = 1.f) {
     extern __shared__ __align__(16) bf16_t atc_s[];
     __shared__ float rc[64], rs[64];
     __shared__ __align__(16) bf16_t kp[128], vp[128];
@@ -125,17 +63,13 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
     int last = key_last(p, kend, m, window);
     int len = last + 1 - lo;
     int ns = tc_splits(len, nsplit);
-    // PRE: the sequence row read with the position (the test makes ptxas issue its load before
-    // the exit; a row is never negative), not after the exit that needs the position: one
-    // round trip fewer before the first page entry.
-    int srow = PRE ? seqrow[m] : 0;
-    if (z >= ns || (PRE && srow < 0)) return;
+    if (z >= ns) return;
     STAMP();  // (LAGUNA_STAMP builds: the timeline's record of this block, its wait time set below)
     int chunk = (len + ns - 1) / ns;
     int k0 = lo + z * chunk, k1 = min(last + 1, k0 + chunk);
     int nsteps = k1 > k0 ? (k1 - k0 + 15) >> 4 : 0;
     int mine = nsteps > w ? (nsteps - w + 3) >> 2 : 0;  // this warp's steps: w, w + 4, ...
-    const int* btr = bt + (size_t)(PRE ? srow : seqrow[m]) * max_pages;
+    const int* btr = bt + (size_t)seqrow[m] * max_pages;
     const int nc = hd >> 3;
     bf16_t* ws = atc_s + (size_t)w * TC_WSMEM;
     bf16_t* qhi = atc_s + TC_QOFF;
@@ -171,18 +105,9 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         }
         return off;
     };
-    // PRE: the same offset with the page entry loaded whether or not the key is in the split (its
-    // index is in the row's table either way), so no branch keeps one stage's load behind another
-    // stage's copies.
-    auto stage_off_pre = [&](int j) -> size_t {
-        TilePages tp(k0 + 16 * j, page_size, max_pages);
-        int in;
-        int pi = tp.index(kr, in);
-        int pg = btr[pi];
-        return k0 + 16 * j + kr < k1 ? (((size_t)pg * page_size + in) * nkv + kvh) * hd : 0;
-    };
-    // Stage j's copies at cache offset off.
-    auto stage_at = [&](int j, int st, bool after, size_t off) {
+    // Stage j's copies.
+    auto stage = [&](int j, int st, bool after) {
+        size_t off = stage_off(j);
         int key = k0 + 16 * j + kr;
         bf16_t* Kd = ws + st * TC_STAGE + kr * TC_LD;
         bf16_t* Vd = Kd + 16 * TC_LD;
@@ -211,7 +136,6 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         }
         cp_async_commit();
     };
-    auto stage = [&](int j, int st, bool after) { stage_at(j, st, after, stage_off(j)); };
     // Q row r, dims c, c + 1 as BF16 hi / lo pairs into shared memory.
     auto put_q = [&](int r, int c, float x0, float x1) {
         u32 h = bf2_pack(x0, x1);
@@ -225,7 +149,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         c = 2 * (e - r * pr);
     };
     if (!QK) {
-        // q rows of the group (written by qk_norm_rope_kv*), rows past G zero: coalesced pairs.
+        // q rows of the group (written by qk_norm_rope_store*), rows past G zero: coalesced pairs.
         const float* qr = q + (size_t)m * ldq + (size_t)kvh * G * hd;
         for (int e = threadIdx.x; e < 8 * hd; e += blockDim.x) {
             int r, c;
@@ -238,42 +162,14 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             put_q(r, c, x0, x1);
         }
     }
-    if (PRE) {
-        // Every stage's page entry asked for before the first stage's copies (which wait on it).
-        size_t offs[NST];
 #pragma unroll
-        for (int i = 0; i < NST; i++) offs[i] = stage_off_pre(w + 4 * i);
-#pragma unroll
-        for (int i = 0; i < NST; i++)
-            if (i < mine) stage_at(w + 4 * i, i, false, offs[i]);
-            else cp_async_commit();
-    } else {
-#pragma unroll
-        for (int i = 0; i < NST; i++)
-            if (i < mine) stage(w + 4 * i, i, false);
-            else cp_async_commit();
-    }
+    for (int i = 0; i < NST; i++)
+        if (i < mine) stage(w + 4 * i, i, false);
+        else cp_async_commit();
     // QK: the norms' items: 0..G-1 the query heads, item G the new key (writer block only); item
-    // w + 4 u to warp w. PRE: their norm weights, this thread's rotary frequency (half <= 64 <
-    // blockDim) and the new key's page entry, before the wait.
+    // w + 4 u to warp w.
     float nwv[5][4];
-    float fr = 0.f;
     int kpage = 0;
-    if (QK && PRE) {
-        int items = G + (writer ? 1 : 0);
-#pragma unroll
-        for (int u = 0; u < 5; u++) {
-            int it = w + 4 * u;
-            const float* nw = it < G ? qn_w : kn_w;
-#pragma unroll
-            for (int jj = 0; jj < 4; jj++) {
-                int dd = lane + 32 * jj;
-                nwv[u][jj] = it < items && dd < hd ? nw[dd] : 0.f;
-            }
-        }
-        fr = (int)threadIdx.x < half ? inv_freq[threadIdx.x] : 0.f;
-        kpage = writer ? btr[(p / page_size) % max_pages] : 0;
-    }
     if (QK) {
         // Everything above read only what earlier passes and the host wrote.
         pdl_wait();
@@ -293,7 +189,7 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
                 int dd = lane + 32 * jj;
                 bool in = live && dd < hd;
                 xv[u][jj] = in ? src[dd] : 0.f;
-                if (!PRE) nwv[u][jj] = in ? nw[dd] : 0.f;
+                nwv[u][jj] = in ? nw[dd] : 0.f;
             }
         }
 #pragma unroll
@@ -301,19 +197,11 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
             int dd = lane + 32 * jj;
             vv[jj] = writer && w == G % 4 && dd < hd ? v[(size_t)m * ldkv + (size_t)kvh * hd + dd] : 0.f;
         }
-        if (!PRE) kpage = writer ? btr[(p / page_size) % max_pages] : 0;
-        if (PRE) {
-            if ((int)threadIdx.x < half) {
-                float ang = (float)p * fr;
-                rc[threadIdx.x] = cosf(ang) * attn_factor;
-                rs[threadIdx.x] = sinf(ang) * attn_factor;
-            }
-        } else {
-            for (int i = threadIdx.x; i < half; i += blockDim.x) {
-                float ang = (float)p * inv_freq[i];
-                rc[i] = cosf(ang) * attn_factor;
-                rs[i] = sinf(ang) * attn_factor;
-            }
+        kpage = writer ? btr[(p / page_size) % max_pages] : 0;
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            float ang = (float)p * inv_freq[i];
+            rc[i] = cosf(ang) * attn_factor;
+            rs[i] = sinf(ang) * attn_factor;
         }
         // Q rows past the group are zero.
         for (int e = threadIdx.x; e < (16 - G) * 64; e += blockDim.x) put_q(G + (e >> 6), 2 * (e & 63), 0.f, 0.f);
@@ -539,11 +427,6 @@ __device__ __forceinline__ void attention_tc_t(ATT_PARAMS(KV), int nsplit, float
         else if (gate_mode == 2) ov *= softplus_f(g[(size_t)m * ldg + h * hd + dd]);
         out[(size_t)m * ldo + h * hd + dd] = ov;
     }
-    if constexpr (LM) {
-        if (!final_)
-            tc_last_merge(part, cnt, m, kvh, nkv, nh, G, hd, nsplit, ns, out, ldo, sink, g, ldg, gate_mode, vscale,
-                          reinterpret_cast<float*>(atc_s));
-    }
 }
 extern "C" __global__ __launch_bounds__(128) void attention_decode_tc(ATT_PARAMS(bf16_t), int nsplit, float* part, const int* kend) {
     attention_tc_t<bf16_t>(ATT_ARGS, nsplit, part, kend);
@@ -557,7 +440,7 @@ extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_fp8(ATT_PA
         vscale, nsplit, part, nullptr, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, kinv, vinv
 extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true>(TC_QK_ARGS); }
 extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk_fp8(GQK_PARAMS(u8)) { attention_tc_t<u8, true>(TC_QK_ARGS); }
-// The decode step's one-wave grids with three K/V steps a warp in flight (KernelSet tc_nst3).
+// The decode step's one-wave grids: three K/V steps a warp in flight (NST above).
 extern "C" __global__ __launch_bounds__(128) void attention_decode_tc_qk_3stage(GQK_PARAMS(bf16_t)) { attention_tc_t<bf16_t, true, 3>(TC_QK_ARGS); }
-extern "C" __global__ void attention_decode_tc_merge16(MERGE_PARAMS) { attention_merge_r<16, TC_CHUNK>(MERGE_ARGS); }
-extern "C" __global__ void attention_decode_tc_merge64(MERGE_PARAMS) { attention_merge_r<64, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_decode_tc_merge16(MERGE_PARAMS) { attention_merge_t<16, TC_CHUNK>(MERGE_ARGS); }
+extern "C" __global__ void attention_decode_tc_merge64(MERGE_PARAMS) { attention_merge_t<64, TC_CHUNK>(MERGE_ARGS); }

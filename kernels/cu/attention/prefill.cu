@@ -30,14 +30,14 @@ __device__ __forceinline__ float ex2_approx(float x) {
 #endif
     return y;
 }
-// EX2: softmax exponentials as 2^(log2(e) s - m) with log2(e) folded into the score scale and the
+// Softmax exponentials as 2^(log2(e) s - m) with log2(e) folded into the score scale and the
 // state kept in base-2 units (FlashAttention's and vLLM's form: one multiply and ex2.approx per
-// score instead of expf's ~8 instructions); off: expf of the natural-unit scores.
+// score instead of expf's ~8 instructions).
 // QS: the Q fragments (hi, lo) wait in dynamic shared memory (FA_QS_SMEM bytes: [64][FA_LD] hi
 // then lo; each warp its own 16 rows) and come back by ldmatrix per k-step instead of holding 64
 // registers, so 3 blocks fit an SM (168 registers); the same values in the same mma order.
 #define FA_QS_SMEM (2 * 64 * FA_LD * 2)
-template <typename KV, int SPLIT = 1, int EX2 = 0, int QS = 0>
+template <typename KV, int QS = 0>
 __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* tiles, const KV* ks, const KV* vs,
                                                     const int* sfirst, bf16_t* xs, int M) {
     extern __shared__ __align__(16) bf16_t fa_q[];
@@ -78,12 +78,10 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
             qf[kk][1] = fa_pack(x1.x, x1.y);
             qf[kk][2] = fa_pack(x2.x, x2.y);
             qf[kk][3] = fa_pack(x3.x, x3.y);
-            if (SPLIT) {
-                ql[kk][0] = fa_pack(x0.x - bflo(qf[kk][0]), x0.y - bfhi(qf[kk][0]));
-                ql[kk][1] = fa_pack(x1.x - bflo(qf[kk][1]), x1.y - bfhi(qf[kk][1]));
-                ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
-                ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
-            }
+            ql[kk][0] = fa_pack(x0.x - bflo(qf[kk][0]), x0.y - bfhi(qf[kk][0]));
+            ql[kk][1] = fa_pack(x1.x - bflo(qf[kk][1]), x1.y - bfhi(qf[kk][1]));
+            ql[kk][2] = fa_pack(x2.x - bflo(qf[kk][2]), x2.y - bfhi(qf[kk][2]));
+            ql[kk][3] = fa_pack(x3.x - bflo(qf[kk][3]), x3.y - bfhi(qf[kk][3]));
             if constexpr (QS) {
                 // A-fragment element (row, dims d0, d0 + 1) and (row, d0 + 8, d0 + 9) as stored pairs.
                 u32* ha = reinterpret_cast<u32*>(fa_q + ra * FA_LD + d0);
@@ -92,14 +90,12 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                 hb[0] = qf[kk][1];
                 ha[4] = qf[kk][2];
                 hb[4] = qf[kk][3];
-                if (SPLIT) {
-                    u32* la_ = reinterpret_cast<u32*>(fa_q + (64 + ra) * FA_LD + d0);
-                    u32* lb_ = reinterpret_cast<u32*>(fa_q + (64 + rb) * FA_LD + d0);
-                    la_[0] = ql[kk][0];
-                    lb_[0] = ql[kk][1];
-                    la_[4] = ql[kk][2];
-                    lb_[4] = ql[kk][3];
-                }
+                u32* la_ = reinterpret_cast<u32*>(fa_q + (64 + ra) * FA_LD + d0);
+                u32* lb_ = reinterpret_cast<u32*>(fa_q + (64 + rb) * FA_LD + d0);
+                la_[0] = ql[kk][0];
+                lb_[0] = ql[kk][1];
+                la_[4] = ql[kk][2];
+                lb_[4] = ql[kk][3];
             }
         }
     }
@@ -108,8 +104,8 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
 #pragma unroll
     for (int i = 0; i < FA_HD / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     const float L2E = 1.4426950408889634f;
-    if (EX2) scale *= L2E;
-    float ma = sink ? (EX2 ? sink[h] * L2E : sink[h]) : -INFINITY, mb = ma;
+    scale *= L2E;
+    float ma = sink ? sink[h] * L2E : -INFINITY, mb = ma;
     float la = sink ? 1.f : 0.f, lb = la;
     int nch = hd >> 3;  // 16-byte chunks per key
     for (int kb = klo; kb <= plast; kb += 64) {
@@ -203,18 +199,14 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                     ldsm_x4(a0, a1, a2, a3, qp);
 #pragma unroll
                     for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], a0, a1, a2, a3, kb_[ni][0], kb_[ni][1]);
-                    if (SPLIT) {
-                        ldsm_x4(a0, a1, a2, a3, qp + 64 * FA_LD);
+                    ldsm_x4(a0, a1, a2, a3, qp + 64 * FA_LD);
 #pragma unroll
-                        for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], a0, a1, a2, a3, kb_[ni][0], kb_[ni][1]);
-                    }
+                    for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], a0, a1, a2, a3, kb_[ni][0], kb_[ni][1]);
                 } else {
 #pragma unroll
-                for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kb_[ni][0], kb_[ni][1]);
-                if (SPLIT) {
+                    for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kb_[ni][0], kb_[ni][1]);
 #pragma unroll
                     for (int ni = 0; ni < 8; ni++) fa_mma(s[ni], ql[kk][0], ql[kk][1], ql[kk][2], ql[kk][3], kb_[ni][0], kb_[ni][1]);
-                }
                 }
             }
         }
@@ -268,7 +260,7 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, 2));
         float nma = fmaxf(ma, mxa), nmb = fmaxf(mb, mxb);
         float sa_ = nma == -INFINITY ? 0.f : nma, sb_ = nmb == -INFINITY ? 0.f : nmb;
-        float ca = EX2 ? ex2_approx(ma - sa_) : expf(ma - sa_), cb = EX2 ? ex2_approx(mb - sb_) : expf(mb - sb_);
+        float ca = ex2_approx(ma - sa_), cb = ex2_approx(mb - sb_);
         ma = nma;
         mb = nmb;
         float suma = 0.f, sumb = 0.f;
@@ -277,7 +269,7 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 float x = s[ni][e] - (e < 2 ? sa_ : sb_);
-                s[ni][e] = EX2 ? ex2_approx(x) : expf(x);
+                s[ni][e] = ex2_approx(x);
             }
             suma += s[ni][0] + s[ni][1];
             sumb += s[ni][2] + s[ni][3];
@@ -302,13 +294,10 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         for (int j = 0; j < 4; j++) {
             u32 a0 = fa_pack(s[2 * j][0], s[2 * j][1]), a1 = fa_pack(s[2 * j][2], s[2 * j][3]);
             u32 a2 = fa_pack(s[2 * j + 1][0], s[2 * j + 1][1]), a3 = fa_pack(s[2 * j + 1][2], s[2 * j + 1][3]);
-            u32 l0 = 0, l1 = 0, l2 = 0, l3 = 0;
-            if (SPLIT) {
-                l0 = fa_pack(s[2 * j][0] - bflo(a0), s[2 * j][1] - bfhi(a0));
-                l1 = fa_pack(s[2 * j][2] - bflo(a1), s[2 * j][3] - bfhi(a1));
-                l2 = fa_pack(s[2 * j + 1][0] - bflo(a2), s[2 * j + 1][1] - bfhi(a2));
-                l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
-            }
+            u32 l0 = fa_pack(s[2 * j][0] - bflo(a0), s[2 * j][1] - bfhi(a0));
+            u32 l1 = fa_pack(s[2 * j][2] - bflo(a1), s[2 * j][3] - bfhi(a1));
+            u32 l2 = fa_pack(s[2 * j + 1][0] - bflo(a2), s[2 * j + 1][1] - bfhi(a2));
+            u32 l3 = fa_pack(s[2 * j + 1][2] - bflo(a3), s[2 * j + 1][3] - bfhi(a3));
             // V fragments by ldmatrix.trans: tiles (keys j*16.., dims dp*16..), (keys +8), then the
             // same at dims +8: B fragments of o[2dp] and o[2dp+1]. Four dim blocks at a time: the
             // hi mma of all eight accumulators, then the lo mma (same order per accumulator).
@@ -322,10 +311,8 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
                                   &Vs[(j * 16 + (lane & 15)) * FA_LD + (dq + u) * 16 + (lane >> 4) * 8]);
 #pragma unroll
                     for (int u = 0; u < 8; u++) fa_mma(o[2 * dq + u], a0, a1, a2, a3, vb_[u][0], vb_[u][1]);
-                    if (SPLIT) {
 #pragma unroll
-                        for (int u = 0; u < 8; u++) fa_mma(o[2 * dq + u], l0, l1, l2, l3, vb_[u][0], vb_[u][1]);
-                    }
+                    for (int u = 0; u < 8; u++) fa_mma(o[2 * dq + u], l0, l1, l2, l3, vb_[u][0], vb_[u][1]);
                 }
             }
         }
@@ -365,22 +352,20 @@ __device__ __forceinline__ void attention_prefill_t(ATT_PARAMS(KV), const int* t
         }
     }
 }
-// _x: base-2 exponentials (EX2 above; KernelSet attn_ex2).
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_flash(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
                                                                       const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<bf16_t, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+    attention_prefill_t<bf16_t>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 extern "C" __global__ __launch_bounds__(128) void attention_prefill_flash_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                           const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<u8, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+    attention_prefill_t<u8>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
-// _q: _x with Q in shared memory at 3 blocks / SM (QS above; KernelSet attn_q; dynamic shared
-// memory FA_QS_SMEM).
+// _qsmem: Q in shared memory at 3 blocks / SM (QS above; dynamic shared memory FA_QS_SMEM).
 extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_flash_qsmem(ATT_PARAMS(bf16_t), const int* tiles, const bf16_t* ks,
                                                                          const bf16_t* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<bf16_t, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+    attention_prefill_t<bf16_t, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }
 extern "C" __global__ __launch_bounds__(128, 3) void attention_prefill_flash_qsmem_fp8(ATT_PARAMS(u8), const int* tiles, const u8* ks,
                                                                              const u8* vs, const int* sfirst, bf16_t* xs, int M) { PDL_ENTRY();
-    attention_prefill_t<u8, 1, 1, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
+    attention_prefill_t<u8, 1>(ATT_ARGS, tiles, ks, vs, sfirst, xs, M);
 }

@@ -7,11 +7,10 @@
 // K/V go to the cache, or with `ks` set to the pass's stage ([rows, nkv, hd], for a ring layer
 // whose pass is longer than the ring's spare slots; ring_commit copies them after the attention).
 // kinv / vinv = 1 / scale (1 for BF16).
-// LAT (qk_norm_rope_store, KernelSet qk_ld): the head's values, its norm weights, the V row and the
-// row's sequence index are loaded before the rotary table is built, and the page-table entry as
-// soon as the position is known, instead of each after the step before it; the same arithmetic
-// on the same values, so the same bits.
-template <typename KV, int LAT = 0>
+// The head's values, its norm weights, the V row and the row's sequence index are loaded before
+// the rotary table is built, and the page-table entry as soon as the position is known, not each
+// after the step before it.
+template <typename KV>
 __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float* k, const float* v, int ldkv,
                                                   const float* qn_w, const float* kn_w, const float* inv_freq, int half,
                                                   float attn_factor, float eps, const int* pos, const int* seqrow,
@@ -27,21 +26,19 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
     const float* src = isq ? q + (size_t)m * ldq + h * hd : k + (size_t)m * ldkv + kh * hd;
     const float* nw = isq ? qn_w : kn_w;
     float xv[8], nwv[8], vv[8];
-    int srow = 0;
-    if (LAT) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int d = lane + 32 * j;
-            bool in = live && d < hd;
-            xv[j] = in ? src[d] : 0.f;
-            nwv[j] = in ? nw[d] : 0.f;
-            vv[j] = in && !isq ? v[(size_t)m * ldkv + kh * hd + d] : 0.f;
-        }
-        if (live && !isq && !ks) srow = seqrow[m];
+    for (int j = 0; j < 8; j++) {
+        int d = lane + 32 * j;
+        bool in = live && d < hd;
+        xv[j] = in ? src[d] : 0.f;
+        nwv[j] = in ? nw[d] : 0.f;
+        vv[j] = in && !isq ? v[(size_t)m * ldkv + kh * hd + d] : 0.f;
     }
+    int srow = 0;
+    if (live && !isq && !ks) srow = seqrow[m];
     int p = pos[m];
     int page = 0;
-    if (LAT && live && !isq && !ks) page = bt[(size_t)srow * max_pages + (p / page_size) % max_pages];
+    if (live && !isq && !ks) page = bt[(size_t)srow * max_pages + (p / page_size) % max_pages];
     // cos / sin (times attn_factor) of this row's rotary angles, once per block for its 4 heads.
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float ang = (float)p * inv_freq[i];
@@ -52,25 +49,18 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
     if (!live) return;
     float ss = 0.f;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        int d = lane + 32 * j;
-        if (!LAT) xv[j] = d < hd ? src[d] : 0.f;
-        ss = fmaf(xv[j], xv[j], ss);
-    }
+    for (int j = 0; j < 8; j++) ss = fmaf(xv[j], xv[j], ss);
     ss = warp_sum(ss);
     float inv = rsqrtf(ss / (float)hd + eps);
     float* bw = buf[w];
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int d = lane + 32 * j;
-        if (d < hd) bw[d] = (LAT ? nwv[j] : nw[d]) * (xv[j] * inv);
+        if (d < hd) bw[d] = nwv[j] * (xv[j] * inv);
     }
     __syncwarp();
     size_t off = 0;
-    if (!isq && !ks) {
-        if (!LAT) page = bt[(size_t)seqrow[m] * max_pages + (p / page_size) % max_pages];
-        off = (((size_t)page * page_size + p % page_size) * nkv + kh) * hd;
-    }
+    if (!isq && !ks) off = (((size_t)page * page_size + p % page_size) * nkv + kh) * hd;
 #pragma unroll
     for (int j = 0; j < 8; j++) {
         int d = lane + 32 * j;
@@ -79,7 +69,7 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         if (isq) {
             q[(size_t)m * ldq + h * hd + d] = y;
         } else {
-            KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt((LAT ? vv[j] : v[(size_t)m * ldkv + kh * hd + d]) * vinv);
+            KV kq = Kv<KV>::cvt(y * kinv), vq = Kv<KV>::cvt(vv[j] * vinv);
             if (ks) {
                 size_t so = ((size_t)m * nkv + kh) * hd + d;
                 ks[so] = kq;
@@ -97,8 +87,8 @@ __device__ __forceinline__ void qk_norm_rope_kv_t(float* q, int ldq, const float
         const int *bt, int max_pages, int page_size, KV *kc, KV *vc, int nh, int nkv, int hd, KV *ks, KV *vs,     \
         float kinv, float vinv
 #define QK_ARGS q, ldq, k, v, ldkv, qn_w, kn_w, inv_freq, half, attn_factor, eps, pos, seqrow, bt, max_pages, page_size, kc, vc, nh, nkv, hd, ks, vs, kinv, vinv
-extern "C" __global__ void qk_norm_rope_store(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t, 1>(QK_ARGS); }
-extern "C" __global__ void qk_norm_rope_store_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8, 1>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_store(QK_PARAMS(bf16_t)) { PDL_ENTRY(); qk_norm_rope_kv_t<bf16_t>(QK_ARGS); }
+extern "C" __global__ void qk_norm_rope_store_fp8(QK_PARAMS(u8)) { PDL_ENTRY(); qk_norm_rope_kv_t<u8>(QK_ARGS); }
 
 // grid (M), block 64. After a staged pass: rows among the last R positions of their sequence in
 // the pass go from the stage into their ring slots (older rows would share a slot with a newer

@@ -1,15 +1,16 @@
 // MoE: a one-row layer's whole MoE half in one launch (`moe_decode_fused[_tc]`). It runs the
 // items of router.cu, experts_warp.cu and experts_tc.cu, which come before it in the program.
 
-// ---- moe_block_1 (KernelSet moe_mk; one row, decode): a layer's whole MoE half in one launch ----
+// ---- moe_decode_fused[_tc] (one row, decode): a layer's whole MoE half in one launch ----------
 // Post-attention RMSNorm, router GEMV, top-k, expert gate/up + SiLU, down, the combine into the
-// residual and (next_w set) the next layer's input RMSNorm, as one persistent grid with three (or
-// four) grid-wide barriers instead of six (seven) launches (rmsnorm, linear_bf16_1, router_topk,
-// moe_gate_up_fp4_sp, moe_down_fp4_sp, moe_combine, rmsnorm). Every
-// value is computed with the arithmetic of those kernels, in the same order, so the results are
-// the same bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever
-// this block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
-// every block on the shared logits), and gate/up / down are moe_*_sp's items (the same sp_*_load / sp_*_slot helpers).
+// residual and (next_w set) the next layer's input RMSNorm, as one persistent grid with one
+// grid-wide barrier (two with next_w) instead of six (seven) launches (rmsnorm, linear_bf16_1,
+// router_topk, moe_gate_up_fp4_warp, moe_down_fp4_warp, moe_combine, rmsnorm). Every value is
+// computed with the arithmetic of those kernels, in the same order, so the results are the same
+// bits: the norm reproduces rmsnorm's reduction over NB = norm_block(H) threads whatever this
+// block's size, the router GEMV is linear_bf16_1's row_dot2, top-k is router_topk_row (run by
+// every block on the shared logits), and gate/up / down are moe_*_fp4_warp's items (the same
+// sp_*_load / sp_*_slot helpers; _tc: moe_*_fp4_tc's).
 // The host launches one block of 640 threads an SM so that every block is resident (grid_sync
 // spins; a barrier that waits over 2 s traps instead of hanging), and
 // launches it only for one row with NVFP4 experts, a BF16 router, no unfolded shared expert,
@@ -18,7 +19,7 @@
 
 // (emu_ns, ld_acquire_u32 and grid_sync: common.cuh.)
 // grid_sync, with tp: the last arrival at and the last departure from barrier i recorded.
-// mk_arrive: that arrival stamp alone (the polling form's wait has no barrier).
+// mk_arrive: that arrival stamp alone (the logits' poll has no barrier).
 __device__ __forceinline__ void mk_arrive(unsigned long long* tp, int i) {
     if (tp) {
         __syncthreads();
@@ -30,7 +31,7 @@ __device__ __forceinline__ void mk_sync(unsigned* bar, unsigned& phase, unsigned
     grid_sync(bar, phase);
     if (tp && threadIdx.x == 0) atomicMax(tp + 2 * i + 2, emu_ns());
 }
-// Block-strided: p[0..n) = MK_UNSET (the polling form's buffer back to unset for the next launch).
+// Block-strided: p[0..n) = MK_UNSET (the polled logits back to unset for the next launch).
 __device__ __forceinline__ void mk_unset(float* p, int n) {
     for (int q = threadIdx.x; q < n; q += blockDim.x) p[q] = __uint_as_float(MK_UNSET);
 }
@@ -44,58 +45,38 @@ __device__ __forceinline__ void mk_unset(float* p, int n) {
 #define MOE_BLOCK_ARGS                                                                                                 \
     x, post_w, eps, NB, rw, rlog, bias, E, K, softcap, norm_topk, shared_slot, inv_scale, gw, gs, ginv, uw, us, uinv, \
         dw, ds, dinv, H, I, act, out, ids_out, wts_out, scale, bar, next_w, hn_out, tp, stag
-// POLL (moe_block_1np, KernelSet moe_poll, on since session 26): no grid barrier between the router GEMV and the top-k:
-// every block reads the logits until none holds MK_UNSET (router_topk_regs<POLL>), so the logits'
-// read is the wait. `rlog` is then moe_block_1's own buffer, MK_UNSET everywhere before the launch
-// (the host sets it once): block 0 puts MK_UNSET back after the gate/up barrier, which every block
-// reaches after its top-k, so the next launch finds it unset.
-// RP (moe_decode_fused, KernelSet moe_rp; with POLL): a router warp's two rows are loaded into
-// registers before the wait (not only asked into L2), so phase 1 is the residual's round trip
-// and the norm, then the dot products on registers: one L2 round trip fewer in the chain. The
-// same products and sums in the same order as row_dot2 / row_dot (the host launches it only
-// with E <= 2 x the grid's warps, so a warp has at most one pair, and H <= 2048).
-// TC (moe_block_1nprt / _1npt, KernelSet moe_tc; H 2048, I 512): the gate/up and down items'
-// dot products on tensor cores (tcg_* / tcd_*): phase 1 also writes the normed row's B fragments
-// into sact (free until phase 3), the gate/up items write SiLU(gate) * up as the down's B
-// fragments into `act` (the same bytes as its f32 rows), which phase 3 stages as before. The
-// same per-row arithmetic as moe_tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same
-// bits as those launches (kernels/emu, laguna-dev kbench).
-// DEP (moe_block_1nprtd, KernelSet moe_dep, off: within the noise in PERF.md run 219): a gate/up item's
-// first code word is XORed with (a zero the compilers cannot see: E >> 16, E <= 256) AND
-// (every other code and scale word of the item), so its first mma needs all of the item's loads
-// and all ten go out before it. Without it ptxas issues four code and both scale loads, then the
-// first mma (which waits on DRAM), then the other four: two DRAM round trips an item (the SASS
-// of moe_block_1nprt, session 32). The same values, so the same bits.
-// GI (moe_block_1nprtg / _1nprtdg, KernelSet moe_gi, off: within the noise in PERF.md run 219): the experts'
-// global inverse scales (gate and up, E + shared_slot each) read into shared memory before the
-// PDL wait, as the bias is. Without it a gate/up item reads ginv[e] / uinv[e] from global memory
-// where they are used: ptxas puts both loads after the item's mma chain and its shuffles (inside
-// the two lanes' output branch), so every item ends with one more memory round trip (DRAM or L2:
-// the step's weight stream evicts them) before its output store, which the barrier after the
-// phase waits for (SASS of moe_block_1nprt, session 33). The same values, so the same bits.
-// PW (moe_block_1nprtx, KernelSet moe_pwr, on since session 40: PERF.md run 238): the small
-// weights of the prologue (post-attention norm, router bias, next input norm) loaded together into
-// registers and kept there across the PDL wait. Before, each was a load and then a shared store in
-// a loop, so a thread's (up to four) norm weights, its bias and its next-norm weight were six
-// dependent round trips before its wait (the SASS of moe_block_1nprt), which a block that only
-// becomes resident when the o_proj GEMV's last blocks leave runs after that GEMV has ended. Now
-// the norm weights multiply from the registers (the same product as from hn) and the bias and
-// next-norm weight are stored after the residual's loads, so their round trip overlaps the
-// residual's. The same values, the same arithmetic: the same bits (kernels/emu, the XS-2.1 DFlash
-// pair). On an H100 2.406 -> 2.375 ms a step (run 238), its launches' wait spread 1.22 -> 0.28 us
-// (run 239).
-// SPF (moe_decode_fused_tc, KernelSet moe_shpf, on since session 41: PERF.md run 245):
-// the folded shared expert (expert E, slot K of every row) is the one expert whose weights do not
-// depend on the routing, yet its gate/up and down items are loaded from DRAM in the same phases
-// as the routed ones, where the DRAM is the bound (PERF.md run 237's kbench: the gate/up phase
-// 7.5 us for ~16 MB of gate/up and down weights), while during phase 1 and the logits' poll
-// (~5 us) it carries little more than the residual's round trip. So every block asks L2 for a
-// share of the shared expert's six ranges (gate / up / down codes, their scale bytes: 1.7 MB for
-// XS-2.1), one 128-byte line a thread, the last warps first, right after the PDL wait. Its items
-// then read L2, and the DRAM delivers eight slots in the critical phases instead of nine. Timing
-// only: the same loads and arithmetic, so the same bits (prefetch_l2 is no instruction in
-// kernels/emu). On an H100 2.405-2.409 -> 2.387 ms a step; the same lines asked for after the
-// router's dot products instead, 2.391 (run 245: removed).
+// No grid barrier between the router GEMV and the top-k: every block reads the logits until none
+// holds MK_UNSET (router_topk_regs<POLL>), so the logits' read is the wait. `rlog` is the launch's
+// own buffer, MK_UNSET everywhere before the launch (the host sets it once): block 0 puts
+// MK_UNSET back after the gate/up barrier, which every block reaches after its top-k, so the next
+// launch finds it unset.
+// A router warp's two rows are loaded into registers before the PDL wait, so phase 1 is the
+// residual's round trip and the norm, then the dot products on registers. The same products and
+// sums in the same order as row_dot2 / row_dot (the host launches it only with E <= 2 x the
+// grid's warps, so a warp has at most one pair, and H <= 2048).
+// TC (moe_decode_fused_tc; H 2048, I 512): the gate/up and down items' dot products on tensor
+// cores (tcg_* / tcd_*): phase 1 also writes the normed row's B fragments into sact (free until
+// phase 3), the gate/up items write SiLU(gate) * up as the down's B fragments into `act` (the
+// same bytes as its f32 rows), which phase 3 stages as before. The same per-row arithmetic as
+// moe_tc_bfrag_rows + moe_gate_up_fp4_tc + moe_down_fp4_tc, so the same bits as those launches
+// (kernels/emu, laguna-dev kbench).
+// PW (moe_decode_fused_tc): the small weights of the prologue (post-attention norm, router bias,
+// next input norm) loaded together into registers and kept there across the PDL wait, instead of
+// each a load and then a shared store in a loop (a thread's up to six dependent round trips
+// before its wait, which a block that only becomes resident when the o_proj GEMV's last blocks
+// leave runs after that GEMV has ended). The norm weights multiply from the registers (the same
+// product as from hn) and the bias and next-norm weight are stored after the residual's loads,
+// so their round trip overlaps the residual's. The same values, the same arithmetic: the same
+// bits (kernels/emu, the XS-2.1 DFlash pair).
+// SPF (moe_decode_fused_tc): the folded shared expert (expert E, slot K of every row) is the one
+// expert whose weights do not depend on the routing, yet its gate/up and down items are loaded
+// from DRAM in the same phases as the routed ones, where the DRAM is the bound, while during
+// phase 1 and the logits' poll it carries little more than the residual's round trip. So every
+// block asks L2 for a share of the shared expert's six ranges (gate / up / down codes, their
+// scale bytes: 1.7 MB for XS-2.1), one 128-byte line a thread, the last warps first, right after
+// the PDL wait. Its items then read L2, and the DRAM delivers eight slots in the critical phases
+// instead of nine. Timing only: the same loads and arithmetic, so the same bits (prefetch_l2 is
+// no instruction in kernels/emu).
 __device__ __forceinline__ void mk_shared_prefetch(const void* gw, const u8* gs, const void* uw, const u8* us,
                                                    const void* dw, const u8* ds, int e, int H, int I) {
     size_t cb = (size_t)I * H / 2, sb = (size_t)I * H / 16;  // one matrix's code and scale bytes
@@ -116,10 +97,8 @@ __device__ __forceinline__ void mk_shared_prefetch(const void* gw, const u8* gs,
         prefetch_l2(reinterpret_cast<const u8*>(b) + o);
     }
 }
-template <bool LOCAL, bool EXIT = true, bool NA = false, bool POLL = false, bool RP = false, bool TC = false,
-          bool DEP = false, bool GI = false, bool PW = false, bool SPF = false>
-__device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
-    static_assert(!TC || LOCAL, "moe_tc: block-local down items only");
+template <bool TC, bool PW, bool SPF>
+__device__ __forceinline__ void moe_decode_fused_t(MOE_BLOCK_PARAMS) {
     int lane = threadIdx.x & 31;
     int nwarps = gridDim.x * (blockDim.x >> 5);
     // Work is dealt to warps in the order that takes one warp from every block before a second
@@ -127,9 +106,9 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // The weights do not depend on the previous launch, so their lines are asked into L2 before
     // waiting for it.
     int swarp = (threadIdx.x >> 5) * gridDim.x + blockIdx.x;
-    // RP: lane l's 16-column blocks l + 32 j (j < 4: H <= 2048) of rows 2 swarp and 2 swarp + 1.
+    // Lane l's 16-column blocks l + 32 j (j < 4: H <= 2048) of rows 2 swarp and 2 swarp + 1.
     uint4 rpa[4][2], rpb[4][2];
-    if (RP && 2 * swarp < E) {
+    if (2 * swarp < E) {
         const bf16_t* ra = reinterpret_cast<const bf16_t*>(rw) + (size_t)2 * swarp * H;
         const bf16_t* rb = 2 * swarp + 1 < E ? ra + H : ra;
 #pragma unroll
@@ -142,10 +121,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             rpb[j][0] = __ldg(pb);
             rpb[j][1] = __ldg(pb + 1);
         }
-    } else if (!RP && 2 * swarp < E) {
-        const char* r0 = reinterpret_cast<const char*>(rw) + (size_t)2 * swarp * H * 2;
-        int lines = (min(2, E - 2 * swarp) * H * 2 + 127) >> 7;
-        for (int l = lane; l < lines; l += 32) prefetch_l2(r0 + ((size_t)l << 7));
     }
     // The layer's small weights (post-attention norm, router bias, next input norm) are evicted
     // from L2 by the step's weight stream, so each would be a DRAM round trip inside a phase's
@@ -156,8 +131,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     float* sact = smem + H;  // [KK * I] SiLU(gate) * up of every slot (phase 3)
     __shared__ float s_bias[256];
     __shared__ float s_nw[1024];
-    // GI: E + shared_slot <= 257 (E <= 256: s_bias).
-    __shared__ float s_gi[GI ? 260 : 1], s_ui[GI ? 260 : 1];
     // PW: a thread's norm weights i = threadIdx.x + j * blockDim.x, j < PWN (the host's 640
     // threads and H <= 2048 need 4; any further ones, and biases past blockDim.x, by the loops).
     constexpr int PWN = 4;
@@ -175,11 +148,6 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     // (PW: only the values past those in registers.)
     for (int i = threadIdx.x + (PW ? PWN * blockDim.x : 0); i < H; i += blockDim.x) hn[i] = post_w[i];
     for (int e = threadIdx.x + (PW ? blockDim.x : 0); e < E; e += blockDim.x) s_bias[e] = bias[e];
-    if (GI)
-        for (int e = threadIdx.x; e < E + shared_slot; e += blockDim.x) {
-            s_gi[e] = ginv[e];
-            s_ui[e] = uinv[e];
-        }
     if (!PW && next_w && pi0 < H) s_nw[threadIdx.x] = next_w[pi0];
     pdl_wait();
     // Every block is resident once all have passed this point (the launch needs all of them to
@@ -221,7 +189,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         if (TC) tcg_put(reinterpret_cast<u16*>(sact), i, v);
     }
     __syncthreads();
-    if (RP) {
+    {
         int n = 2 * swarp;
         if (n < E) {
             // dot16_bf16's products and sums on the registers, blocks in row_dot2's order.
@@ -236,34 +204,18 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             }
             a = warp_sum(a);
             b2 = warp_sum(b2);
-            if (lane == 0) st_w<POLL>(rlog + n, a);
-            if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b2);
-        }
-    } else {
-        const float* xr[1] = {hn};
-        for (int n = 2 * swarp; n < E; n += 2 * nwarps) {
-            float a[1], b[1];
-            if (n + 1 < E) {
-                const void* w2 = (const void*)(reinterpret_cast<const bf16_t*>(rw) + H);
-                row_dot2<0, 1>(rw, nullptr, 1.f, w2, nullptr, 1.f, n, H, xr, 1, a, b);
-            } else {
-                row_dot<0, 1>(rw, nullptr, 1.f, n, H, xr, 1, a);
-            }
-            // (POLL: relaxed GPU-scope stores, which the other blocks' relaxed loads may observe.)
-            if (lane == 0) st_w<POLL>(rlog + n, a[0]);
-            if (lane == 1 && n + 1 < E) st_w<POLL>(rlog + n + 1, b[0]);
+            // Relaxed GPU-scope stores, which the other blocks' relaxed loads may observe.
+            if (lane == 0) st_w<true>(rlog + n, a);
+            if (lane == 1 && n + 1 < E) st_w<true>(rlog + n + 1, b2);
         }
     }
-    // (POLL: kbench's barrier 0 stamps are this block's arrival and its logits complete.)
-    if (POLL)
-        mk_arrive(tp, 0);
-    else
-        mk_sync(bar, gphase, tp, 0);
+    // (kbench's barrier 0 stamps are this block's arrival and its logits complete.)
+    mk_arrive(tp, 0);
     // 2. Top-k (every block, on the logits in L2), then gate/up items: (slot, 2 rows), one a warp.
     if (threadIdx.x < 32)
-        router_topk_row<8, POLL>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
+        router_topk_row<8, true>(0, rlog, s_bias, E, K, softcap, norm_topk, s_ids, s_wts, shared_slot, inv_scale, nullptr,
                         nullptr, nullptr, nullptr, nullptr);
-    if (POLL && tp && threadIdx.x == 0) atomicMax(tp + 2, emu_ns());
+    if (tp && threadIdx.x == 0) atomicMax(tp + 2, emu_ns());
     __syncthreads();
     if (tp && threadIdx.x == 0) atomicMax(tp + 10, emu_ns());
     if (blockIdx.x == 0 && threadIdx.x < KK) {
@@ -282,33 +234,27 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         for (int it = swarp; it < KK * per; it += nwarps) {
             int g = it / per, i = (it - g * per) * 2;
             int e = s_ids[g];
-            float gi = GI ? s_gi[e] : ginv[e], ui = GI ? s_ui[e] : uinv[e];
+            float gi = ginv[e], ui = uinv[e];
             if (TC) {
                 uint4 tw[8];
                 uint2 ts[2];
-                tcg_load<NA>(gw, gs, uw, us, e, i, lane, tw, ts);
-                if (DEP) {
-                    u32 d = tw[0].y ^ tw[0].z ^ tw[0].w ^ ts[0].x ^ ts[0].y ^ ts[1].x ^ ts[1].y;
-#pragma unroll
-                    for (int q = 1; q < 8; q++) d ^= tw[q].x ^ tw[q].y ^ tw[q].z ^ tw[q].w;
-                    tw[0].x ^= ((unsigned)E >> 16) & d;  // E <= 256: a zero the compilers cannot see
-                }
+                tcg_load(gw, gs, uw, us, e, i, lane, tw, ts);
                 float c[4];
                 tcg_dot(tw, ts, reinterpret_cast<const uint2*>(sact), lane, c);
                 tcg_out(c, lane, gi, ui, reinterpret_cast<u16*>(act + (size_t)g * I), nullptr, i);
             } else {
                 uint2 cw[4][4];
                 u32 sc[4][4];
-                sp_gu_load<NA>(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
+                sp_gu_load(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
                 sp_gu_slot<false>(hn, cw, sc, H, lane, gi, ui, act + (size_t)g * I, i);
             }
         }
     }
-    // Down items (slot, 8 output rows). LOCAL: block b owns the row groups [gb0, gb1) (H / 8
-    // groups dealt gpb a block) and computes every slot's items of them, chunks of at most cg
-    // groups whose outputs fit s_dn, so it combines its rows itself after a block barrier instead
-    // of a grid barrier (item i of a chunk: slot i % KK, group i / KK; a warp takes i = its
-    // index, + warps a block). Else every warp of the grid takes items in swarp order.
+    // Down items (slot, 8 output rows): block b owns the row groups [gb0, gb1) (H / 8 groups dealt
+    // gpb a block) and computes every slot's items of them, chunks of at most cg groups whose
+    // outputs fit s_dn, so it combines its rows itself after a block barrier instead of a grid
+    // barrier (item i of a chunk: slot i % KK, group i / KK; a warp takes i = its index, + warps a
+    // block).
     // The down weights of this warp's first item depend only on the routing: loaded before the
     // barrier, so their latency overlaps it and the staging of the activations.
     __shared__ float s_dn[1024];
@@ -316,28 +262,21 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
     int ngr = H >> 3, gpb = (ngr + (int)gridDim.x - 1) / (int)gridDim.x;
     int gb0 = min((int)blockIdx.x * gpb, ngr), gb1 = min(gb0 + gpb, ngr);
     int cg = 1024 / (8 * KK);
-    int dper = H >> 3, ditems = KK * dper;
     uint2 dcw[2][4];
     u32 dsc[2][4];
     uint4 tdw[4];
     u32 tds[2];
     float ddi = 0.f;
-    if (LOCAL) {
-        if (wib < KK * min(cg, gb1 - gb0)) {
-            int g = wib % KK, n = (gb0 + wib / KK) * 8;
-            ddi = dinv[s_ids[g]];
-            if (TC)
-                tcd_load<NA>(dw, ds, s_ids[g], n, lane, tdw, tds);
-            else
-                sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
-        }
-    } else if (swarp < ditems) {
-        int g = swarp / dper, n = (swarp - g * dper) * 8;
+    if (wib < KK * min(cg, gb1 - gb0)) {
+        int g = wib % KK, n = (gb0 + wib / KK) * 8;
         ddi = dinv[s_ids[g]];
-        sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
+        if (TC)
+            tcd_load(dw, ds, s_ids[g], n, lane, tdw, tds);
+        else
+            sp_dn_load(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
     }
     mk_sync(bar, gphase, tp, 1);
-    if (POLL && blockIdx.x == 0) mk_unset(rlog, E);
+    if (blockIdx.x == 0) mk_unset(rlog, E);
     // 3. Down items on the activations staged in shared memory.
     // (KK * I is a multiple of 16: float4 loads, two a thread in flight.)
     {
@@ -352,78 +291,56 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
             if (i1 < n4) s4[i1] = v1;
         }
     }
-    if (LOCAL) {
-        // The residual of this thread's first combine row, loaded with the activations.
-        float xr0 = (int)threadIdx.x < min(cg, gb1 - gb0) * 8 ? x[gb0 * 8 + threadIdx.x] : 0.f;
-        __syncthreads();
-        for (int c0 = gb0; c0 < gb1; c0 += cg) {
-            int nc = min(cg, gb1 - c0), rows = nc * 8;
-            for (int it = wib; it < KK * nc; it += nwb) {
-                int g = it % KK, nl = (it / KK) * 8;
-                if (!(c0 == gb0 && it == wib)) {
-                    ddi = dinv[s_ids[g]];
-                    if (TC)
-                        tcd_load<NA>(dw, ds, s_ids[g], c0 * 8 + nl, lane, tdw, tds);
-                    else
-                        sp_dn_load<NA>(dw, ds, s_ids[g], c0 * 8 + nl, H, I, lane, dcw, dsc);
-                }
-                if (TC) {
-                    float c[4];
-                    tcd_dot(tdw, tds, reinterpret_cast<const uint2*>(sact + (size_t)g * I), lane, c);
-                    float y = tcd_sum(c, lane);
-                    if ((lane & 3) == 0) s_dn[g * rows + nl + (lane >> 2)] = y * TC_UNSCALE * ddi;
-                } else {
-                    sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, s_dn + g * rows, nl);
-                }
+    // The residual of this thread's first combine row, loaded with the activations.
+    float xr0 = (int)threadIdx.x < min(cg, gb1 - gb0) * 8 ? x[gb0 * 8 + threadIdx.x] : 0.f;
+    __syncthreads();
+    for (int c0 = gb0; c0 < gb1; c0 += cg) {
+        int nc = min(cg, gb1 - c0), rows = nc * 8;
+        for (int it = wib; it < KK * nc; it += nwb) {
+            int g = it % KK, nl = (it / KK) * 8;
+            if (!(c0 == gb0 && it == wib)) {
+                ddi = dinv[s_ids[g]];
+                if (TC)
+                    tcd_load(dw, ds, s_ids[g], c0 * 8 + nl, lane, tdw, tds);
+                else
+                    sp_dn_load(dw, ds, s_ids[g], c0 * 8 + nl, H, I, lane, dcw, dsc);
             }
-            __syncthreads();
-            if (tp && c0 == gb0 && threadIdx.x == 0) {
-                unsigned long long t = emu_ns();
-                atomicMax(tp + 5, t);
-                atomicMax(tp + 6, t);
+            if (TC) {
+                float c[4];
+                tcd_dot(tdw, tds, reinterpret_cast<const uint2*>(sact + (size_t)g * I), lane, c);
+                float y = tcd_sum(c, lane);
+                if ((lane & 3) == 0) s_dn[g * rows + nl + (lane >> 2)] = y * TC_UNSCALE * ddi;
+            } else {
+                sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, s_dn + g * rows, nl);
             }
-            // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot
-            // K), and the per-slot outputs to `out` as moe_down_fp4_sp leaves them.
-            for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-                int n = c0 * 8 + r;
-                float a = 0.f;
-                for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], s_dn[k * rows + r], a);
-                // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the
-                // mul and the add apart, so the same bits).
-                a = __fmul_rn(a, scale);
-                x[n] = (c0 == gb0 && r == (int)threadIdx.x ? xr0 : x[n]) + a;
-            }
-            for (int q = threadIdx.x; q < KK * rows; q += blockDim.x) {
-                int k = q / rows, r = q - k * rows;
-                out[(size_t)k * H + c0 * 8 + r] = s_dn[q];
-            }
-            __syncthreads();
         }
-        if (tp && gb0 >= gb1 && threadIdx.x == 0) {
+        __syncthreads();
+        if (tp && c0 == gb0 && threadIdx.x == 0) {
             unsigned long long t = emu_ns();
             atomicMax(tp + 5, t);
             atomicMax(tp + 6, t);
         }
-    } else {
-        __syncthreads();
-        for (int it = swarp; it < ditems; it += nwarps) {
-            int g = it / dper, n = (it - g * dper) * 8;
-            if (it != swarp) {
-                ddi = dinv[s_ids[g]];
-                sp_dn_load<NA>(dw, ds, s_ids[g], n, H, I, lane, dcw, dsc);
-            }
-            sp_dn_slot<false>(sact + (size_t)g * I, dcw, dsc, I, lane, ddi, out + (size_t)g * H, n);
-        }
-        mk_sync(bar, gphase, tp, 2);
-        // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot K).
-        for (int n = blockIdx.x * blockDim.x + threadIdx.x; n < H; n += gridDim.x * blockDim.x) {
+        // 4. Combine into the residual (moe_combine's arithmetic; the shared expert is slot
+        // K), and the per-slot outputs to `out` as moe_down_fp4_warp leaves them.
+        for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+            int n = c0 * 8 + r;
             float a = 0.f;
-            for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], __ldcg(out + (size_t)k * H + n), a);
-            // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the mul and
-            // the add apart, so the same bits).
+            for (int k = 0; k < KK; k++) a = fmaf(s_wts[k], s_dn[k * rows + r], a);
+            // __fmul_rn: not contracted into an FMA with the add (moe_combine's PTX has the
+            // mul and the add apart, so the same bits).
             a = __fmul_rn(a, scale);
-            x[n] = x[n] + a;
+            x[n] = (c0 == gb0 && r == (int)threadIdx.x ? xr0 : x[n]) + a;
         }
+        for (int q = threadIdx.x; q < KK * rows; q += blockDim.x) {
+            int k = q / rows, r = q - k * rows;
+            out[(size_t)k * H + c0 * 8 + r] = s_dn[q];
+        }
+        __syncthreads();
+    }
+    if (tp && gb0 >= gb1 && threadIdx.x == 0) {
+        unsigned long long t = emu_ns();
+        atomicMax(tp + 5, t);
+        atomicMax(tp + 6, t);
     }
     // 5. With next_w: the next layer's input RMSNorm of the updated row into hn_out (rmsnorm's
     // arithmetic again), so that layer starts with its projections.
@@ -431,7 +348,7 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         // Only the blocks holding output elements wait for the last barrier; the others arrive
         // and exit, so the next launch's blocks (the q|k|v|g GEMV, whose first weight loads come
         // before its PDL wait) take their SMs while the norm runs.
-        if (EXIT && (int)(blockIdx.x * blockDim.x) >= H) {
+        if ((int)(blockIdx.x * blockDim.x) >= H) {
             if (tp) {
                 __syncthreads();
                 if (threadIdx.x == 0) atomicMax(tp + 7, emu_ns());
@@ -453,9 +370,9 @@ __device__ __forceinline__ void moe_block_1_t(MOE_BLOCK_PARAMS) {
         if (threadIdx.x == 0) atomicMax(tp + 9, emu_ns());
     }
 }
-// moe_block_1np with the router rows loaded into registers before the wait (KernelSet moe_rp).
-extern "C" __global__ __launch_bounds__(640, 1) void moe_decode_fused(MOE_BLOCK_PARAMS) { moe_block_1_t<true, true, true, true, true>(MOE_BLOCK_ARGS); }
-// SPF on moe_block_1nprtx (KernelSet moe_shpf).
+extern "C" __global__ __launch_bounds__(640, 1) void moe_decode_fused(MOE_BLOCK_PARAMS) {
+    moe_decode_fused_t<false, false, false>(MOE_BLOCK_ARGS);
+}
 extern "C" __global__ __launch_bounds__(640, 1) void moe_decode_fused_tc(MOE_BLOCK_PARAMS) {
-    moe_block_1_t<true, true, true, true, true, true, false, false, true, true>(MOE_BLOCK_ARGS);
+    moe_decode_fused_t<true, true, true>(MOE_BLOCK_ARGS);
 }

@@ -1,8 +1,8 @@
 // MoE: NVFP4 expert items on tensor cores (`moe_*_fp4_tc`, `moe_tc_bfrag_rows`).
 
-// ---- moe_tc: an item's expert dot products on tensor cores (KernelSet moe_tc; H 2048, I 512) ----
-// The f32 items above spend ~4 instructions a code (decode to f32, FMA; PERF.md run 188: the
-// gate/up and down phases issue-bound). Here mma.sync m16n8k16 (f16 in, f32 accumulate) takes the
+// ---- an item's expert dot products on tensor cores (H 2048, I 512) ---------------------------
+// The f32 items above spend ~4 instructions a code (decode to f32, FMA: the gate/up and down
+// phases issue-bound). Here mma.sync m16n8k16 (f16 in, f32 accumulate) takes the
 // products. A's 16 rows are (weight row, K segment) pairs: every code decoded to f16 by the E4M3
 // trick (e2m1 * 2^-6, exact) and multiplied by its block's E4M3 scale as f16 (mul.rn.f16x2: the
 // product has at most 6 significant bits and lies in [2^-16, 42], so it is exact). B's columns
@@ -115,8 +115,7 @@ __device__ __forceinline__ void tc_word(float* c, u32 wa, u32 wb, u32 sa, u32 sb
 }
 // A gate/up item (expert e; rows gate i, i + 1, up i, i + 1): lane (g = lane / 4, t = lane % 4)
 // holds, of row i + (g & 1) in segment g >> 1 (512 inputs), inputs 128 t .. 128 t + 127: gate
-// codes cw[0..4), up cw[4..8), scale bytes sc[0] (gate) and sc[1] (up). NA: loads skip L1.
-template <bool NA>
+// codes cw[0..4), up cw[4..8), scale bytes sc[0] (gate) and sc[1] (up). The loads skip L1.
 __device__ __forceinline__ void tcg_load(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i,
                                          int lane, uint4 (&cw)[8], uint2 (&sc)[2]) {
     const int H = 2048, I = 512;
@@ -127,11 +126,11 @@ __device__ __forceinline__ void tcg_load(const void* gw, const u8* gs, const voi
     const uint4* pu = reinterpret_cast<const uint4*>(reinterpret_cast<const u8*>(uw) + wo);
 #pragma unroll
     for (int q = 0; q < 4; q++) {
-        cw[q] = ldg_w<NA>(pg + q);
-        cw[4 + q] = ldg_w<NA>(pu + q);
+        cw[q] = ldg_na(pg + q);
+        cw[4 + q] = ldg_na(pu + q);
     }
-    sc[0] = ldg_w<NA>(reinterpret_cast<const uint2*>(gs + so));
-    sc[1] = ldg_w<NA>(reinterpret_cast<const uint2*>(us + so));
+    sc[0] = ldg_na(reinterpret_cast<const uint2*>(gs + so));
+    sc[1] = ldg_na(reinterpret_cast<const uint2*>(us + so));
 }
 // f16 pairs (s, s) of the block scales in E4M3 bytes 0..3 of w: d[b] for byte b. The sign bit
 // is ignored, as e4m3u (the f32 items' decode) ignores it.
@@ -189,19 +188,18 @@ __device__ __forceinline__ void tcg_out(const float* c, int lane, float gi, floa
 }
 // A down item (expert e, output rows n .. n + 7): lane (g, t) holds, of row n + g, inputs 64 t ..
 // 64 t + 63 of segment 0 (cw[0..2)) and of segment 1 (cw[2..4)) and their scale bytes (sc[0],
-// sc[1]). NA: loads skip L1.
-template <bool NA>
+// sc[1]). The loads skip L1.
 __device__ __forceinline__ void tcd_load(const void* dw, const u8* ds, int e, int n, int lane, uint4 (&cw)[4], u32 (&sc)[2]) {
     const int H = 2048, I = 512;
     int g = lane >> 2, t = lane & 3, r = n + g;
     const u8* wb = reinterpret_cast<const u8*>(dw) + (size_t)e * H * I / 2 + (size_t)r * (I / 2) + 32 * t;
     const u8* sb = ds + (size_t)e * H * (I / 16) + (size_t)r * (I / 16) + 4 * t;
-    cw[0] = ldg_w<NA>(reinterpret_cast<const uint4*>(wb));
-    cw[1] = ldg_w<NA>(reinterpret_cast<const uint4*>(wb + 16));
-    cw[2] = ldg_w<NA>(reinterpret_cast<const uint4*>(wb + 128));
-    cw[3] = ldg_w<NA>(reinterpret_cast<const uint4*>(wb + 144));
-    sc[0] = ldg_w<NA>(reinterpret_cast<const u32*>(sb));
-    sc[1] = ldg_w<NA>(reinterpret_cast<const u32*>(sb + 16));
+    cw[0] = ldg_na(reinterpret_cast<const uint4*>(wb));
+    cw[1] = ldg_na(reinterpret_cast<const uint4*>(wb + 16));
+    cw[2] = ldg_na(reinterpret_cast<const uint4*>(wb + 128));
+    cw[3] = ldg_na(reinterpret_cast<const uint4*>(wb + 144));
+    sc[0] = ldg_na(reinterpret_cast<const u32*>(sb));
+    sc[1] = ldg_na(reinterpret_cast<const u32*>(sb + 16));
 }
 // A down item's D fragment against B fragments bf (tcd_put's layout; lanes 16..31 hold zeros).
 __device__ __forceinline__ void tcd_dot(const uint4 (&cw)[4], const u32 (&sc)[2], const uint2* bf, int lane, float* c) {
@@ -236,8 +234,8 @@ __device__ __forceinline__ float tcd_sum(const float* c, int lane) {
 
 // moe_tc for the multi-row passes (DFlash verify, decode of several sequences): the rows' B
 // fragments first (moe_tc_bfrag_rows: row r of x -> tcg_put's layout at xf + 4096 r halves), then
-// moe_*_fp4_sp's items (a warp a gate/up item of 2 intermediate rows, a down item of 8 output
-// rows, every slot of the group in turn) with moe_block_1nprt's per-slot arithmetic (tcg_dot /
+// moe_*_fp4_warp's items (a warp a gate/up item of 2 intermediate rows, a down item of 8 output
+// rows, every slot of the group in turn) with moe_decode_fused_tc's per-slot arithmetic (tcg_dot /
 // tcd_dot against the slot's own fragments, the same sums and scales), so a row verified with k
 // others is bit-identical to the row decoded alone. The gate/up items leave SiLU(gate) * up as
 // the down's B fragments in `act` (the f32 rows' bytes). H 2048, I 512.
@@ -247,7 +245,6 @@ extern "C" __global__ void moe_tc_bfrag_rows(const float* x, u16* xf) {
     u16* fr = xf + (size_t)blockIdx.x * 4096;
     for (int k = threadIdx.x; k < 2048; k += blockDim.x) tcg_put(fr, k, xr[k]);
 }
-template <bool NA>
 __device__ void moe_gu_tc_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const u16* xf, int KK, const int* grp_expert, const int* grp_start,
                                const int* grp_count, const int* perm, const int* meta, float* act) {
@@ -262,7 +259,7 @@ __device__ void moe_gu_tc_impl(const void* gw, const u8* gs, const float* ginv, 
         float gi = ginv[e], ui = uinv[e];
         uint4 tw[8];
         uint2 ts[2];
-        tcg_load<NA>(gw, gs, uw, us, e, i, lane, tw, ts);
+        tcg_load(gw, gs, uw, us, e, i, lane, tw, ts);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             float c[4];
@@ -271,7 +268,6 @@ __device__ void moe_gu_tc_impl(const void* gw, const u8* gs, const float* ginv, 
         }
     }
 }
-template <bool NA>
 __device__ void moe_dn_tc_impl(const void* dw, const u8* ds, const float* dinv, const float* act, const int* grp_expert,
                                const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* out) {
     const int H = 2048, I = 512;
@@ -285,7 +281,7 @@ __device__ void moe_dn_tc_impl(const void* dw, const u8* ds, const float* dinv, 
         float di = dinv[e];
         uint4 tw[4];
         u32 ts[2];
-        tcd_load<NA>(dw, ds, e, n, lane, tw, ts);
+        tcd_load(dw, ds, e, n, lane, tw, ts);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             float c[4];
@@ -295,14 +291,14 @@ __device__ void moe_dn_tc_impl(const void* dw, const u8* ds, const float* dinv, 
         }
     }
 }
-// moe_*_fp4_spn's arguments, x being moe_tc_bfrag_rows' fragments of the rows (H 2048, I 512).
+// moe_*_fp4_warp's arguments, x being moe_tc_bfrag_rows' fragments of the rows (H 2048, I 512).
 extern "C" __global__ __launch_bounds__(128) void moe_gate_up_fp4_tc(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const void* xf, int H, int I, int K, const int* ge,
                                               const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
-    moe_gu_tc_impl<true>(gw, gs, ginv, uw, us, uinv, reinterpret_cast<const u16*>(xf), K, ge, gst, gc, perm, meta, act);
+    moe_gu_tc_impl(gw, gs, ginv, uw, us, uinv, reinterpret_cast<const u16*>(xf), K, ge, gst, gc, perm, meta, act);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_tc(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                            const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                            float* out) { PDL_ENTRY();
-    moe_dn_tc_impl<true>(dw, ds, dinv, act, ge, gst, gc, perm, meta, out);
+    moe_dn_tc_impl(dw, ds, dinv, act, ge, gst, gc, perm, meta, out);
 }

@@ -242,13 +242,14 @@ __device__ void moe_dn_s_impl(const void* dw, const u8* ds, const float* dinv, c
         }
     }
 }
-// _sp (KernelSet moe_sp; NVFP4, decode and verify): the same per-slot arithmetic as moe_*_s
-// (lane l takes blocks l, l + 32, ... of every row, 16-term blocks scaled per block, warp_sum),
-// but a warp loads all blocks of its item's rows at once (up to 4 blocks per lane, H <= 2048)
-// before any arithmetic, keeps them in registers for every slot of the group, and the host
-// sizes the grid to one item per warp (blocks of 128 threads). down: items of 8 rows.
-// Bit-identical to moe_*_s on the H200 (kbench and device-test, run 78).
-// Slots one at a time: the weights stay in registers, the activations do not.
+// moe_*_fp4_warp (NVFP4, decode and verify), and the items of moe_decode_fused: the same per-slot
+// arithmetic as moe_*_grouped (lane l takes blocks l, l + 32, ... of every row, 16-term blocks
+// scaled per block, warp_sum), but a warp loads all blocks of its item's rows at once (up to 4
+// blocks per lane, H <= 2048) before any arithmetic, keeps them in registers for every slot of
+// the group, and the host sizes the grid to one item per warp (blocks of 128 threads). down:
+// items of 8 rows. Slots one at a time: the weights stay in registers, the activations do not.
+// The weight and scale loads skip L1 (ldg_na), leaving it to the activation rows every item of
+// a slot reads.
 // blk16_rows4 over four rows' NVFP4 codes held as (word, word) pairs (load_blk's values).
 template <bool LDG = true>
 __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* cw, const float* sc, float* acc) {
@@ -262,8 +263,7 @@ __device__ __forceinline__ void blk16_rows4_fp4(const float* x16, const uint2* c
 }
 // A gate/up item of expert e: cw[j][r] / sc[j][r] = block lane + 32 j of rows gate i, gate i + 1,
 // up i, up i + 1 (H <= 2048), all loaded before any arithmetic (sc: the raw E4M3 scale bytes).
-// NA: the loads skip L1 (ldg_na).
-template <bool NA = false>
+// The loads skip L1 (ldg_na).
 __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
                                            int I, int lane, uint2 (&cw)[4][4], u32 (&sc)[4][4]) {
     size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
@@ -281,8 +281,8 @@ __device__ __forceinline__ void sp_gu_load(const void* gw, const u8* gs, const v
 #pragma unroll
         for (int r = 0; r < 4; r++) {
             int n = i + (r & 1);
-            cw[j][r] = ldg_w<NA>(reinterpret_cast<const uint2*>(wr[r] + (size_t)n * (H >> 1) + (size_t)b * 8));
-            sc[j][r] = ldg_w<NA>(sr[r] + (size_t)n * nblk + b);
+            cw[j][r] = ldg_na(reinterpret_cast<const uint2*>(wr[r] + (size_t)n * (H >> 1) + (size_t)b * 8));
+            sc[j][r] = ldg_na(sr[r] + (size_t)n * nblk + b);
         }
     }
 }
@@ -311,8 +311,7 @@ __device__ __forceinline__ void sp_gu_slot(const float* xr, const uint2 (&cw)[4]
     if (lane == 1) o[i + 1] = silu_f(g1) * u1;
 }
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512;
-// sc: the raw E4M3 scale bytes; NA: the loads skip L1).
-template <bool NA = false>
+// sc: the raw E4M3 scale bytes; the loads skip L1).
 __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
                                            uint2 (&cw)[2][4], u32 (&sc)[2][4]) {
     size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
@@ -326,8 +325,8 @@ __device__ __forceinline__ void sp_dn_load(const void* dw, const u8* ds, int e, 
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             int r = n + 4 * hh + j;
-            cw[hh][j] = ldg_w<NA>(reinterpret_cast<const uint2*>(dwe + (size_t)r * (I >> 1) + (size_t)b * 8));
-            sc[hh][j] = ldg_w<NA>(dse + (size_t)r * (I >> 4) + b);
+            cw[hh][j] = ldg_na(reinterpret_cast<const uint2*>(dwe + (size_t)r * (I >> 1) + (size_t)b * 8));
+            sc[hh][j] = ldg_na(dse + (size_t)r * (I >> 4) + b);
         }
 }
 // One slot of a down item: o[n .. n + 8) = di * (rows n .. n + 8 of the expert) . a.
@@ -351,12 +350,10 @@ __device__ __forceinline__ void sp_dn_slot(const float* a, const uint2 (&cw)[2][
             if (lane == j) o[n + 4 * hh + j] = v;
         }
 }
-// The multi-slot kernels (moe_*_fp4_sp: DFlash verify, and decode without moe_mk) keep the
-// helpers' earlier load order (sp_*_load_m: each j block's scale bytes decoded next to their loads): the
-// all-loads-first form above spills there (168 bytes of stack at 96 registers) and made the
-// DFlash k=6 verify pass slower on the H200 (7.17 vs 6.53 ms, PERF.md run 148). The same
-// arithmetic in the same order, so the same bits as moe_block_1's items. NA: the loads skip L1.
-template <bool NA = false>
+// The multi-slot kernels (moe_*_fp4_warp: DFlash verify, and decode of several rows) load in the
+// order of sp_*_load_m (each j block's scale bytes decoded next to their loads): the
+// all-loads-first form above spills there (168 bytes of stack at 96 registers). The same
+// arithmetic in the same order, so the same bits as moe_decode_fused's items.
 __device__ __forceinline__ void sp_gu_load_m(const void* gw, const u8* gs, const void* uw, const u8* us, int e, int i, int H,
                                            int I, int lane, uint2 (&cw)[4][4], float (&sc)[4][4]) {
     size_t wstride = (size_t)I * H / 2, sstride = (size_t)I * (H >> 4);
@@ -371,14 +368,13 @@ __device__ __forceinline__ void sp_gu_load_m(const void* gw, const u8* gs, const
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 uint4 a4, c4;
-                load_blk<1, NA>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
+                load_blk<1, true>(wr[r], sr[r], i + (r & 1), H, b, a4, c4, sc[j][r]);
                 cw[j][r] = make_uint2(a4.x, a4.y);
             }
         }
     }
 }
 // A down item of expert e: cw[hh][j] / sc[hh][j] = block `lane` of row n + 4 hh + j (I <= 512).
-template <bool NA = false>
 __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e, int n, int H, int I, int lane,
                                            uint2 (&cw)[2][4], float (&sc)[2][4]) {
     size_t wstride = (size_t)H * I / 2, sstride = (size_t)H * (I >> 4);
@@ -390,11 +386,10 @@ __device__ __forceinline__ void sp_dn_load_m(const void* dw, const u8* ds, int e
         for (int j = 0; j < 4; j++)
             if (lane < (I >> 4)) {
                 uint4 a4, c4;
-                load_blk<1, NA>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
+                load_blk<1, true>(dwe, dse, n + 4 * hh + j, I, lane, a4, c4, sc[hh][j]);
                 cw[hh][j] = make_uint2(a4.x, a4.y);
             }
 }
-template <bool NA = false>
 __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                const float* uinv, const float* x, int H, int I, int KK, const int* grp_expert,
                                const int* grp_start, const int* grp_count, const int* perm, const int* meta, float* act) {
@@ -408,7 +403,7 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
         float gi = ginv[e], ui = uinv[e];
         uint2 cw[4][4];
         float sc[4][4];
-        sp_gu_load_m<NA>(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
+        sp_gu_load_m(gw, gs, uw, us, e, i, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             sp_gu_slot<true>(x + (size_t)(slot / KK) * H, cw, sc, H, lane, gi, ui, act + (size_t)slot * I, i);
@@ -416,7 +411,6 @@ __device__ void moe_gu_sp_impl(const void* gw, const u8* gs, const float* ginv, 
     }
 }
 // down, items of 8 output rows (two groups of 4, each moe_dn_s_impl's arithmetic); I <= 512.
-template <bool NA = false>
 __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                const int* grp_expert, const int* grp_start, const int* grp_count, const int* perm,
                                const int* meta, float* out) {
@@ -430,24 +424,22 @@ __device__ void moe_dn_sp_impl(const void* dw, const u8* ds, const float* dinv, 
         float di = dinv[e];
         uint2 cw[2][4];
         float sc[2][4];
-        sp_dn_load_m<NA>(dw, ds, e, n, H, I, lane, cw, sc);
+        sp_dn_load_m(dw, ds, e, n, H, I, lane, cw, sc);
         for (int si = 0; si < cn; si++) {
             int slot = perm[st + si];
             sp_dn_slot<true>(act + (size_t)slot * I, cw, sc, I, lane, di, out + (size_t)slot * H, n);
         }
     }
 }
-// _spn (KernelSet sp_na, on since session 26): the expert weight and scale loads skip L1, as moe_block_1n's do,
-// leaving it to the activation rows every item of a slot reads. The same bits.
 extern "C" __global__ __launch_bounds__(128, 5) void moe_gate_up_fp4_warp(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                               const float* uinv, const float* x, int H, int I, int K, const int* ge,
                                               const int* gst, const int* gc, const int* perm, const int* meta, float* act) { PDL_ENTRY();
-    moe_gu_sp_impl<true>(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
+    moe_gu_sp_impl(gw, gs, ginv, uw, us, uinv, x, H, I, K, ge, gst, gc, perm, meta, act);
 }
 extern "C" __global__ __launch_bounds__(128) void moe_down_fp4_warp(const void* dw, const u8* ds, const float* dinv, const float* act, int H, int I,
                                            const int* ge, const int* gst, const int* gc, const int* perm, const int* meta,
                                            float* out) { PDL_ENTRY();
-    moe_dn_sp_impl<true>(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
+    moe_dn_sp_impl(dw, ds, dinv, act, H, I, ge, gst, gc, perm, meta, out);
 }
 extern "C" __global__ void moe_gate_up_fp4_grouped(const void* gw, const u8* gs, const float* ginv, const void* uw, const u8* us,
                                              const float* uinv, const float* x, int H, int I, int K, const int* ge,

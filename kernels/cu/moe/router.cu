@@ -20,7 +20,7 @@ __device__ __forceinline__ unsigned topk_key(float v) {
 // and bias is loaded before any is used (one memory round trip, not PER), then K rounds of: the
 // largest key by one warp reduction, the lowest expert index holding it by another, and the owner
 // dropping it. Same picks, weights and order of the weight sum as a scan in expert order.
-// POLL (moe_block_1np): the logits are read until none holds MK_UNSET (the launch's other blocks
+// POLL (moe_decode_fused[_tc]): the logits are read until none holds MK_UNSET (the launch's other blocks
 // write them; no grid barrier before), all of a lane's in flight at once each round.
 #define MK_UNSET 0xFFFFFFFFu
 // A lane's sigmoid scores 1 / (1 + ex[j]) into sc and their top-k keys (padding experts, e >= E:
@@ -117,7 +117,7 @@ __device__ __forceinline__ void router_topk_regs(int m, const float* logits, con
         wts[m * KK + lane] = norm_topk ? my_s / total : my_s;
     }
 }
-// MAXPER: E <= 32 MAXPER (moe_block_1 takes 8, so its registers hold no 32-expert form).
+// MAXPER: E <= 32 MAXPER (moe_decode_fused takes 8, so its registers hold no 32-expert form).
 template <int MAXPER = 32, bool POLL = false>
 __device__ void router_topk_row(int m, const float* logits, const float* bias, int E, int K, float softcap,
                                 int norm_topk, int* ids, float* wts, int shared_slot, float inv_scale,

@@ -95,7 +95,7 @@ pub fn draft_from_config(draft_cfg: &LagunaConfig, target: &LagunaConfig) -> u64
 }
 
 /// Device bytes of the tile-interleaved copies the CUDA backend keeps of the BF16 Linears its
-/// tensor-core GEMV reads (KernelSet `tc_tl`, engine/src/cuda/load.rs): per layer q|k|v|g as one
+/// tensor-core GEMV reads (`linear_tc_bf16_tiled*`, engine/src/cuda/load.rs): per layer q|k|v|g as one
 /// matrix and o_proj, the dense MLPs' gate, up and down, and lm_head, rows rounded up to 16; the
 /// draft's attention and MLP Linears likewise.
 pub fn gemv_copy_bytes(cfg: &LagunaConfig, draft: Option<&LagunaConfig>) -> u64 {

@@ -213,9 +213,7 @@ fn linears(o: &mut Out, model: &Model, dev: &DevProps, m: usize, gemm_min_rows: 
         };
         if m >= gemm_min_rows {
             for cublas in [false, true] {
-                if let select::linear::Gemm::Kernel(name) =
-                    select::linear::gemm(false, router, cublas)
-                {
+                if let select::linear::Gemm::Kernel(name) = select::linear::gemm(false, cublas) {
                     o.ask(name, 128, 0, 0, false, job);
                 }
             }
