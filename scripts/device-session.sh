@@ -19,6 +19,8 @@
 #   ab        the same bench with dist/base/laguna (BASE, e.g. a build of the commit before a refactor)
 #             and dist/laguna, alternating twice: fingerprint, decode and TTFT rows of each
 #   kvrows    the DFlash k=6 step at 2K and 32K: does the verify's per-row K/V re-read reach DRAM?
+#   nocublas  the first SWEEP_N (12) sweep seeds with LAGUNA_NO_CUBLAS=1
+#   ttft      TTFT 2K of dist/base/laguna and dist/laguna, alternating three times
 #   rows      DFlash steps at k = 7, 8, 12 with dist/base/laguna and dist/laguna (the GEMV's row tiles)
 # Binaries may come gzipped (dist/NAME.gz, to stay under the carry limit): they are unpacked first.
 # The base for `ab`: `git worktree add /tmp/base COMMIT`, a release build there, its stripped `laguna` as
@@ -107,6 +109,21 @@ for s in ${STEPS:-fixtures prefix grammar oracle bench}; do
                 bin=$A; [ $b = base ] && bin=$BASE
                 run ab-$b-$i 90 "$bin" bench --model "$M" --prompt-len 2048 --gen 64 --runs 3
                 echo "  $b $i:"; grep -E '^\| (decode|TTFT|greedy)|fnv|fingerprint' "$OUT/ab-$b-$i.log" | head -6
+            done
+        done ;;
+    nocublas)
+        # The sweep's first seeds with laguna's own GEMMs instead of cuBLAS (the long passes).
+        LAGUNA_NO_CUBLAS=1 run nocublas 200 "$DEV" device-test --random-configs "${SWEEP_N:-12}" --seed "${SWEEP_SEED:-0}" \
+            --quick --max-prompt 300 --gen-tokens 8
+        grep -E "^seed" "$OUT/nocublas.log" | sed -E 's/ \[L.*\]: / /' ;;
+    ttft)
+        # TTFT 2K alone, base and main alternating three times (5 runs each).
+        wait $SY
+        for i in 1 2 3; do
+            for b in base main; do
+                bin=$A; [ $b = base ] && bin=$BASE
+                run ttft-$b-$i 60 "$bin" bench --model "$M" --prompt-len 2048 --gen 8 --runs 5
+                echo "  $b $i: $(grep -E '^\| TTFT' "$OUT/ttft-$b-$i.log")"
             done
         done ;;
     rows)
