@@ -81,7 +81,6 @@ pub fn rope_heads(x: &mut [f32], d: usize, cos: &[f32], sin: &[f32]) {
     }
 }
 
-
 /// One query head against `n` keys: softmax(q·k * scale) · v in f64, with an optional learned
 /// sink logit that joins the denominator and has no value (vLLM's attention sinks).
 pub fn attend<'a>(

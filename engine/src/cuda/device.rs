@@ -317,8 +317,7 @@ impl Dev {
                         )
                         .unwrap_or(0)
                         .max(0) as u32;
-                    let pad =
-                        super::select::attention::spread_pad(e, smem_per_sm, st);
+                    let pad = super::select::attention::spread_pad(e, smem_per_sm, st);
                     if pad > 0 {
                         bytes = bytes.max(pad);
                         pads.insert(e, pad);

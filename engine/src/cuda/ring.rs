@@ -88,7 +88,16 @@ pub fn default_pool_bytes(
     max_len: usize,
     budget: usize,
 ) -> Result<usize, String> {
-    let lay = kv_layout(windows, rings, spec_k, max_seqs, kvw, elt, page_size, usize::MAX)?;
+    let lay = kv_layout(
+        windows,
+        rings,
+        spec_k,
+        max_seqs,
+        kvw,
+        elt,
+        page_size,
+        usize::MAX,
+    )?;
     let seqs = max_seqs.max(1);
     if seqs * lay.ring * kvw > MAX_KV_ELEMS {
         return Err(format!(
@@ -157,7 +166,10 @@ mod tests {
         let lay = kv_layout(&w, true, 0, 8, 64, 2, 64, b).unwrap();
         assert_eq!(lay.pages, 8 * 4096 / 64);
         // A small budget still wins.
-        assert_eq!(default_pool_bytes(&w, true, 0, 8, 64, 2, 64, 4096, 1 << 20).unwrap(), 1 << 20);
+        assert_eq!(
+            default_pool_bytes(&w, true, 0, 8, 64, 2, 64, 4096, 1 << 20).unwrap(),
+            1 << 20
+        );
     }
 
     #[test]

@@ -616,15 +616,26 @@ mod tests {
         assert_eq!(decode_kernel(&big, select_decode(&big), 1, &H200).1, 256);
         // head_dim 40 / 50 / 18: the flash prefill; past 128 or odd: none (a staged pass of such
         // heads reads the stage in the head form).
-        let hd40 = attention::Shape { hd: 40, window: 64, solo: false, ..full };
+        let hd40 = attention::Shape {
+            hd: 40,
+            window: 64,
+            solo: false,
+            ..full
+        };
         assert!(flash_takes(&hd40) && flash_takes(&swa));
         assert!(flash_takes(&attention::Shape { hd: 50, ..hd40 }));
         assert!(flash_takes(&attention::Shape { hd: 18, ..hd40 }));
         assert!(!flash_takes(&big) && !flash_takes(&attention::Shape { hd: 51, ..hd40 }));
         assert_eq!(select_decode(&hd40).form, Form::Gqa);
-        let staged = attention::Shape { staged: true, ..hd40 };
+        let staged = attention::Shape {
+            staged: true,
+            ..hd40
+        };
         assert_eq!(select_decode(&staged).form, Form::Head);
-        assert_eq!(select_decode(&attention::Shape { hd: 50, ..hd40 }).form, Form::Head);
+        assert_eq!(
+            select_decode(&attention::Shape { hd: 50, ..hd40 }).form,
+            Form::Head
+        );
         assert_eq!(merge_kernel(Form::Tc, 16), "attention_decode_tc_merge16");
         assert_eq!(merge_kernel(Form::Gqa, 64), "attention_decode_merge64");
         assert_eq!(

@@ -2,25 +2,29 @@
 //! maximises the expected tokens per second from each sequence's recent acceptance and the
 //! measured step time at each k on this device.
 //!
-//! Model. DFlash acceptance is a run of per-token successes: draft i + 1 is accepted with
-//! probability alpha once draft i was. The accepted length at k drafts is then a geometric run
-//! truncated at k, and a step emits
+//! Model. A step with k drafts emits 1 + min(L, k) tokens, L the run of drafts the target would
+//! accept with unlimited k, so
 //!
 //! ```text
-//!   E(alpha, k) = 1 + alpha + .. + alpha^k = (1 - alpha^(k+1)) / (1 - alpha)
+//!   E(k) = 1 + S(1) + .. + S(k),   S(i) = P(L >= i) = h(1) h(2) .. h(i)
 //! ```
 //!
-//! tokens. With `cost[k]` the time of a step with k drafts (`cost[0]`: a decode step that still
-//! writes the draft's context, so drafting can resume at any step), the best k maximises
-//! `E(alpha, k) / cost[k]`. Two closed forms the tests check: drafting (k = 1) beats decoding
-//! iff `alpha > cost[1] / cost[0] - 1`, and k + 1 beats k iff `alpha^(k+1) * cost[k] >
-//! (cost[k+1] - cost[k]) * E(alpha, k)`.
+//! with h(i) the probability that draft i is accepted once draft i - 1 was. With `cost[k]` the
+//! time of a step with k drafts (`cost[0]`: a decode step that still writes the draft's context,
+//! so drafting can resume at any step), the best k maximises `E(k) / cost[k]`. When every h(i)
+//! is one rate alpha this is the geometric run `E(alpha, k) = 1 + alpha + .. + alpha^k`
+//! ([`expected_tokens`]), whose closed forms the tests check: drafting (k = 1) beats decoding iff
+//! `alpha > cost[1] / cost[0] - 1`, and k + 1 beats k iff `alpha^(k+1) * cost[k] > (cost[k+1] -
+//! cost[k]) * E(alpha, k)`. Real drafts are not geometric: DFlash proposes a block, and its
+//! accepted lengths cluster (a fixed length is the extreme: h = 1 up to it, then 0), so the
+//! controller estimates each h(i) on its own ([`AcceptCurve`]).
 //!
-//! Estimate. Every verified draft is a Bernoulli(alpha) trial until the first rejection: a step
-//! with k drafts and a accepted holds a successes and `a < k` failures, so alpha's maximum
-//! likelihood estimate is successes / trials. [`SpecController`] keeps both as exponentially
-//! decaying sums (factor [`DECAY`] per step, starting from a prior of [`PRIOR_TRIALS`] trials at
-//! [`PRIOR_ALPHA`]), so it follows a sequence whose content changes.
+//! Estimate. A step with k drafts and a accepted reached positions 1..=min(a + 1, k) and passed
+//! 1..=a. h(i) = passed(i) / reached(i), both exponentially decaying sums (factor [`DECAY`] per
+//! drafting step), with a prior of [`PRIOR_WEIGHT`] steps at h(i - 1) ([`PRIOR_H`] for i = 1): a
+//! position no step reached yet continues the curve (a draft accepting all it was given is tried
+//! at a larger k), and one not reached lately drifts back towards its neighbour and is tried
+//! again.
 //!
 //! Hysteresis: the controller leaves its current k only for one whose expected rate is more than
 //! [`HYSTERESIS`] higher. At k = 0 nothing is learnt, so every [`PROBE_EVERY`]-th step drafts at
@@ -35,20 +39,89 @@ use crate::model::Model;
 use crate::sample::SamplingParams;
 use std::sync::Arc;
 
-/// Per-step decay of the acceptance counts (an effective memory of ~5 steps: a sequence that
-/// stops accepting falls back to decode within ~15 steps).
-pub const DECAY: f64 = 0.8;
-/// The estimate before any step: alpha = 0.5 worth this many trials.
-pub const PRIOR_ALPHA: f64 = 0.5;
-pub const PRIOR_TRIALS: f64 = 4.0;
+/// Per-step decay of the acceptance counts (an effective memory of ~20 drafting steps).
+pub const DECAY: f64 = 0.95;
+/// The prior of every position: PRIOR_WEIGHT steps at the estimate of the position before it,
+/// PRIOR_H for the first draft.
+pub const PRIOR_H: f64 = 0.7;
+pub const PRIOR_WEIGHT: f64 = 2.0;
 /// Switch k only for an expected rate this much higher (relative).
 pub const HYSTERESIS: f64 = 0.02;
 /// At k = 0, draft every this many steps to re-measure acceptance.
-pub const PROBE_EVERY: usize = 16;
+pub const PROBE_EVERY: usize = 32;
 
-/// Expected tokens a step emits with k drafts at per-token acceptance alpha.
+/// Expected tokens a step emits with k drafts when every draft is accepted with probability
+/// alpha once the one before it was (the geometric case of [`AcceptCurve::expected`]).
 pub fn expected_tokens(alpha: f64, k: usize) -> f64 {
     (0..=k).map(|i| alpha.powi(i as i32)).sum()
+}
+
+/// One sequence's acceptance by draft position: `reached[i - 1]` and `passed[i - 1]`, the
+/// decayed counts of steps that verified draft i with every draft before it accepted, and of
+/// those that accepted draft i too.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptCurve {
+    reached: Vec<f64>,
+    passed: Vec<f64>,
+}
+
+impl AcceptCurve {
+    /// No step seen yet: every position at the prior.
+    pub fn new(k_max: usize) -> AcceptCurve {
+        AcceptCurve {
+            reached: vec![0.0; k_max],
+            passed: vec![0.0; k_max],
+        }
+    }
+
+    /// The curve of a sequence whose every draft is accepted with probability h(i) (`h[i - 1]`)
+    /// once the one before it was, as if seen over `weight` steps at each position.
+    pub fn from_rates(h: &[f64], weight: f64) -> AcceptCurve {
+        AcceptCurve {
+            reached: vec![weight; h.len()],
+            passed: h.iter().map(|h| h * weight).collect(),
+        }
+    }
+
+    /// A step verified k drafts and accepted the first `accepted`.
+    pub fn observe(&mut self, k: usize, accepted: usize) {
+        if k == 0 {
+            return;
+        }
+        self.reached.iter_mut().for_each(|x| *x *= DECAY);
+        self.passed.iter_mut().for_each(|x| *x *= DECAY);
+        let reached = (accepted + 1).min(k).min(self.reached.len());
+        for i in 0..reached {
+            self.reached[i] += 1.0;
+            if i < accepted {
+                self.passed[i] += 1.0;
+            }
+        }
+    }
+
+    /// h(1..=n), the estimated chances that draft i is accepted once draft i - 1 was: each
+    /// position's counts with a prior of [`PRIOR_WEIGHT`] steps at the position before's estimate
+    /// ([`PRIOR_H`] for the first), so positions no step reached continue the curve's last rate.
+    pub fn rates(&self, n: usize) -> Vec<f64> {
+        let mut prior = PRIOR_H;
+        (0..n.min(self.reached.len()))
+            .map(|i| {
+                prior = (self.passed[i] + prior * PRIOR_WEIGHT) / (self.reached[i] + PRIOR_WEIGHT);
+                prior
+            })
+            .collect()
+    }
+
+    /// E(k): the expected tokens of a step with k drafts, 1 + S(1) + .. + S(k).
+    pub fn expected(&self, k: usize) -> f64 {
+        let mut s = 1.0;
+        let mut e = 1.0;
+        for h in self.rates(k) {
+            s *= h;
+            e += s;
+        }
+        e
+    }
 }
 
 /// Step time by k, per batch size, measured on this device ([`StepCosts::measure`]).
@@ -264,17 +337,18 @@ impl CostsFit {
     }
 }
 
-/// The k in `lo..cost.len()` with the highest `sum_b E(alpha_b, k) / cost[k]`, and that rate.
-fn best(alphas: &[f64], cost: &[f64], lo: usize) -> (usize, f64) {
-    let rate = |k: usize| alphas.iter().map(|&a| expected_tokens(a, k)).sum::<f64>() / cost[k];
+/// The k in `lo..cost.len()` with the highest `sum_b E_b(k) / cost[k]` (`e(b, k)`: sequence b's
+/// expected tokens at k), and that rate.
+fn best(n: usize, e: impl Fn(usize, usize) -> f64, cost: &[f64], lo: usize) -> (usize, f64) {
+    let rate = |k: usize| (0..n).map(|b| e(b, k)).sum::<f64>() / cost[k];
     (lo..cost.len())
         .map(|k| (k, rate(k)))
         .fold((lo, f64::MIN), |b, x| if x.1 > b.1 { x } else { b })
 }
 
-/// The k maximising expected tokens per unit time for one sequence at acceptance alpha.
+/// The k maximising expected tokens per unit time for one sequence at geometric acceptance alpha.
 pub fn best_k(alpha: f64, cost: &[f64]) -> usize {
-    best(&[alpha], cost, 0).0
+    best(1, |_, k| expected_tokens(alpha, k), cost, 0).0
 }
 
 /// One sequence's acceptance estimate and current k.
@@ -282,29 +356,31 @@ pub fn best_k(alpha: f64, cost: &[f64]) -> usize {
 pub struct SpecController {
     costs: Arc<StepCosts>,
     k: usize,
-    succ: f64,
-    trials: f64,
+    curve: AcceptCurve,
     at_zero: usize,
 }
 
 impl SpecController {
-    /// Starts at the best k for the prior acceptance at batch size 1.
+    /// Starts at the best k for the prior acceptance at batch size 1 (at least 1, so the first
+    /// steps measure the sequence).
     pub fn new(costs: Arc<StepCosts>) -> SpecController {
-        let k = best_k(PRIOR_ALPHA, costs.for_batch(1))
+        let curve = AcceptCurve::new(costs.k_max());
+        let cost = costs.for_batch(1);
+        let k = best(1, |_, k| curve.expected(k), cost, 0)
+            .0
             .max(1)
             .min(costs.k_max());
         SpecController {
             costs,
             k,
-            succ: PRIOR_ALPHA * PRIOR_TRIALS,
-            trials: PRIOR_TRIALS,
+            curve,
             at_zero: 0,
         }
     }
 
-    /// The estimated per-token acceptance.
-    pub fn alpha(&self) -> f64 {
-        self.succ / self.trials
+    /// The acceptance estimate by draft position.
+    pub fn curve(&self) -> &AcceptCurve {
+        &self.curve
     }
 
     /// The k this sequence runs at (0: plain decode steps).
@@ -318,11 +394,7 @@ impl SpecController {
 
     /// A step verified `k` drafts and accepted `accepted` of them.
     pub fn observe(&mut self, k: usize, accepted: usize) {
-        if k == 0 {
-            return;
-        }
-        self.succ = DECAY * self.succ + accepted as f64;
-        self.trials = DECAY * self.trials + accepted as f64 + (accepted < k) as u32 as f64;
+        self.curve.observe(k, accepted);
     }
 
     /// The k for the next step of this sequence alone (batch size `nb`).
@@ -339,10 +411,11 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
         return 0;
     };
     let cost = first.costs.for_batch(nb).to_vec();
-    let alphas: Vec<f64> = ctls.iter().map(|c| c.alpha()).collect();
+    let curves: Vec<&AcceptCurve> = ctls.iter().map(|c| &c.curve).collect();
+    let e = |b: usize, k: usize| curves[b].expected(k);
     let cur = first.k.min(cost.len() - 1);
-    let (bk, brate) = best(&alphas, &cost, 0);
-    let cur_rate = best(&alphas, &cost[..=cur], cur).1;
+    let (bk, brate) = best(curves.len(), e, &cost, 0);
+    let cur_rate = best(curves.len(), e, &cost[..=cur], cur).1;
     let mut k = if brate > cur_rate * (1.0 + HYSTERESIS) {
         bk
     } else {
@@ -354,7 +427,7 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
         let n = first.at_zero + 1;
         if n >= PROBE_EVERY {
             probe = true;
-            k = best(&alphas, &cost, 1).0;
+            k = best(curves.len(), e, &cost, 1).0;
         }
     }
     for c in ctls.iter_mut() {
@@ -443,23 +516,102 @@ mod tests {
         assert_eq!(best_k(0.51, &cost), 1);
     }
 
+    /// The steps of a sequence whose accepted length at k drafts is `accept(k)`: tokens per ms
+    /// over `steps` steps, with the controller choosing k (None) or at a fixed k.
+    fn simulate(
+        cost: &[f64],
+        fixed: Option<usize>,
+        steps: usize,
+        mut accept: impl FnMut(usize) -> usize,
+    ) -> f64 {
+        let mut ctl = SpecController::new(costs(cost.to_vec()));
+        let (mut tokens, mut ms) = (0.0, 0.0);
+        for _ in 0..steps {
+            let k = fixed.unwrap_or_else(|| ctl.choose(1));
+            let a = accept(k);
+            ctl.observe(k, a);
+            tokens += (a + 1) as f64;
+            ms += cost[k];
+        }
+        tokens / ms
+    }
+
+    /// Step times by k measured on an H100 (synthetic XS-2.1 + DFlash draft, batch 1, 2K prompt:
+    /// the bench's step-time table, docs/PERF.md).
+    const H100: [f64; 16] = [
+        2.634, 4.334, 4.813, 5.296, 5.738, 6.198, 6.633, 7.112, 7.756, 8.213, 8.784, 9.159, 9.519,
+        9.947, 10.304, 10.688,
+    ];
+
+    /// A draft that always gets exactly A accepted (the bench's `--acceptance A`): the controller
+    /// comes within 5 % of the best fixed k, found by trying every k, for A = 1..=9 (the
+    /// geometric-only estimate it replaced stayed 12-18 % below on the H100 table). Short of the
+    /// issue's 3 %: the positions past A drift back to their neighbour's rate and are re-tried.
+    #[test]
+    fn fixed_length_acceptance_reaches_the_best_fixed_k() {
+        for cost in [H100.to_vec(), linear(2.08, 1.5, 0.4, 15)] {
+            for a in 1..=9 {
+                let rate = |fixed| simulate(&cost, fixed, 400, |k: usize| a.min(k));
+                let best = (0..cost.len()).map(|k| rate(Some(k))).fold(0.0, f64::max);
+                let auto = rate(None);
+                assert!(
+                    auto >= 0.95 * best,
+                    "A {a}: auto {auto} best fixed {best} ({cost:?})"
+                );
+            }
+        }
+    }
+
+    /// Geometric acceptance (the bench's `--acceptance mean:A`, per-draft rate A / (1 + A)),
+    /// averaged over seeds: within 7 % of the best fixed k (the estimate of each position is
+    /// noisy over the ~20 steps it remembers; the old estimate was 5-10 % below), and within 3 %
+    /// of decoding without drafts.
+    #[test]
+    fn geometric_acceptance_comes_near_the_best_fixed_k() {
+        for mean in [0.0, 0.3, 1.0, 1.4, 2.0, 3.0, 4.03, 5.0, 6.0] {
+            let alpha = mean / (1.0 + mean);
+            let rate = |fixed: Option<usize>| {
+                (0..8)
+                    .map(|seed| {
+                        let mut rng = crate::sample::Rng::new(seed);
+                        simulate(&H100, fixed, 300, |k| {
+                            (0..k).take_while(|_| rng.uniform() < alpha).count()
+                        })
+                    })
+                    .sum::<f64>()
+                    / 8.0
+            };
+            let fixed: Vec<f64> = (0..H100.len()).map(|k| rate(Some(k))).collect();
+            let best = fixed.iter().cloned().fold(0.0, f64::max);
+            let auto = rate(None);
+            assert!(
+                auto >= 0.93 * best,
+                "mean {mean}: auto {auto} best fixed {best}"
+            );
+            assert!(
+                auto >= 0.97 * fixed[0],
+                "mean {mean}: auto {auto} decode {}",
+                fixed[0]
+            );
+        }
+    }
+
     #[test]
     fn controller_tracks_acceptance_and_falls_back_to_decode() {
         let c = costs(linear(2.08, 1.5, 0.4, 15));
+        let cost = c.for_batch(1).to_vec();
         let mut ctl = SpecController::new(c.clone());
-        // High acceptance: alpha -> 0.9, k -> the optimum at 0.9 (within hysteresis).
+        // Every draft up to the ninth accepted: k -> the best k for 1 + min(9, k) tokens a step.
         for _ in 0..60 {
             let k = ctl.choose(1);
-            // A truncated geometric with mean ~ alpha/(1-alpha) = 9: accept 9 or k.
             ctl.observe(k, k.min(9));
         }
-        let best = best_k(ctl.alpha(), c.for_batch(1));
-        let rate = |k| expected_tokens(ctl.alpha(), k) / c.for_batch(1)[k];
-        assert!(rate(ctl.k()) * (1.0 + HYSTERESIS) >= rate(best));
-        assert!(ctl.k() >= 6, "k {} alpha {}", ctl.k(), ctl.alpha());
-        // No acceptance: k = 0 within a few steps, then a probe every PROBE_EVERY steps.
+        let rate = |k: usize| (1 + k.min(9)) as f64 / cost[k];
+        let best = (0..cost.len()).map(rate).fold(0.0, f64::max);
+        assert!(rate(ctl.k()) * (1.0 + HYSTERESIS) >= best, "k {}", ctl.k());
+        // No acceptance: k = 0 within a few steps, then a probe every PROBE_EVERY + 1 steps.
         let mut ks = vec![];
-        for _ in 0..80 {
+        for _ in 0..(4 * PROBE_EVERY) {
             let k = ctl.choose(1);
             ctl.observe(k, 0);
             ks.push(k);
@@ -468,14 +620,14 @@ mod tests {
             .iter()
             .position(|&k| k == 0)
             .expect("falls back to decode");
-        assert!(first_zero < 20, "{ks:?}");
+        assert!(first_zero < 30, "{ks:?}");
         let probes: Vec<usize> = ks[first_zero..]
             .iter()
             .enumerate()
             .filter(|(_, &k)| k > 0)
             .map(|(i, _)| i)
             .collect();
-        assert!(!probes.is_empty(), "{ks:?}");
+        assert!(probes.len() >= 2, "{ks:?}");
         for w in probes.windows(2) {
             assert_eq!(w[1] - w[0], PROBE_EVERY, "{ks:?}");
         }
@@ -485,6 +637,22 @@ mod tests {
             ctl.observe(k, k);
         }
         assert!(ctl.k() > 0);
+    }
+
+    /// Counts of one rate at every position: the curve is that geometric run.
+    #[test]
+    fn a_uniform_curve_is_the_geometric_run() {
+        for alpha in [0.0, 0.4, 0.9] {
+            let c = AcceptCurve::from_rates(&[alpha; 15], 1e9);
+            for k in 0..=15 {
+                assert!((c.expected(k) - expected_tokens(alpha, k)).abs() < 1e-6);
+            }
+        }
+        // And a step updates exactly the positions it reached.
+        let mut c = AcceptCurve::new(6);
+        c.observe(6, 2);
+        let h = c.rates(6);
+        assert!(h[0] > PRIOR_H && h[1] > PRIOR_H && h[2] < PRIOR_H, "{h:?}");
     }
 
     #[test]
@@ -507,9 +675,8 @@ mod tests {
             }
             hi
         };
-        ctl.succ = a * 1e6;
-        ctl.trials = 1e6;
-        assert_eq!(best_k(ctl.alpha(), &cost), 2);
+        ctl.curve = AcceptCurve::from_rates(&[a, a], 1e9);
+        assert_eq!(best_k(a, &cost), 2);
         assert_eq!(ctl.choose(1), 1, "within hysteresis: stays");
     }
 
@@ -570,8 +737,8 @@ mod tests {
         assert_eq!(c.for_batch(9), c.by_batch[1].1.as_slice());
         let mut a = SpecController::new(c.clone());
         let mut b = SpecController::new(c.clone());
-        (a.succ, a.trials) = (0.9e6, 1e6);
-        (b.succ, b.trials) = (0.1e6, 1e6);
+        a.curve = AcceptCurve::from_rates(&[0.9; 8], 1e9);
+        b.curve = AcceptCurve::from_rates(&[0.1; 8], 1e9);
         let k = choose_batch(&mut [&mut a, &mut b], 4);
         let cost = c.for_batch(4);
         let rate = |k: usize| (expected_tokens(0.9, k) + expected_tokens(0.1, k)) / cost[k];

@@ -1,3 +1,3 @@
 pub mod linear;
-pub mod store;
 pub mod pages;
+pub mod store;
