@@ -377,8 +377,10 @@ struct PassState {
     /// the decode attention may write a row's new key itself (`select::attention`).
     solo: Cell<bool>,
     /// (f32 buffer, lo written) whose BF16 split of the current pass sits in `sc.xs`, so a GEMM on
-    /// that buffer skips `split_bf16`: only ever sc.hn, set by `norm_rows` in a GEMM pass; reset at
-    /// the start of every pass, by `rmsnorm`, by the fused combine + norm and by any split.
+    /// that buffer skips `split_bf16`: sc.hn (set by `norm_rows` in a GEMM pass, `embed_norm` and
+    /// the fused combine + norm) or sc.attn (the flash prefill attention); reset at the start of
+    /// every pass, by `rmsnorm` and by every other launch that writes sc.xs (`split`,
+    /// `silu_split`, `tc_bfrag_rows`, the fused decode MoE).
     xs_holds: Cell<(u64, bool)>,
     /// The current pass is one row and its last `moe_decode_fused` wrote the final norm of that
     /// row into `sc.hsel`, so `final_logits` of one row skips its `rmsnorm`.

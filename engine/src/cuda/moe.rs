@@ -186,21 +186,7 @@ impl CudaModel {
             sc.moe_gu
         } else {
             // SiLU(gate) * up straight into the BF16 split (hi and lo) the down GEMM reads.
-            d.launch_p(
-                prof,
-                "silu_mul_split",
-                (im.div_ceil(256) as u32, s.min(65535) as u32, 1),
-                (256, 1, 1),
-                0,
-                |b| {
-                    b.u64(sc.moe_gu)
-                        .u64(sc.xs)
-                        .i32(s as i32)
-                        .i32(im as i32)
-                        .i32(1);
-                },
-            )
-            .map_err(cerr)?;
+            self.silu_split(prof, sc.moe_gu, s, im)?;
             sc.xs
         };
         let a = lm::GemmDown {

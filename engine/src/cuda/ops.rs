@@ -22,6 +22,20 @@ impl CudaModel {
         ll::split_bf16(&self.dev, prof, x, ldx, m, k, self.sc.xs, lo).map_err(cerr)
     }
 
+    /// SiLU(gate) * up of `s` rows of `gu` (f32 [s, 2i], gate | up) -> sc.xs as BF16 hi [s, i]
+    /// then lo [s, i] (the grouped down GEMM's input). sc.xs then holds no buffer's split: a GEMM
+    /// on hn after it (the unfolded shared expert's gate and up) splits hn again.
+    pub(super) fn silu_split(
+        &self,
+        prof: &mut Option<device::Prof>,
+        gu: u64,
+        s: usize,
+        i: usize,
+    ) -> Result<()> {
+        self.pass.xs_holds.set((0, false));
+        ll::silu_mul_split(&self.dev, prof, gu, self.sc.xs, s, i, true).map_err(cerr)
+    }
+
     /// The layer norm of the residual sc.x into sc.hn; in a GEMM pass also its BF16 split into
     /// sc.xs (rmsnorm_split), which the next GEMMs on hn then read without a split_bf16.
     pub(super) fn norm_rows(

@@ -170,8 +170,10 @@ pub fn load(
 /// has the same kernel choice: what `cuda/layers.rs` decides by, per pass of at most `max_rows`
 /// rows: at least `gemm_min_rows` rows (tensor-core GEMMs, flash attention), more than 64 rows
 /// (split-KV attention with one split), and, with sliding-window rings, a sequence with more
-/// rows than the ring's `spec_k` spare slots + 1 (the staged ring path). Keep this in step with
-/// the backend's kernel choice.
+/// rows than the ring's `spec_k` spare slots + 1 (the staged ring path). Where the load allows
+/// cuBLAS (`LoadOptions::vendor_blas`), a GEMM pass's dense BF16 Linears run it, and cuBLAS picks
+/// its algorithm by shape: GEMM passes then match only at the same row count. Keep this in step
+/// with the backend's kernel choice.
 pub fn bitwise_expected(
     dev: Device,
     o: &DeviceOpts,
@@ -182,6 +184,7 @@ pub fn bitwise_expected(
         return true;
     }
     let g = backend::GEMM_MIN_ROWS;
+    let blas = o.load_options().vendor_blas;
     let r = o.max_rows.max(1);
     let mut classes = vec![];
     for &(seqs, ours) in forwards {
@@ -204,7 +207,8 @@ pub fn bitwise_expected(
                     .map(|&(a, b)| b.min(end).saturating_sub(a.max(start)))
                     .max()
                     .unwrap_or(0);
-                classes.push((m >= g, m > 64, rings && longest > o.spec_k + 1));
+                let blas_rows = if m >= g && blas { m } else { 0 };
+                classes.push((m >= g, m > 64, rings && longest > o.spec_k + 1, blas_rows));
             }
             start = end;
         }

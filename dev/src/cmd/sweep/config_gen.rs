@@ -509,6 +509,11 @@ pub fn features(t: &LagunaConfig, d: Option<&DraftConfig>, nvfp4: bool) -> Vec<&
     add(sparse && !t.norm_topk_prob, "no top-k renorm");
     add(t.tie_word_embeddings, "tied head");
     add(!t.tie_word_embeddings, "untied head");
+    // The CUDA backend folds the shared expert into the routed stack when the widths agree,
+    // else runs it as its own MLP (its own GEMMs in a long pass).
+    let folded = t.shared_expert_intermediate_size == t.moe_intermediate_size;
+    add(sparse && folded, "shared expert folded");
+    add(sparse && !folded, "shared expert unfolded");
     add(nvfp4 && sparse, "nvfp4 experts");
     add(!nvfp4 && sparse, "bf16 experts");
     add(t.vocab_size < 128, "vocab < 128");
@@ -657,6 +662,8 @@ mod tests {
             "no top-k renorm",
             "tied head",
             "untied head",
+            "shared expert folded",
+            "shared expert unfolded",
             "nvfp4 experts",
             "bf16 experts",
             "vocab < 128",
