@@ -657,11 +657,21 @@ mod tests {
             let f = entry_ptx(&c.ptx, e);
             f.contains("st.shared.u16") || f.contains("st.shared.b16")
         };
-        for e in ["gemm_fp4", "moe_gemm_gate_up_fp4_silu", "moe_gemm_down_fp4_wide"] {
-            assert!(!tail(e), "{e}: NVFP4 GEMM compiled with the BF16 element-copy path");
+        for e in [
+            "gemm_fp4",
+            "moe_gemm_gate_up_fp4_silu",
+            "moe_gemm_down_fp4_wide",
+        ] {
+            assert!(
+                !tail(e),
+                "{e}: NVFP4 GEMM compiled with the BF16 element-copy path"
+            );
         }
         for e in ["gemm_bf16", "moe_gemm_gate_up_bf16", "moe_gemm_down_bf16"] {
-            assert!(tail(e), "{e}: BF16 GEMM without its K % 8 != 0 element copies");
+            assert!(
+                tail(e),
+                "{e}: BF16 GEMM without its K % 8 != 0 element copies"
+            );
         }
     }
 
