@@ -159,6 +159,9 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
         srow[j] = FMT == 1 ? sb + (size_t)nn * (K / 16) : nullptr;
     }
     // X rows of step k0 into A buffer `buf` (zero-filled for padding rows and past K), one group.
+    // K % 8 != 0 comes with BF16 weights alone (NVFP4 widths are multiples of 16), so the element
+    // copies are compiled out of the NVFP4 GEMMs: never taken there, their code still made the
+    // prefill's expert GEMMs ~4 % slower (kernels/src/lib.rs tests the PTX).
     auto aload = [&](int k0, int buf) {
 #pragma unroll
         for (int j = 0; j < AV; j++) {
@@ -167,7 +170,7 @@ __device__ void gemm_tile(const u8* w1, const u8* s1, float sc1, const u8* w2, c
             int ar = arow[r];
             bool ok = ar >= 0 && k0 + c < K;
             size_t off = ok ? (size_t)ar * ldx + k0 + c : 0;
-            if (K & 7) {  // rows not 16-byte aligned: element copies, zeros past K
+            if (FMT == 0 && (K & 7)) {  // BF16 rows not 16-byte aligned: element copies, zeros past K
                 bf16_t* ah = &As[buf * GM * GLD + r * GLD + c];
                 bf16_t* al = &Al[buf * GM * GLD + r * GLD + c];
 #pragma unroll
