@@ -200,6 +200,9 @@ fn generate_with_auto_k_reproduces_reference_greedy() {
         let out = laguna(&a.iter().map(String::as_str).collect::<Vec<_>>());
         assert!(!out.status.success());
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("--num-speculative-tokens") && err.contains(bad), "{err}");
+        assert!(
+            err.contains("--num-speculative-tokens") && err.contains(bad),
+            "{err}"
+        );
     }
 }

@@ -259,9 +259,16 @@ fn greedy_with_adaptive_k_is_token_identical() {
             (0..=k_max)
                 .map(|j| 1.0 + 0.01 * j as f64)
                 .collect::<Vec<_>>(),
-            // Drafting is dear: k = 0 with probes unless acceptance is high.
+            // Drafting costs more than the k + 1 tokens a step can emit: k = 0 after the first
+            // step has measured the sequence, then probes.
             (0..=k_max)
-                .map(|j| if j == 0 { 1.0 } else { 2.5 + 0.01 * j as f64 })
+                .map(|j| {
+                    if j == 0 {
+                        1.0
+                    } else {
+                        (k_max + 2) as f64 + 0.01 * j as f64
+                    }
+                })
                 .collect(),
             measured.for_batch(1).to_vec(),
         ];

@@ -182,7 +182,7 @@ fn run(params: SamplingParams, runs: usize, k: usize, pair: usize, flatten: f32,
             by_batch: vec![(
                 1,
                 (0..=k)
-                    .map(|j| 1.0 + 0.6 * j.min(1) as f64 + 0.05 * j as f64)
+                    .map(|j| 1.0 + 0.3 * j.min(1) as f64 + 0.25 * j as f64)
                     .collect(),
             )],
         }))

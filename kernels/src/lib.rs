@@ -8,8 +8,8 @@
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 
-pub mod env;
 pub mod audit;
+pub mod env;
 
 pub const COMMON: &str = include_str!("../cu/common.cuh");
 
@@ -539,7 +539,9 @@ mod tests {
         for m in MODULES {
             for e in m.entries {
                 assert!(
-                    m.parts.iter().any(|(_, t)| t.contains(&format!("void {e}("))),
+                    m.parts
+                        .iter()
+                        .any(|(_, t)| t.contains(&format!("void {e}("))),
                     "{}: entry {e} not found",
                     m.name
                 );
@@ -555,7 +557,11 @@ mod tests {
         for m in MODULES {
             let files: Vec<&str> = m.parts.iter().map(|(p, _)| *p).collect();
             if files == [format!("{}.cu", m.name)] {
-                assert!(!script.contains(&format!("    {}) echo", m.name)), "{}", m.name);
+                assert!(
+                    !script.contains(&format!("    {}) echo", m.name)),
+                    "{}",
+                    m.name
+                );
             } else {
                 let line = format!("    {}) echo {} ;;", m.name, files.join(" "));
                 assert!(script.contains(&line), "emu/run.sh must list `{line}`");
@@ -570,7 +576,10 @@ mod tests {
         files.extend(MODULES.iter().flat_map(|m| m.parts.iter().copied()));
         for (path, text) in files {
             let n = text.lines().count();
-            assert!(n <= 1000, "kernels/cu/{path} has {n} lines; split it by concern");
+            assert!(
+                n <= 1000,
+                "kernels/cu/{path} has {n} lines; split it by concern"
+            );
         }
     }
 

@@ -52,7 +52,10 @@ fn xs_recipe_fields() {
     assert_eq!(r.max_num_seqs, 2);
     assert_eq!(r.max_num_batched_tokens, 8192);
     let s = r.speculative.as_ref().unwrap();
-    assert_eq!((s.method.as_str(), s.num_speculative_tokens), ("dflash", SpecK::Auto));
+    assert_eq!(
+        (s.method.as_str(), s.num_speculative_tokens),
+        ("dflash", SpecK::Auto)
+    );
     assert_eq!(r.kv_cache_dtype, KvCacheDtype::Auto);
     assert_eq!(r.device, Device::Cuda(0));
 }
@@ -196,27 +199,64 @@ fn num_speculative_tokens_auto_or_positive() {
     let k_of = |p: &Path, env: &dyn Fn(&str) -> Option<String>, flags: &Overrides| {
         Recipe::resolve(Some(p), env, flags).map(|r| r.spec_k())
     };
-    for (text, want) in [("\"auto\"", SpecK::Auto), ("\"AUTO\"", SpecK::Auto), ("7", SpecK::Fixed(7)), ("\"3\"", SpecK::Fixed(3))] {
+    for (text, want) in [
+        ("\"auto\"", SpecK::Auto),
+        ("\"AUTO\"", SpecK::Auto),
+        ("7", SpecK::Fixed(7)),
+        ("\"3\"", SpecK::Fixed(3)),
+    ] {
         let (_d, p) = recipe(text);
-        assert_eq!(k_of(&p, &no_env, &Overrides::default()).unwrap(), Some(want), "{text}");
+        assert_eq!(
+            k_of(&p, &no_env, &Overrides::default()).unwrap(),
+            Some(want),
+            "{text}"
+        );
     }
     for (text, shown) in [("\"fast\"", "fast"), ("0", "0"), ("-2", "-2"), ("2.5", "")] {
         let (_d, p) = recipe(text);
-        let e = k_of(&p, &no_env, &Overrides::default()).unwrap_err().to_string();
-        assert!(e.contains("num_speculative_tokens") && e.contains(shown), "{text}: {e}");
+        let e = k_of(&p, &no_env, &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("num_speculative_tokens") && e.contains(shown),
+            "{text}: {e}"
+        );
     }
     // A draft without [speculative] keeps the fixed default; env and flags override the file.
     let (_d, p) = write_recipe("[model]\nrepo = \"a/b\"\n[draft]\nrepo = \"a/d\"\n");
-    assert_eq!(k_of(&p, &no_env, &Overrides::default()).unwrap(), Some(SpecK::Fixed(6)));
-    let env = |v: &'static str| move |k: &str| (k == "LAGUNA_NUM_SPECULATIVE_TOKENS").then(|| v.to_string());
-    assert_eq!(k_of(&p, &env("auto"), &Overrides::default()).unwrap(), Some(SpecK::Auto));
-    assert_eq!(k_of(&p, &env(" 4 "), &Overrides::default()).unwrap(), Some(SpecK::Fixed(4)));
+    assert_eq!(
+        k_of(&p, &no_env, &Overrides::default()).unwrap(),
+        Some(SpecK::Fixed(6))
+    );
+    let env = |v: &'static str| {
+        move |k: &str| (k == "LAGUNA_NUM_SPECULATIVE_TOKENS").then(|| v.to_string())
+    };
+    assert_eq!(
+        k_of(&p, &env("auto"), &Overrides::default()).unwrap(),
+        Some(SpecK::Auto)
+    );
+    assert_eq!(
+        k_of(&p, &env(" 4 "), &Overrides::default()).unwrap(),
+        Some(SpecK::Fixed(4))
+    );
     for bad in ["fast", "0"] {
-        let e = k_of(&p, &env(bad), &Overrides::default()).unwrap_err().to_string();
-        assert!(e.contains("LAGUNA_NUM_SPECULATIVE_TOKENS") && e.contains(bad), "{e}");
+        let e = k_of(&p, &env(bad), &Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("LAGUNA_NUM_SPECULATIVE_TOKENS") && e.contains(bad),
+            "{e}"
+        );
     }
-    let flags = Overrides { num_speculative_tokens: Some(SpecK::Fixed(2)), ..Default::default() };
-    assert_eq!(k_of(&p, &env("auto"), &flags).unwrap(), Some(SpecK::Fixed(2)), "flag beats env");
+    let flags = Overrides {
+        num_speculative_tokens: Some(SpecK::Fixed(2)),
+        ..Default::default()
+    };
+    assert_eq!(
+        k_of(&p, &env("auto"), &flags).unwrap(),
+        Some(SpecK::Fixed(2)),
+        "flag beats env"
+    );
     // The flag's text goes through the same parser.
     assert_eq!(SpecK::parse("auto"), Ok(SpecK::Auto));
     assert_eq!(SpecK::parse("15"), Ok(SpecK::Fixed(15)));
@@ -224,7 +264,10 @@ fn num_speculative_tokens_auto_or_positive() {
         let e = SpecK::parse(bad).unwrap_err();
         assert!(e.contains(&format!("`{bad}`")), "{e}");
     }
-    assert_eq!((SpecK::Auto.to_string(), SpecK::Fixed(6).to_string()), ("auto".into(), "6".into()));
+    assert_eq!(
+        (SpecK::Auto.to_string(), SpecK::Fixed(6).to_string()),
+        ("auto".into(), "6".into())
+    );
 }
 
 // ---- plan ------------------------------------------------------------------------------------
@@ -355,7 +398,10 @@ fn xs21_plan_numbers() {
         .check()
         .unwrap_err()
         .to_string();
-    assert!(e.contains("loading needs a peak of") && e.contains("nothing was loaded"), "{e}");
+    assert!(
+        e.contains("loading needs a peak of") && e.contains("nothing was loaded"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -500,29 +546,48 @@ fn plan_with_auto_k_is_the_largest_fixed_k() {
         reference("laguna-xs-2.1-dflash.config.json"),
     );
     let (wt, wd) = xs_weights_by_hand();
-    let w = WeightBytes { target: wt, draft: wd, source: WeightsSource::Config };
+    let w = WeightBytes {
+        target: wt,
+        draft: wd,
+        source: WeightsSource::Config,
+    };
     let with = |k: SpecK| {
         let mut r = xs_recipe();
         r.speculative.as_mut().unwrap().num_speculative_tokens = k;
         KvPlan::compute(&cfg, Some(&dcfg), &r, w, mem(128 * GIB))
     };
-    let (auto, fixed15, fixed6) = (with(SpecK::Auto), with(SpecK::Fixed(15)), with(SpecK::Fixed(6)));
+    let (auto, fixed15, fixed6) = (
+        with(SpecK::Auto),
+        with(SpecK::Fixed(15)),
+        with(SpecK::Fixed(6)),
+    );
     assert_eq!(auto.speculative_tokens, 15);
     assert_eq!(fixed6.speculative_tokens, 6);
     assert_eq!(
         (auto.ring_bytes(), auto.activations, auto.pool_tokens),
-        (fixed15.ring_bytes(), fixed15.activations, fixed15.pool_tokens)
+        (
+            fixed15.ring_bytes(),
+            fixed15.activations,
+            fixed15.pool_tokens
+        )
     );
     assert_eq!(fixed6.ring_slots, 512 + 6);
     auto.check().unwrap();
-    assert!(auto.to_string().contains("15 speculative, auto's largest k"), "{auto}");
+    assert!(
+        auto.to_string()
+            .contains("15 speculative, auto's largest k"),
+        "{auto}"
+    );
     assert!(!fixed15.to_string().contains("auto's"), "{fixed15}");
     // Auto without a block size to bound it is refused by name.
     let mut dnob = dcfg.clone();
     dnob.raw.as_object_mut().unwrap().remove("dflash_config");
     let mut r = xs_recipe();
     r.speculative.as_mut().unwrap().num_speculative_tokens = SpecK::Auto;
-    let e = KvPlan::compute(&cfg, Some(&dnob), &r, w, mem(128 * GIB)).check().unwrap_err().to_string();
+    let e = KvPlan::compute(&cfg, Some(&dnob), &r, w, mem(128 * GIB))
+        .check()
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("auto") && e.contains("block_size"), "{e}");
 }
 
@@ -592,11 +657,7 @@ fn cuda_kv_layout_matches_the_plan() {
         // The engine reserves the draft's own snapshot buffers (every draft layer has a window,
         // the recipe caches prefixes) beside its rings: `CudaDraft::ring_bytes`.
         let d_own = d.ring_bytes * (1 + laguna_engine::model::prefix::OWN_SNAPSHOTS_PER_SEQ);
-        assert_eq!(
-            (t.ring_bytes + d_own) as u64,
-            p.ring_bytes(),
-            "{dtype:?}"
-        );
+        assert_eq!((t.ring_bytes + d_own) as u64, p.ring_bytes(), "{dtype:?}");
         let engine_tokens = (t.pages * 64) as u64;
         let plan_tokens = p.pool_tokens.unwrap();
         assert!(
@@ -616,7 +677,11 @@ fn default_kv_budget_never_exceeds_what_sequences_need() {
     r.max_model_len = Some(4096);
     r.max_num_seqs = 3;
     let cfg = reference("laguna-xs-2.1-nvfp4.config.json");
-    let w = WeightBytes { target: GIB, draft: 0, source: WeightsSource::Config };
+    let w = WeightBytes {
+        target: GIB,
+        draft: 0,
+        source: WeightsSource::Config,
+    };
     let p = KvPlan::compute(&cfg, None, &r, w, mem(128 * GIB));
     // 3 sequences x 4096 tokens x 40,960 B/token (10 full layers, BF16), plus 3 rings.
     assert_eq!(p.pool_tokens, Some(3 * 4096));

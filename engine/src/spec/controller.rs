@@ -28,7 +28,8 @@
 //!
 //! Hysteresis: the controller leaves its current k only for one whose expected rate is more than
 //! [`HYSTERESIS`] higher. At k = 0 nothing is learnt, so every [`PROBE_EVERY`]-th step drafts at
-//! the best k >= 1 (a probe) and its outcome updates the estimate.
+//! the best k >= 1 (a probe) and its outcome updates the estimate; so does the first step of a
+//! sequence no drafting step has measured yet.
 //!
 //! A batched step has one k for all its sequences (one verify shape); [`choose_batch`] picks the
 //! k that maximises the batch's summed expected tokens over the step time at that batch size.
@@ -358,6 +359,8 @@ pub struct SpecController {
     k: usize,
     curve: AcceptCurve,
     at_zero: usize,
+    /// Whether a drafting step of this sequence was observed yet.
+    seen: bool,
 }
 
 impl SpecController {
@@ -375,6 +378,7 @@ impl SpecController {
             k,
             curve,
             at_zero: 0,
+            seen: false,
         }
     }
 
@@ -394,6 +398,7 @@ impl SpecController {
 
     /// A step verified `k` drafts and accepted `accepted` of them.
     pub fn observe(&mut self, k: usize, accepted: usize) {
+        self.seen |= k > 0;
         self.curve.observe(k, accepted);
     }
 
@@ -423,9 +428,10 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
     };
     let mut probe = false;
     // A table of k = 0 alone (StepCosts::decode_only) has nothing to probe.
+    // A sequence not measured yet probes at once (its acceptance is only the prior).
     if k == 0 && cost.len() > 1 {
         let n = first.at_zero + 1;
-        if n >= PROBE_EVERY {
+        if n >= PROBE_EVERY || ctls.iter().any(|c| !c.seen) {
             probe = true;
             k = best(curves.len(), e, &cost, 1).0;
         }
@@ -639,6 +645,23 @@ mod tests {
         assert!(ctl.k() > 0);
     }
 
+    /// A new sequence drafts its first step even where the prior says decode: its acceptance is
+    /// measured before the controller settles on k = 0.
+    #[test]
+    fn a_new_sequence_is_measured_first() {
+        // Drafting costs 3x a decode step: at the prior (h = 0.7) k = 0 is best.
+        let c = costs(linear(1.0, 2.0, 0.1, 8));
+        let mut ctl = SpecController::new(c.clone());
+        assert_eq!(
+            best(1, |_, k| ctl.curve.expected(k), c.for_batch(1), 0).0,
+            0
+        );
+        let k = ctl.choose(1);
+        assert!(k > 0);
+        ctl.observe(k, 0);
+        assert_eq!(ctl.choose(1), 0);
+    }
+
     /// Counts of one rate at every position: the curve is that geometric run.
     #[test]
     fn a_uniform_curve_is_the_geometric_run() {
@@ -739,6 +762,7 @@ mod tests {
         let mut b = SpecController::new(c.clone());
         a.curve = AcceptCurve::from_rates(&[0.9; 8], 1e9);
         b.curve = AcceptCurve::from_rates(&[0.1; 8], 1e9);
+        (a.seen, b.seen) = (true, true);
         let k = choose_batch(&mut [&mut a, &mut b], 4);
         let cost = c.for_batch(4);
         let rate = |k: usize| (expected_tokens(0.9, k) + expected_tokens(0.1, k)) / cost[k];

@@ -94,14 +94,21 @@ pub struct RecipeArgs {
 
 impl From<SourceArgs> for RecipeArgs {
     fn from(source: SourceArgs) -> Self {
-        RecipeArgs { source, ..Default::default() }
+        RecipeArgs {
+            source,
+            ..Default::default()
+        }
     }
 }
 
 impl RecipeArgs {
     /// Source and engine flags (no server flags).
     pub fn engine(source: SourceArgs, engine: EngineArgs) -> Self {
-        RecipeArgs { source, engine, ..Default::default() }
+        RecipeArgs {
+            source,
+            engine,
+            ..Default::default()
+        }
     }
 }
 

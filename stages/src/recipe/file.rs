@@ -174,9 +174,9 @@ pub fn parse(text: &str, path: &Path) -> Result<Overrides> {
         let field = "speculative.num_speculative_tokens";
         o.num_speculative_tokens = match s.num_speculative_tokens {
             None => None,
-            Some(KTable::Int(k)) => Some(
-                SpecK::parse(&k.to_string()).map_err(|m| invalid(path, field, m))?,
-            ),
+            Some(KTable::Int(k)) => {
+                Some(SpecK::parse(&k.to_string()).map_err(|m| invalid(path, field, m))?)
+            }
             Some(KTable::Text(t)) => Some(SpecK::parse(&t).map_err(|m| invalid(path, field, m))?),
         };
     }

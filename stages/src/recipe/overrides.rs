@@ -1,8 +1,8 @@
 //! One layer of recipe values (file, environment or flags), each field optional, and the merge
 //! that turns the stacked layers into a [`Recipe`].
 use super::{
-    defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, SpecK,
-    Speculative, DEFAULT_REVISION,
+    defaults, Device, KvCacheDtype, ModelSource, Recipe, RecipeError, Result, SpecK, Speculative,
+    DEFAULT_REVISION,
 };
 use std::path::{Path, PathBuf};
 

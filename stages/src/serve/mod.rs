@@ -24,11 +24,11 @@ pub mod sse;
 pub mod state;
 pub mod tool_parser;
 
+use crate::recipe::SpecK;
 use laguna_engine::backend::{self, Device, LoadOptions};
 use laguna_engine::config::LagunaConfig;
 use laguna_engine::sched::{SchedConfig, Scheduler};
 use laguna_engine::tokenizer::Tokenizer;
-use crate::recipe::SpecK;
 use openai::SamplingDefaults;
 use state::AppState;
 use std::path::{Path, PathBuf};
@@ -192,7 +192,10 @@ pub fn model_loader(
             return Ok(loaded.into_scheduler());
         };
         if let Some(d) = &draft {
-            tracing::info!("DFlash draft loaded from {} (k = {k}, at most {k_max})", d.display());
+            tracing::info!(
+                "DFlash draft loaded from {} (k = {k}, at most {k_max})",
+                d.display()
+            );
         }
         let costs = match k {
             SpecK::Fixed(_) => None,

@@ -249,13 +249,19 @@ pub fn validate_common(
 
 /// A function tool in chat-completions shape, keys in OpenAI's order (name, description,
 /// parameters): the chat template renders the tool as JSON, so the order is part of the prompt.
-pub fn chat_function_tool(name: &str, description: Option<&Json>, parameters: Option<&Json>) -> Json {
+pub fn chat_function_tool(
+    name: &str,
+    description: Option<&Json>,
+    parameters: Option<&Json>,
+) -> Json {
     let mut f = serde_json::Map::new();
     f.insert("name".into(), Json::from(name));
     if let Some(d) = description.filter(|d| !d.is_null()) {
         f.insert("description".into(), d.clone());
     }
-    let params = parameters.cloned().unwrap_or(serde_json::json!({"type": "object"}));
+    let params = parameters
+        .cloned()
+        .unwrap_or(serde_json::json!({"type": "object"}));
     f.insert("parameters".into(), params);
     serde_json::json!({"type": "function", "function": f})
 }
@@ -330,7 +336,11 @@ mod tests {
         let d = SamplingDefaults::default();
         let with = |t: Option<f64>, p: Option<f64>| {
             validate_common(
-                &CommonParams { temperature: t, top_p: p, ..Default::default() },
+                &CommonParams {
+                    temperature: t,
+                    top_p: p,
+                    ..Default::default()
+                },
                 None,
                 &d,
             )
