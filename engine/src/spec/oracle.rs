@@ -17,7 +17,8 @@
 //! j per step comes from [`Acceptance`]: a fixed length `A` (j = min(A, k)), or a mean `mean:A`:
 //! a per-token acceptance rate alpha = A / (1 + A), so the untruncated accepted length is
 //! geometric with mean A (P(L >= i) = alpha^i), drawn per step from a seeded generator, and
-//! j = min(L, k) (E[j | k] = alpha + .. + alpha^k, the model [`super::controller`] plans with).
+//! j = min(L, k) (E[j | k] = alpha + .. + alpha^k: [`super::controller`]'s model with one rate at
+//! every draft position).
 use super::verify::Verdict;
 use crate::error::{EngineError, Result};
 use crate::sample::Rng;
