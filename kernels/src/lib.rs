@@ -645,6 +645,19 @@ mod tests {
         &rest[..end]
     }
 
+    /// Whether NVRTC is here for a test that compiles kernels: false (with a SKIP line) without
+    /// it, a panic when it is missing under CI (env `CI` set).
+    fn nvrtc_or_skip(test: &str) -> bool {
+        if nvrtc_available() {
+            return true;
+        }
+        if std::env::var_os("CI").is_some() {
+            panic!("CI is set but NVRTC is missing: run scripts/ci-deps-cuda.sh and export what it prints.\n{NO_NVRTC_HELP}");
+        }
+        eprintln!("SKIP {test}: {NO_NVRTC_HELP}");
+        false
+    }
+
     /// NVFP4 widths are multiples of 16 (the format's block: `cuda::check_shapes` refuses other
     /// configs), so the NVFP4 GEMMs compile with `gemm_tile`'s aligned cp.async copies alone.
     /// The element-copy path for BF16 widths with K % 8 != 0 (16-bit shared stores) is a branch
@@ -653,11 +666,7 @@ mod tests {
     /// Skips without NVRTC, except under CI.
     #[test]
     fn nvfp4_gemms_carry_no_bf16_width_tail() {
-        if !nvrtc_available() {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but NVRTC is missing: run scripts/ci-deps-cuda.sh and export what it prints.\n{NO_NVRTC_HELP}");
-            }
-            eprintln!("SKIP nvfp4_gemms_carry_no_bf16_width_tail: {NO_NVRTC_HELP}");
+        if !nvrtc_or_skip("nvfp4_gemms_carry_no_bf16_width_tail") {
             return;
         }
         let m = MODULES.iter().find(|m| m.name == "gemm").unwrap();
@@ -688,11 +697,7 @@ mod tests {
     /// under CI (env `CI` set), where a missing NVRTC fails the test.
     #[test]
     fn compile_all_kernels_sm90a_sm121a() {
-        if !nvrtc_available() {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but NVRTC is missing: run scripts/ci-deps-cuda.sh and export what it prints.\n{NO_NVRTC_HELP}");
-            }
-            eprintln!("SKIP compile_all_kernels_sm90a_sm121a: {NO_NVRTC_HELP}");
+        if !nvrtc_or_skip("compile_all_kernels_sm90a_sm121a") {
             return;
         }
         let dir = std::env::temp_dir().join(format!("laguna-kernel-test-{}", std::process::id()));

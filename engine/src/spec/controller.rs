@@ -113,15 +113,26 @@ impl AcceptCurve {
             .collect()
     }
 
-    /// E(k): the expected tokens of a step with k drafts, 1 + S(1) + .. + S(k).
-    pub fn expected(&self, k: usize) -> f64 {
-        let mut s = 1.0;
-        let mut e = 1.0;
-        for h in self.rates(k) {
-            s *= h;
-            e += s;
+    /// E(0..=k_max): the expected tokens of a step with k drafts, 1 + S(1) + .. + S(k), for every
+    /// k at once (past the curve's positions E stays at its last value).
+    pub fn expected_by_k(&self, k_max: usize) -> Vec<f64> {
+        let rates = self.rates(k_max);
+        let mut e = Vec::with_capacity(k_max + 1);
+        let (mut s, mut sum) = (1.0, 1.0);
+        e.push(sum);
+        for k in 1..=k_max {
+            if let Some(h) = rates.get(k - 1) {
+                s *= h;
+                sum += s;
+            }
+            e.push(sum);
         }
         e
+    }
+
+    /// E(k) alone ([`AcceptCurve::expected_by_k`]).
+    pub fn expected(&self, k: usize) -> f64 {
+        self.expected_by_k(k)[k]
     }
 }
 
@@ -369,10 +380,8 @@ impl SpecController {
     pub fn new(costs: Arc<StepCosts>) -> SpecController {
         let curve = AcceptCurve::new(costs.k_max());
         let cost = costs.for_batch(1);
-        let k = best(1, |_, k| curve.expected(k), cost, 0)
-            .0
-            .max(1)
-            .min(costs.k_max());
+        let e = curve.expected_by_k(cost.len() - 1);
+        let k = best(1, |_, k| e[k], cost, 0).0.max(1).min(costs.k_max());
         SpecController {
             costs,
             k,
@@ -416,11 +425,15 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
         return 0;
     };
     let cost = first.costs.for_batch(nb).to_vec();
-    let curves: Vec<&AcceptCurve> = ctls.iter().map(|c| &c.curve).collect();
-    let e = |b: usize, k: usize| curves[b].expected(k);
+    // Each sequence's E(k) for every k, once for the three searches below.
+    let es: Vec<Vec<f64>> = ctls
+        .iter()
+        .map(|c| c.curve.expected_by_k(cost.len() - 1))
+        .collect();
+    let e = |b: usize, k: usize| es[b][k];
     let cur = first.k.min(cost.len() - 1);
-    let (bk, brate) = best(curves.len(), e, &cost, 0);
-    let cur_rate = best(curves.len(), e, &cost[..=cur], cur).1;
+    let (bk, brate) = best(es.len(), e, &cost, 0);
+    let cur_rate = best(es.len(), e, &cost[..=cur], cur).1;
     let mut k = if brate > cur_rate * (1.0 + HYSTERESIS) {
         bk
     } else {
@@ -433,7 +446,7 @@ pub fn choose_batch(ctls: &mut [&mut SpecController], nb: usize) -> usize {
         let n = first.at_zero + 1;
         if n >= PROBE_EVERY || ctls.iter().any(|c| !c.seen) {
             probe = true;
-            k = best(curves.len(), e, &cost, 1).0;
+            k = best(es.len(), e, &cost, 1).0;
         }
     }
     for c in ctls.iter_mut() {
